@@ -1,0 +1,61 @@
+"""Shared fixtures: real S3 (moto server) and GCS (gcp-storage-emulator) processes on
+127.0.0.1, their client environment applied to this process and to subprocesses, and small
+generated datasets."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from servers import GcsEmulator, MotoServer, environ  # noqa: E402
+
+_bucket_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    server = MotoServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(moto_server):
+    """The moto server with its client environment set in os.environ (and so inherited by
+    subprocesses such as ``wdstream`` and ``aws``)."""
+    with environ(moto_server.env):
+        yield moto_server
+
+
+@pytest.fixture
+def s3_bucket(s3):
+    """A fresh, empty bucket name on the moto server."""
+    return s3.create_bucket(f"test-bucket-{next(_bucket_numbers)}-{os.getpid()}")
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    server = GcsEmulator().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs(gcs_emulator):
+    """The GCS emulator with the environment for gcsfs and ``gcloud storage`` set."""
+    with environ(gcs_emulator.env):
+        yield gcs_emulator
+
+
+@pytest.fixture
+def cli_env():
+    """The environment for running the installed ``wdstream`` command in a subprocess."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return env

@@ -1,0 +1,53 @@
+"""wdstream: stream WebDataset shards from cloud storage into PyTorch, and resume exactly.
+
+Importing this package is cheap: torch, cloud SDKs and fsspec back-ends are imported by the
+modules that use them, the first time they are used.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .errors import (
+    InputError,
+    ManifestError,
+    ShardError,
+    StateError,
+    StreamError,
+    WdstreamError,
+)
+from .sizes import format_size, parse_size
+
+__version__ = "0.1.0"
+
+# Public names that pull in torch are resolved on first access (PEP 562).
+_LAZY = {
+    "StreamingDataset": "wdstream.dataset",
+    "DataLoader": "wdstream.loader",
+    "Manifest": "wdstream.shards.manifest",
+    "pack": "wdstream.pack.packer",
+}
+
+__all__ = [
+    "DataLoader",
+    "InputError",
+    "Manifest",
+    "ManifestError",
+    "ShardError",
+    "StateError",
+    "StreamError",
+    "StreamingDataset",
+    "WdstreamError",
+    "format_size",
+    "pack",
+    "parse_size",
+]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wdstream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
