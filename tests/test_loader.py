@@ -1,0 +1,189 @@
+"""Deterministic epochs and exact resume through the real DataLoader, on local shards."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import pytest
+from datasets import all_keys, write_dataset
+
+import wdstream
+from wdstream.errors import StateError
+
+COUNTS = [13, 40, 7, 25, 3, 31, 18, 9]  # uneven shards
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    write_dataset(folder, COUNTS)
+    return str(folder)
+
+
+@pytest.fixture
+def single_rank(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def make(data, workers=2, batch_size=4, seed=3, window=5, **kwargs):
+    ds = wdstream.StreamingDataset(data, seed=seed, shuffle_window=window, **kwargs)
+    return wdstream.DataLoader(ds, batch_size=batch_size, num_workers=workers)
+
+
+def keys_of(batches):
+    return [tuple(batch["__key__"]) for batch in batches]
+
+
+def take(loader, n):
+    """Iterate n batches of a fresh iteration, then stop (as a crash would)."""
+    out = []
+    if n == 0:
+        return out
+    for batch in loader:
+        out.append(tuple(batch["__key__"]))
+        if len(out) == n:
+            break
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_one_epoch_reads_every_sample_once(data, single_rank, workers):
+    loader = make(data, workers=workers)
+    batches = keys_of(loader)
+    flat = [k for b in batches for k in b]
+    assert Counter(flat) == Counter(all_keys(COUNTS))
+    assert len(batches) == len(loader)
+    assert len(loader.dataset) == sum(COUNTS)
+
+
+def test_samples_are_decoded(data, single_rank):
+    loader = make(data, workers=0, batch_size=None)
+    sample = next(iter(loader))
+    assert set(sample) == {"__key__", "__url__", "json", "txt"}
+    assert isinstance(sample["json"], dict) and isinstance(sample["txt"], str)
+    assert sample["__url__"].endswith(".tar")
+
+
+def test_deterministic_epochs_advance(data, single_rank):
+    first, second = make(data), make(data)
+    assert keys_of(first) == keys_of(second)
+    assert keys_of(first) == keys_of(second)  # epoch 1, both
+    other_seed = make(data, seed=4)
+    assert keys_of(other_seed) != keys_of(make(data))
+    ds = make(data).dataset
+    ds.set_epoch(1)
+    loader = wdstream.DataLoader(ds, batch_size=4, num_workers=2)
+    reference = make(data)
+    keys_of(reference)
+    assert keys_of(loader) == keys_of(reference)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_exact_resume_at_many_stop_points(data, single_rank, workers):
+    reference = keys_of(make(data, workers=workers))
+    next_epoch = None
+    stops = sorted({0, 1, 2, 3, len(reference) // 2, len(reference) - 1, len(reference)})
+    for stop in stops:
+        loader = make(data, workers=workers)
+        before = take(loader, stop)
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert len(json.dumps(state)) < 4096
+        resumed = make(data, workers=workers)
+        resumed.load_state_dict(state)
+        after = keys_of(resumed)
+        if stop == len(reference):  # saved at the very end: the next epoch starts
+            if next_epoch is None:
+                ref = make(data, workers=workers)
+                keys_of(ref)
+                next_epoch = keys_of(ref)
+            assert after == next_epoch
+        else:
+            assert before + after == reference, f"stop {stop}"
+
+
+def test_resume_twice(data, single_rank):
+    reference = keys_of(make(data))
+    first = make(data)
+    part1 = take(first, 5)
+    second = make(data)
+    second.load_state_dict(first.state_dict())
+    part2 = take(second, 7)
+    third = make(data)
+    third.load_state_dict(second.state_dict())
+    assert part1 + part2 + keys_of(third) == reference
+
+
+def test_drop_last_resume(data, single_rank):
+    def loader():
+        ds = wdstream.StreamingDataset(data, seed=1, shuffle_window=8)
+        return wdstream.DataLoader(ds, batch_size=5, num_workers=2, drop_last=True)
+
+    reference = keys_of(loader())
+    assert len(reference) == len(loader()) and all(len(b) == 5 for b in reference)
+    first = loader()
+    part = take(first, 9)
+    second = loader()
+    second.load_state_dict(first.state_dict())
+    assert part + keys_of(second) == reference
+
+
+def run_ranks(data, world, workers, batches, state=None, batch_size=4):
+    """Run `world` ranks in lockstep for `batches` batches (all if None); return the keys each
+    delivered and rank 0's state."""
+    delivered, states = [], []
+    for rank in range(world):
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+        loader = make(data, workers=workers, batch_size=batch_size)
+        if state is not None:
+            loader.load_state_dict(state)
+        got = keys_of(loader) if batches is None else take(loader, batches)
+        delivered.append(got)
+        states.append(loader.state_dict())
+    return delivered, states[0]
+
+
+@pytest.mark.parametrize("after", [(1, 3), (3, 1), (2, 2), (4, 2)])
+def test_elastic_resume_exactly_once(data, monkeypatch, after):
+    monkeypatch.setenv("RANK", "0")
+    before, state = run_ranks(data, 2, 2, batches=5)
+    assert len({len(b) for b in before}) == 1
+    rest, _ = run_ranks(data, *after, batches=None, state=state)
+    assert len({len(b) for b in rest}) == 1, "unequal batch counts across ranks"
+    seen = Counter(k for rank in before + rest for batch in rank for k in batch)
+    assert max(seen.values()) == 1
+    missing = all_keys(COUNTS) - set(seen)
+    assert len(missing) < after[0], "only the remainder (< world size) may be left out"
+
+
+def test_uneven_shards_equal_batches_on_every_rank(data, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    for world in (2, 3, 5):
+        delivered, _ = run_ranks(data, world, 2, batches=None)
+        assert len({len(b) for b in delivered}) == 1
+
+
+def test_mismatched_state_is_refused(data, single_rank):
+    loader = make(data)
+    state = loader.state_dict()
+    with pytest.raises(StateError, match="seed"):
+        make(data, seed=99).load_state_dict(state)
+    with pytest.raises(StateError, match="another dataset"):
+        make(data, window=7).load_state_dict(state)
+    for bad in ({}, {**state, "consumed": [1]}, {**state, "epoch": "x"}, [1, 2]):
+        with pytest.raises(StateError):
+            make(data).load_state_dict(bad)
+
+
+def test_without_manifest_still_streams(tmp_path, single_rank):
+    write_dataset(tmp_path, [6, 4, 5], manifest=False)
+    ds = wdstream.StreamingDataset(str(tmp_path), seed=0)
+    loader = wdstream.DataLoader(ds, batch_size=2, num_workers=2)
+    flat = [k for b in keys_of(loader) for k in b]
+    assert sorted(flat) == sorted(all_keys([6, 4, 5]))
+    with pytest.raises(TypeError, match="manifest"):
+        len(ds)
+    brace = wdstream.StreamingDataset(str(tmp_path) + "/shard-{000000..000002}.tar", shuffle=False)
+    assert len(list(brace)) == 15

@@ -1,0 +1,121 @@
+"""``wdstream index``: a manifest for existing shards, or several manifests merged into one."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from ..errors import InputError
+
+EXAMPLES = """
+\b
+Examples:
+  wdstream index s3://bucket/dataset/          # writes s3://bucket/dataset/index.json
+  wdstream index ./shards --workers 8
+  wdstream index --merge s3://b/ds/index.part-{000..003}-of-004.json --output s3://b/ds/
+  wdstream index --merge s3://b/set-a/index.json gs://c/set-b/index.json --output s3://b/all/
+"""
+
+
+def _refuse_existing(prefix: str, overwrite: bool) -> None:
+    from ..shards.manifest import MANIFEST_NAME
+    from ..sources import urls
+    from ..sources.writers import exists
+
+    url = urls.join(prefix, MANIFEST_NAME)
+    if not overwrite and exists(url):
+        raise InputError(f"{url} already exists; use --overwrite to replace it")
+
+
+class _BytesProgress:
+    """A transient bar on stderr over the bytes of the shards being read."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            console=Console(stderr=True), transient=True,
+        )
+        self._task = self._progress.add_task("index", total=total)
+
+    def __enter__(self):
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._progress.stop()
+
+    def __call__(self, nbytes: int) -> None:
+        self._progress.advance(self._task, nbytes)
+
+
+@click.command("index", epilog=EXAMPLES)
+@click.argument("sources", nargs=-1, required=True, metavar="PREFIX | MANIFEST...")
+@click.option("--merge", is_flag=True,
+              help="Join the manifests given (URLs of .json files or prefixes) into one.")
+@click.option("--output", "-o", metavar="PREFIX", help="Where the merged index.json goes (--merge).")
+@click.option("--workers", type=int, default=8, show_default=True, metavar="N",
+              help="Shards read at a time.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing index.json.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+def index_command(sources, merge, output, workers, overwrite, quiet):
+    """Write PREFIX/index.json for the *.tar shards under PREFIX (from wdstream, webdataset's
+    ShardWriter, GNU tar...), or with --merge join manifests, such as the parts of a
+    'wdstream pack --part' run, into OUTPUT/index.json."""
+    from ..shards.manifest import write_manifest
+
+    start = time.monotonic()
+    if merge:
+        from ..pack.packer import merge_parts
+        from ..shards.manifest import load_manifest
+
+        if not output:
+            raise InputError("--merge needs --output PREFIX")
+        _refuse_existing(output, overwrite)
+        manifest = merge_parts([load_manifest(source) for source in sources], output)
+        prefix = output
+    else:
+        from ..shards.index import index_shards
+        from ..sources.writers import list_files
+
+        if output:
+            raise InputError("--output is for --merge; the manifest goes under PREFIX")
+        if len(sources) != 1:
+            raise InputError(f"give one PREFIX to index (got {len(sources)}), or use --merge")
+        if workers < 1:
+            raise InputError(f"--workers must be at least 1, got {workers}")
+        prefix = sources[0]
+        _refuse_existing(prefix, overwrite)
+        found = list_files(prefix, suffix=".tar")
+        if not found:
+            raise InputError(f"{prefix}: no *.tar shards found")
+        shard_urls = [url for url, _ in found]
+        if quiet or not sys.stderr.isatty():
+            manifest = index_shards(shard_urls, base=prefix, workers=workers)
+        else:
+            with _BytesProgress(sum(size for _, size in found)) as bar:
+                manifest = index_shards(shard_urls, base=prefix, workers=workers, progress=bar)
+    url = write_manifest(manifest, prefix)
+    if quiet:
+        return
+    from ..sizes import format_size
+    from .pack import print_summary
+
+    seconds = max(time.monotonic() - start, 1e-9)
+    rows = [
+        ("shards", f"{len(manifest.shards):,}"),
+        ("samples", f"{manifest.samples:,}"),
+        ("bytes", f"{manifest.bytes:,} ({format_size(manifest.bytes)})"),
+    ]
+    if not merge:  # merging reads manifests only
+        rows.append(("MB/s read", f"{manifest.bytes / seconds / 1e6:.1f} ({seconds:.1f} s)"))
+    print_summary([*rows, ("manifest", url)])

@@ -1,0 +1,162 @@
+"""``wdstream pack``: options in, ``wdstream.pack`` call, summary table out."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from ..errors import InputError
+
+
+def parse_fields(values: tuple[str, ...]) -> dict[str, str] | None:
+    """``("text=txt", "image=jpg")`` -> ``{"text": "txt", "image": "jpg"}``."""
+    if not values:
+        return None
+    fields: dict[str, str] = {}
+    for value in values:
+        column, equals, ext = value.rpartition("=")
+        if not equals or not column or not ext:
+            raise InputError(f"--field {value!r}: expected COLUMN=EXT, e.g. --field text=txt")
+        if column in fields:
+            raise InputError(f"--field: column {column!r} is given twice")
+        fields[column] = ext
+    return fields
+
+
+def parse_part(value: str | None) -> tuple[int, int] | None:
+    """``"2/8"`` -> ``(2, 8)``; I counts from 0."""
+    if value is None:
+        return None
+    index, slash, count = value.partition("/")
+    if not slash or not index.strip().isdigit() or not count.strip().isdigit():
+        raise InputError(f"--part {value!r}: expected I/N with 0 <= I < N, e.g. --part 0/4")
+    return int(index), int(count)
+
+
+class ProgressBar:
+    """A transient line on stderr: records read, shards written, MB/s."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._start = time.monotonic()
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._task = self._progress.add_task("starting", total=None)
+
+    def __enter__(self):
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._progress.stop()
+
+    def __call__(self, status) -> None:
+        seconds = max(time.monotonic() - self._start, 1e-9)
+        self._progress.update(
+            self._task,
+            description=(
+                f"{status.records:,} records · {status.shards:,} shards · "
+                f"{status.bytes / seconds / 1e6:.1f} MB/s"
+            ),
+        )
+
+
+def print_summary(rows: list[tuple[str, str]]) -> None:
+    """A two-column table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for name, value in rows:
+        table.add_row(name, value)
+    Console(soft_wrap=True).print(table)
+
+
+EXAMPLES = """
+\b
+Examples:
+  wdstream pack data.jsonl --output s3://bucket/dataset/
+  wdstream pack a.jsonl.zst b.parquet --output gs://bucket/ds/ --max-size 256MB --workers 4
+  wdstream pack captions.csv --field image=jpg --field text=txt --key id --output ./shards
+  wdstream pack photos/ --output ./shards --max-count 1000
+  cat data.jsonl | wdstream pack - --output s3://bucket/ds/ --via cli
+  wdstream pack data.jsonl --output s3://bucket/ds/ --part 0/4   # ...then 1/4, 2/4, 3/4, and:
+  wdstream index --merge s3://bucket/ds/index.part-{000..003}-of-004.json --output s3://bucket/ds/
+"""
+
+
+@click.command("pack", epilog=EXAMPLES)
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("--output", "-o", required=True, metavar="URL",
+              help="Folder, s3://bucket/prefix/, gs://bucket/prefix/ or another fsspec URL.")
+@click.option("--field", "fields", multiple=True, metavar="COLUMN=EXT",
+              help="Store a column as its own member (repeatable). Default: the whole record as .json.")
+@click.option("--key", metavar="FIELD",
+              help="Take sample keys from this column. Default: generated, unique in the dataset.")
+@click.option("--max-count", type=int, metavar="N", help="At most N samples per shard.")
+@click.option("--max-size", metavar="SIZE",
+              help="At most SIZE bytes per tar file, headers included (256MB, 1GiB). "
+                   "Default 256MB when --max-count is not given either.")
+@click.option("--name", default="shard", show_default=True,
+              help="Shards are named NAME-000000.tar, NAME-000001.tar, ...")
+@click.option("--via", type=click.Choice(["auto", "cli", "fsspec"]), default="auto",
+              show_default=True,
+              help="Upload s3:// and gs:// through the cloud CLI (aws, gsutil) or in-process (fsspec).")
+@click.option("--workers", type=int, default=1, show_default=True, metavar="N",
+              help="Processes writing shards; the shards are the same for any N.")
+@click.option("--part", metavar="I/N",
+              help="Write only shards I, I+N, I+2N... (I from 0), for N jobs packing together; "
+                   "join their manifests with 'wdstream index --merge'.")
+@click.option("--overwrite", is_flag=True, help="Replace a dataset that already has a manifest.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+def pack_command(inputs, output, fields, key, max_count, max_size, name, via, workers, part,
+                 overwrite, quiet):
+    """Pack records into WebDataset tar shards and write the manifest index.json last.
+
+    INPUT: JSON Lines (.jsonl, .ndjson, also .gz/.zst), Parquet, CSV/TSV, a folder (files
+    sharing a name form one sample: a.jpg + a.json), or - for JSON Lines on stdin.
+    A failed run leaves no manifest and deletes the shards it wrote.
+    """
+    from ..pack.packer import pack
+    from ..sizes import format_size
+
+    options = dict(
+        fields=parse_fields(fields), key=key, max_count=max_count, max_size=max_size, name=name,
+        via=via, workers=workers, part=parse_part(part), overwrite=overwrite,
+    )
+    start = time.monotonic()
+    if quiet or not sys.stderr.isatty():
+        manifest = pack(inputs, output, **options)
+    else:
+        with ProgressBar() as bar:
+            manifest = pack(inputs, output, progress=bar, **options)
+    if quiet:
+        return
+    seconds = max(time.monotonic() - start, 1e-9)
+    rows = [
+        ("shards", f"{len(manifest.shards):,}"),
+        ("samples", f"{manifest.samples:,}"),
+        ("bytes", f"{manifest.bytes:,} ({format_size(manifest.bytes)})"),
+        ("MB/s", f"{manifest.bytes / seconds / 1e6:.1f} ({seconds:.1f} s)"),
+        ("output", output),
+        ("manifest", manifest.url or ""),
+    ]
+    if options["part"]:
+        from ..sources import urls
+
+        count = options["part"][1]
+        pattern = urls.join(output, f"index.part-{{000..{count - 1:03d}}}-of-{count:03d}.json")
+        rows.append(("next", f"when all {count} parts are done (bash): "
+                             f"wdstream index --merge {pattern} --output {output}"))
+    print_summary(rows)

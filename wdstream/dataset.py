@@ -1,0 +1,261 @@
+"""``StreamingDataset``: a torch ``IterableDataset`` that executes the epoch plan.
+
+Each DataLoader worker computes the plan (cheap, no I/O), takes its own stream of sample
+spans, and runs the pipeline stages: read spans (prefetch, checks, retries) -> window shuffle
+-> decode -> the user's ``map``. What to read this iteration (epoch, layout, where each stream
+starts after a resume) arrives as an ``IterationSpec`` set by ``wdstream.DataLoader``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+
+import torch.utils.data
+
+from .errors import ManifestError, ShardError, StateError
+from .pipeline.decode import build_decoders, decode_sample
+from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
+from .pipeline.shuffle import window_shuffle
+from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
+from .shards.manifest import Manifest, ManifestNotFoundError, load_manifest
+from .sources import urls as urlmod
+from .sources.writers import list_files
+
+log = logging.getLogger(__name__)
+
+# Counters of the reader running in this process (a DataLoader worker, or the main process
+# with num_workers=0); the loader's collate wrapper ships them with each batch.
+worker_stats = ReadStats()
+
+
+def world_info() -> tuple[int, int]:
+    """(rank, world size): from torch.distributed when initialised, else the RANK and
+    WORLD_SIZE variables torchrun sets, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+@dataclass(frozen=True)
+class IterationSpec:
+    """What one iteration reads: the epoch, the layout, the segments of this epoch already
+    consumed under other layouts, where each stream starts, and which stream worker 0 takes
+    (``rotation``: after a resume, the stream whose batch comes next)."""
+
+    epoch: int
+    rank: int
+    world: int
+    workers: int
+    history: tuple[Segment, ...] = ()
+    start: tuple[int, ...] = ()
+    rotation: int = 0
+    batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class _Source:
+    table: ShardTable
+    manifest: Manifest | None
+    description: str = field(default="")
+
+
+def _resolve_source(source, opener) -> _Source:
+    """A manifest URL, a prefix (with ``index.json``, or else its ``*.tar`` files), a brace
+    pattern, or a list of shard URLs."""
+    if isinstance(source, Manifest):
+        return _from_manifest(source)
+    if isinstance(source, (list, tuple)):
+        return _Source(ShardTable(urlmod.expand(list(source))), None, f"{len(source)} URLs")
+    source = str(source)
+    if "{" in source or source.endswith(".tar") or urlmod.scheme(source) == "pipe":
+        return _Source(ShardTable(urlmod.expand(source)), None, source)
+    try:
+        return _from_manifest(load_manifest(source))
+    except ManifestNotFoundError as error:
+        if source.endswith(".json"):
+            raise
+        shards = [url for url, _size in list_files(source, suffix=".tar")]
+        if not shards:
+            raise ManifestError(f"{source}: no index.json and no .tar shards there") from error
+        log.warning("%s: no index.json; streaming %d shards found there without sample counts "
+                    "(run `wdstream index %s` for equal batches per rank and exact resume)",
+                    source, len(shards), source)
+        return _Source(ShardTable(shards), None, source)
+
+
+def _from_manifest(manifest: Manifest) -> _Source:
+    shards = manifest.shards
+    table = ShardTable(
+        urls=[manifest.shard_url(i) for i in range(len(shards))],
+        samples=[s.samples for s in shards],
+        bytes=[s.bytes for s in shards],
+        sha256=[s.sha256 for s in shards],
+    )
+    return _Source(table, manifest, manifest.base or "")
+
+
+class StreamingDataset(torch.utils.data.IterableDataset):
+    """Samples streamed from WebDataset shards, in an order fixed by (seed, epoch, layout).
+
+    ``source``: a prefix or manifest URL (``s3://bucket/prefix/``, ``…/index.json``), a brace
+    pattern (``s3://b/shard-{000000..000099}.tar``), or a list of shard URLs; local paths,
+    ``s3://``, ``gs://``, ``pipe:COMMAND`` and other fsspec URLs.
+
+    A sample is a dict with ``__key__``, ``__url__`` and one entry per member keyed by
+    extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``npy`` -> array,
+    others bytes) unless ``decode=False``; ``map`` is applied last.
+    """
+
+    def __init__(
+        self,
+        source,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        opener: str = "auto",
+        shuffle_window: int = 1000,
+        remainder: str = "drop",
+        decode: bool = True,
+        decoders: Mapping[str, object] | None = None,
+        map: Callable[[dict], object] | None = None,  # noqa: A002 - the usual pipeline name
+        timeout: float = 60.0,
+        retries: int = 3,
+        on_error: str = "raise",
+        verify_digest: bool = False,
+    ):
+        super().__init__()
+        self.source = source
+        resolved = _resolve_source(source, opener)
+        self.shards = resolved.table
+        self.manifest = resolved.manifest
+        self.options = PlanOptions(seed=int(seed), shuffle=bool(shuffle),
+                                   window=int(shuffle_window) if shuffle else 1,
+                                   remainder=remainder)
+        self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
+                                        timeout=timeout, retries=retries, on_error=on_error,
+                                        verify_digest=verify_digest)
+        self.decoders = build_decoders(decoders) if decode else None
+        self.map = map
+        self._epoch = 0
+        self._epoch_explicit = False
+        self._started = False
+        self.spec: IterationSpec | None = None  # set by wdstream.DataLoader before iterating
+
+    # ---- epochs -------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration read epoch ``epoch`` (otherwise each new iteration reads
+        the next epoch)."""
+        self._epoch = int(epoch)
+        self._epoch_explicit = True
+
+    def next_epoch(self) -> int:
+        """The epoch the next iteration will read."""
+        return self._epoch + (1 if self._started and not self._epoch_explicit else 0)
+
+    def begin_epoch(self) -> int:
+        self._epoch = self.next_epoch()
+        self._started, self._epoch_explicit = True, False
+        return self._epoch
+
+    # ---- sizes --------------------------------------------------------------------------
+    @property
+    def has_counts(self) -> bool:
+        return self.shards.samples is not None
+
+    def plan(self, epoch: int, world: int, workers: int,
+             history: Sequence[Segment] = ()) -> EpochPlan:
+        if not self.has_counts:
+            raise ManifestError(f"{self.source}: no manifest, so sample counts are unknown; "
+                                "run `wdstream index` on the shards' prefix")
+        return EpochPlan(self.shards.samples, epoch, world, workers, self.options, history)
+
+    def __len__(self) -> int:
+        """Samples each rank reads per epoch (needs a manifest)."""
+        if not self.has_counts:
+            raise TypeError(f"{self.source}: the length is unknown without a manifest; "
+                            "run `wdstream index` on the shards' prefix")
+        _rank, world = world_info()
+        return self.plan(self.next_epoch(), world, 1).rank_samples
+
+    def fingerprint(self) -> str:
+        """Identifies the data and the options that shape the order; part of a resume state."""
+        if self.manifest is not None:
+            data = self.manifest.fingerprint()
+        else:
+            data = hashlib.sha256("\n".join(self.shards.urls).encode()).hexdigest()[:16]
+        o = self.options
+        options = json.dumps([o.shuffle, o.window, o.remainder])
+        return f"{data}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
+
+    # ---- iteration ----------------------------------------------------------------------
+    def _current_spec(self) -> tuple[IterationSpec, int]:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        if self.spec is not None:
+            return self.spec, worker
+        # Used without wdstream.DataLoader: a plain loop or a plain torch DataLoader. Only
+        # the main process can advance the epoch; in workers call set_epoch() each epoch.
+        rank, world = world_info()
+        epoch = self.begin_epoch() if info is None else self._epoch
+        workers = info.num_workers if info is not None else 1
+        return IterationSpec(epoch, rank, world, workers, start=(0,) * workers), worker
+
+    def __iter__(self) -> Iterator[dict]:
+        # Resolve the spec now, not in the generator body: the loader clears it right after
+        # creating its iterator.
+        spec, worker = self._current_spec()
+        return self._samples(spec, worker)
+
+    def _samples(self, spec: IterationSpec, worker: int) -> Iterator[dict]:
+        stream = (spec.rotation + worker) % spec.workers
+        start = spec.start[stream] if spec.start else 0
+        window = self.options.window
+        first_window, skip = divmod(start, window)
+        if self.has_counts:
+            plan = self.plan(spec.epoch, spec.world, spec.workers, spec.history)
+            spans = drop_first(plan.stream_spans(spec.rank, stream), first_window * window)
+            samples = SpanReader(spans, self.shards, self.read_options, worker_stats)
+
+            def order(index, size):
+                return plan.window_order(spec.rank, stream, index, size)
+        else:
+            if spec.history:
+                raise StateError(f"{self.source}: resuming on another layout needs a manifest")
+            o = self.options
+            if spec.world > 1 and len(self.shards.urls) < spec.world * spec.workers:
+                raise ManifestError(
+                    f"{self.source}: {len(self.shards.urls)} shards cannot feed {spec.world} "
+                    f"ranks x {spec.workers} workers without a manifest (ranks would get "
+                    "unequal batches); run `wdstream index` on the shards' prefix")
+            spans = shard_streams(len(self.shards.urls), o.seed, spec.epoch, o.shuffle,
+                                  spec.world, spec.workers, spec.rank, stream)
+            samples = SpanReader(spans, self.shards, self.read_options, worker_stats)
+            samples = islice(samples, first_window * window, None)
+
+            def order(index, size):
+                return window_order(size, o.seed, spec.epoch, 0, spec.rank, stream, index,
+                                    o.shuffle)
+        samples = window_shuffle(samples, window, order, first_window, skip)
+        for sample in samples:
+            if self.decoders is not None:
+                try:
+                    sample = decode_sample(sample, self.decoders)
+                except ShardError as error:
+                    if self.read_options.on_error == "raise":
+                        raise
+                    log.error("skipped: %s", error)
+                    worker_stats.skipped_samples += 1
+                    continue
+            yield self.map(sample) if self.map is not None else sample

@@ -1,0 +1,272 @@
+"""``wdstream.DataLoader``: a torch DataLoader that knows where it is.
+
+The position tracker counts, per worker stream, the samples the training loop has received
+(a batch counts when the loop gets it, not when a worker makes it). Those counts, the epoch,
+the layout and the segments of this epoch already consumed under other layouts are the whole
+state: a few integers, JSON-serialisable, whatever the dataset size.
+
+Workers make batches round-robin; torch delivers them in worker order, skipping exhausted
+workers. On resume, worker 0 takes the stream whose batch was next (``rotation``), so the
+batches that follow are exactly those the uninterrupted run would have produced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch.utils.data
+
+from .dataset import IterationSpec, StreamingDataset, worker_stats, world_info
+from .errors import StateError
+from .plan import Segment, batches_in_stream
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = "wdstream.loader"
+STATE_VERSION = 1
+
+
+def collate(samples: list[dict]) -> dict:
+    """The default collate: a dict of lists (``batch["__key__"]`` is the list of keys), where
+    arrays and tensors of one shape become one stacked tensor (which travels from workers
+    through shared memory) and numbers become a tensor."""
+    import numpy as np
+
+    batch = {}
+    for name in samples[0]:
+        values = [sample[name] for sample in samples]
+        first = values[0]
+        if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
+            batch[name] = torch.stack(values)
+        elif isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
+                v.shape == first.shape for v in values):
+            batch[name] = torch.from_numpy(np.stack(values))
+        elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
+                type(v) is type(first) for v in values):
+            batch[name] = torch.tensor(values)
+        else:
+            batch[name] = values
+    return batch
+
+
+class _TaggedCollate:
+    """Runs in the worker: collates, then tags the batch with its stream, its sample count
+    and the reader's counters, so the loader can track positions exactly."""
+
+    def __init__(self, collate_fn: Callable, rotation: int, workers: int, batched: bool):
+        self.collate_fn = collate_fn
+        self.rotation = rotation
+        self.workers = workers
+        self.batched = batched
+
+    def __call__(self, samples):
+        info = torch.utils.data.get_worker_info()
+        stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
+        count = len(samples) if self.batched else 1
+        return stream, count, worker_stats.take(), self.collate_fn(samples)
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` with ``state_dict()``,
+    ``load_state_dict()`` and a ``len()`` known before the first batch.
+
+    Accepts the usual DataLoader arguments. ``collate_fn`` defaults to ``wdstream.collate``
+    (a dict of lists; arrays of one shape stacked). ``persistent_workers`` is refused: each
+    epoch's plan and resume position reach the workers when they start.
+    """
+
+    def __init__(self, dataset: StreamingDataset, batch_size: int | None = 1, *,
+                 num_workers: int = 0, collate_fn: Callable | None = None,
+                 drop_last: bool = False, persistent_workers: bool = False, **kwargs):
+        if not isinstance(dataset, StreamingDataset):
+            raise TypeError("wdstream.DataLoader needs a wdstream.StreamingDataset")
+        if persistent_workers:
+            raise ValueError("persistent_workers=True is not supported: every epoch's plan "
+                             "and resume position are handed to freshly started workers")
+        if kwargs.get("in_order") is False:
+            raise ValueError("in_order=False would make the batch order, and so resume, "
+                             "non-deterministic")
+        if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
+            raise ValueError("the epoch plan decides the order; samplers do not apply")
+        self.user_collate = collate_fn if collate_fn is not None else (
+            collate if batch_size is not None else _identity)
+        self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers),
+                                      batch_size is not None)
+        super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
+                         collate_fn=self._tagger, drop_last=drop_last, **kwargs)
+        self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0}
+        self._pending: dict | None = None  # a loaded state, applied when iteration starts
+        self._epoch: int | None = None  # the epoch being read, None before the first
+        self._history: tuple[Segment, ...] = ()
+        self._consumed: list[int] = []
+        self._rank = 0
+
+    # ---- layout -------------------------------------------------------------------------
+    @property
+    def streams(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def _batch(self) -> int:
+        return self.batch_size or 0
+
+    def _stream_batches(self, stream_samples: list[int]) -> list[int]:
+        return [batches_in_stream(n, self._batch, self.drop_last) for n in stream_samples]
+
+    def _batchable(self, stream_samples: list[int]) -> list[int]:
+        """Samples of each stream that end up in batches (drop_last drops a partial one)."""
+        if self.drop_last and self._batch:
+            return [n - n % self._batch for n in stream_samples]
+        return list(stream_samples)
+
+    def __len__(self) -> int:
+        """Batches per rank per epoch: the same on every rank."""
+        dataset: StreamingDataset = self.dataset
+        if not dataset.has_counts:
+            raise TypeError(f"{dataset.source}: the length is unknown without a manifest; "
+                            "run `wdstream index` on the shards' prefix")
+        _rank, world = world_info()
+        plan = dataset.plan(dataset.next_epoch(), world, self.streams)
+        return sum(self._stream_batches(plan.stream_samples))
+
+    # ---- iteration ----------------------------------------------------------------------
+    def _next_stream(self, consumed: list[int], batchable: list[int]) -> int | None:
+        """The stream whose batch comes next: round-robin means the first stream, in worker
+        order, among those with batches left and the fewest delivered."""
+        def delivered(k):
+            return -(-consumed[k] // self._batch) if self._batch else consumed[k]
+
+        open_streams = [k for k in range(len(consumed)) if consumed[k] < batchable[k]]
+        if not open_streams:
+            return None
+        return min(open_streams, key=lambda k: (delivered(k), k))
+
+    def _begin(self) -> IterationSpec:
+        dataset: StreamingDataset = self.dataset
+        rank, world = world_info()
+        self._rank = rank
+        layout = (world, self.streams, self._batch)
+        state, self._pending = self._pending, None
+        if state is not None:
+            current = Segment.from_list([state["world"], state["workers"], state["batch_size"],
+                                         state["consumed"]])
+            history = tuple(Segment.from_list(s) for s in state["history"])
+            if (current.world, current.workers, current.batch_size) == layout and \
+                    state["drop_last"] == self.drop_last:
+                start = list(current.consumed)
+            else:
+                history, start = history + (current,), [0] * self.streams
+                log.info("resuming epoch %d on a new layout: %d ranks x %d workers, batch %d",
+                         state["epoch"], *layout)
+            dataset.set_epoch(state["epoch"])
+            epoch = dataset.begin_epoch()
+            plan = dataset.plan(epoch, world, self.streams, history) if dataset.has_counts \
+                else None
+            batchable = self._batchable(plan.stream_samples) if plan else [float("inf")] * len(start)
+            rotation = self._next_stream(start, batchable)
+            if rotation is None:  # saved at the very end of the epoch: start the next one
+                epoch, history, start, rotation = dataset.begin_epoch(), (), [0] * self.streams, 0
+        else:
+            epoch, history, start, rotation = dataset.begin_epoch(), (), [0] * self.streams, 0
+        self._epoch, self._history, self._consumed = epoch, history, list(start)
+        self._tagger.rotation = rotation
+        return IterationSpec(epoch=epoch, rank=rank, world=world, workers=self.streams,
+                             history=history, start=tuple(start), rotation=rotation,
+                             batch_size=self._batch)
+
+    def __iter__(self):
+        dataset: StreamingDataset = self.dataset
+        dataset.spec = self._begin()
+        try:
+            iterator = super().__iter__()
+        finally:
+            dataset.spec = None  # the workers have their copy; direct use stays unaffected
+        for stream, count, stats, batch in iterator:
+            self._consumed[stream] += count
+            self._add_stats(stats)
+            yield batch
+
+    def _add_stats(self, stats: dict) -> None:
+        self.stats["retries"] += stats["retries"]
+        self.stats["skipped_shards"].extend(stats["skipped_shards"])
+        self.stats["skipped_samples"] += stats["skipped_samples"]
+
+    # ---- state --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the training loop is: enough to resume this rank, and under DDP (lockstep
+        batches) the whole job, on the same or another layout."""
+        dataset: StreamingDataset = self.dataset
+        if self._pending is not None:
+            return dict(self._pending)
+        _rank, world = world_info()
+        if self._epoch is None:
+            epoch, history, consumed = dataset.next_epoch(), [], [0] * self.streams
+        else:
+            epoch, history, consumed = self._epoch, self._history, self._consumed
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "fingerprint": dataset.fingerprint(),
+            "seed": dataset.options.seed,
+            "epoch": epoch,
+            "world": world,
+            "workers": self.streams,
+            "batch_size": self._batch,
+            "drop_last": self.drop_last,
+            "consumed": list(consumed),
+            "history": [segment.to_list() for segment in history],
+            "rank": self._rank,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue, at the next iteration, exactly where ``state`` was taken. Refuses a state
+        of another dataset or seed, or a malformed one."""
+        dataset: StreamingDataset = self.dataset
+        _validate(state)
+        if state["seed"] != dataset.options.seed:
+            raise StateError(f"the state was saved with seed {state['seed']}, this dataset "
+                             f"uses seed {dataset.options.seed}")
+        if state["fingerprint"] != dataset.fingerprint():
+            raise StateError("the state belongs to another dataset or other shuffle options "
+                             f"(fingerprint {state['fingerprint']} != {dataset.fingerprint()})")
+        layout_changed = (state["world"], state["workers"]) != (world_info()[1], self.streams)
+        if (state["history"] or layout_changed) and not dataset.has_counts:
+            raise StateError(f"{dataset.source}: resuming on another layout needs a manifest")
+        self._pending = dict(state)
+
+
+def _identity(sample):
+    return sample
+
+
+_STATE_TYPES = {
+    "format": str, "version": int, "fingerprint": str, "seed": int, "epoch": int, "world": int,
+    "workers": int, "batch_size": int, "drop_last": bool, "consumed": list, "history": list,
+}
+
+
+def _validate(state) -> None:
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state is a dict, not {type(state).__name__}")
+    for key, kind in _STATE_TYPES.items():
+        if key not in state:
+            raise StateError(f"loader state: missing key {key!r}")
+        if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool)):
+            raise StateError(f"loader state: {key!r} must be {kind.__name__}, "
+                             f"not {type(state[key]).__name__}")
+    if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
+        raise StateError(f"not a wdstream loader state (format {state['format']!r}, "
+                         f"version {state['version']})")
+    if state["world"] < 1 or state["workers"] < 1 or state["epoch"] < 0:
+        raise StateError("loader state: world, workers must be >= 1 and epoch >= 0")
+    if len(state["consumed"]) != state["workers"] or not all(
+            isinstance(c, int) and c >= 0 for c in state["consumed"]):
+        raise StateError("loader state: 'consumed' needs one count >= 0 per worker")
+    for segment in state["history"]:
+        try:
+            parsed = Segment.from_list(segment)
+        except (TypeError, ValueError) as error:
+            raise StateError(f"loader state: bad history segment {segment!r}") from error
+        if len(parsed.consumed) != parsed.workers or parsed.world < 1:
+            raise StateError(f"loader state: bad history segment {segment!r}")

@@ -1,0 +1,587 @@
+"""``wdstream.pack``: records into reproducible WebDataset tar shards and a manifest.
+
+How a run goes:
+
+1. The inputs and options are checked, then the output prefix: a prefix that holds a manifest
+   is refused unless ``overwrite``, in which case that manifest is deleted first, so that a run
+   that later fails never leaves a manifest pointing at a mix of old and new shards.
+2. The main process reads records in order, turns each into a sample (key + members) and
+   assigns samples to shards. The exact tar size of every sample is known before anything is
+   written (``member_size``), so shard boundaries do not depend on who writes the shards.
+3. Each shard is written whole - tar, SHA-256, upload - in this process (``workers=1``) or by a
+   pool of ``workers`` processes. The bytes are the same either way.
+4. The manifest is written last, after every shard is complete. If anything fails (a bad
+   record, an upload error, Ctrl-C), the shards this run wrote are deleted and no manifest is
+   written; the error is raised again.
+
+``part=(i, n)`` splits the work by shard, not by record: every part reads the whole input and
+computes the same shard boundaries as a single run, and part ``i`` writes the shards whose index
+``% n == i``. The parts' shards are therefore byte-identical to a single run's whatever ``n``,
+they can share one output prefix without name clashes, and ``wdstream index --merge`` (see
+``merge_parts``) joins the part manifests (``index.part-III-of-NNN.json``) into the same
+``index.json`` a single run writes. Each part parses only the records of its own shards, so a
+malformed JSON line is reported by the part that owns it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import json
+import os
+import signal
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..errors import InputError, WdstreamError
+from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..shards.samples import check_key
+from ..shards.tar import END_SIZE, TarWriter, member_size
+from ..sizes import format_size, parse_size
+from .inputs import FolderSample, Record, check_inputs, iter_records
+
+DEFAULT_MAX_SIZE = 256 * 1000**2  # used when neither max_count nor max_size is given
+KEY_DIGITS = 10  # generated keys: the global record index, zero-padded so that keys sort
+_PROGRESS_EVERY = 5000  # records between progress calls while reading
+_FLUSH_SIZE = 4 << 20  # bytes buffered before hashing and writing a chunk of a shard
+
+
+# --- what a run reports ----------------------------------------------------------------------
+
+
+@dataclass
+class PackProgress:
+    """Counters passed to the ``progress`` callback (the same object, updated)."""
+
+    records: int = 0  # records read so far
+    shards: int = 0  # shards completely written
+    samples: int = 0  # samples in the shards written
+    bytes: int = 0  # bytes of the shards written
+
+
+# --- samples and shard jobs ------------------------------------------------------------------
+
+
+class LocalFile(NamedTuple):
+    """A member whose bytes are read from a file by the process that writes the shard."""
+
+    path: str
+    size: int
+
+
+class Sample(NamedTuple):
+    key: str
+    members: tuple[tuple[str, bytes | LocalFile], ...]  # (extension, data), sorted by extension
+    unparsed_json_at: tuple[str, int] | None  # (source, line) of a JSON line not yet parsed
+
+
+class ShardJob(NamedTuple):
+    index: int
+    name: str  # file name under the output prefix
+    url: str
+    samples: list[Sample]
+    size: int  # the exact size of the tar file
+
+
+def shard_name(name: str, index: int) -> str:
+    return f"{name}-{index:06d}.tar"
+
+
+def part_manifest_name(part: tuple[int, int]) -> str:
+    """``index.part-002-of-008.json``: the manifest a ``part=(2, 8)`` run writes."""
+    return f"index.part-{part[0]:03d}-of-{part[1]:03d}.json"
+
+
+# --- records to samples ----------------------------------------------------------------------
+
+
+def _json_default(value):
+    """JSON for the Parquet types that json lacks; bytes must go to their own member."""
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        raise TypeError("holds bytes, which JSON cannot; store it with --field COLUMN=EXT")
+    raise TypeError(f"holds a {type(value).__name__}, which JSON cannot")
+
+
+def _to_json(value, where: str) -> bytes:
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"{where}: {error}") from None
+    return text.encode("utf-8")
+
+
+def parse_json_line(line: bytes, source: str, number: int) -> dict:
+    """A JSON Lines record, which must be an object; InputError names the file and line."""
+    try:
+        value = json.loads(line)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise InputError(f"{source} line {number}: malformed JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InputError(
+            f"{source} line {number}: expected a JSON object, got {type(value).__name__}"
+        )
+    return value
+
+
+def _field_bytes(value, where: str, column: str) -> bytes:
+    if value is None:
+        raise InputError(f"{where}: column {column!r} is missing or null")
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    return _to_json(value, f"{where}: column {column!r}")
+
+
+class SampleMaker:
+    """Turns records into samples following the layout options.
+
+    Default: the whole record is one ``.json`` member (a JSON line byte for byte, a row as
+    compact JSON). ``fields`` ({column: extension}) stores those columns as members instead.
+    ``key_field`` takes keys from a column; otherwise keys are the global record index.
+    """
+
+    def __init__(self, fields: Mapping[str, str] | None, key_field: str | None):
+        self.fields = sorted(fields.items(), key=lambda item: item[1]) if fields else None
+        self.key_field = key_field
+        # Keys from data can repeat; generated keys cannot, which spares the duplicate check.
+        self.keys_are_generated = key_field is None
+
+    def make(self, record: Record, index: int) -> Sample:
+        value = record.value
+        if isinstance(value, FolderSample):
+            check_key(value.key, record.where)
+            members = tuple((ext, LocalFile(path, size)) for ext, path, size in value.files)
+            return Sample(value.key, members, None)
+        if isinstance(value, bytes):  # a JSON line
+            if self.fields is None and self.key_field is None:
+                # Packed as it is; parsed later by the shard writer (see inputs.py).
+                key = f"{index:0{KEY_DIGITS}d}"
+                return Sample(key, (("json", value),), (record.source, record.number))
+            row = parse_json_line(value, record.source, record.number)
+        else:
+            row = value
+        where = record.where
+        key = self._key(row, where) if self.key_field else f"{index:0{KEY_DIGITS}d}"
+        if self.fields is None:
+            member = value if isinstance(value, bytes) else _to_json(row, where)
+            return Sample(key, (("json", member),), None)
+        members = []
+        for column, ext in self.fields:
+            if column not in row:
+                raise InputError(f"{where}: no column {column!r} (from --field {column}={ext})")
+            members.append((ext, _field_bytes(row[column], where, column)))
+        return Sample(key, tuple(members), None)
+
+    def _key(self, row: dict, where: str) -> str:
+        if self.key_field not in row:
+            raise InputError(f"{where}: no column {self.key_field!r} for the key (--key)")
+        value = row[self.key_field]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise InputError(
+                f"{where}: key column {self.key_field!r} holds {value!r}; "
+                "a key must be a string or an integer"
+            )
+        key = str(value)
+        check_key(key, where)
+        return key
+
+
+def sample_size(sample: Sample) -> int:
+    """The exact bytes the sample takes in a tar written by TarWriter."""
+    key = sample.key
+    return sum(
+        member_size(f"{key}.{ext}", data.size if isinstance(data, LocalFile) else len(data))
+        for ext, data in sample.members
+    )
+
+
+class Sharder:
+    """Cuts the sample stream into shards by count and by real tar size (headers included)."""
+
+    def __init__(self, max_count: int | None, max_size: int | None, check_duplicates: bool):
+        self.max_count = max_count
+        self.max_size = max_size
+        self.check_duplicates = check_duplicates
+        self._samples: list[Sample] = []
+        self._size = END_SIZE
+        self._keys: dict[str, Record] = {}  # key -> record that used it, for the duplicate check
+
+    def add(self, sample: Sample, record: Record) -> tuple[list[Sample], int] | None:
+        """Add a sample; when it starts a new shard, return the finished one (samples, size)."""
+        size = sample_size(sample)
+        max_size = self.max_size
+        if max_size is not None and size + END_SIZE > max_size:
+            raise InputError(
+                f"{record.where}: sample {sample.key!r} takes {size + END_SIZE} bytes as a tar, "
+                f"more than the maximum shard size {max_size} ({format_size(max_size)})"
+            )
+        finished = None
+        if self._samples and (
+            len(self._samples) == self.max_count
+            or (max_size is not None and self._size + size > max_size)
+        ):
+            finished = self.finish()
+        if self.check_duplicates:
+            first = self._keys.get(sample.key)
+            if first is not None:
+                raise InputError(
+                    f"{record.where}: key {sample.key!r} is already used in this shard by {first.where}"
+                )
+            self._keys[sample.key] = record
+        self._samples.append(sample)
+        self._size += size
+        return finished
+
+    def finish(self) -> tuple[list[Sample], int] | None:
+        """The shard in progress as (samples, tar size), None if empty; then start a new one."""
+        finished = (self._samples, self._size) if self._samples else None
+        self._samples, self._size, self._keys = [], END_SIZE, {}
+        return finished
+
+
+# --- writing one shard (in this process or a pool worker) ------------------------------------
+
+
+class _HashingBuffer:
+    """A write-only file object that hashes and counts bytes, writing them on in large chunks."""
+
+    def __init__(self, out):
+        self._out = out
+        self._buffer = bytearray()
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self._buffer += data
+        if len(self._buffer) >= _FLUSH_SIZE:
+            self.flush()
+        return len(data)
+
+    def flush(self) -> None:
+        if self._buffer:
+            chunk = bytes(self._buffer)
+            self._buffer.clear()
+            self.sha256.update(chunk)
+            self.size += len(chunk)
+            self._out.write(chunk)
+
+
+def _member_bytes(data: bytes | LocalFile) -> bytes:
+    if not isinstance(data, LocalFile):
+        return data
+    with open(data.path, "rb") as file:
+        content = file.read()
+    if len(content) != data.size:  # the shard size was computed from the listed size
+        raise InputError(f"{data.path}: changed while packing ({data.size} -> {len(content)} bytes)")
+    return content
+
+
+def write_shard(job: ShardJob, via: str) -> ShardInfo:
+    """Write one shard and return its manifest entry (URL relative to the output prefix)."""
+    from ..sources.writers import open_write
+
+    with open_write(job.url, via=via) as out:
+        sink = _HashingBuffer(out)
+        tar = TarWriter(sink)
+        for key, members, unparsed_json_at in job.samples:
+            if unparsed_json_at is not None:
+                parse_json_line(members[0][1], *unparsed_json_at)
+            for ext, data in members:
+                tar.add(f"{key}.{ext}", _member_bytes(data))
+        tar.close()
+        sink.flush()
+        if sink.size != job.size:  # shard boundaries rely on member_size being exact
+            raise AssertionError(f"{job.url}: wrote {sink.size} bytes, expected {job.size}")
+    return ShardInfo(job.name, len(job.samples), sink.size, sink.sha256.hexdigest())
+
+
+def _ignore_sigint() -> None:
+    """Pool initializer: Ctrl-C is handled by the main process, which stops the pool; a worker
+    interrupted while idle would only print a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
+    # Within a job, Ctrl-C aborts the upload (and the CLI child processes, which get the
+    # default handler back when they start, stop with it).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return write_shard(job, via)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _InlineWriter:
+    """Writes each shard as it is submitted, in this process."""
+
+    def __init__(self, via: str):
+        self.via = via
+
+    def submit(self, job: ShardJob) -> Iterator[ShardInfo]:
+        yield write_shard(job, self.via)
+
+    def drain(self) -> Iterator[ShardInfo]:
+        return iter(())
+
+    def close(self, failed: bool) -> None:
+        pass
+
+
+class _PoolWriter:
+    """Writes shards in a process pool; results come back in submission order.
+
+    At most ``workers + 1`` shards are in flight, which bounds memory to a few shards.
+    """
+
+    def __init__(self, via: str, workers: int):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.via = via
+        self.limit = workers + 1
+        self._pending = []
+        # forkserver: the main process may run fsspec's I/O thread, which fork would copy badly.
+        self._pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("forkserver"),
+            initializer=_ignore_sigint,
+        )
+
+    def submit(self, job: ShardJob) -> Iterator[ShardInfo]:
+        self._pending.append(self._pool.submit(_write_shard_in_worker, job, self.via))
+        while len(self._pending) >= self.limit:
+            yield self._pending.pop(0).result()
+
+    def drain(self) -> Iterator[ShardInfo]:
+        while self._pending:
+            yield self._pending.pop(0).result()
+
+    def close(self, failed: bool) -> None:
+        # On failure, queued jobs are cancelled and running ones finish or fail on their own;
+        # either way every worker has stopped writing before the caller deletes shards.
+        self._pool.shutdown(wait=True, cancel_futures=failed)
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def _check_options(fields, key, max_count, max_size, name, workers, part, via):
+    if fields is not None:
+        if not fields:
+            raise InputError("--field: give at least one COLUMN=EXT")
+        seen: dict[str, str] = {}
+        for column, ext in fields.items():
+            if not column or not ext or "/" in ext or ext.startswith(".") or ext.endswith("."):
+                raise InputError(f"--field {column}={ext}: need COLUMN=EXT with an extension like txt")
+            other = seen.setdefault(ext.lower(), column)
+            if other != column:
+                raise InputError(f"--field: columns {other!r} and {column!r} both map to .{ext}")
+    if key is not None and not key:
+        raise InputError("--key: give a column name")
+    if max_count is not None and max_count < 1:
+        raise InputError(f"--max-count must be at least 1, got {max_count}")
+    if max_size is not None and max_size < 2 * 512 + END_SIZE:
+        raise InputError(f"--max-size {max_size} is smaller than the smallest tar with one member")
+    if not name or "/" in name or name.startswith("."):
+        raise InputError(f"--name {name!r}: need a file name prefix without '/'")
+    if workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers}")
+    if part is not None:
+        index, count = part
+        if count < 1 or not 0 <= index < count:
+            raise InputError(f"--part {index}/{count}: need 0 <= I < N")
+    if via not in ("auto", "cli", "fsspec"):
+        raise InputError(f"--via {via!r}: choose auto, cli or fsspec")
+
+
+def _prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> None:
+    """Refuse a prefix that holds a manifest, or (overwrite) delete it before any shard."""
+    from ..sources import urls
+    from ..sources.writers import delete, exists
+
+    for manifest_name in manifest_names:
+        url = urls.join(output, manifest_name)
+        if exists(url):
+            if not overwrite:
+                raise InputError(f"{url} already exists; use --overwrite to replace the dataset")
+            delete(url)
+    local = urls.to_local_path(output)
+    if local is not None:
+        os.makedirs(local, exist_ok=True)
+
+
+def _delete_quietly(urls_to_delete: Iterable[str]) -> None:
+    from ..sources.writers import delete, exists
+
+    for url in urls_to_delete:
+        try:
+            if exists(url):
+                delete(url)
+        except WdstreamError:
+            pass  # best effort: the original error is the one to report
+
+
+def pack(
+    inputs: Iterable[str] | str,
+    output: str,
+    *,
+    fields: Mapping[str, str] | None = None,
+    key: str | None = None,
+    max_count: int | None = None,
+    max_size: int | str | None = None,
+    name: str = "shard",
+    via: str = "auto",
+    workers: int = 1,
+    part: tuple[int, int] | None = None,
+    overwrite: bool = False,
+    progress: Callable[[PackProgress], object] | None = None,
+) -> Manifest:
+    """Pack records from ``inputs`` into tar shards under ``output`` and write the manifest.
+
+    ``inputs``: paths of JSON Lines (also .gz/.zst), Parquet, CSV/TSV files, folders, or "-"
+    for JSON Lines on stdin, read in order. ``fields``: {column: extension} to store columns as
+    members (default: the whole record as ``.json``). ``key``: the column keys come from
+    (default: generated, unique across the dataset). ``max_count``/``max_size``: shard limits;
+    ``max_size`` bounds the real tar bytes and defaults to 256 MB when neither is given.
+    ``via``: "auto", "cli" or "fsspec" for s3:// and gs:// uploads. ``workers``: processes
+    writing shards (same bytes as 1). ``part``: (i, n) to write only every n-th shard from i
+    (see the module docstring). ``progress``: called with a PackProgress now and then.
+
+    Returns the manifest written (``index.json``, or the part's manifest).
+    """
+    from .. import __version__
+    from ..sources import urls
+    from ..sources.writers import write_bytes
+
+    paths = [inputs] if isinstance(inputs, str) else [os.fspath(p) for p in inputs]
+    if max_size is not None:
+        max_size = parse_size(max_size)
+    fields = dict(fields) if fields is not None else None
+    _check_options(fields, key, max_count, max_size, name, workers, part, via)
+    checked = check_inputs(paths)
+    if (fields or key) and any(kind == "folder" for _, kind in checked):
+        folder = next(path for path, kind in checked if kind == "folder")
+        raise InputError(f"{folder}: --field and --key do not apply to a folder, whose files are the members")
+    if max_size is None and max_count is None:
+        max_size = DEFAULT_MAX_SIZE
+
+    maker = SampleMaker(fields, key)
+    sharder = Sharder(max_count, max_size, check_duplicates=not maker.keys_are_generated)
+    final_manifest = part_manifest_name(part) if part else MANIFEST_NAME
+    # A part replaces neither the merged manifest nor another part's.
+    _prepare_output(output, [MANIFEST_NAME, final_manifest] if part else [MANIFEST_NAME], overwrite)
+
+    status = PackProgress()
+    shards: list[ShardInfo] = []
+    extensions: set[str] = set()
+    started: list[str] = []  # URLs of shards this run began to write
+    writer = _PoolWriter(via, workers) if workers > 1 else _InlineWriter(via)
+
+    def shard_jobs() -> Iterator[ShardJob]:
+        index = 0
+
+        def job(finished: tuple[list[Sample], int]) -> ShardJob | None:
+            nonlocal index
+            index += 1
+            if part and (index - 1) % part[1] != part[0]:
+                return None
+            file_name = shard_name(name, index - 1)
+            return ShardJob(index - 1, file_name, urls.join(output, file_name), *finished)
+
+        for number, record in enumerate(iter_records(checked)):
+            sample = maker.make(record, number)
+            extensions.update(ext for ext, _ in sample.members)
+            finished = sharder.add(sample, record)
+            status.records = number + 1
+            if progress is not None and status.records % _PROGRESS_EVERY == 0:
+                progress(status)
+            if finished and (next_job := job(finished)):
+                yield next_job
+        last = sharder.finish()
+        if last and (next_job := job(last)):
+            yield next_job
+
+    def done(info: ShardInfo) -> None:
+        shards.append(info)
+        status.shards += 1
+        status.samples += info.samples
+        status.bytes += info.bytes
+        if progress is not None:
+            progress(status)
+
+    failed = True
+    try:
+        for job in shard_jobs():
+            started.append(job.url)
+            for info in writer.submit(job):
+                done(info)
+        for info in writer.drain():
+            done(info)
+        failed = False
+    finally:
+        writer.close(failed)
+        if failed:
+            _delete_quietly(started)
+
+    if progress is not None:
+        progress(status)
+    extra = {
+        "packed_by": {
+            "tool": "wdstream",
+            "version": __version__,
+            "inputs": ["<stdin>" if p == "-" else p for p in paths],
+            "options": {
+                "fields": fields,
+                "key": key,
+                "max_count": max_count,
+                "max_size": max_size,
+                "name": name,
+            },
+        }
+    }
+    if part:
+        extra["packed_by"]["part"] = list(part)
+    manifest = Manifest(shards=shards, extensions=sorted(extensions), extra=extra, base=output)
+    manifest_url = urls.join(output, final_manifest)
+    try:
+        write_bytes(manifest_url, manifest.to_json().encode("utf-8"), via=via)
+    except BaseException:
+        _delete_quietly(started)
+        raise
+    manifest.url = manifest_url
+    return manifest
+
+
+def merge_parts(manifests: list[Manifest], output: str) -> Manifest:
+    """Join manifests into one for ``output`` (``wdstream index --merge``).
+
+    When the manifests are all the parts of one ``pack(part=...)`` run, the shards are put back
+    in their global order and the packing options kept, so the result equals the manifest of a
+    single run. Other manifests are joined in the order given.
+    """
+    from ..shards.index import merge_manifests
+
+    merged = merge_manifests(manifests, output)
+    packed = [m.extra.get("packed_by") or {} for m in manifests]
+    parts = [p.get("part") for p in packed]
+    if parts and all(parts):
+        count = parts[0][1]
+        same_run = all(
+            {k: v for k, v in p.items() if k != "part"}
+            == {k: v for k, v in packed[0].items() if k != "part"}
+            for p in packed
+        )
+        if same_run and sorted(i for i, _ in parts) == list(range(count)) and all(
+            n == count for _, n in parts
+        ):
+            # Shard names end in -{index:06d}.tar, the shard's index in a single run.
+            merged.shards.sort(key=lambda shard: int(shard.url.rsplit("-", 1)[-1].split(".")[0]))
+            merged.extra["packed_by"] = {k: v for k, v in packed[0].items() if k != "part"}
+    return merged

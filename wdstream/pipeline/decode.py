@@ -1,0 +1,89 @@
+"""Decoding members by extension: ``json`` to objects, ``txt`` to str, ``npy`` to arrays,
+anything else stays bytes. Users extend or replace the table; nothing unpickles unless asked
+for by name (``decoders={"pyd": "pickle"}``)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Mapping
+
+from ..errors import ShardError
+
+
+def _json(data: bytes):
+    try:
+        import orjson  # noqa: PLC0415 - optional, about 3x faster on small records
+    except ImportError:
+        return json.loads(data)
+    return orjson.loads(data)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _npy(data: bytes):
+    import numpy as np
+
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _pickle(data: bytes):
+    import pickle
+
+    return pickle.loads(data)
+
+
+def _int(data: bytes) -> int:
+    return int(data)
+
+
+DEFAULT_DECODERS: dict[str, Callable[[bytes], object]] = {
+    "json": _json,
+    "txt": _text,
+    "text": _text,
+    "npy": _npy,
+    "cls": _int,
+}
+
+# Decoders that can run arbitrary code; only used when named explicitly.
+OPT_IN_DECODERS = {"pickle": _pickle}
+
+
+def build_decoders(decoders: Mapping[str, object] | None) -> dict[str, Callable]:
+    """The default table updated with the user's: ``{ext: callable | "pickle" | None}``;
+    None removes a default (the member stays bytes)."""
+    table = dict(DEFAULT_DECODERS)
+    for ext, decoder in (decoders or {}).items():
+        if decoder is None:
+            table.pop(ext, None)
+        elif isinstance(decoder, str):
+            if decoder not in OPT_IN_DECODERS:
+                raise ValueError(f"unknown decoder {decoder!r} for .{ext}; "
+                                 f"named decoders: {sorted(OPT_IN_DECODERS)}")
+            table[ext] = OPT_IN_DECODERS[decoder]
+        elif callable(decoder):
+            table[ext] = decoder
+        else:
+            raise TypeError(f"decoder for .{ext} must be callable, a name or None")
+    return table
+
+
+def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
+    """Decode each member whose extension (its last dotted part) has a decoder."""
+    decoded = {}
+    for name, value in sample.items():
+        if name.startswith("__"):
+            decoded[name] = value
+            continue
+        decoder = table.get(name) or table.get(name.rsplit(".", 1)[-1])
+        if decoder is None:
+            decoded[name] = value
+            continue
+        try:
+            decoded[name] = decoder(value)
+        except Exception as error:  # noqa: BLE001 - any decoder failure names the sample
+            raise ShardError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r}: "
+                             f"cannot decode .{name}: {error}") from error
+    return decoded

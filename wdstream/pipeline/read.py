@@ -1,0 +1,215 @@
+"""The reading stage: sample ranges of shards in, raw samples out, and no silent failure.
+
+For every span the stage opens the shard (the next shard's download already runs while this
+one is parsed), skips to the span's first sample, yields its samples, and when a span reaches
+the end of its shard checks how the shard ended: the parser must end cleanly, the sample and
+byte counts must match the manifest, the digest too if asked, and the stream's own close
+(a pipe's exit status) must succeed. A transient failure is retried with backoff from the
+last sample delivered, so nothing is lost or repeated; when retries run out the policy
+decides: raise (default) or skip the rest of the shard and record it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import ShardError, StreamError, WdstreamError
+from ..plan import Span
+from ..shards.samples import iter_samples
+from ..shards.tar import iter_members
+from ..sources.openers import open_read
+
+log = logging.getLogger(__name__)
+
+ERROR_POLICIES = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class ShardTable:
+    """What the reader knows of the shards: URLs, and from a manifest their sample counts,
+    bytes and digests (None where unknown)."""
+
+    urls: Sequence[str]
+    samples: Sequence[int] | None = None
+    bytes: Sequence[int] | None = None
+    sha256: Sequence[str | None] | None = None
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    opener: str | None = None  # None: WDSTREAM_OPENER, else the default for the URL's scheme
+    timeout: float = 60.0  # seconds without data before a read is a stall
+    retries: int = 3
+    backoff: float = 0.5  # first retry delay in seconds, doubled each attempt
+    on_error: str = "raise"
+    verify_digest: bool = False
+
+    def __post_init__(self):
+        if self.on_error not in ERROR_POLICIES:
+            raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {self.on_error!r}")
+
+
+@dataclass
+class ReadStats:
+    """Counters of one reader; DataLoader workers send theirs to the loader with each batch."""
+
+    retries: int = 0
+    skipped_shards: list[str] = field(default_factory=list)
+    skipped_samples: int = 0
+
+    def take(self) -> dict:
+        """Return the counts since the last call and reset them."""
+        delta = {"retries": self.retries, "skipped_shards": list(self.skipped_shards),
+                 "skipped_samples": self.skipped_samples}
+        self.retries, self.skipped_shards, self.skipped_samples = 0, [], 0
+        return delta
+
+
+class _HashingReader:
+    """Wraps a stream and hashes what passes through, for the optional digest check."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.digest = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.digest.update(data)
+        return data
+
+
+def _is_transient(error: WdstreamError) -> bool:
+    # A shard that ends early or parses badly may be a connection cut short; retrying a truly
+    # corrupt shard costs a few seconds and then fails with the same clear error.
+    return isinstance(error, ShardError) or getattr(error, "transient", False)
+
+
+class SpanReader:
+    """Reads a list of spans in order; iterate it for samples. Keeps one shard opened ahead."""
+
+    def __init__(self, spans: Sequence[Span], shards: ShardTable, options: ReadOptions,
+                 stats: ReadStats | None = None):
+        self.spans = list(spans)
+        self.shards = shards
+        self.options = options
+        self.stats = stats if stats is not None else ReadStats()
+        self._ahead: dict[int, object] = {}  # span index -> stream opened early
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            for index, span in enumerate(self.spans):
+                yield from self._read_span(index, span)
+        finally:
+            for stream in self._ahead.values():
+                _close_quietly(stream)
+            self._ahead.clear()
+
+    def _open(self, index: int):
+        stream = self._ahead.pop(index, None)
+        if stream is None:
+            url = self.shards.urls[self.spans[index].shard]
+            stream = open_read(url, opener=self.options.opener, timeout=self.options.timeout)
+        return stream
+
+    def _open_ahead(self, index: int) -> None:
+        if index < len(self.spans) and index not in self._ahead:
+            url = self.shards.urls[self.spans[index].shard]
+            try:
+                self._ahead[index] = open_read(url, opener=self.options.opener,
+                                               timeout=self.options.timeout)
+            except WdstreamError:
+                pass  # reported, with retries, when the span is actually read
+
+    def _read_span(self, index: int, span: Span) -> Iterator[dict]:
+        url = self.shards.urls[span.shard]
+        delivered = 0
+        attempt = 0
+        while True:
+            try:
+                stream = self._open(index)
+                self._open_ahead(index + 1)
+                for sample in self._samples(stream, span, span.start + delivered):
+                    yield sample
+                    delivered += 1
+                return
+            except WdstreamError as error:
+                if not _is_transient(error) or attempt >= self.options.retries:
+                    self._give_up(url, span, delivered, error, attempt)
+                    return
+                attempt += 1
+                self.stats.retries += 1
+                delay = self.options.backoff * 2 ** (attempt - 1)
+                log.warning("%s: %s; retry %d of %d in %.1f s", url, error, attempt,
+                            self.options.retries, delay)
+                time.sleep(delay)
+
+    def _give_up(self, url, span, delivered, error, attempts):
+        if self.options.on_error == "raise":
+            raise error
+        missing = (span.length - delivered) if span.stop is not None else 0
+        log.error("%s: skipped after %d retries (%d samples lost): %s", url, attempts,
+                  missing, error)
+        self.stats.skipped_shards.append(url)
+        self.stats.skipped_samples += missing
+
+    def _samples(self, stream, span: Span, first: int) -> Iterator[dict]:
+        """Samples ``first``.. of one shard, up to ``span.stop``; checks the shard's end when
+        the span reaches it (or when the shard ends before the span does)."""
+        url = self.shards.urls[span.shard]
+        expected = self.shards.samples[span.shard] if self.shards.samples is not None else None
+        to_end = span.stop is None or (expected is not None and span.stop >= expected)
+        hashing = self.options.verify_digest and to_end and first == 0 and bool(
+            self.shards.sha256 and self.shards.sha256[span.shard])
+        source = _HashingReader(stream) if hashing else stream
+        members = iter_members(source, url)
+        count = 0
+        try:
+            for sample in iter_samples(members, url):
+                if count >= first and (span.stop is None or count < span.stop):
+                    yield sample
+                count += 1
+                if not to_end and count >= span.stop:
+                    _close_quietly(stream)  # the rest of the shard belongs to another stream
+                    return
+        except ShardError:
+            _raise_stream_failure_first(stream)
+            raise
+        except BaseException:  # a stall, or the consumer closing the generator
+            _close_quietly(stream)
+            raise
+        stream.close()  # a pipe's exit status, a fetch that failed after the last byte
+        self._check_end(span.shard, url, count, members.offset, source if hashing else None)
+
+    def _check_end(self, shard: int, url: str, count: int, nbytes: int, hashing) -> None:
+        table = self.shards
+        if table.samples is not None and count != table.samples[shard]:
+            raise ShardError(f"{url}: ended after {count} samples; the manifest says "
+                             f"{table.samples[shard]} (truncated or replaced shard)")
+        if table.bytes is not None and table.bytes[shard] and nbytes != table.bytes[shard]:
+            raise ShardError(f"{url}: {nbytes} bytes read; the manifest says {table.bytes[shard]}")
+        if hashing is not None:
+            expected = table.sha256[shard]
+            if expected and hashing.digest.hexdigest() != expected:
+                raise ShardError(f"{url}: sha256 {hashing.digest.hexdigest()} does not match "
+                                 f"the manifest's {expected}")
+
+
+def _raise_stream_failure_first(stream) -> None:
+    """A parse error on a stream whose source failed is the source's failure: report that."""
+    try:
+        stream.close()
+    except StreamError:
+        raise
+    except Exception:  # noqa: BLE001 - the parse error is the one to report then
+        pass
+
+
+def _close_quietly(stream) -> None:
+    try:
+        stream.close()
+    except Exception:  # noqa: BLE001 - an early close is not an error
+        pass

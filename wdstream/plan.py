@@ -1,0 +1,302 @@
+"""The epoch plan: which samples each rank and DataLoader worker reads, in which order.
+
+Everything here is a pure function of (shard sample counts, seed, epoch, world size, workers,
+options) and of what was already consumed this epoch: no I/O, no clocks, no process ids, so
+every process on every machine computes the same plan.
+
+How an epoch is laid out
+------------------------
+1. The shards are permuted with a generator seeded by (seed, epoch) -- before any split, so
+   every epoch gets a new assignment of shards to ranks.
+2. Their samples, in that order, form the epoch's *sequence* of N positions. It is kept as
+   a list of ``Span(shard, start, stop)`` so nothing per sample is materialised.
+3. Every rank gets the same number of samples M: ``N // W`` (``remainder="drop"``, the last
+   ``N - W*M`` positions are left out) or ``ceil(N / W)`` (``remainder="pad"``, positions past
+   the end wrap around to the start). Rank r reads positions ``[r*M, (r+1)*M)``: a contiguous
+   run, so a rank opens few shards and may read part of one.
+4. A rank's run is cut into one contiguous *stream* per worker, the first ``M % K`` streams one
+   sample longer. Equal M and K on every rank give equal batch counts on every rank.
+5. Within a stream, samples are shuffled in windows of ``window`` consecutive positions: the
+   reader buffers one window and yields it in an order seeded by (seed, epoch, segment, rank,
+   stream, window). Restarting a window is cheap and exact, which is what makes resume exact.
+
+Resuming and elastic resume
+---------------------------
+Under DDP ranks consume batches in lockstep, so every rank has consumed the same number of
+samples from each of its streams: one list ``consumed[k]`` describes the whole job. With the
+same layout, a stream restarts at its window boundary and skips what was consumed. With a new
+layout (world size, workers or batch size), the positions not yet consumed become the sequence
+of a new *segment* of the same epoch, laid out over the new world as above. A resume state is
+then the list of finished segments plus the current one: a few integers each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+REMAINDER_POLICIES = ("drop", "pad")
+
+
+@dataclass(frozen=True)
+class Span:
+    """Samples ``[start, stop)`` of shard number ``shard``; ``stop`` None means "to the end"
+    (used when sample counts are unknown)."""
+
+    shard: int
+    start: int
+    stop: int | None
+
+    @property
+    def length(self) -> int:
+        if self.stop is None:
+            raise ValueError("the length of an open-ended span is unknown")
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A part of an epoch run with one layout: ``consumed[k]`` samples of stream k were
+    delivered on every rank."""
+
+    world: int
+    workers: int
+    batch_size: int
+    consumed: tuple[int, ...]
+
+    def to_list(self) -> list:
+        return [self.world, self.workers, self.batch_size, list(self.consumed)]
+
+    @classmethod
+    def from_list(cls, value) -> Segment:
+        world, workers, batch_size, consumed = value
+        return cls(int(world), int(workers), int(batch_size), tuple(int(c) for c in consumed))
+
+
+def _generator(*words: int) -> np.random.Generator:
+    # SeedSequence mixes every word, so (seed, epoch) and (seed, epoch + 1) are unrelated.
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(w) for w in words])))
+
+
+_SHARD_ORDER, _WINDOW_ORDER = 1, 2  # domain tags keep the two kinds of draw independent
+
+
+def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order in which an epoch visits the shards."""
+    if not shuffle:
+        return np.arange(n_shards)
+    return _generator(_SHARD_ORDER, seed, epoch).permutation(n_shards)
+
+
+def window_order(size: int, seed: int, epoch: int, segment: int, rank: int, stream: int,
+                 window: int, shuffle: bool) -> np.ndarray:
+    """The order in which one shuffle window of ``size`` samples is yielded."""
+    if not shuffle:
+        return np.arange(size)
+    return _generator(_WINDOW_ORDER, seed, epoch, segment, rank, stream, window).permutation(size)
+
+
+def samples_per_rank(total: int, world: int, remainder: str) -> int:
+    if remainder not in REMAINDER_POLICIES:
+        raise ValueError(f"remainder must be one of {REMAINDER_POLICIES}, not {remainder!r}")
+    if remainder == "pad":
+        return -(-total // world)
+    return total // world
+
+
+def stream_sizes(rank_samples: int, workers: int) -> list[int]:
+    """Samples in each of a rank's ``workers`` streams: contiguous, the first ones longer."""
+    base, extra = divmod(rank_samples, workers)
+    return [base + (1 if k < extra else 0) for k in range(workers)]
+
+
+def batches_in_stream(samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches a DataLoader worker makes of a stream (batch_size 0 means one sample each)."""
+    if batch_size <= 0:
+        return samples
+    return samples // batch_size if drop_last else -(-samples // batch_size)
+
+
+class Positions:
+    """An epoch's sequence of positions, stored as spans with their cumulative offsets."""
+
+    def __init__(self, spans: Sequence[Span]):
+        self.spans = list(spans)
+        lengths = np.fromiter((s.length for s in self.spans), dtype=np.int64, count=len(self.spans))
+        self.offsets = np.zeros(len(self.spans) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.offsets[1:])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def slice(self, start: int, stop: int) -> list[Span]:
+        """Spans covering positions ``[start, stop)``; positions past the end wrap around
+        (that is how ``remainder="pad"`` repeats samples)."""
+        total = len(self)
+        spans: list[Span] = []
+        while start < stop and total:
+            begin = start % total
+            end = min(begin + (stop - start), total)
+            first = int(np.searchsorted(self.offsets, begin, side="right")) - 1
+            index = first
+            while index < len(self.spans) and self.offsets[index] < end:
+                span, offset = self.spans[index], int(self.offsets[index])
+                lo = span.start + max(0, begin - offset)
+                hi = span.start + min(span.length, end - offset)
+                if hi > lo:
+                    spans.append(Span(span.shard, lo, hi))
+                index += 1
+            start += end - begin
+        return _merge_adjacent(spans)
+
+    def subtract(self, taken: list[tuple[int, int]]) -> list[Span]:
+        """The spans of every position outside the intervals ``taken`` ([start, stop) pairs)."""
+        kept: list[Span] = []
+        previous = 0
+        for begin, end in sorted(taken) + [(len(self), len(self))]:
+            begin, end = min(begin, len(self)), min(end, len(self))
+            if begin > previous:
+                kept.extend(self.slice(previous, begin))
+            previous = max(previous, end)
+        return _merge_adjacent(kept)
+
+
+def _merge_adjacent(spans: list[Span]) -> list[Span]:
+    merged: list[Span] = []
+    for span in spans:
+        last = merged[-1] if merged else None
+        if last is not None and last.shard == span.shard and last.stop == span.start:
+            merged[-1] = Span(span.shard, last.start, span.stop)
+        else:
+            merged.append(span)
+    return merged
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    seed: int = 0
+    shuffle: bool = True
+    window: int = 1000
+    remainder: str = "drop"
+
+    def __post_init__(self):
+        if self.window < 1:
+            raise ValueError(f"shuffle window must be at least 1 sample, not {self.window}")
+        samples_per_rank(0, 1, self.remainder)  # validates the policy
+
+
+class Layout:
+    """How a sequence of positions is cut into equal rank runs and per-worker streams."""
+
+    def __init__(self, total: int, world: int, workers: int, remainder: str):
+        if world < 1 or workers < 1:
+            raise ValueError(f"world size and workers must be at least 1, not {world}, {workers}")
+        self.total, self.world, self.workers = total, world, workers
+        self.rank_samples = samples_per_rank(total, world, remainder)
+        self.stream_samples = stream_sizes(self.rank_samples, workers)
+        self._stream_offsets = [sum(self.stream_samples[:k]) for k in range(workers)]
+
+    @property
+    def remainder_samples(self) -> int:
+        """Samples dropped (``drop``) or repeated (``pad``) to give every rank as many."""
+        return abs(self.total - self.rank_samples * self.world)
+
+    def stream_start(self, rank: int, stream: int) -> int:
+        return rank * self.rank_samples + self._stream_offsets[stream]
+
+
+class EpochPlan:
+    """The plan of one epoch for one layout (world size, workers), after the segments of this
+    epoch that earlier layouts already consumed (``history``)."""
+
+    def __init__(self, counts: Sequence[int], epoch: int, world: int, workers: int,
+                 options: PlanOptions, history: Sequence[Segment] = ()):
+        self.epoch = epoch
+        self.options = options
+        self.segment = len(history)
+        order = shard_order(len(counts), options.seed, epoch, options.shuffle)
+        sequence = Positions([Span(int(s), 0, int(counts[s])) for s in order])
+        for index, done in enumerate(history):
+            if len(done.consumed) != done.workers:
+                raise ValueError("a segment needs one consumed count per worker stream")
+            layout = Layout(len(sequence), done.world, done.workers, options.remainder)
+            taken = [
+                interval
+                for rank in range(done.world)
+                for stream in range(done.workers)
+                for interval in self._consumed_intervals(
+                    layout, index, rank, stream, done.consumed[stream])
+            ]
+            sequence = Positions(sequence.subtract(taken))
+        self.sequence = sequence
+        self.layout = Layout(len(sequence), world, workers, options.remainder)
+
+    @property
+    def total(self) -> int:
+        return self.layout.total
+
+    @property
+    def rank_samples(self) -> int:
+        return self.layout.rank_samples
+
+    @property
+    def stream_samples(self) -> list[int]:
+        return self.layout.stream_samples
+
+    @property
+    def remainder_samples(self) -> int:
+        return self.layout.remainder_samples
+
+    def stream_spans(self, rank: int, stream: int) -> list[Span]:
+        """The spans stream ``stream`` of rank ``rank`` reads, in order."""
+        start = self.layout.stream_start(rank, stream)
+        return self.sequence.slice(start, start + self.layout.stream_samples[stream])
+
+    def window_order(self, rank: int, stream: int, window: int, size: int) -> np.ndarray:
+        return self._window_order(self.segment, rank, stream, window, size)
+
+    def _window_order(self, segment, rank, stream, window, size) -> np.ndarray:
+        o = self.options
+        return window_order(size, o.seed, self.epoch, segment, rank, stream, window, o.shuffle)
+
+    def _consumed_intervals(self, layout: Layout, segment: int, rank: int, stream: int,
+                            consumed: int) -> list[tuple[int, int]]:
+        """Positions (as [start, stop) intervals) of the first ``consumed`` samples a stream
+        yielded: its whole windows, and the first picks of the window it was in. Padding
+        positions past the end repeat earlier ones and deliver nothing new: left out."""
+        size = layout.stream_samples[stream]
+        consumed = min(consumed, size)
+        start = layout.stream_start(rank, stream)
+        window = self.options.window
+        full = consumed - consumed % window
+        intervals = [(start, start + full)]
+        if consumed > full:
+            order = self._window_order(segment, rank, stream, full // window,
+                                       min(window, size - full))
+            intervals.extend((start + full + int(i), start + full + int(i) + 1)
+                             for i in order[: consumed - full])
+        return [(a, min(b, layout.total)) for a, b in intervals if a < layout.total]
+
+
+def drop_first(spans: Sequence[Span], count: int) -> list[Span]:
+    """The spans left after skipping ``count`` positions (spans must have known lengths)."""
+    kept: list[Span] = []
+    for span in spans:
+        if count >= span.length:
+            count -= span.length
+            continue
+        kept.append(Span(span.shard, span.start + count, span.stop))
+        count = 0
+    return kept
+
+
+def shard_streams(n_shards: int, seed: int, epoch: int, shuffle: bool, world: int, workers: int,
+                  rank: int, stream: int) -> list[Span]:
+    """Without sample counts (no manifest) the plan can only split whole shards: after the
+    epoch's permutation, shard i goes to slot ``i % (world * workers)``. Ranks may then get
+    unequal sample counts; a manifest (``wdstream index``) lifts that limit."""
+    order = shard_order(n_shards, seed, epoch, shuffle)
+    slot = rank * workers + stream
+    return [Span(int(s), 0, None) for s in order[slot:: world * workers]]

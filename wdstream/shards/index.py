@@ -1,0 +1,139 @@
+"""Manifests for shards that already exist (written by wdstream, webdataset, GNU tar...), and
+merging manifests."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import ManifestError, ShardError
+from ..sources import urls as urlmod
+from .manifest import Manifest, ShardInfo
+from .samples import iter_samples
+from .tar import iter_members
+
+
+class _HashingReader:
+    """Wraps a stream: hashes and reports what is read, so one pass gives count and digest."""
+
+    def __init__(self, stream, progress: Callable[[int], object] | None):
+        self._stream = stream
+        self._progress = progress
+        self.sha256 = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self.sha256.update(data)
+        if self._progress is not None and data:
+            self._progress(len(data))
+        return data
+
+
+def relative_url(url: str, prefix: str) -> str:
+    """``url`` relative to ``prefix`` when it lies under it; else a local path made absolute (a
+    relative one would later resolve against the wrong prefix), or a remote URL unchanged."""
+    path, root = urlmod.to_local_path(url), urlmod.to_local_path(prefix)
+    if path is None or root is None:
+        return urlmod.relative_to(url, prefix)
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    if path != root and os.path.commonpath([path, root]) == root:
+        return os.path.relpath(path, root).replace(os.sep, "/")
+    return path
+
+
+def index_shard(
+    url: str, *, unique_keys: bool = False, progress: Callable[[int], object] | None = None
+) -> tuple[ShardInfo, set[str]]:
+    """Read one shard: (ShardInfo with ``url`` as given, set of extensions).
+
+    A corrupt or truncated tar (including one that lacks the end-of-archive marker) raises
+    ShardError naming ``url``."""
+    from ..sources.openers import open_read
+
+    samples = 0
+    extensions: set[str] = set()
+    seen: set[str] = set()
+    with open_read(url) as stream:
+        reader = _HashingReader(stream, progress)
+        members = iter_members(reader, url)
+        for sample in iter_samples(members, url):
+            samples += 1
+            extensions.update(sample)
+            if unique_keys:
+                key = sample["__key__"]
+                if key in seen:
+                    raise ShardError(f"{url}: key {key!r} appears in two samples")
+                seen.add(key)
+    if not members.complete:
+        # A tar cut at a member boundary parses cleanly; indexing it would bless the truncation.
+        raise ShardError(
+            f"{url}: no end-of-archive marker after byte {members.offset} (truncated?)"
+        )
+    extensions -= {"__key__", "__url__"}
+    return ShardInfo(url, samples, members.offset, reader.sha256.hexdigest()), extensions
+
+
+def index_shards(
+    urls: list[str],
+    *,
+    base: str,
+    workers: int = 4,
+    unique_keys: bool = False,
+    progress: Callable[[int], object] | None = None,
+) -> Manifest:
+    """Build a manifest for existing shards, reading each once (in ``workers`` threads).
+
+    Shard URLs are stored relative to ``base`` when under it. ``unique_keys`` makes a key that
+    appears in two samples of a shard a ShardError (WebDataset readers would yield both).
+    ``progress(nbytes)`` is called as bytes are read, from the worker threads.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [
+            pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress)
+            for url in urls
+        ]
+        try:
+            results = [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    shards, extensions = [], set()
+    for info, exts in results:
+        shards.append(
+            ShardInfo(relative_url(info.url, base), info.samples, info.bytes, info.sha256)
+        )
+        extensions |= exts
+    return Manifest(shards=shards, extensions=sorted(extensions), base=base)
+
+
+def merge_manifests(manifests: list[Manifest], output_prefix: str) -> Manifest:
+    """One manifest listing the shards of ``manifests`` in order, for ``output_prefix``.
+
+    Shard URLs are rewritten relative to ``output_prefix`` when under it, else absolute. The
+    same shard listed twice is a ManifestError; extensions are unioned.
+    """
+    shards: list[ShardInfo] = []
+    sources: list[str | None] = []
+    seen: dict[str, str] = {}
+    extensions: set[str] = set()
+    for m in manifests:
+        where = m.url or m.base or "a manifest"
+        for i, shard in enumerate(m.shards):
+            if m.base is None and not urlmod.is_absolute(shard.url):
+                raise ManifestError(f"{where}: shard {shard.url!r} is relative and has no base")
+            url = relative_url(m.shard_url(i), output_prefix)
+            if url in seen:
+                raise ManifestError(f"{where}: shard {shard.url!r} is also listed in {seen[url]}")
+            seen[url] = where
+            shards.append(ShardInfo(url, shard.samples, shard.bytes, shard.sha256))
+        extensions.update(m.extensions)
+        sources.append(m.url or m.base)
+    return Manifest(
+        shards=shards,
+        extensions=sorted(extensions),
+        extra={"merged_from": sources},
+        base=output_prefix,
+    )

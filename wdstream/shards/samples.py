@@ -1,0 +1,71 @@
+"""WebDataset's sample rules: how member names split into key and extension, which keys are safe
+to write, and grouping consecutive members into samples."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from ..errors import InputError, ShardError
+
+# A key becomes part of a tar member name; keep key + "." + extension under the 255-byte file
+# name limit of common file systems so that `tar x` of a shard works.
+MAX_KEY_BYTES = 200
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """``"a/b.c.json" -> ("a/b", "c.json")``: the key ends at the first dot of the basename.
+
+    Same rule as webdataset's ``base_plus_ext``; the extension keeps its case here (webdataset
+    lowercases it when grouping, and so does ``iter_samples``).
+    """
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot <= slash:  # no dot, or a basename that starts with one (webdataset skips those)
+        raise ShardError(f"member {name!r} has no key.extension name")
+    return name[:dot], name[dot + 1 :]
+
+
+def check_key(key: str, where: str) -> None:
+    """Raise InputError naming ``where`` if WebDataset readers would split or merge ``key``."""
+    problem = None
+    if not key or key.isspace():
+        problem = "is empty or only whitespace"
+    elif "." in key:
+        problem = "contains '.', which WebDataset readers take as the start of the extension"
+    elif "/" in key:
+        problem = "contains '/'"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in key):
+        problem = "contains a control character"
+    elif len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        problem = f"is longer than {MAX_KEY_BYTES} bytes"
+    if problem:
+        raise InputError(f"{where}: key {key!r} {problem}")
+
+
+def iter_samples(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[dict]:
+    """Group consecutive members with the same key into WebDataset sample dicts.
+
+    ``{"__key__": key, "__url__": url, ext: payload, ...}`` with extensions lowercased, as
+    webdataset does. A key that comes back after another key starts a new sample; an extension
+    repeated within a sample raises ShardError.
+    """
+    sample: dict | None = None
+    key = None
+    for name, payload in members:
+        # split_name inlined: this runs once per member
+        slash = name.rfind("/") + 1
+        dot = name.find(".", slash)
+        if dot <= slash:
+            raise ShardError(f"{url}: member {name!r} has no key.extension name")
+        ext = name[dot + 1 :].lower()
+        if sample is None or name[:dot] != key:
+            if sample is not None:
+                yield sample
+            key = name[:dot]
+            sample = {"__key__": key, "__url__": url}
+        if ext in sample:
+            what = "a reserved" if ext in ("__key__", "__url__") else "a duplicate"
+            raise ShardError(f"{url}: sample {key!r} has {what} extension {ext!r}")
+        sample[ext] = payload
+    if sample is not None:
+        yield sample

@@ -1,0 +1,335 @@
+"""The shard format: a compact, reproducible tar writer and a fast streaming tar reader.
+
+Writer: POSIX ustar headers only, every field that could vary between runs fixed (mtime 0, mode
+0o644, uid/gid 0, empty user and group names), no PAX header per member. A member therefore costs
+512 bytes of header plus its payload padded to 512, against ~2 KB of headers with webdataset's
+ShardWriter. Names over 100 bytes use the ustar prefix field when they split at a "/", else a
+GNU longname ('L') entry. Members are written in the order given.
+
+Reader: ``iter_members`` parses 512-byte headers itself and slices payloads out of large reads,
+which is several times faster than ``tarfile`` in streaming mode on small members. It reads what
+GNU tar, ``tarfile`` and webdataset write: ustar, GNU longname/longlink, PAX extended headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from ..errors import InputError, ShardError
+
+BLOCK = 512
+END_SIZE = 2 * BLOCK  # the end-of-archive marker: two zero blocks
+_ZERO_BLOCK = bytes(BLOCK)
+_READ_SIZE = 1 << 20  # large reads: slicing from a buffer beats many small read() calls
+_MAX_READ = 1 << 26  # one read's cap, however large the member (or a corrupt size field)
+
+_NAME_MAX = 100
+_PREFIX_MAX = 155
+_LONGLINK = b"././@LongLink"
+_USTAR_MAGIC = b"ustar\x0000"  # magic + version of POSIX ustar
+_GNU_MAGIC = b"ustar  \x00"  # magic + version of GNU tar, used around a longname entry
+_OCTAL_SIZE_MAX = 8**11 - 1  # the largest size that fits 11 octal digits (8 GiB - 1)
+
+
+def _padding(n: int) -> int:
+    return -n % BLOCK
+
+
+def _size_field(size: int) -> bytes:
+    if size <= _OCTAL_SIZE_MAX:
+        return b"%011o\x00" % size
+    # GNU base-256: a set high bit, then the number big-endian in the remaining 11 bytes.
+    return b"\x80" + size.to_bytes(11, "big")
+
+
+def _header(
+    name: bytes, size: int, typeflag: bytes, prefix: bytes = b"", magic: bytes = _USTAR_MAGIC
+) -> bytes:
+    header = b"".join(
+        (
+            name.ljust(_NAME_MAX, b"\x00"),
+            b"0000644\x00",  # mode
+            b"0000000\x00",  # uid
+            b"0000000\x00",  # gid
+            _size_field(size),
+            b"00000000000\x00",  # mtime
+            b"        ",  # checksum, computed over these spaces
+            typeflag,
+            bytes(_NAME_MAX),  # linkname
+            magic,
+            bytes(64),  # uname, gname
+            b"0000000\x000000000\x00",  # devmajor, devminor
+            prefix.ljust(_PREFIX_MAX, b"\x00"),
+            bytes(12),
+        )
+    )
+    checksum = b"%06o\x00 " % sum(header)
+    return header[:148] + checksum + header[156:]
+
+
+def _split_name(name: bytes) -> tuple[bytes, bytes] | None:
+    """(prefix, name) for a ustar header, or None when a GNU longname entry is needed.
+
+    Takes the shortest prefix that fits, as Python's tarfile does."""
+    if len(name) <= _NAME_MAX:
+        return b"", name
+    parts = name.split(b"/")
+    for i in range(1, len(parts)):
+        prefix, rest = b"/".join(parts[:i]), b"/".join(parts[i:])
+        if len(prefix) <= _PREFIX_MAX and 0 < len(rest) <= _NAME_MAX:
+            return prefix, rest
+    return None
+
+
+def _encode_name(name: str) -> bytes:
+    raw = name.encode("utf-8")
+    if not raw or b"\x00" in raw:
+        raise InputError(f"tar member name {name!r}: empty or contains a NUL character")
+    return raw
+
+
+def member_size(name: str, nbytes: int) -> int:
+    """The exact number of bytes ``TarWriter.add(name, data)`` writes for ``len(data) == nbytes``."""
+    raw = _encode_name(name)
+    size = BLOCK + nbytes + _padding(nbytes)
+    if _split_name(raw) is None:
+        size += BLOCK + len(raw) + 1 + _padding(len(raw) + 1)
+    return size
+
+
+class TarWriter:
+    """Writes a deterministic tar to a binary file object; the same calls give the same bytes."""
+
+    def __init__(self, fileobj: BinaryIO):
+        self._out = fileobj
+        self._written = 0
+        self._closed = False
+
+    @property
+    def bytes_written(self) -> int:
+        return self._written
+
+    def _write(self, data: bytes) -> None:
+        self._out.write(data)
+        self._written += len(data)
+
+    def add(self, name: str, data: bytes) -> None:
+        """Append one regular-file member."""
+        if self._closed:
+            raise ValueError("TarWriter is closed")
+        raw = _encode_name(name)
+        split = _split_name(raw)
+        size = len(data)
+        if split is None:
+            # GNU longname: a pseudo-member holding the NUL-terminated name, then the real
+            # header with the name truncated (readers that know 'L' ignore it).
+            long_name = raw + b"\x00"
+            self._write(_header(_LONGLINK, len(long_name), b"L", magic=_GNU_MAGIC))
+            self._write(long_name + bytes(_padding(len(long_name))))
+            header = _header(raw[:_NAME_MAX], size, b"0", magic=_GNU_MAGIC)
+        else:
+            header = _header(split[1], size, b"0", prefix=split[0])
+        self._write(header)
+        self._write(data)
+        pad = _padding(size)
+        if pad:
+            self._write(bytes(pad))
+
+    def close(self) -> None:
+        """Write the end-of-archive marker. Does not close the file object."""
+        if not self._closed:
+            self._write(bytes(END_SIZE))
+            self._closed = True
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+# Type flags. Regular files yield a member; these others carry no payload (tarfile agrees);
+# any other unknown type is skipped together with its payload.
+_REGULAR = frozenset(b"07\x00")
+_NO_PAYLOAD = frozenset(b"123456")
+
+
+def _cstr(field: bytes) -> bytes:
+    end = field.find(b"\x00")
+    return field if end < 0 else field[:end]
+
+
+class TarMembers:
+    """Iterator over the regular-file members of a tar stream, as ``(name, payload)`` pairs.
+
+    ``offset`` is the number of bytes consumed from the stream so far. After the end-of-archive
+    marker the rest of the stream is read (GNU tar pads to 10 KiB records), so once iteration is
+    exhausted ``offset`` is the stream's total length and ``complete`` says whether the marker was
+    seen (False: the stream ended cleanly at a member boundary without it).
+    """
+
+    def __init__(self, stream: BinaryIO, url: str):
+        self.url = url
+        self.complete = False
+        self._read = stream.read
+        self._data = b""  # buffered bytes; _data[_pos:] not yet parsed
+        self._pos = 0
+        self._base = 0  # stream offset of _data[0]
+        self._gen = self._members()
+
+    @property
+    def offset(self) -> int:
+        return self._base + self._pos
+
+    def __iter__(self) -> TarMembers:
+        return self
+
+    def __next__(self) -> tuple[str, bytes]:
+        return next(self._gen)
+
+    def _fill(self, need: int) -> bool:
+        """Make at least ``need`` unparsed bytes available; False if the stream ends first."""
+        parts = [self._data[self._pos :]]
+        have = len(parts[0])
+        read = self._read
+        while have < need:
+            chunk = read(min(max(_READ_SIZE, need - have), _MAX_READ))
+            if not chunk:
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        self._base += self._pos
+        self._data = b"".join(parts)
+        self._pos = 0
+        return have >= need
+
+    def _error(self, message: str, at: int) -> ShardError:
+        return ShardError(f"{self.url}: {message} at byte {at}")
+
+    def _members(self) -> Iterator[tuple[str, bytes]]:
+        long_name: bytes | None = None  # from a GNU 'L' entry, for the next member
+        pax: dict[bytes, bytes] = {}  # from a PAX 'x' header, for the next member
+        zero = _ZERO_BLOCK
+        while True:
+            if len(self._data) - self._pos < BLOCK and not self._fill(BLOCK):
+                if self._pos == len(self._data):  # clean end at a member boundary
+                    if long_name is not None or pax:
+                        raise self._error("stream ends after an extended header", self.offset)
+                    return
+                raise self._error("truncated header", self.offset)
+            data, pos = self._data, self._pos
+            header = data[pos : pos + BLOCK]
+            if header == zero:
+                self._pos = pos + BLOCK
+                self.complete = True
+                self._drain()
+                return
+            start = self._base + pos
+            # Unsigned sum with the checksum field as spaces; some old writers used signed bytes.
+            try:
+                stored = int(_cstr(header[148:156]).strip(), 8)
+            except ValueError:
+                stored = -1
+            total = sum(header) - sum(header[148:156]) + 256
+            if stored != total and stored != _signed_sum(header):
+                raise self._error("bad header checksum", start)
+            try:
+                size = _number(header[124:136])
+            except ValueError:
+                size = -1
+            typeflag = header[156]
+            if pax:
+                if b"size" in pax:
+                    try:
+                        size = int(pax[b"size"])
+                    except ValueError:
+                        size = -1
+                path = pax.get(b"path")
+                pax = {}
+            else:
+                path = None
+            if size < 0:
+                raise self._error("bad size field", start)
+            if typeflag in _NO_PAYLOAD:
+                self._pos = pos + BLOCK
+                long_name = None
+                continue
+            end = pos + BLOCK + size
+            padded = end + _padding(size)
+            if padded > len(data):
+                if not self._fill(padded - pos):
+                    raise self._error(f"truncated member ({size} bytes expected)", start)
+                data, pos = self._data, 0
+                end = BLOCK + size
+                padded = end + _padding(size)
+            self._pos = padded
+            if typeflag in _REGULAR:
+                if path is not None:
+                    name = path
+                elif long_name is not None:
+                    name = long_name
+                else:
+                    name = _cstr(header[:100])
+                    if header[257:263] == b"ustar\x00" and header[345]:
+                        name = _cstr(header[345:500]) + b"/" + name
+                long_name = None
+                if name.endswith(b"/"):  # an old-style directory entry
+                    continue
+                yield name.decode("utf-8", "surrogateescape"), data[pos + BLOCK : end]
+            elif typeflag == 76 or typeflag == 75:  # 'L' longname, 'K' longlink
+                if typeflag == 76:
+                    long_name = _cstr(data[pos + BLOCK : end])
+            elif typeflag == 120:  # 'x': PAX extended header for the next member
+                pax = _parse_pax(data[pos + BLOCK : end], self, start)
+            # else: 'g' (global PAX header) or an unknown type, skipped with its payload
+
+    def _drain(self) -> None:
+        """Read the rest of the stream so that ``offset`` counts every byte."""
+        self._base += len(self._data)
+        self._data, self._pos = b"", 0
+        read = self._read
+        while chunk := read(_READ_SIZE):
+            self._base += len(chunk)
+
+
+def _signed_sum(header: bytes) -> int:
+    chk = header[148:156]
+    return (
+        sum(b - 256 if b > 127 else b for b in header)
+        - sum(b - 256 if b > 127 else b for b in chk)
+        + 256
+    )
+
+
+def _number(field: bytes) -> int:
+    """A numeric header field: octal text, or GNU base-256 when the high bit is set."""
+    if field[0] & 0x80:
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
+    return int(_cstr(field).strip() or b"0", 8)
+
+
+def _parse_pax(payload: bytes, members: TarMembers, at: int) -> dict[bytes, bytes]:
+    """Records of the form b"<length> <key>=<value>\\n"."""
+    records: dict[bytes, bytes] = {}
+    pos = 0
+    while pos < len(payload) and payload[pos]:
+        space = payload.find(b" ", pos)
+        try:
+            length = int(payload[pos:space])
+        except ValueError:
+            raise members._error("bad PAX header", at) from None
+        record = payload[space + 1 : pos + length]
+        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise members._error("bad PAX header", at)
+        key, value = record[:-1].split(b"=", 1)
+        records[key] = value
+        pos += length
+    return records
+
+
+def iter_members(stream: BinaryIO, url: str) -> TarMembers:
+    """Iterate ``(name, payload)`` over the regular files of a tar read from ``stream``.
+
+    ``stream`` needs only ``read(n)``. Raises ShardError naming ``url`` and the byte offset on a
+    bad checksum or a stream that ends inside a member. The returned iterator's ``offset`` is the
+    number of bytes consumed, ``complete`` whether the end-of-archive marker was seen.
+    """
+    return TarMembers(stream, url)

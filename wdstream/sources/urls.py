@@ -1,0 +1,118 @@
+"""URL helpers: schemes, joining, parents, brace expansion.
+
+A "URL" here is any of: a local path (``/data/x.tar``, ``data/x.tar``), ``file:///data/x.tar``,
+``s3://bucket/key``, ``gs://bucket/key``, another fsspec URL (``memory://x``), or
+``pipe:COMMAND`` (a shell command whose stdout is the data).
+
+Pure string functions: nothing here touches the network or the disk.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import InputError
+
+# Aliases folded into the names the rest of wdstream switches on.
+_SCHEME_ALIASES = {"file": "file", "local": "file", "s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs"}
+
+
+def scheme(url: str) -> str:
+    """"file", "s3", "gs", "pipe", or the URL's own fsspec protocol ("memory", "https", ...)."""
+    if url.startswith("pipe:"):
+        return "pipe"
+    if "://" not in url:
+        return "file"
+    protocol = url.split("://", 1)[0].lower()
+    return _SCHEME_ALIASES.get(protocol, protocol)
+
+
+def to_local_path(url: str) -> str | None:
+    """The filesystem path of a local URL (plain path or ``file://``), else None."""
+    if scheme(url) != "file":
+        return None
+    if "://" in url:
+        return url.split("://", 1)[1]
+    return url
+
+
+def is_absolute(name: str) -> bool:
+    """True for names that do not resolve against a prefix: URLs, pipes, absolute paths."""
+    return "://" in name or name.startswith("pipe:") or os.path.isabs(name)
+
+
+def join(prefix: str, name: str) -> str:
+    """``join("s3://b/p/", "x.tar") -> "s3://b/p/x.tar"``; an absolute ``name`` is returned as is.
+
+    A missing trailing slash on the prefix is added (``"s3://b/p" + "x.tar"`` gives the same).
+    """
+    if is_absolute(name) or not prefix:
+        return name
+    if scheme(prefix) == "file" and "://" not in prefix:
+        return os.path.join(prefix, name)
+    return prefix.rstrip("/") + "/" + name
+
+
+def parent(url: str) -> str:
+    """The prefix, with its trailing slash, that names next to ``url`` resolve against:
+    ``parent("s3://b/p/index.json") -> "s3://b/p/"``, ``parent("/d/index.json") -> "/d/"``,
+    ``parent("index.json") -> ""`` (the current directory)."""
+    if scheme(url) == "pipe":
+        raise InputError(f"{url}: a pipe: source has no parent prefix")
+    if "://" in url:
+        protocol, rest = url.split("://", 1)
+        head, sep, _ = rest.rpartition("/")
+        return f"{protocol}://{head}/" if sep else f"{protocol}://"
+    head, sep, _ = url.rpartition("/")
+    return head + "/" if sep else ""
+
+
+def relative_to(url: str, base: str) -> str:
+    """``url`` relative to the prefix ``base`` when it lies under it, else ``url`` unchanged.
+
+    So ``join(base, relative_to(url, base)) == url`` whenever both are written the same way;
+    manifests use this to store shard names relative to the manifest's folder. Local paths are
+    compared as absolute paths when only one of them is relative.
+    """
+    if not base:
+        return url
+    path = url
+    if "://" not in url and "://" not in base and os.path.isabs(url) != os.path.isabs(base):
+        path, base = os.path.abspath(url), os.path.abspath(base)
+    folder = base.rstrip("/") + "/"
+    if path.startswith(folder) and len(path) > len(folder):
+        return path[len(folder):]
+    return url
+
+
+def bucket_key(url: str) -> tuple[str, str]:
+    """``"s3://bucket/a/b.tar" -> ("bucket", "a/b.tar")`` for s3:// and gs:// URLs."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    bucket, _, key = rest.partition("/")
+    if scheme(url) not in ("s3", "gs") or not bucket:
+        raise InputError(f"{url}: not an s3:// or gs:// URL with a bucket")
+    return bucket, key
+
+
+def expand(source: str | os.PathLike | list | tuple) -> list[str]:
+    """A URL, a brace pattern or a list of them -> the list of URLs, in order.
+
+    ``"s3://b/shard-{000000..000099}.tar"`` gives 100 URLs (the ``braceexpand`` rules that
+    webdataset uses); a list has each of its items expanded.
+    """
+    from braceexpand import braceexpand
+
+    if isinstance(source, str | os.PathLike):
+        items = [os.fspath(source)]
+    elif isinstance(source, list | tuple):
+        items = [os.fspath(item) if isinstance(item, os.PathLike) else item for item in source]
+    else:
+        raise InputError(f"expected a URL, a brace pattern or a list of URLs, got {source!r}")
+    urls = []
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise InputError(f"expected a non-empty URL string, got {item!r}")
+        urls.extend(braceexpand(item))
+    if not urls:
+        raise InputError("no URLs given")
+    return urls

@@ -1,0 +1,373 @@
+"""Writing, listing and small whole-object operations on local paths, s3://, gs:// and other
+fsspec URLs.
+
+``open_write(url)`` gives a writer that either commits (the object appears, complete) or aborts
+(nothing appears; an object already at that URL is left as it was):
+
+- local paths: a temporary file ``.NAME.RANDOM.tmp`` in the same folder, fsync'ed and renamed
+  over ``NAME`` on commit, deleted on abort. Missing folders are created.
+- ``s3://`` and ``gs://`` with ``via="fsspec"`` (what "auto" means): s3fs / gcsfs upload
+  in-process. Chosen over the CLIs because a packer writes many shards: no ~0.7 s process
+  start per shard, failures arrive as exceptions rather than stderr to parse, and no CLI has to
+  be installed. The object appears only when the upload completes (a single PUT, or the
+  completion of a multipart / resumable upload); abort cancels the upload.
+- ``via="cli"``: the data is piped into ``aws s3 cp - URL``, ``gcloud storage cp - URL`` or
+  ``gsutil cp - URL`` (the first of gcloud/gsutil found on PATH). Commit closes the pipe and
+  checks the exit status. Abort kills the command before it sees the end of its input: these
+  commands create the object only after reading all of it, so nothing can appear.
+- other fsspec URLs: the data is spooled to a temporary file and uploaded on commit, since a
+  generic back-end has no way to cancel a half-written object.
+
+Every failure (missing bucket or credentials, unreachable endpoint, failed command) is raised as
+``StreamError`` naming the URL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable
+
+from ..errors import InputError, StreamError, WdstreamError
+from . import urls
+from .openers import ChildProcess, _looks_missing, filesystem, open_read, stream_error
+
+log = logging.getLogger(__name__)
+
+VIA = ("auto", "cli", "fsspec")
+
+
+def _gcs_write_command(url: str) -> list[str]:
+    if shutil.which("gcloud") or not shutil.which("gsutil"):
+        return ["gcloud", "storage", "cp", "-", url]
+    return ["gsutil", "cp", "-", url]
+
+
+# scheme -> function(url) building the argument list that uploads stdin to the URL
+CLI_WRITE_COMMANDS: dict[str, Callable[[str], list[str]]] = {
+    "s3": lambda url: ["aws", "s3", "cp", "--only-show-errors", "-", url],
+    "gs": _gcs_write_command,
+}
+
+
+def open_write(url: str, *, via: str = "auto") -> Writer:
+    """A writer for ``url``; ``via`` is "auto", "cli" or "fsspec" (ignored for local paths).
+
+    Use it as a context manager: leaving the block normally commits, by an exception aborts.
+    """
+    if via not in VIA:
+        raise InputError(f"via {via!r}: expected one of {', '.join(VIA)}")
+    kind = urls.scheme(url)
+    if kind == "pipe":
+        raise InputError(f"{url}: cannot write to a pipe: source")
+    if kind == "file":
+        return _LocalWriter(url, urls.to_local_path(url))
+    if via == "cli":
+        if kind not in CLI_WRITE_COMMANDS:
+            raise InputError(f"{url}: no command-line uploader for {kind}:// (cli writes s3:// "
+                             "and gs://)")
+        return _CliWriter(url, CLI_WRITE_COMMANDS[kind](url))
+    if kind in ("s3", "gs"):
+        return _CloudWriter(url)
+    return _SpooledWriter(url)
+
+
+class Writer:
+    """Base of the writers: ``write``, then exactly one of ``commit`` or ``abort``."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._finished = False
+
+    def write(self, data: bytes) -> None:
+        if self._finished:
+            raise ValueError(f"{self.url}: write after commit or abort")
+        try:
+            self._write(data)
+        except WdstreamError:
+            self.abort()
+            raise
+        except Exception as exc:
+            self.abort()
+            raise stream_error(self.url, exc) from exc
+
+    def commit(self) -> None:
+        """Make the object appear, complete. On failure the writer aborts and raises."""
+        if self._finished:
+            return
+        try:
+            self._commit()
+        except WdstreamError:
+            self.abort()
+            raise
+        except Exception as exc:
+            self.abort()
+            raise stream_error(self.url, exc) from exc
+        self._finished = True
+
+    def abort(self) -> None:
+        """Drop what was written; nothing appears at the URL. Never raises for cleanup."""
+        if self._finished:
+            return
+        self._finished = True
+        self._abort()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _commit(self) -> None:
+        raise NotImplementedError
+
+    def _abort(self) -> None:
+        raise NotImplementedError
+
+
+class _LocalWriter(Writer):
+    def __init__(self, url: str, path: str):
+        super().__init__(url)
+        self.path = os.path.abspath(path)
+        folder, name = os.path.split(self.path)
+        # Our own name rather than mkstemp: mkstemp's mode 0600 would stick to the shard.
+        self._temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(self._temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise stream_error(url, exc) from exc
+        self._file = os.fdopen(fd, "wb")
+
+    def _write(self, data):
+        self._file.write(data)
+
+    def _commit(self):
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._temp, self.path)
+        _fsync_folder(os.path.dirname(self.path))
+
+    def _abort(self):
+        try:
+            self._file.close()
+        except OSError:
+            pass  # a full disk failing the last flush: the file is deleted anyway
+        try:
+            os.unlink(self._temp)
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_folder(folder: str) -> None:
+    """Make the rename itself durable; not every filesystem allows it, which is fine."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _CloudWriter(Writer):
+    """s3fs / gcsfs streaming upload: parts go out as the buffer fills; the object appears when
+    the file is closed. ``discard`` aborts the multipart (s3fs) or resumable (gcsfs) upload."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        fs, path = filesystem(url)
+        try:
+            self._file = fs.open(path, "wb")
+        except Exception as exc:
+            raise stream_error(url, exc) from exc
+
+    def _write(self, data):
+        self._file.write(data)
+
+    def _commit(self):
+        self._file.close()
+
+    def _abort(self):
+        try:
+            self._file.discard()
+        except Exception as exc:  # noqa: BLE001 - an unfinished upload left behind is harmless
+            log.warning("%s: could not cancel the upload: %s", self.url, exc)
+        # Marked closed so that close(), also the one from __del__, never uploads the buffer.
+        self._file.closed = True
+
+
+class _SpooledWriter(Writer):
+    """Other fsspec back-ends: spool locally (in memory up to 64 MiB), upload on commit."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self._fs, self._path = filesystem(url)
+        self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
+
+    def _write(self, data):
+        self._spool.write(data)
+
+    def _commit(self):
+        self._spool.seek(0)
+        with self._fs.open(self._path, "wb") as out:
+            shutil.copyfileobj(self._spool, out, 1 << 20)
+        self._spool.close()
+
+    def _abort(self):
+        self._spool.close()
+
+
+class _CliWriter(Writer):
+    def __init__(self, url: str, argv: list[str]):
+        super().__init__(url)
+        self._process = ChildProcess(url, argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+
+    def _write(self, data):
+        view = memoryview(data)
+        try:
+            while view:  # a raw pipe write may be partial
+                view = view[self._process.popen.stdin.write(view):]
+        except BrokenPipeError:
+            self._fail(self._process.wait(None))
+
+    def _commit(self):
+        self._process.popen.stdin.close()  # end of input: the command completes the upload
+        status = self._process.wait(None)
+        if status != 0:
+            self._fail(status)
+        self._process.release()
+
+    def _fail(self, status: int) -> None:
+        stderr = self._process.stderr_tail()
+        missing = _looks_missing(stderr)
+        raise StreamError(self.url, f"upload command exited with status {status}",
+                          stderr=stderr, transient=not missing)
+
+    def _abort(self):
+        self._process.kill()  # before closing stdin: the command must not see end of input
+        self._process.release()
+
+
+# --------------------------------------------------------------------------- whole objects
+
+
+def write_bytes(url: str, data: bytes, *, via: str = "auto") -> None:
+    """Write ``data`` as the whole object at ``url`` (atomically, as ``open_write``)."""
+    with open_write(url, via=via) as out:
+        out.write(data)
+
+
+def read_bytes(url: str) -> bytes:
+    """The whole object at ``url``, read with the default opener."""
+    with open_read(url) as stream:
+        return stream.read()
+
+
+def exists(url: str) -> bool:
+    """Whether an object (or a local file or folder) exists at ``url``."""
+    path = _local(url)
+    if path is not None:
+        return os.path.exists(path)
+    fs, fs_path = filesystem(url)
+    try:
+        fs.info(fs_path)
+    except FileNotFoundError:
+        return False
+    except Exception as exc:
+        raise stream_error(url, exc) from exc
+    return True
+
+
+def delete(url: str) -> None:
+    """Delete the object at ``url``; a missing one is fine."""
+    path = _local(url)
+    fs, fs_path = (None, path) if path is not None else filesystem(url)
+    try:
+        if fs is None:
+            os.unlink(path)
+        else:
+            fs.rm_file(fs_path)
+    except FileNotFoundError:
+        pass
+    except Exception as exc:
+        raise stream_error(url, exc) from exc
+
+
+def size(url: str) -> int:
+    """The object's size in bytes; StreamError (not transient) if it does not exist."""
+    path = _local(url)
+    fs, fs_path = (None, path) if path is not None else filesystem(url)
+    try:
+        if fs is None:
+            return os.stat(path).st_size
+        return int(fs.info(fs_path)["size"])
+    except Exception as exc:
+        raise stream_error(url, exc) from exc
+
+
+def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
+    """``(url, size)`` of the files directly in the folder ``prefix`` whose names end with
+    ``suffix``, sorted by URL. URLs are spelled like ``prefix`` (``urls.join(prefix, name)``).
+
+    A missing local folder or bucket raises StreamError; on s3/gs a prefix without objects is
+    simply empty.
+    """
+    path = _local(prefix)
+    if path is not None:
+        try:
+            with os.scandir(path or ".") as entries:
+                found = [(urls.join(prefix, entry.name), entry.stat().st_size)
+                         for entry in entries
+                         if entry.name.endswith(suffix) and entry.is_file()]
+        except OSError as exc:
+            raise stream_error(prefix, exc) from exc
+        return sorted(found)
+
+    fs, folder = filesystem(prefix)
+    folder = folder.rstrip("/")
+    try:
+        entries = fs.ls(folder, detail=True)
+    except FileNotFoundError as exc:
+        if urls.scheme(prefix) in ("s3", "gs"):
+            _check_bucket(prefix, fs)
+            return []  # object stores have no folders: no objects under the prefix
+        raise stream_error(prefix, exc) from exc
+    except Exception as exc:
+        raise stream_error(prefix, exc) from exc
+    found = []
+    for entry in entries:
+        parent, _, name = entry["name"].rstrip("/").rpartition("/")
+        if entry["type"] == "file" and parent == folder and name.endswith(suffix):
+            found.append((urls.join(prefix, name), int(entry["size"])))
+    return sorted(found)
+
+
+def _check_bucket(url: str, fs) -> None:
+    bucket, _ = urls.bucket_key(url)
+    try:
+        found = fs.exists(bucket)
+    except Exception as exc:
+        raise stream_error(url, exc) from exc
+    if not found:
+        raise StreamError(url, f"bucket {bucket!r} not found (or not accessible)")
+
+
+def _local(url: str) -> str | None:
+    if urls.scheme(url) == "pipe":
+        raise InputError(f"{url}: a pipe: source is not a stored object")
+    return urls.to_local_path(url)
