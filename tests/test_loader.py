@@ -172,7 +172,8 @@ def test_mismatched_state_is_refused(data, single_rank):
         make(data, seed=99).load_state_dict(state)
     with pytest.raises(StateError, match="another dataset"):
         make(data, window=7).load_state_dict(state)
-    for bad in ({}, {**state, "consumed": [1]}, {**state, "epoch": "x"}, [1, 2]):
+    for bad in ({}, {**state, "positions": [1]}, {**state, "epoch": "x"}, [1, 2],
+                {**state, "batches": [0, -1]}):
         with pytest.raises(StateError):
             make(data).load_state_dict(bad)
 

@@ -29,9 +29,25 @@ from .sources.writers import list_files
 
 log = logging.getLogger(__name__)
 
-# Counters of the reader running in this process (a DataLoader worker, or the main process
-# with num_workers=0); the loader's collate wrapper ships them with each batch.
+# State of the stream running in this process (a DataLoader worker, or the main process with
+# num_workers=0). The loader's collate wrapper ships it with each batch: a worker's fetcher
+# pulls exactly one batch of items and then collates, so ``position`` is then the position
+# after the batch's last item.
 worker_stats = ReadStats()
+
+
+class _WorkerPosition:
+    value: object = 0
+
+
+worker_position = _WorkerPosition()
+
+
+def with_positions(items: Iterator[tuple[object, object]]) -> Iterator[object]:
+    """Yield the items of (item, position after it) pairs, publishing each position."""
+    for item, position in items:
+        worker_position.value = position
+        yield item
 
 
 def world_info() -> tuple[int, int]:
@@ -216,11 +232,22 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         # Resolve the spec now, not in the generator body: the loader clears it right after
         # creating its iterator.
         spec, worker = self._current_spec()
-        return self._samples(spec, worker)
-
-    def _samples(self, spec: IterationSpec, worker: int) -> Iterator[dict]:
         stream = (spec.rotation + worker) % spec.workers
         start = spec.start[stream] if spec.start else 0
+        return with_positions(self.positioned(spec, stream, start))
+
+    def positioned(self, spec: IterationSpec, stream: int, start: int
+                   ) -> Iterator[tuple[dict, int]]:
+        """Stream ``stream``'s samples from position ``start`` (samples already consumed),
+        each with the position after it. Stages built on this dataset (mixing, packing) call
+        it and report positions of their own."""
+        position = start
+        for sample in self._samples(spec, stream, start):
+            position += 1
+            if sample is not None:  # None stands for a sample skipped by on_error="skip"
+                yield sample, position
+
+    def _samples(self, spec: IterationSpec, stream: int, start: int) -> Iterator[dict | None]:
         window = self.options.window
         first_window, skip = divmod(start, window)
         if self.has_counts:
@@ -249,7 +276,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                                     o.shuffle)
         samples = window_shuffle(samples, window, order, first_window, skip)
         for sample in samples:
-            if self.decoders is not None:
+            if sample is not None and self.decoders is not None:
                 try:
                     sample = decode_sample(sample, self.decoders)
                 except ShardError as error:
@@ -257,5 +284,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                         raise
                     log.error("skipped: %s", error)
                     worker_stats.skipped_samples += 1
-                    continue
-            yield self.map(sample) if self.map is not None else sample
+                    sample = None
+            if sample is not None and self.map is not None:
+                sample = self.map(sample)
+            yield sample

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch.utils.data
 
-from .dataset import IterationSpec, StreamingDataset, worker_stats, world_info
+from .dataset import IterationSpec, StreamingDataset, worker_position, worker_stats, world_info
 from .errors import StateError
 from .plan import Segment, batches_in_stream
 
@@ -51,20 +51,19 @@ def collate(samples: list[dict]) -> dict:
 
 
 class _TaggedCollate:
-    """Runs in the worker: collates, then tags the batch with its stream, its sample count
-    and the reader's counters, so the loader can track positions exactly."""
+    """Runs in the worker: collates, then tags the batch with its stream, the stream's
+    position after the batch and the reader's counters, so the loader tracks positions
+    exactly."""
 
-    def __init__(self, collate_fn: Callable, rotation: int, workers: int, batched: bool):
+    def __init__(self, collate_fn: Callable, rotation: int, workers: int):
         self.collate_fn = collate_fn
         self.rotation = rotation
         self.workers = workers
-        self.batched = batched
 
     def __call__(self, samples):
         info = torch.utils.data.get_worker_info()
         stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
-        count = len(samples) if self.batched else 1
-        return stream, count, worker_stats.take(), self.collate_fn(samples)
+        return stream, worker_position.value, worker_stats.take(), self.collate_fn(samples)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -91,15 +90,15 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError("the epoch plan decides the order; samplers do not apply")
         self.user_collate = collate_fn if collate_fn is not None else (
             collate if batch_size is not None else _identity)
-        self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers),
-                                      batch_size is not None)
+        self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers))
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
                          collate_fn=self._tagger, drop_last=drop_last, **kwargs)
         self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0}
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         self._epoch: int | None = None  # the epoch being read, None before the first
         self._history: tuple[Segment, ...] = ()
-        self._consumed: list[int] = []
+        self._positions: list = []  # per stream: where the loop is (samples received)
+        self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
 
     # ---- layout -------------------------------------------------------------------------
@@ -131,61 +130,80 @@ class DataLoader(torch.utils.data.DataLoader):
         return sum(self._stream_batches(plan.stream_samples))
 
     # ---- iteration ----------------------------------------------------------------------
-    def _next_stream(self, consumed: list[int], batchable: list[int]) -> int | None:
-        """The stream whose batch comes next: round-robin means the first stream, in worker
-        order, among those with batches left and the fewest delivered."""
-        def delivered(k):
-            return -(-consumed[k] // self._batch) if self._batch else consumed[k]
-
-        open_streams = [k for k in range(len(consumed)) if consumed[k] < batchable[k]]
+    def _next_stream(self, batches: list[int], exhausted: list[bool]) -> int | None:
+        """The stream whose batch comes next: workers take turns, so it is the first stream,
+        in worker order, among those with batches left and the fewest delivered."""
+        open_streams = [k for k in range(len(batches)) if not exhausted[k]]
         if not open_streams:
             return None
-        return min(open_streams, key=lambda k: (delivered(k), k))
+        return min(open_streams, key=lambda k: (batches[k], k))
+
+    def _exhausted(self, plan, positions: list) -> list[bool]:
+        """Which streams have no batch left; unknown (False) without sample counts or for
+        positions that are not sample counts (stages such as packing)."""
+        if plan is None:
+            return [False] * len(positions)
+        batchable = self._batchable(plan.stream_samples)
+        return [isinstance(p, int) and p >= n for p, n in zip(positions, batchable, strict=True)]
 
     def _begin(self) -> IterationSpec:
         dataset: StreamingDataset = self.dataset
         rank, world = world_info()
         self._rank = rank
         layout = (world, self.streams, self._batch)
+        fresh = [0] * self.streams
         state, self._pending = self._pending, None
-        if state is not None:
-            current = Segment.from_list([state["world"], state["workers"], state["batch_size"],
-                                         state["consumed"]])
+        if state is None:
+            epoch, history, positions, batches = dataset.begin_epoch(), (), fresh, fresh
+        else:
             history = tuple(Segment.from_list(s) for s in state["history"])
-            if (current.world, current.workers, current.batch_size) == layout and \
-                    state["drop_last"] == self.drop_last:
-                start = list(current.consumed)
-            else:
-                history, start = history + (current,), [0] * self.streams
-                log.info("resuming epoch %d on a new layout: %d ranks x %d workers, batch %d",
+            positions, batches = list(state["positions"]), list(state["batches"])
+            if (state["world"], state["workers"], state["batch_size"]) != layout or \
+                    state["drop_last"] != self.drop_last:
+                history += (Segment(state["world"], state["workers"], state["batch_size"],
+                                    tuple(positions)),)
+                positions, batches = fresh, fresh
+                log.info("epoch %d continues on a new layout: %d ranks x %d workers, batch %d",
                          state["epoch"], *layout)
             dataset.set_epoch(state["epoch"])
             epoch = dataset.begin_epoch()
-            plan = dataset.plan(epoch, world, self.streams, history) if dataset.has_counts \
-                else None
-            batchable = self._batchable(plan.stream_samples) if plan else [float("inf")] * len(start)
-            rotation = self._next_stream(start, batchable)
-            if rotation is None:  # saved at the very end of the epoch: start the next one
-                epoch, history, start, rotation = dataset.begin_epoch(), (), [0] * self.streams, 0
-        else:
-            epoch, history, start, rotation = dataset.begin_epoch(), (), [0] * self.streams, 0
-        self._epoch, self._history, self._consumed = epoch, history, list(start)
+        plan = dataset.plan(epoch, world, self.streams, history) if dataset.has_counts else None
+        rotation = self._next_stream(batches, self._exhausted(plan, positions))
+        if rotation is None:  # saved at the very end of the epoch: start the next one
+            epoch, history, positions, batches = dataset.begin_epoch(), (), fresh, fresh
+            plan = dataset.plan(epoch, world, self.streams) if dataset.has_counts else None
+            rotation = 0
+        if plan is not None and rank == 0:
+            log.info("epoch %d: %d samples per rank, %d %s (remainder=%r)", epoch,
+                     plan.rank_samples, plan.remainder_samples,
+                     "dropped" if dataset.options.remainder == "drop" else "repeated",
+                     dataset.options.remainder)
+        self._epoch, self._history = epoch, history
+        self._positions, self._batches = list(positions), list(batches)
         self._tagger.rotation = rotation
         return IterationSpec(epoch=epoch, rank=rank, world=world, workers=self.streams,
-                             history=history, start=tuple(start), rotation=rotation,
+                             history=history, start=tuple(positions), rotation=rotation,
                              batch_size=self._batch)
 
     def __iter__(self):
         dataset: StreamingDataset = self.dataset
+        resumed = self._pending is not None
         dataset.spec = self._begin()
         try:
             iterator = super().__iter__()
         finally:
             dataset.spec = None  # the workers have their copy; direct use stays unaffected
-        for stream, count, stats, batch in iterator:
-            self._consumed[stream] += count
+        delivered = 0
+        for stream, position, stats, batch in iterator:
+            self._positions[stream] = position
+            self._batches[stream] += 1
             self._add_stats(stats)
+            delivered += 1
             yield batch
+        if resumed and delivered == 0:
+            # A state taken after the last batch of an epoch whose end could not be told from
+            # the state alone (positions that are not sample counts): go on with the next.
+            yield from self.__iter__()
 
     def _add_stats(self, stats: dict) -> None:
         self.stats["retries"] += stats["retries"]
@@ -201,9 +219,11 @@ class DataLoader(torch.utils.data.DataLoader):
             return dict(self._pending)
         _rank, world = world_info()
         if self._epoch is None:
-            epoch, history, consumed = dataset.next_epoch(), [], [0] * self.streams
+            epoch, history = dataset.next_epoch(), ()
+            positions, batches = [0] * self.streams, [0] * self.streams
         else:
-            epoch, history, consumed = self._epoch, self._history, self._consumed
+            epoch, history = self._epoch, self._history
+            positions, batches = self._positions, self._batches
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -214,7 +234,8 @@ class DataLoader(torch.utils.data.DataLoader):
             "workers": self.streams,
             "batch_size": self._batch,
             "drop_last": self.drop_last,
-            "consumed": list(consumed),
+            "positions": list(positions),
+            "batches": list(batches),
             "history": [segment.to_list() for segment in history],
             "rank": self._rank,
         }
@@ -230,9 +251,14 @@ class DataLoader(torch.utils.data.DataLoader):
         if state["fingerprint"] != dataset.fingerprint():
             raise StateError("the state belongs to another dataset or other shuffle options "
                              f"(fingerprint {state['fingerprint']} != {dataset.fingerprint()})")
-        layout_changed = (state["world"], state["workers"]) != (world_info()[1], self.streams)
+        layout_changed = (state["world"], state["workers"], state["batch_size"]) != (
+            world_info()[1], self.streams, self._batch)
         if (state["history"] or layout_changed) and not dataset.has_counts:
             raise StateError(f"{dataset.source}: resuming on another layout needs a manifest")
+        if layout_changed and not all(isinstance(p, int) for p in state["positions"]):
+            raise StateError("this pipeline's positions are not sample counts: resume it with "
+                             f"the layout it was saved with ({state['world']} ranks x "
+                             f"{state['workers']} workers, batch {state['batch_size']})")
         self._pending = dict(state)
 
 
@@ -242,7 +268,8 @@ def _identity(sample):
 
 _STATE_TYPES = {
     "format": str, "version": int, "fingerprint": str, "seed": int, "epoch": int, "world": int,
-    "workers": int, "batch_size": int, "drop_last": bool, "consumed": list, "history": list,
+    "workers": int, "batch_size": int, "drop_last": bool, "positions": list, "batches": list,
+    "history": list,
 }
 
 
@@ -260,9 +287,11 @@ def _validate(state) -> None:
                          f"version {state['version']})")
     if state["world"] < 1 or state["workers"] < 1 or state["epoch"] < 0:
         raise StateError("loader state: world, workers must be >= 1 and epoch >= 0")
-    if len(state["consumed"]) != state["workers"] or not all(
-            isinstance(c, int) and c >= 0 for c in state["consumed"]):
-        raise StateError("loader state: 'consumed' needs one count >= 0 per worker")
+    for key in ("positions", "batches"):
+        if len(state[key]) != state["workers"]:
+            raise StateError(f"loader state: {key!r} needs one entry per worker")
+    if not all(isinstance(b, int) and b >= 0 for b in state["batches"]):
+        raise StateError("loader state: 'batches' must be counts >= 0")
     for segment in state["history"]:
         try:
             parsed = Segment.from_list(segment)

@@ -89,7 +89,8 @@ def _is_transient(error: WdstreamError) -> bool:
 
 
 class SpanReader:
-    """Reads a list of spans in order; iterate it for samples. Keeps one shard opened ahead."""
+    """Reads a list of spans in order; iterate it for samples (None for each sample skipped
+    under ``on_error="skip"``). Keeps one shard opened ahead."""
 
     def __init__(self, spans: Sequence[Span], shards: ShardTable, options: ReadOptions,
                  stats: ReadStats | None = None):
@@ -138,7 +139,7 @@ class SpanReader:
                 return
             except WdstreamError as error:
                 if not _is_transient(error) or attempt >= self.options.retries:
-                    self._give_up(url, span, delivered, error, attempt)
+                    yield from self._give_up(url, span, delivered, error, attempt)
                     return
                 attempt += 1
                 self.stats.retries += 1
@@ -147,7 +148,9 @@ class SpanReader:
                             self.options.retries, delay)
                 time.sleep(delay)
 
-    def _give_up(self, url, span, delivered, error, attempts):
+    def _give_up(self, url, span, delivered, error, attempts) -> Iterator[None]:
+        """Raise, or (``on_error="skip"``) record the shard and yield one None per sample
+        not delivered, so stream positions stay exact for resume."""
         if self.options.on_error == "raise":
             raise error
         missing = (span.length - delivered) if span.stop is not None else 0
@@ -155,6 +158,7 @@ class SpanReader:
                   missing, error)
         self.stats.skipped_shards.append(url)
         self.stats.skipped_samples += missing
+        yield from [None] * missing
 
     def _samples(self, stream, span: Span, first: int) -> Iterator[dict]:
         """Samples ``first``.. of one shard, up to ``span.stop``; checks the shard's end when

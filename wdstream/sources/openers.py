@@ -326,6 +326,8 @@ class ByteStream(io.BufferedIOBase):
             self._source.stop()
         self._buffer.close()  # wakes the reader thread if it waits for room
         self._source.release()
+        if self._source.stops_promptly:
+            self._thread.join(5.0)
         self._chunk = b""
         super().close()
 
@@ -345,6 +347,10 @@ class _Source:
     """What a ByteStream reads: ``run`` produces chunks in the reader thread."""
 
     start = 0
+    # True when, once stopped, run() returns at once (a killed process, a local file): close()
+    # then waits for the reader thread. A network read instead ends by itself within the
+    # client's read timeout, and close() does not wait for it.
+    stops_promptly = False
 
     def run(self, put: Callable[[bytes], bool]) -> None:
         """Pass chunks to ``put`` until the end; return early when ``put`` returns False."""
@@ -361,6 +367,8 @@ class _Source:
 
 
 class _FileSource(_Source):
+    stops_promptly = True
+
     def __init__(self, path: str, start: int):
         self.path, self.start = path, start
 
@@ -418,6 +426,8 @@ class _FsspecSource(_Source):
 
 class _ProcessSource(_Source):
     """A command's stdout. Started at open so that a missing executable fails right away."""
+
+    stops_promptly = True
 
     def __init__(self, url: str, argv: list[str], start: int):
         self.url, self.start = url, start

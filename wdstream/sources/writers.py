@@ -280,12 +280,11 @@ def read_bytes(url: str) -> bytes:
 
 def exists(url: str) -> bool:
     """Whether an object (or a local file or folder) exists at ``url``."""
-    path = _local(url)
-    if path is not None:
+    fs, path = _target(url)
+    if fs is None:
         return os.path.exists(path)
-    fs, fs_path = filesystem(url)
     try:
-        fs.info(fs_path)
+        fs.info(path)
     except FileNotFoundError:
         return False
     except Exception as exc:
@@ -295,13 +294,12 @@ def exists(url: str) -> bool:
 
 def delete(url: str) -> None:
     """Delete the object at ``url``; a missing one is fine."""
-    path = _local(url)
-    fs, fs_path = (None, path) if path is not None else filesystem(url)
+    fs, path = _target(url)
     try:
         if fs is None:
             os.unlink(path)
         else:
-            fs.rm_file(fs_path)
+            fs.rm_file(path)
     except FileNotFoundError:
         pass
     except Exception as exc:
@@ -310,12 +308,11 @@ def delete(url: str) -> None:
 
 def size(url: str) -> int:
     """The object's size in bytes; StreamError (not transient) if it does not exist."""
-    path = _local(url)
-    fs, fs_path = (None, path) if path is not None else filesystem(url)
+    fs, path = _target(url)
     try:
         if fs is None:
             return os.stat(path).st_size
-        return int(fs.info(fs_path)["size"])
+        return int(fs.info(path)["size"])
     except Exception as exc:
         raise stream_error(url, exc) from exc
 
@@ -327,8 +324,8 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
     A missing local folder or bucket raises StreamError; on s3/gs a prefix without objects is
     simply empty.
     """
-    path = _local(prefix)
-    if path is not None:
+    fs, path = _target(prefix)
+    if fs is None:
         try:
             with os.scandir(path or ".") as entries:
                 found = [(urls.join(prefix, entry.name), entry.stat().st_size)
@@ -338,8 +335,7 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
             raise stream_error(prefix, exc) from exc
         return sorted(found)
 
-    fs, folder = filesystem(prefix)
-    folder = folder.rstrip("/")
+    folder = path.rstrip("/")
     try:
         entries = fs.ls(folder, detail=True)
     except FileNotFoundError as exc:
@@ -367,7 +363,9 @@ def _check_bucket(url: str, fs) -> None:
         raise StreamError(url, f"bucket {bucket!r} not found (or not accessible)")
 
 
-def _local(url: str) -> str | None:
+def _target(url: str):
+    """``(None, local path)`` or ``(fsspec filesystem, path)`` for a stored object's URL."""
     if urls.scheme(url) == "pipe":
         raise InputError(f"{url}: a pipe: source is not a stored object")
-    return urls.to_local_path(url)
+    path = urls.to_local_path(url)
+    return (None, path) if path is not None else filesystem(url)
