@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "StreamingDataset": "wdstream.dataset",
     "DataLoader": "wdstream.loader",
+    "collate": "wdstream.loader",
     "Manifest": "wdstream.shards.manifest",
     "pack": "wdstream.pack.packer",
 }
@@ -38,6 +39,7 @@ __all__ = [
     "StreamError",
     "StreamingDataset",
     "WdstreamError",
+    "collate",
     "format_size",
     "pack",
     "parse_size",

@@ -164,6 +164,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._epoch_explicit = False
         self._started = False
         self.spec: IterationSpec | None = None  # set by wdstream.DataLoader before iterating
+        self._live: tuple[IterationSpec, int] | None = None  # the stream iterated here
+        self._stream_resume: dict | None = None  # from load_state_dict (torchdata protocol)
 
     # ---- epochs -------------------------------------------------------------------------
     @property
@@ -224,9 +226,16 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         # Used without wdstream.DataLoader: a plain loop or a plain torch DataLoader. Only
         # the main process can advance the epoch; in workers call set_epoch() each epoch.
         rank, world = world_info()
-        epoch = self.begin_epoch() if info is None else self._epoch
         workers = info.num_workers if info is not None else 1
-        return IterationSpec(epoch, rank, world, workers, start=(0,) * workers), worker
+        resume, self._stream_resume = self._stream_resume, None
+        if resume is not None:
+            self._check_stream_state(resume, world, workers, worker)
+            self.set_epoch(resume["epoch"])
+        epoch = self.begin_epoch() if info is None or resume is not None else self._epoch
+        start = [0] * workers
+        if resume is not None:
+            start[worker] = resume["position"]
+        return IterationSpec(epoch, rank, world, workers, start=tuple(start)), worker
 
     def __iter__(self) -> Iterator[dict]:
         # Resolve the spec now, not in the generator body: the loader clears it right after
@@ -234,6 +243,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         spec, worker = self._current_spec()
         stream = (spec.rotation + worker) % spec.workers
         start = spec.start[stream] if spec.start else 0
+        self._live = (spec, stream)
+        worker_position.value = start
         return with_positions(self.positioned(spec, stream, start))
 
     def positioned(self, spec: IterationSpec, stream: int, start: int
@@ -288,3 +299,37 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             if sample is not None and self.map is not None:
                 sample = self.map(sample)
             yield sample
+
+    # ---- torchdata's StatefulDataLoader protocol ----------------------------------------
+    # StatefulDataLoader calls these on the dataset copy in each worker (or in the main
+    # process with num_workers=0): the state is that one stream's position. It restores the
+    # worker round-robin itself, so worker k always reads stream k here.
+    def state_dict(self) -> dict:
+        """The position of the stream this process iterates (torchdata protocol)."""
+        if self._live is None:
+            rank, world = world_info()
+            info = torch.utils.data.get_worker_info()
+            return {"fingerprint": self.fingerprint(), "seed": self.options.seed,
+                    "epoch": self.next_epoch(), "world": world,
+                    "workers": info.num_workers if info else 1,
+                    "stream": info.id if info else 0, "position": 0}
+        spec, stream = self._live
+        return {"fingerprint": self.fingerprint(), "seed": self.options.seed,
+                "epoch": spec.epoch, "world": spec.world, "workers": spec.workers,
+                "stream": stream, "position": worker_position.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next iteration continue this stream where ``state`` was taken."""
+        if not isinstance(state, dict) or not {"fingerprint", "seed", "epoch", "position"} <= set(state):
+            raise StateError(f"not a wdstream dataset state: {state!r:.200}")
+        if state["fingerprint"] != self.fingerprint() or state["seed"] != self.options.seed:
+            raise StateError("the dataset state belongs to another dataset, seed or options")
+        self._stream_resume = dict(state)
+
+    @staticmethod
+    def _check_stream_state(state: dict, world: int, workers: int, worker: int) -> None:
+        saved = (state.get("world"), state.get("workers"), state.get("stream"))
+        if saved != (world, workers, worker):
+            raise StateError(f"the dataset state was saved by stream {saved[2]} of {saved[1]} "
+                             f"workers x {saved[0]} ranks; this is stream {worker} of {workers} "
+                             f"x {world} (use wdstream.DataLoader for elastic resume)")

@@ -1,7 +1,8 @@
 """Input readers for ``wdstream pack``: records from JSON Lines, Parquet, CSV/TSV, folders, stdin.
 
-Every record carries where it came from (``data.jsonl line 17``, ``x.parquet row 5``,
-``photos/a.{jpg,json}``) so that errors can name it. Line and row numbers count from 1.
+Records come in batches that know where each record came from (``data.jsonl line 17``,
+``x.parquet row 5``, ``photos/a.{jpg,json}``) so that errors can name it. Line and row numbers
+count from 1.
 
 Types are told by the name: ``.jsonl``/``.ndjson`` (JSON Lines), ``.csv``, ``.tsv`` (each also
 ``.gz`` or ``.zst``), ``.parquet``/``.pq``, a directory, and ``-`` for JSON Lines on stdin.
@@ -20,7 +21,7 @@ import io
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO, NamedTuple
 
 from ..errors import InputError
@@ -30,7 +31,8 @@ STDIN = "-"
 _JSONL = (".jsonl", ".ndjson")
 _COMPRESSED = ("", ".gz", ".zst")
 _PARQUET = (".parquet", ".pq")
-_ROW_BATCH = 4096  # Parquet rows decoded at a time: bounded memory, few pyarrow calls
+_CHUNK = 4 << 20  # bytes of JSON Lines split at a time
+_TABLE_BATCH = 1024  # rows of Parquet or CSV/TSV handed over at a time
 
 
 class FolderSample(NamedTuple):
@@ -40,29 +42,27 @@ class FolderSample(NamedTuple):
     files: tuple[tuple[str, str, int], ...]  # (extension, path, size), sorted by extension
 
 
-class Record(NamedTuple):
-    """One input record and where it came from.
+class Batch(NamedTuple):
+    """Consecutive records of one input, and where each came from.
 
-    ``value`` is ``bytes`` for a JSON line (stripped, not parsed), a ``dict`` for a Parquet or
-    CSV/TSV row (column -> value), or a ``FolderSample``.
+    ``values`` holds ``bytes`` for JSON lines (stripped, not parsed), ``dict`` for Parquet and
+    CSV/TSV rows (column -> value), or ``FolderSample``. Readers hand over batches rather than
+    single records so that the per-record work in the reading process stays small.
     """
 
     source: str  # the input as the user named it; "<stdin>" for "-"
     unit: str  # "line", "row" or "file"
-    number: int  # line or row number from 1; 0 for folder samples
-    value: bytes | dict | FolderSample
+    numbers: Sequence[int]  # line or row number of each value, from 1 (0 for folder samples)
+    values: list
 
-    @property
-    def where(self) -> str:
-        if isinstance(self.value, FolderSample):
-            exts = [ext for ext, _, _ in self.value.files]
+    def where(self, i: int) -> str:
+        """``data.jsonl line 17``, ``x.parquet row 5``, ``photos/a.{jpg,json}``."""
+        value = self.values[i]
+        if isinstance(value, FolderSample):
+            exts = [ext for ext, _, _ in value.files]
             names = exts[0] if len(exts) == 1 else "{" + ",".join(exts) + "}"
-            return f"{_display_join(self.source, self.value.key)}.{names}"
-        return f"{self.source} {self.unit} {self.number}"
-
-
-def _display_join(folder: str, key: str) -> str:
-    return folder.rstrip("/") + "/" + key
+            return f"{self.source.rstrip('/')}/{value.key}.{names}"
+        return f"{self.source} {self.unit} {self.numbers[i]}"
 
 
 def input_kind(path: str) -> str:
@@ -99,14 +99,14 @@ def check_inputs(paths: Iterable[str]) -> list[tuple[str, str]]:
     return [(path, input_kind(path)) for path in paths]
 
 
-def iter_records(inputs: Iterable[tuple[str, str]]) -> Iterator[Record]:
-    """Records of every input in order; InputError if there are none at all."""
+def iter_batches(inputs: Iterable[tuple[str, str]]) -> Iterator[Batch]:
+    """Batches of records of every input in order; InputError if there are no records at all."""
     inputs = list(inputs)
     count = 0
     for path, kind in inputs:
-        for record in _READERS[kind](path):
-            count += 1
-            yield record
+        for batch in _READERS[kind](path):
+            count += len(batch.values)
+            yield batch
     if count == 0:
         names = ", ".join(_source_name(path) for path, _ in inputs)
         raise InputError(f"no records in the input ({names})")
@@ -147,18 +147,39 @@ def _read_errors():
     return tuple(errors)
 
 
-def read_jsonl(path: str) -> Iterator[Record]:
-    """Non-blank lines as stripped bytes (a leading UTF-8 byte order mark is dropped)."""
+def read_jsonl(path: str) -> Iterator[Batch]:
+    """Non-blank lines as stripped bytes, read in large chunks (a leading byte order mark is
+    dropped)."""
     source = _source_name(path)
     stream = _open_binary(path)
-    number = 0
+    number = 0  # lines handed over so far, blank ones included
+    rest = b""  # an incomplete last line, completed by the next chunk
+    at_start = True
     try:
-        for number, line in enumerate(stream, 1):
-            line = line.strip()
-            if line:
-                if number == 1 and line.startswith(codecs.BOM_UTF8):
-                    line = line[len(codecs.BOM_UTF8) :].strip()
-                yield Record(source, "line", number, line)
+        while True:
+            chunk = stream.read(_CHUNK)
+            if chunk:
+                data = rest + chunk if rest else chunk
+                if at_start and len(data) >= len(codecs.BOM_UTF8):
+                    at_start = False
+                    if data.startswith(codecs.BOM_UTF8):
+                        data = data[len(codecs.BOM_UTF8) :]
+                lines = data.split(b"\n")
+                rest = lines.pop()
+            else:
+                lines, rest = ([rest] if rest else []), b""
+            if lines:
+                first = number + 1
+                number += len(lines)
+                stripped = [line.strip() for line in lines]
+                if all(stripped):
+                    yield Batch(source, "line", range(first, number + 1), stripped)
+                else:
+                    kept = [(n, line) for n, line in zip(range(first, number + 1), stripped) if line]
+                    if kept:
+                        yield Batch(source, "line", [n for n, _ in kept], [line for _, line in kept])
+            if not chunk:
+                return
     except _read_errors() as error:
         raise InputError(f"{source}: cannot read after line {number}: {error}") from None
     finally:
@@ -166,11 +187,13 @@ def read_jsonl(path: str) -> Iterator[Record]:
             stream.close()
 
 
-def _read_table(path: str, delimiter: str) -> Iterator[Record]:
+def _read_table(path: str, delimiter: str) -> Iterator[Batch]:
     """CSV/TSV rows as dicts of strings; the first row names the columns."""
     text = io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", newline="")
+    reader = csv.reader(text, delimiter=delimiter)
+    numbers: list[int] = []
+    rows: list[dict] = []
     try:
-        reader = csv.reader(text, delimiter=delimiter)
         header = None
         for row in reader:
             if not row:  # a blank line
@@ -185,7 +208,13 @@ def _read_table(path: str, delimiter: str) -> Iterator[Record]:
                 raise InputError(
                     f"{path} line {reader.line_num}: {len(row)} fields, the header has {len(header)}"
                 )
-            yield Record(path, "line", reader.line_num, dict(zip(header, row, strict=True)))
+            numbers.append(reader.line_num)
+            rows.append(dict(zip(header, row, strict=True)))
+            if len(rows) == _TABLE_BATCH:
+                yield Batch(path, "line", numbers, rows)
+                numbers, rows = [], []
+        if rows:
+            yield Batch(path, "line", numbers, rows)
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: not UTF-8 text: {error}") from None
     except csv.Error as error:
@@ -196,15 +225,15 @@ def _read_table(path: str, delimiter: str) -> Iterator[Record]:
         text.close()
 
 
-def read_csv(path: str) -> Iterator[Record]:
+def read_csv(path: str) -> Iterator[Batch]:
     return _read_table(path, ",")
 
 
-def read_tsv(path: str) -> Iterator[Record]:
+def read_tsv(path: str) -> Iterator[Batch]:
     return _read_table(path, "\t")
 
 
-def read_parquet(path: str) -> Iterator[Record]:
+def read_parquet(path: str) -> Iterator[Batch]:
     """Rows as dicts, decoded a batch at a time."""
     try:
         import pyarrow
@@ -216,15 +245,16 @@ def read_parquet(path: str) -> Iterator[Record]:
     number = 0
     try:
         table = pyarrow.parquet.ParquetFile(path)
-        for batch in table.iter_batches(batch_size=_ROW_BATCH):
-            for row in batch.to_pylist():
-                number += 1
-                yield Record(path, "row", number, row)
+        for batch in table.iter_batches(batch_size=_TABLE_BATCH):
+            rows = batch.to_pylist()
+            if rows:
+                yield Batch(path, "row", range(number + 1, number + len(rows) + 1), rows)
+                number += len(rows)
     except (pyarrow.ArrowException, OSError) as error:
         raise InputError(f"{path}: cannot read Parquet after row {number}: {error}") from None
 
 
-def read_folder(path: str) -> Iterator[Record]:
+def read_folder(path: str) -> Iterator[Batch]:
     """Files sharing a key form one sample, in key order.
 
     The key is the path relative to the folder up to the first dot of the basename (WebDataset's
@@ -256,7 +286,7 @@ def read_folder(path: str) -> Iterator[Record]:
         while end < len(entries) and entries[end][0] == key:
             end += 1
         files = tuple((ext, file_path, size) for _, ext, file_path, size in entries[index:end])
-        yield Record(path, "file", 0, FolderSample(key, files))
+        yield Batch(path, "file", (0,), [FolderSample(key, files)])
         index = end
 
 

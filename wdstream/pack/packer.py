@@ -28,10 +28,11 @@ from __future__ import annotations
 import datetime
 import decimal
 import hashlib
+import io
 import json
 import os
 import signal
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,11 +41,10 @@ from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..shards.samples import check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
 from ..sizes import format_size, parse_size
-from .inputs import FolderSample, Record, check_inputs, iter_records
+from .inputs import Batch, FolderSample, check_inputs, iter_batches
 
 DEFAULT_MAX_SIZE = 256 * 1000**2  # used when neither max_count nor max_size is given
 KEY_DIGITS = 10  # generated keys: the global record index, zero-padded so that keys sort
-_PROGRESS_EVERY = 5000  # records between progress calls while reading
 _FLUSH_SIZE = 4 << 20  # bytes buffered before hashing and writing a chunk of a shard
 
 
@@ -71,17 +71,32 @@ class LocalFile(NamedTuple):
     size: int
 
 
-class Sample(NamedTuple):
-    key: str
-    members: tuple[tuple[str, bytes | LocalFile], ...]  # (extension, data), sorted by extension
-    unparsed_json_at: tuple[str, int] | None  # (source, line) of a JSON line not yet parsed
+class SampleBatch(NamedTuple):
+    """Samples made from one input Batch, column by column (cheap to slice and to pickle)."""
+
+    keys: list[str]
+    exts: tuple[str, ...]  # member extensions, sorted; the same for every sample of the batch
+    columns: tuple[list, ...]  # per extension, the data of each sample: bytes or LocalFile
+    sizes: list[int]  # the exact bytes each sample takes in a tar
+    unparsed_json: bool  # columns[0] holds JSON lines that are still to be parsed
+    batch: Batch  # the records, for error messages
+
+
+class ShardPiece(NamedTuple):
+    """A run of consecutive samples of one SampleBatch, as sent to the shard writer."""
+
+    keys: list[str]
+    exts: tuple[str, ...]
+    columns: tuple[list, ...]
+    json_lines_at: tuple[str, Sequence[int]] | None  # (source, line numbers) to parse first
 
 
 class ShardJob(NamedTuple):
     index: int
     name: str  # file name under the output prefix
     url: str
-    samples: list[Sample]
+    pieces: list[ShardPiece]
+    samples: int
     size: int  # the exact size of the tar file
 
 
@@ -108,11 +123,11 @@ def _json_default(value):
     raise TypeError(f"holds a {type(value).__name__}, which JSON cannot")
 
 
-def _to_json(value, where: str) -> bytes:
+def _to_json(value, where: Callable[[], str]) -> bytes:
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
     except (TypeError, ValueError) as error:
-        raise InputError(f"{where}: {error}") from None
+        raise InputError(f"{where()}: {error}") from None
     return text.encode("utf-8")
 
 
@@ -129,18 +144,46 @@ def parse_json_line(line: bytes, source: str, number: int) -> dict:
     return value
 
 
-def _field_bytes(value, where: str, column: str) -> bytes:
+def _field_bytes(value, column: str, where: Callable[[], str]) -> bytes:
     if value is None:
-        raise InputError(f"{where}: column {column!r} is missing or null")
+        raise InputError(f"{where()}: column {column!r} is null")
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, bytes | bytearray):
         return bytes(value)
-    return _to_json(value, f"{where}: column {column!r}")
+    return _to_json(value, lambda: f"{where()}: column {column!r}")
+
+
+_header_sizes: dict[int, int] = {}
+
+
+def _header_size(name_bytes: int) -> int:
+    """Tar bytes of a member before its payload, for a name of that length without "/".
+
+    Keys never contain "/" (check_key) and neither do extensions, so the header cost depends
+    on the name's length only, and the payload costs its length padded to 512.
+    """
+    size = _header_sizes.get(name_bytes)
+    if size is None:
+        size = _header_sizes[name_bytes] = member_size("k" * name_bytes, 0)
+    return size
+
+
+def _sample_sizes(keys: list[str], exts: tuple[str, ...], columns: tuple[list, ...]) -> list[int]:
+    key_bytes = [len(key.encode("utf-8")) for key in keys]
+    sizes = [0] * len(keys)
+    for ext, column in zip(exts, columns, strict=True):
+        extra = len(ext.encode("utf-8")) + 1
+        lengths = [d.size if isinstance(d, LocalFile) else len(d) for d in column]
+        sizes = [
+            size + _header_size(k + extra) + n + (-n % 512)
+            for size, k, n in zip(sizes, key_bytes, lengths, strict=True)
+        ]
+    return sizes
 
 
 class SampleMaker:
-    """Turns records into samples following the layout options.
+    """Turns batches of records into samples following the layout options.
 
     Default: the whole record is one ``.json`` member (a JSON line byte for byte, a row as
     compact JSON). ``fields`` ({column: extension}) stores those columns as members instead.
@@ -153,53 +196,63 @@ class SampleMaker:
         # Keys from data can repeat; generated keys cannot, which spares the duplicate check.
         self.keys_are_generated = key_field is None
 
-    def make(self, record: Record, index: int) -> Sample:
-        value = record.value
-        if isinstance(value, FolderSample):
-            check_key(value.key, record.where)
-            members = tuple((ext, LocalFile(path, size)) for ext, path, size in value.files)
-            return Sample(value.key, members, None)
-        if isinstance(value, bytes):  # a JSON line
-            if self.fields is None and self.key_field is None:
-                # Packed as it is; parsed later by the shard writer (see inputs.py).
-                key = f"{index:0{KEY_DIGITS}d}"
-                return Sample(key, (("json", value),), (record.source, record.number))
-            row = parse_json_line(value, record.source, record.number)
+    def make(self, batch: Batch, first_index: int) -> SampleBatch:
+        """Samples for ``batch``, whose first record has global index ``first_index``."""
+        values = batch.values
+        if isinstance(values[0], FolderSample):
+            return self._folder_sample(batch)
+        if self.keys_are_generated:
+            # Generated keys have no "/" or "." and are unique: no check_key needed.
+            keys = [f"{i:0{KEY_DIGITS}d}" for i in range(first_index, first_index + len(values))]
+        if isinstance(values[0], bytes):  # JSON lines
+            if self.fields is None and self.keys_are_generated:
+                # Packed as they are and parsed by the shard writer (see the inputs module).
+                return self._batch(keys, ("json",), (values,), True, batch)
+            rows = [parse_json_line(line, batch.source, n) for line, n in zip(values, batch.numbers, strict=True)]
         else:
-            row = value
-        where = record.where
-        key = self._key(row, where) if self.key_field else f"{index:0{KEY_DIGITS}d}"
+            rows = values
+        if not self.keys_are_generated:
+            keys = [self._key(row, i, batch) for i, row in enumerate(rows)]
         if self.fields is None:
-            member = value if isinstance(value, bytes) else _to_json(row, where)
-            return Sample(key, (("json", member),), None)
-        members = []
+            if isinstance(values[0], bytes):
+                return self._batch(keys, ("json",), (values,), False, batch)
+            members = [_to_json(row, lambda i=i: batch.where(i)) for i, row in enumerate(rows)]
+            return self._batch(keys, ("json",), (members,), False, batch)
+        columns = []
         for column, ext in self.fields:
-            if column not in row:
-                raise InputError(f"{where}: no column {column!r} (from --field {column}={ext})")
-            members.append((ext, _field_bytes(row[column], where, column)))
-        return Sample(key, tuple(members), None)
+            data = []
+            for i, row in enumerate(rows):
+                if column not in row:
+                    raise InputError(
+                        f"{batch.where(i)}: no column {column!r} (from --field {column}={ext})"
+                    )
+                data.append(_field_bytes(row[column], column, lambda i=i: batch.where(i)))
+            columns.append(data)
+        return self._batch(keys, tuple(ext for _, ext in self.fields), tuple(columns), False, batch)
 
-    def _key(self, row: dict, where: str) -> str:
+    @staticmethod
+    def _batch(keys, exts, columns, unparsed_json, batch) -> SampleBatch:
+        return SampleBatch(keys, exts, columns, _sample_sizes(keys, exts, columns), unparsed_json, batch)
+
+    def _folder_sample(self, batch: Batch) -> SampleBatch:
+        (sample,) = batch.values
+        check_key(sample.key, batch.where(0))
+        exts = tuple(ext for ext, _, _ in sample.files)
+        columns = tuple([LocalFile(path, size)] for _, path, size in sample.files)
+        return self._batch([sample.key], exts, columns, False, batch)
+
+    def _key(self, row: dict, i: int, batch: Batch) -> str:
         if self.key_field not in row:
-            raise InputError(f"{where}: no column {self.key_field!r} for the key (--key)")
+            raise InputError(f"{batch.where(i)}: no column {self.key_field!r} for the key (--key)")
         value = row[self.key_field]
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise InputError(
-                f"{where}: key column {self.key_field!r} holds {value!r}; "
+                f"{batch.where(i)}: key column {self.key_field!r} holds {value!r}; "
                 "a key must be a string or an integer"
             )
         key = str(value)
-        check_key(key, where)
+        check_key(key, batch.where(i))
         return key
-
-
-def sample_size(sample: Sample) -> int:
-    """The exact bytes the sample takes in a tar written by TarWriter."""
-    key = sample.key
-    return sum(
-        member_size(f"{key}.{ext}", data.size if isinstance(data, LocalFile) else len(data))
-        for ext, data in sample.members
-    )
 
 
 class Sharder:
@@ -209,77 +262,91 @@ class Sharder:
         self.max_count = max_count
         self.max_size = max_size
         self.check_duplicates = check_duplicates
-        self._samples: list[Sample] = []
+        self._start_shard()
+
+    def _start_shard(self) -> None:
+        self._pieces: list[ShardPiece] = []
+        self._count = 0
         self._size = END_SIZE
-        self._keys: dict[str, Record] = {}  # key -> record that used it, for the duplicate check
+        self._keys: dict[str, str] = {}  # key -> where it was used, for the duplicate check
 
-    def add(self, sample: Sample, record: Record) -> tuple[list[Sample], int] | None:
-        """Add a sample; when it starts a new shard, return the finished one (samples, size)."""
-        size = sample_size(sample)
-        max_size = self.max_size
-        if max_size is not None and size + END_SIZE > max_size:
-            raise InputError(
-                f"{record.where}: sample {sample.key!r} takes {size + END_SIZE} bytes as a tar, "
-                f"more than the maximum shard size {max_size} ({format_size(max_size)})"
-            )
-        finished = None
-        if self._samples and (
-            len(self._samples) == self.max_count
-            or (max_size is not None and self._size + size > max_size)
-        ):
-            finished = self.finish()
-        if self.check_duplicates:
-            first = self._keys.get(sample.key)
-            if first is not None:
+    def add(self, samples: SampleBatch) -> Iterator[tuple[list[ShardPiece], int, int]]:
+        """Add a batch of samples; yield each shard it completes as (pieces, samples, size)."""
+        max_count, max_size = self.max_count, self.max_size
+        start = 0
+        for i, size in enumerate(samples.sizes):
+            if max_size is not None and size + END_SIZE > max_size:
                 raise InputError(
-                    f"{record.where}: key {sample.key!r} is already used in this shard by {first.where}"
+                    f"{samples.batch.where(i)}: sample {samples.keys[i]!r} takes "
+                    f"{size + END_SIZE} bytes as a tar, more than the maximum shard size "
+                    f"{max_size} ({format_size(max_size)})"
                 )
-            self._keys[sample.key] = record
-        self._samples.append(sample)
-        self._size += size
+            if self._count and (
+                self._count == max_count or (max_size is not None and self._size + size > max_size)
+            ):
+                if i > start:
+                    self._pieces.append(_piece(samples, start, i))
+                    start = i
+                yield self.finish()
+            if self.check_duplicates:
+                key = samples.keys[i]
+                if key in self._keys:
+                    raise InputError(
+                        f"{samples.batch.where(i)}: key {key!r} is already used in this shard "
+                        f"by {self._keys[key]}"
+                    )
+                self._keys[key] = samples.batch.where(i)
+            self._count += 1
+            self._size += size
+        if start < len(samples.sizes):
+            self._pieces.append(_piece(samples, start, len(samples.sizes)))
+
+    def finish(self) -> tuple[list[ShardPiece], int, int] | None:
+        """The shard in progress as (pieces, samples, tar size), None if empty; then a new one."""
+        finished = (self._pieces, self._count, self._size) if self._count else None
+        self._start_shard()
         return finished
 
-    def finish(self) -> tuple[list[Sample], int] | None:
-        """The shard in progress as (samples, tar size), None if empty; then start a new one."""
-        finished = (self._samples, self._size) if self._samples else None
-        self._samples, self._size, self._keys = [], END_SIZE, {}
-        return finished
+
+def _piece(samples: SampleBatch, start: int, stop: int) -> ShardPiece:
+    batch = samples.batch
+    return ShardPiece(
+        samples.keys[start:stop],
+        samples.exts,
+        tuple(column[start:stop] for column in samples.columns),
+        (batch.source, batch.numbers[start:stop]) if samples.unparsed_json else None,
+    )
 
 
 # --- writing one shard (in this process or a pool worker) ------------------------------------
 
 
-class _HashingBuffer:
-    """A write-only file object that hashes and counts bytes, writing them on in large chunks."""
+class _ShardSink:
+    """The file object TarWriter writes to: an in-memory buffer (``write`` is the buffer's own
+    C method, called three times per member) that ``flush`` hashes and sends on in chunks."""
 
     def __init__(self, out):
         self._out = out
-        self._buffer = bytearray()
+        self._buffer = io.BytesIO()
+        self.write = self._buffer.write
         self.sha256 = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: bytes) -> int:
-        self._buffer += data
-        if len(self._buffer) >= _FLUSH_SIZE:
-            self.flush()
-        return len(data)
-
-    def flush(self) -> None:
-        if self._buffer:
-            chunk = bytes(self._buffer)
-            self._buffer.clear()
+    def flush(self, at_least: int = 1) -> None:
+        if self._buffer.tell() >= at_least:
+            chunk = self._buffer.getvalue()
+            self._buffer = io.BytesIO()
+            self.write = self._buffer.write
             self.sha256.update(chunk)
             self.size += len(chunk)
             self._out.write(chunk)
 
 
-def _member_bytes(data: bytes | LocalFile) -> bytes:
-    if not isinstance(data, LocalFile):
-        return data
-    with open(data.path, "rb") as file:
+def _file_bytes(member: LocalFile) -> bytes:
+    with open(member.path, "rb") as file:
         content = file.read()
-    if len(content) != data.size:  # the shard size was computed from the listed size
-        raise InputError(f"{data.path}: changed while packing ({data.size} -> {len(content)} bytes)")
+    if len(content) != member.size:  # the shard's size was computed from the listed size
+        raise InputError(f"{member.path}: changed while packing ({member.size} -> {len(content)} bytes)")
     return content
 
 
@@ -288,18 +355,30 @@ def write_shard(job: ShardJob, via: str) -> ShardInfo:
     from ..sources.writers import open_write
 
     with open_write(job.url, via=via) as out:
-        sink = _HashingBuffer(out)
+        sink = _ShardSink(out)
         tar = TarWriter(sink)
-        for key, members, unparsed_json_at in job.samples:
-            if unparsed_json_at is not None:
-                parse_json_line(members[0][1], *unparsed_json_at)
-            for ext, data in members:
-                tar.add(f"{key}.{ext}", _member_bytes(data))
+        add = tar.add
+        for keys, exts, columns, json_lines_at in job.pieces:
+            if json_lines_at is not None:
+                source, numbers = json_lines_at
+                for line, number in zip(columns[0], numbers, strict=True):
+                    parse_json_line(line, source, number)
+            if len(exts) == 1 and not isinstance(columns[0][0], LocalFile):  # the common case
+                suffix = "." + exts[0]
+                for key, data in zip(keys, columns[0], strict=True):
+                    add(key + suffix, data)
+            else:
+                for i, key in enumerate(keys):
+                    for ext, column in zip(exts, columns, strict=True):
+                        data = column[i]
+                        add(f"{key}.{ext}", _file_bytes(data) if isinstance(data, LocalFile) else data)
+                    sink.flush(_FLUSH_SIZE)
+            sink.flush(_FLUSH_SIZE)
         tar.close()
         sink.flush()
-        if sink.size != job.size:  # shard boundaries rely on member_size being exact
+        if sink.size != job.size:  # shard boundaries rely on the computed sizes being exact
             raise AssertionError(f"{job.url}: wrote {sink.size} bytes, expected {job.size}")
-    return ShardInfo(job.name, len(job.samples), sink.size, sink.sha256.hexdigest())
+    return ShardInfo(job.name, job.samples, sink.size, sink.sha256.hexdigest())
 
 
 def _ignore_sigint() -> None:
@@ -485,25 +564,25 @@ def pack(
     writer = _PoolWriter(via, workers) if workers > 1 else _InlineWriter(via)
 
     def shard_jobs() -> Iterator[ShardJob]:
-        index = 0
+        index = -1
 
-        def job(finished: tuple[list[Sample], int]) -> ShardJob | None:
+        def job(finished: tuple[list[ShardPiece], int, int]) -> ShardJob | None:
             nonlocal index
             index += 1
-            if part and (index - 1) % part[1] != part[0]:
+            if part and index % part[1] != part[0]:
                 return None
-            file_name = shard_name(name, index - 1)
-            return ShardJob(index - 1, file_name, urls.join(output, file_name), *finished)
+            file_name = shard_name(name, index)
+            return ShardJob(index, file_name, urls.join(output, file_name), *finished)
 
-        for number, record in enumerate(iter_records(checked)):
-            sample = maker.make(record, number)
-            extensions.update(ext for ext, _ in sample.members)
-            finished = sharder.add(sample, record)
-            status.records = number + 1
-            if progress is not None and status.records % _PROGRESS_EVERY == 0:
+        for batch in iter_batches(checked):
+            samples = maker.make(batch, status.records)
+            extensions.update(samples.exts)
+            for finished in sharder.add(samples):
+                if next_job := job(finished):
+                    yield next_job
+            status.records += len(batch.values)
+            if progress is not None:
                 progress(status)
-            if finished and (next_job := job(finished)):
-                yield next_job
         last = sharder.finish()
         if last and (next_job := job(last)):
             yield next_job
