@@ -560,3 +560,23 @@ def test_reader_fuzz_raises_only_shard_errors():
                 pass
         except ShardError:
             pass
+
+
+def test_index_and_manifest_on_s3(s3_bucket):
+    from wdstream.sources.writers import write_bytes
+
+    prefix = f"s3://{s3_bucket}/ds/"
+    datas = [make_tar(sample_members(n, seed=n)) for n in (3, 4)]
+    for i, data in enumerate(datas):
+        write_bytes(f"{prefix}shard-{i}.tar", data)
+    with pytest.raises(ManifestNotFoundError, match=f"{prefix}index.json: no manifest"):
+        load_manifest(prefix)
+    shard_urls = [f"{prefix}shard-{i}.tar" for i in range(2)]
+    manifest = index_shards(shard_urls, base=prefix, workers=2)
+    assert [s.url for s in manifest.shards] == ["shard-0.tar", "shard-1.tar"]
+    assert [s.sha256 for s in manifest.shards] == [hashlib.sha256(d).hexdigest() for d in datas]
+    assert write_manifest(manifest, prefix) == f"{prefix}index.json"
+    loaded = load_manifest(f"s3://{s3_bucket}/ds")
+    assert loaded.shards == manifest.shards and loaded.samples == 7
+    assert loaded.shard_url(1) == f"{prefix}shard-1.tar"
+    assert load_manifest(f"{prefix}index.json").shard_url(0) == f"{prefix}shard-0.tar"

@@ -27,6 +27,9 @@ _LAZY = {
     "collate": "wdstream.loader",
     "Manifest": "wdstream.shards.manifest",
     "pack": "wdstream.pack.packer",
+    "Mix": "wdstream.mix",
+    "PackedSequences": "wdstream.packing",
+    "from_config": "wdstream.config",
 }
 
 __all__ = [
@@ -34,6 +37,8 @@ __all__ = [
     "InputError",
     "Manifest",
     "ManifestError",
+    "Mix",
+    "PackedSequences",
     "ShardError",
     "StateError",
     "StreamError",
@@ -41,6 +46,7 @@ __all__ = [
     "WdstreamError",
     "collate",
     "format_size",
+    "from_config",
     "pack",
     "parse_size",
 ]

@@ -78,7 +78,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset: StreamingDataset, batch_size: int | None = 1, *,
                  num_workers: int = 0, collate_fn: Callable | None = None,
                  drop_last: bool = False, persistent_workers: bool = False, **kwargs):
-        if not isinstance(dataset, StreamingDataset):
+        if not hasattr(dataset, "positioned"):  # a StreamingDataset or a stage (Mix, packing)
             raise TypeError("wdstream.DataLoader needs a wdstream.StreamingDataset")
         if persistent_workers:
             raise ValueError("persistent_workers=True is not supported: every epoch's plan "

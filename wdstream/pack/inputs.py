@@ -175,7 +175,7 @@ def read_jsonl(path: str) -> Iterator[Batch]:
                 if all(stripped):
                     yield Batch(source, "line", range(first, number + 1), stripped)
                 else:
-                    kept = [(n, line) for n, line in zip(range(first, number + 1), stripped) if line]
+                    kept = [(n, line) for n, line in zip(range(first, number + 1), stripped, strict=True) if line]
                     if kept:
                         yield Batch(source, "line", [n for n, _ in kept], [line for _, line in kept])
             if not chunk:

@@ -492,17 +492,19 @@ def _prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> 
                 raise InputError(f"{url} already exists; use --overwrite to replace the dataset")
             delete(url)
     local = urls.to_local_path(output)
-    if local is not None:
-        os.makedirs(local, exist_ok=True)
+    if local is not None:  # fail now rather than after reading the first shard's records
+        try:
+            os.makedirs(local, exist_ok=True)
+        except OSError as error:
+            raise InputError(f"{output}: cannot create the output folder ({error.strerror})") from None
 
 
 def _delete_quietly(urls_to_delete: Iterable[str]) -> None:
-    from ..sources.writers import delete, exists
+    from ..sources.writers import delete
 
     for url in urls_to_delete:
         try:
-            if exists(url):
-                delete(url)
+            delete(url)  # a shard that never appeared is fine
         except WdstreamError:
             pass  # best effort: the original error is the one to report
 

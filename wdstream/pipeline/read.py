@@ -11,7 +11,6 @@ decides: raise (default) or skip the rest of the shard and record it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ShardError, StreamError, WdstreamError
 from ..plan import Span
+from ..shards.index import HashingReader
 from ..shards.samples import iter_samples
 from ..shards.tar import iter_members
 from ..sources.openers import open_read
@@ -67,19 +67,6 @@ class ReadStats:
                  "skipped_samples": self.skipped_samples}
         self.retries, self.skipped_shards, self.skipped_samples = 0, [], 0
         return delta
-
-
-class _HashingReader:
-    """Wraps a stream and hashes what passes through, for the optional digest check."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.digest = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.stream.read(n)
-        self.digest.update(data)
-        return data
 
 
 def _is_transient(error: WdstreamError) -> bool:
@@ -168,7 +155,7 @@ class SpanReader:
         to_end = span.stop is None or (expected is not None and span.stop >= expected)
         hashing = self.options.verify_digest and to_end and first == 0 and bool(
             self.shards.sha256 and self.shards.sha256[span.shard])
-        source = _HashingReader(stream) if hashing else stream
+        source = HashingReader(stream) if hashing else stream
         members = iter_members(source, url)
         count = 0
         try:
@@ -186,10 +173,14 @@ class SpanReader:
             _close_quietly(stream)
             raise
         stream.close()  # a pipe's exit status, a fetch that failed after the last byte
-        self._check_end(span.shard, url, count, members.offset, source if hashing else None)
+        self._check_end(span.shard, url, count, members, source if hashing else None)
 
-    def _check_end(self, shard: int, url: str, count: int, nbytes: int, hashing) -> None:
+    def _check_end(self, shard: int, url: str, count: int, members, hashing) -> None:
         table = self.shards
+        if not members.complete:
+            raise ShardError(f"{url}: ended without the tar end-of-archive marker after "
+                             f"{count} samples (truncated)")
+        nbytes = members.offset
         if table.samples is not None and count != table.samples[shard]:
             raise ShardError(f"{url}: ended after {count} samples; the manifest says "
                              f"{table.samples[shard]} (truncated or replaced shard)")
@@ -197,8 +188,8 @@ class SpanReader:
             raise ShardError(f"{url}: {nbytes} bytes read; the manifest says {table.bytes[shard]}")
         if hashing is not None:
             expected = table.sha256[shard]
-            if expected and hashing.digest.hexdigest() != expected:
-                raise ShardError(f"{url}: sha256 {hashing.digest.hexdigest()} does not match "
+            if expected and hashing.sha256.hexdigest() != expected:
+                raise ShardError(f"{url}: sha256 {hashing.sha256.hexdigest()} does not match "
                                  f"the manifest's {expected}")
 
 

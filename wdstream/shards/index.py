@@ -15,10 +15,10 @@ from .samples import iter_samples
 from .tar import iter_members
 
 
-class _HashingReader:
+class HashingReader:
     """Wraps a stream: hashes and reports what is read, so one pass gives count and digest."""
 
-    def __init__(self, stream, progress: Callable[[int], object] | None):
+    def __init__(self, stream, progress: Callable[[int], object] | None = None):
         self._stream = stream
         self._progress = progress
         self.sha256 = hashlib.sha256()
@@ -56,7 +56,7 @@ def index_shard(
     extensions: set[str] = set()
     seen: set[str] = set()
     with open_read(url) as stream:
-        reader = _HashingReader(stream, progress)
+        reader = HashingReader(stream, progress)
         members = iter_members(reader, url)
         for sample in iter_samples(members, url):
             samples += 1

@@ -1,0 +1,14 @@
+"""Where bytes come from and go to: local paths, ``pipe:`` commands, ``s3://``, ``gs://`` and
+other fsspec URLs.
+
+- ``urls``: pure string helpers (``scheme``, ``join``, ``parent``, ``relative_to``, ``expand``,
+  ``to_local_path``, ``bucket_key``).
+- ``openers``: ``open_read(url, opener=..., timeout=..., start=...)`` -> ``ByteStream``, a
+  binary stream filled by a background thread (prefetch), with stall detection and an exit
+  status check on close; ``OPENERS`` and ``resolve_opener`` say which reader serves a URL.
+- ``writers``: ``open_write`` (commit makes the object appear whole, abort leaves nothing),
+  ``write_bytes``, ``read_bytes``, ``exists``, ``delete``, ``size``, ``list_files``.
+
+Every failure is a ``StreamError`` naming the URL, with ``transient`` saying whether a retry may
+help. Cloud SDKs and fsspec back-ends are imported on first use, never at import.
+"""

@@ -9,13 +9,15 @@ How a stream works
     a missing object or a refused connection is raised by the first ``read()``.
 
 How a stream ends
-    ``read()`` returns ``b""`` at the end. ``close()`` checks how the source ended: a command
-    (``pipe:`` or a CLI) that exited with a non-zero status raises ``StreamError`` with the tail
-    of its stderr, including a failure after all its data was written (a truncated shard that
-    happens to end on a sample boundary is only visible this way). The check applies whenever
-    the command's output had ended by itself, even if the consumer did not read all of it.
-    Closing while the source is still producing stops it (the whole process group, so
-    ``pipe:a | b`` leaves nothing behind) and raises nothing: an early close is not an error.
+    ``read()`` returns ``b""`` at the end. ``close()`` then checks how a command (``pipe:`` or a
+    CLI) ended: a non-zero exit status raises ``StreamError`` with the tail of its stderr, also
+    when the failure came after all the data was written (a truncated shard that happens to end
+    on a sample boundary is only visible this way). A consumer that stops within
+    ``DRAIN_BYTES`` of the end (a tar reader at the end-of-archive marker, before the padding)
+    gets the same check: ``close()`` drops the rest and waits up to ``DRAIN_SECONDS`` for the
+    command to end by itself. Closing earlier than that stops the command (its whole process
+    group, so ``pipe:a | b`` leaves nothing behind) and raises nothing: an early close is not
+    an error.
 
 Which opener reads what (``opener="auto"``, or the ``WDSTREAM_OPENER`` environment variable)
     - local paths and ``file://``: plain ``open`` (whatever the opener).
@@ -61,6 +63,8 @@ OPENERS = ("auto", "cli", "fsspec", "sdk")
 CHUNK_SIZE = 1 << 20  # largest piece the reader thread hands over
 READ_AHEAD = 32 << 20  # bytes the reader thread may get ahead of the consumer
 STDERR_TAIL = 8 << 10  # bytes of a command's stderr kept for error messages
+DRAIN_BYTES = 64 << 10  # unread bytes a close may drop to reach a command's end (tar padding
+DRAIN_SECONDS = 2.0  # is at most 10 KiB) and how long it waits for that end
 
 _DEFAULT_OPENERS = {"s3": "sdk", "gs": "fsspec"}  # anything else remote: "fsspec"
 
@@ -96,17 +100,23 @@ def _timeout_arg(timeout: float) -> str:
     return str(max(1, math.ceil(timeout)))  # the CLIs take whole seconds; 0 would mean "never"
 
 
+def cli_url(url: str) -> str:
+    """The URL spelled as the CLIs want it: ``s3a://`` -> ``s3://``, ``gcs://`` -> ``gs://``."""
+    bucket, key = urls.bucket_key(url)
+    return f"{urls.scheme(url)}://{bucket}/{key}"
+
+
 def _aws_read_command(url: str, timeout: float) -> list[str]:
     seconds = _timeout_arg(timeout)
     return ["aws", "s3", "cp", "--only-show-errors", "--cli-connect-timeout", seconds,
-            "--cli-read-timeout", seconds, url, "-"]
+            "--cli-read-timeout", seconds, cli_url(url), "-"]
 
 
 def _gcs_read_command(url: str, timeout: float) -> list[str]:
     # gcloud has no per-request timeout flag; the stream's own stall timeout stops it.
     if shutil.which("gcloud") or not shutil.which("gsutil"):
-        return ["gcloud", "storage", "cat", url]
-    return ["gsutil", "cat", url]
+        return ["gcloud", "storage", "cat", cli_url(url)]
+    return ["gsutil", "cat", cli_url(url)]
 
 
 # scheme -> function(url, timeout) building the argument list that writes the object to stdout
@@ -282,11 +292,11 @@ class ByteStream(io.BufferedIOBase):
             n -= len(piece)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def read1(self, n: int = -1) -> bytes:
+    def read1(self, n: int | None = -1) -> bytes:
         self._check_open()
         if n == 0 or not self._next_chunk():
             return b""
-        return self._take(sys.maxsize if n < 0 else n)
+        return self._take(sys.maxsize if n is None or n < 0 else n)
 
     def readinto(self, buffer) -> int:
         self._check_open()
@@ -316,10 +326,27 @@ class ByteStream(io.BufferedIOBase):
         if self.closed:
             return
         try:
-            if self._buffer.ended and self._failed is None:
+            if self._source.has_exit_status and self._failed is None and self._ends_soon():
                 self._source.check_end(self._timeout)  # may raise StreamError
         finally:
             self._shutdown()
+
+    def _ends_soon(self) -> bool:
+        """Whether the data ends by itself within DRAIN_BYTES of what the consumer read, and
+        within DRAIN_SECONDS; the bytes in between are dropped."""
+        if self.bytes_read == 0 and not self._at_end:
+            return False  # nothing read: the consumer did not want this stream
+        unread = len(self._chunk) - self._offset
+        deadline = time.monotonic() + min(DRAIN_SECONDS, self._timeout)
+        while unread <= DRAIN_BYTES:
+            try:
+                chunk = self._buffer.get(max(0.0, deadline - time.monotonic()))
+            except (TimeoutError, WdstreamError):
+                return False
+            if chunk is None:
+                return True
+            unread += len(chunk)
+        return False
 
     def _shutdown(self) -> None:
         if not self._buffer.ended:
@@ -351,6 +378,7 @@ class _Source:
     # then waits for the reader thread. A network read instead ends by itself within the
     # client's read timeout, and close() does not wait for it.
     stops_promptly = False
+    has_exit_status = False  # True: check_end() has something to check
 
     def run(self, put: Callable[[bytes], bool]) -> None:
         """Pass chunks to ``put`` until the end; return early when ``put`` returns False."""
@@ -428,6 +456,7 @@ class _ProcessSource(_Source):
     """A command's stdout. Started at open so that a missing executable fails right away."""
 
     stops_promptly = True
+    has_exit_status = True
 
     def __init__(self, url: str, argv: list[str], start: int):
         self.url, self.start = url, start
@@ -554,59 +583,69 @@ class ChildProcess:
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
 
-# Settings that change which client we need; a client is made again when one changes.
-_AWS_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_DEFAULT_REGION",
-                 "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_CONFIG_FILE",
-                 "AWS_SHARED_CREDENTIALS_FILE")
+# Settings that change which client we need: a new one is made when one of them changes.
+_CLIENT_SETTINGS = {
+    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_DEFAULT_REGION",
+           "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"),
+    "gs": ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT",
+           "CLOUDSDK_CONFIG"),
+}
 
 
-def s3_client(timeout: float):
-    """The process's botocore S3 client for this timeout (connect and read timeouts).
-
-    Made once per process (a fork gets its own: clients do not survive fork) and per
-    environment; botocore resolves the endpoint, region and credentials the usual way.
-    """
-    key = (os.getpid(), timeout, tuple(os.environ.get(name) for name in _AWS_SETTINGS))
+def _cached_client(kind: str, scheme: str, timeout: float, make: Callable[[], object]):
+    """One client per process (clients do not survive a fork), kind, timeout and environment."""
+    key = (os.getpid(), kind, timeout, tuple(os.environ.get(n) for n in _CLIENT_SETTINGS[scheme]))
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            import botocore.config
-            import botocore.session
-
-            config = botocore.config.Config(
-                connect_timeout=timeout, read_timeout=timeout, max_pool_connections=32
-            )
-            client = botocore.session.Session().create_client("s3", config=config)
-            _clients[key] = client
+            client = _clients[key] = make()
     return client
 
 
-def filesystem(url: str, timeout: float = 60.0):
-    """``(fs, path)`` for an fsspec URL, set up for streaming.
+def s3_client(timeout: float):
+    """The process's botocore S3 client with connect and read timeouts of ``timeout``.
 
-    Listing caches are off (a shard written by another process must show up). For s3 the
-    endpoint from the environment is passed explicitly so that fsspec's instance cache makes a
-    new filesystem when it changes, and botocore's timeouts follow ``timeout``.
+    botocore resolves the endpoint (``AWS_ENDPOINT_URL``), region and credentials the usual way.
     """
-    from fsspec.core import url_to_fs
 
-    options: dict = {"use_listings_cache": False}
-    kind = urls.scheme(url)
-    if kind == "s3":
-        options["endpoint_url"] = (
-            os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    def make():
+        import botocore.config
+        import botocore.session
+
+        config = botocore.config.Config(
+            connect_timeout=timeout, read_timeout=timeout, max_pool_connections=32
         )
-        options["config_kwargs"] = {"connect_timeout": timeout, "read_timeout": timeout}
-    elif kind == "gs":
-        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
-        if emulator and emulator != "default":
-            options["endpoint_url"] = emulator if "://" in emulator else f"http://{emulator}"
-    elif kind in ("file", "pipe"):
+        return botocore.session.Session().create_client("s3", config=config)
+
+    return _cached_client("botocore", "s3", timeout, make)
+
+
+def filesystem(url: str, timeout: float = 60.0):
+    """``(fs, path)`` for an fsspec URL.
+
+    Listing caches are off: a shard written meanwhile, by us or by another process, must show
+    up. s3fs and gcsfs instances are cached here rather than by fsspec so that a changed
+    endpoint or identity in the environment gets a new one; s3fs gets botocore timeouts of
+    ``timeout``.
+    """
+    import fsspec
+
+    kind = urls.scheme(url)
+    if kind in ("file", "pipe"):
         raise InputError(f"{url}: not an fsspec URL")
     try:
-        return url_to_fs(url, **options)
+        if kind == "s3":
+            fs = _cached_client("s3fs", "s3", timeout, lambda: fsspec.filesystem(
+                "s3", skip_instance_cache=True, use_listings_cache=False,
+                config_kwargs={"connect_timeout": timeout, "read_timeout": timeout}))
+        elif kind == "gs":
+            fs = _cached_client("gcsfs", "gs", timeout, lambda: fsspec.filesystem(
+                "gs", skip_instance_cache=True, use_listings_cache=False))
+        else:
+            return fsspec.core.url_to_fs(url, use_listings_cache=False)
     except ImportError as exc:
         raise StreamError(url, f"cannot open {kind}:// URLs: {exc}") from exc
+    return fs, fs._strip_protocol(url)
 
 
 # --------------------------------------------------------------------------- errors

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from ..errors import InputError, StreamError, WdstreamError
 from . import urls
-from .openers import ChildProcess, _looks_missing, filesystem, open_read, stream_error
+from .openers import ChildProcess, _looks_missing, cli_url, filesystem, open_read, stream_error
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,13 @@ VIA = ("auto", "cli", "fsspec")
 
 def _gcs_write_command(url: str) -> list[str]:
     if shutil.which("gcloud") or not shutil.which("gsutil"):
-        return ["gcloud", "storage", "cp", "-", url]
-    return ["gsutil", "cp", "-", url]
+        return ["gcloud", "storage", "cp", "-", cli_url(url)]
+    return ["gsutil", "cp", "-", cli_url(url)]
 
 
 # scheme -> function(url) building the argument list that uploads stdin to the URL
 CLI_WRITE_COMMANDS: dict[str, Callable[[str], list[str]]] = {
-    "s3": lambda url: ["aws", "s3", "cp", "--only-show-errors", "-", url],
+    "s3": lambda url: ["aws", "s3", "cp", "--only-show-errors", "-", cli_url(url)],
     "gs": _gcs_write_command,
 }
 
@@ -77,7 +77,11 @@ def open_write(url: str, *, via: str = "auto") -> Writer:
 
 
 class Writer:
-    """Base of the writers: ``write``, then exactly one of ``commit`` or ``abort``."""
+    """Base of the writers: ``write``, then exactly one of ``commit`` or ``abort``.
+
+    Subclasses call ``__init__`` last, once their resources exist: a writer whose set-up failed
+    has nothing to abort.
+    """
 
     def __init__(self, url: str):
         self.url = url
@@ -125,6 +129,11 @@ class Writer:
         else:
             self.abort()
 
+    def __del__(self):
+        # A writer dropped without commit is aborted: it must not upload from a finalizer.
+        if not getattr(self, "_finished", True):
+            self.abort()
+
     def _write(self, data: bytes) -> None:
         raise NotImplementedError
 
@@ -137,7 +146,6 @@ class Writer:
 
 class _LocalWriter(Writer):
     def __init__(self, url: str, path: str):
-        super().__init__(url)
         self.path = os.path.abspath(path)
         folder, name = os.path.split(self.path)
         # Our own name rather than mkstemp: mkstemp's mode 0600 would stick to the shard.
@@ -148,6 +156,7 @@ class _LocalWriter(Writer):
         except OSError as exc:
             raise stream_error(url, exc) from exc
         self._file = os.fdopen(fd, "wb")
+        super().__init__(url)
 
     def _write(self, data):
         self._file.write(data)
@@ -189,12 +198,12 @@ class _CloudWriter(Writer):
     the file is closed. ``discard`` aborts the multipart (s3fs) or resumable (gcsfs) upload."""
 
     def __init__(self, url: str):
-        super().__init__(url)
         fs, path = filesystem(url)
         try:
             self._file = fs.open(path, "wb")
         except Exception as exc:
             raise stream_error(url, exc) from exc
+        super().__init__(url)
 
     def _write(self, data):
         self._file.write(data)
@@ -215,9 +224,9 @@ class _SpooledWriter(Writer):
     """Other fsspec back-ends: spool locally (in memory up to 64 MiB), upload on commit."""
 
     def __init__(self, url: str):
-        super().__init__(url)
         self._fs, self._path = filesystem(url)
         self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
+        super().__init__(url)
 
     def _write(self, data):
         self._spool.write(data)
@@ -234,8 +243,8 @@ class _SpooledWriter(Writer):
 
 class _CliWriter(Writer):
     def __init__(self, url: str, argv: list[str]):
-        super().__init__(url)
         self._process = ChildProcess(url, argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        super().__init__(url)
 
     def _write(self, data):
         view = memoryview(data)

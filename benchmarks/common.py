@@ -1,0 +1,533 @@
+"""Shared helpers of the benchmark suite.
+
+Cases in fresh interpreters
+    ``run_case("benchmarks.read:case_wdstream", {...})`` runs one case in a new Python process
+    (``python -m benchmarks.common``), so every case starts cold and its memory is its own. The
+    parent samples the resident memory of the case's whole process tree (the case and its
+    DataLoader workers) with psutil and keeps the peak; without psutil the case reports
+    ``getrusage`` figures itself (its own peak plus its largest worker's). ``repeat`` runs a set
+    of cases ``RUNS`` times, interleaved (case A, case B, ..., then again) so that the machine's
+    drift hits every case alike, and ``medians`` reduces the runs.
+
+Data
+    ``json_dataset`` and ``blob_dataset`` write shards with wdstream's ``TarWriter`` plus an
+    ``index.json`` manifest (and JSONL copies of the JSON records for peers that read JSONL).
+
+S3
+    ``LocalS3`` starts a moto server on 127.0.0.1 on a free port and gives the environment a
+    client needs; every request stays on the loopback interface.
+
+Peers installed outside the environment
+    ``WDSTREAM_BENCH_SITE`` (paths separated by ``os.pathsep``) is appended to ``sys.path`` in
+    every case process: a peer that cannot be installed cleanly beside torch (LitData pulls a
+    CUDA torchvision) can be installed with ``pip install --no-deps --target DIR`` and measured
+    without touching the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = int(os.environ.get("WDSTREAM_BENCH_RUNS", "3"))  # set by ``--runs``
+CASE_TIMEOUT = 600.0
+SITE_VARIABLE = "WDSTREAM_BENCH_SITE"
+MB = 1e6  # throughput in MB/s, memory in MB: powers of 1000
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def medians(results: list[dict]) -> dict:
+    """One dict from the runs of a case: the median of every numeric field, the first value of
+    the others; ``runs`` counts the runs that succeeded, ``error`` is the first failure."""
+    good = [r for r in results if "error" not in r]
+    out: dict = {"runs": len(good)}
+    if not good:
+        out["error"] = results[0]["error"] if results else "not run"
+        return out
+    for key in good[0]:
+        values = [r.get(key) for r in good]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = median(values)
+        else:
+            out[key] = values[0]
+    failed = [r for r in results if "error" in r]
+    if failed:
+        out["failed_runs"] = len(failed)
+        out["error"] = failed[0]["error"]
+    return out
+
+
+# --------------------------------------------------------------------------- cases
+
+
+class _MemorySampler:
+    """Peak RSS (and PSS, where /proc has smaps_rollup) of a process and its descendants."""
+
+    def __init__(self, pid: int, interval: float = 0.05):
+        self.pid = pid
+        self.interval = interval
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self._stop = threading.Event()
+        try:
+            import psutil
+        except ImportError:
+            self.available = False
+            return
+        self.available = True
+        self._psutil = psutil
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree(self):
+        root = self._psutil.Process(self.pid)
+        return [root, *root.children(recursive=True)]
+
+    def _run(self) -> None:
+        psutil = self._psutil
+        pss_every, tick = 4, 0  # PSS is dearer to read: every 4th sample
+        while not self._stop.is_set():
+            try:
+                processes = self._tree()
+            except psutil.Error:
+                return
+            rss = pss = 0
+            for process in processes:
+                try:
+                    rss += process.memory_info().rss
+                except psutil.Error:
+                    continue
+                if tick % pss_every == 0:
+                    pss += _pss(process.pid)
+            self.peak_rss = max(self.peak_rss, rss)
+            if tick % pss_every == 0:
+                self.peak_pss = max(self.peak_pss, pss)
+            tick += 1
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.available:
+            self._thread.join(2.0)
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as file:
+            for line in file:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONHASHSEED", "0")
+    env.update(extra or {})
+    return env
+
+
+def run_case(target: str, args: dict | None = None, *, env: dict | None = None,
+             timeout: float = CASE_TIMEOUT) -> dict:
+    """Run ``"module:function"(**args)`` in a fresh interpreter and return its dict, with
+    ``peak_rss_mb`` / ``peak_pss_mb`` (the whole process tree) and ``wall_s`` added; on failure
+    ``{"error": ...}``."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
+        out_path = out.name
+    command = [sys.executable, "-m", "benchmarks.common", target, json.dumps(args or {}),
+               out_path]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO, env=child_env(env),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = _MemorySampler(process.pid)
+    try:
+        _out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _out, err = process.communicate()
+        sampler.stop()
+        os.unlink(out_path)
+        return {"error": f"timed out after {timeout:g} s"}
+    sampler.stop()
+    wall = time.perf_counter() - started
+    try:
+        text = Path(out_path).read_text()
+    finally:
+        os.unlink(out_path)
+    if process.returncode != 0 or not text:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+        return {"error": f"exit {process.returncode}: " + " | ".join(tail)}
+    result = json.loads(text)
+    if "error" in result:
+        return result
+    if sampler.available and sampler.peak_rss:
+        result["peak_rss_mb"] = sampler.peak_rss / MB
+        result["peak_pss_mb"] = (sampler.peak_pss / MB) if sampler.peak_pss else None
+    else:
+        result["peak_rss_mb"] = result.pop("_self_rss_mb") + result.pop("_children_rss_mb")
+    result.pop("_self_rss_mb", None)
+    result.pop("_children_rss_mb", None)
+    result["wall_s"] = wall
+    return result
+
+
+def repeat(cases: dict[str, tuple], runs: int | None = None, progress=None) -> dict[str, dict]:
+    """Run each case ``runs`` times, interleaved, and return the medians per case name.
+
+    ``cases``: name -> (target, args) or (target, args, env)."""
+    runs = runs or RUNS
+    results: dict[str, list[dict]] = {name: [] for name in cases}
+    for round_ in range(runs):
+        for name, spec in cases.items():
+            target, args, *rest = spec
+            if progress:
+                progress(f"{name} (run {round_ + 1}/{runs})")
+            result = run_case(target, args, env=rest[0] if rest else None)
+            results[name].append(result)
+            if "error" in result and round_ == 0 and result.get("skip"):
+                results[name] *= runs  # "not installed": no point trying again
+    return {name: medians(values[:runs]) for name, values in results.items()}
+
+
+def _child_main(argv: list[str]) -> int:
+    target, args, out_path = argv
+    for path in filter(None, os.environ.get(SITE_VARIABLE, "").split(os.pathsep)):
+        sys.path.append(path)
+    module_name, function_name = target.split(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    try:
+        result = function(**json.loads(args))
+    except Skip as skip:
+        result = {"error": str(skip), "skip": True}
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result["_self_rss_mb"] = self_kb * 1024 / MB
+    result["_children_rss_mb"] = children_kb * 1024 / MB
+    Path(out_path).write_text(json.dumps(result))
+    return 0
+
+
+class Skip(Exception):
+    """Raised by a case that cannot run here (a peer that is not installed)."""
+
+
+# --------------------------------------------------------------------------- in a case
+
+
+def batch_len(batch) -> int:
+    """Samples in a collated batch: a dict of lists or tensors, a list, or a tensor."""
+    if isinstance(batch, dict):
+        for key in ("__key__", "key"):
+            if key in batch:
+                return len(batch[key])
+        return len(next(iter(batch.values())))
+    return len(batch)
+
+
+def consume(loader, started: float, expected: int | None = None) -> dict:
+    """Iterate ``loader`` to the end; times from ``started`` (``time.perf_counter()`` taken
+    before the dataset was built). Returns samples, seconds, time to first batch."""
+    items = 0
+    first = None
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter()
+        items += batch_len(batch)
+    seconds = time.perf_counter() - started
+    if expected is not None and items != expected:
+        raise RuntimeError(f"read {items} samples, expected {expected}")
+    return {"samples": items, "seconds": seconds,
+            "ttfb_s": (first - started) if first is not None else None}
+
+
+def quiet_logs() -> None:
+    import logging
+    import warnings
+
+    logging.basicConfig(level=logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _text_source(seed: int = 7, size: int = 1 << 16) -> str:
+    rng = random.Random(seed)
+    words = ["stream", "shard", "token", "epoch", "sample", "model", "batch", "worker", "cloud",
+             "bucket", "resume", "order", "plan", "window", "reader", "tensor", "value", "data"]
+    text = " ".join(rng.choice(words) for _ in range(size // 5))
+    return text[:size]
+
+
+def json_dataset(folder: str | Path, samples: int, per_shard: int, record_bytes: int = 1000,
+                 jsonl: bool = True) -> dict:
+    """Shards of one ``.json`` member per sample (a record of about ``record_bytes``), an
+    ``index.json``, and (``jsonl``) the same records as one JSONL file per shard."""
+    from wdstream.shards.manifest import Manifest, ShardInfo
+    from wdstream.shards.tar import TarWriter
+
+    folder = Path(folder)
+    (folder / "tar").mkdir(parents=True, exist_ok=True)
+    if jsonl:
+        (folder / "jsonl").mkdir(parents=True, exist_ok=True)
+    text = _text_source()
+    infos, shards, lines_files = [], [], []
+    index = 0
+    for shard in range(-(-samples // per_shard)):
+        count = min(per_shard, samples - index)
+        name = f"shard-{shard:06d}.tar"
+        path = folder / "tar" / name
+        lines = []
+        with open(path, "wb") as file:
+            writer = TarWriter(file)
+            for _ in range(count):
+                offset = (index * 131) % (len(text) - record_bytes)
+                record = {"id": index, "source": "bench", "text": ""}
+                head = len(json.dumps(record))
+                record["text"] = text[offset: offset + max(0, record_bytes - head)]
+                data = json.dumps(record).encode()
+                writer.add(f"{index:010d}.json", data)
+                if jsonl:
+                    lines.append(data)
+                index += 1
+            writer.close()
+        data = path.read_bytes()
+        infos.append(ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()))
+        shards.append(str(path))
+        if jsonl:
+            jpath = folder / "jsonl" / f"part-{shard:06d}.jsonl"
+            jpath.write_bytes(b"\n".join(lines) + b"\n")
+            lines_files.append(str(jpath))
+    (folder / "tar" / "index.json").write_text(Manifest(infos, extensions=["json"]).to_json())
+    return {"dir": str(folder / "tar"), "shards": shards, "jsonl": lines_files,
+            "samples": samples, "bytes": sum(i.bytes for i in infos)}
+
+
+def blob_dataset(folder: str | Path, samples: int, per_shard: int, sample_bytes: int,
+                 start: int = 0) -> dict:
+    """Shards of one ``.bin`` member of ``sample_bytes`` per sample, and an ``index.json``.
+    Payloads are pseudo-random (incompressible) and differ from sample to sample."""
+    from wdstream.shards.manifest import Manifest, ShardInfo
+    from wdstream.shards.tar import TarWriter
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    block = random.Random(11).randbytes(sample_bytes + 4096)
+    infos, shards = [], []
+    index = 0
+    for shard in range(-(-samples // per_shard)):
+        count = min(per_shard, samples - index)
+        name = f"shard-{shard:06d}.tar"
+        path = folder / name
+        digest = hashlib.sha256()
+        with open(path, "wb") as file:
+            writer = TarWriter(_Hashing(file, digest))
+            for _ in range(count):
+                offset = (index * 61) % 4096
+                writer.add(f"{index:010d}.bin", block[offset: offset + sample_bytes])
+                index += 1
+            writer.close()
+            size = writer.bytes_written
+        infos.append(ShardInfo(name, count, size, digest.hexdigest()))
+        shards.append(str(path))
+    (folder / "index.json").write_text(Manifest(infos, extensions=["bin"]).to_json())
+    return {"dir": str(folder), "shards": shards, "samples": samples,
+            "bytes": sum(i.bytes for i in infos)}
+
+
+class _Hashing:
+    def __init__(self, file, digest):
+        self.file, self.digest = file, digest
+
+    def write(self, data) -> None:
+        self.digest.update(data)
+        self.file.write(data)
+
+
+def subset(dataset: dict, shards: int, folder: str | Path) -> dict:
+    """A dataset made of the first ``shards`` shards of ``dataset`` (hard links, own manifest)."""
+    from wdstream.shards.manifest import Manifest, load_manifest
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(dataset["dir"])
+    infos = manifest.shards[:shards]
+    paths = []
+    for info, source in zip(infos, dataset["shards"][:shards], strict=True):
+        target = folder / info.url
+        if not target.exists():
+            os.link(source, target)
+        paths.append(str(target))
+    (folder / "index.json").write_text(Manifest(infos, extensions=manifest.extensions).to_json())
+    return {"dir": str(folder), "shards": paths, "samples": sum(i.samples for i in infos),
+            "bytes": sum(i.bytes for i in infos)}
+
+
+@contextmanager
+def scratch(prefix: str = "wdstream-bench-"):
+    """A temporary folder for generated data, removed afterwards (``WDSTREAM_BENCH_DATA``
+    names a parent folder to use instead of the system's temporary one)."""
+    parent = os.environ.get("WDSTREAM_BENCH_DATA") or None
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    try:
+        yield Path(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- local S3
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalS3:
+    """A moto S3 server process on 127.0.0.1; ``env`` is what clients need."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._config = tempfile.mkdtemp(prefix="wdstream-bench-aws-")
+        Path(self._config, "config").write_text("[default]\nregion = us-east-1\n")
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(Path(self._config, "config")),
+            "AWS_SHARED_CREDENTIALS_FILE": str(Path(self._config, "credentials")),
+        }
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> LocalS3:
+        moto = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or "moto_server"
+        self.process = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(self.port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not start") from None
+                time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self._config, ignore_errors=True)
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def upload(self, folder: str | Path, bucket: str, prefix: str) -> str:
+        """Upload every file of ``folder`` under ``s3://bucket/prefix/``; returns that URL."""
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+        return f"s3://{bucket}/{prefix}/"
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def _version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001 - not installed
+        return "not installed"
+
+
+def machine() -> dict:
+    """CPU count, memory, Python and library versions, date."""
+    memory = None
+    try:
+        import psutil
+
+        memory = psutil.virtual_memory().total
+    except ImportError:
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "memory": f"{memory / 2**30:.1f} GiB" if memory else "unknown",
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+    for name in ("torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
+                 "datasets", "litdata", "mosaicml-streaming", "psutil"):
+        info[name] = _version(name)
+    return info
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

@@ -1,0 +1,78 @@
+"""Small generated text datasets and an in-process trained tokenizer, for the mixing and
+packing tests. Everything is a pure function of its arguments."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+
+import numpy as np
+
+from wdstream.shards.manifest import Manifest, ShardInfo
+from wdstream.shards.tar import TarWriter
+
+WORDS = ("the a stream shard epoch token batch resume seed rank worker model data loss step "
+         "train pack mix weight source window order plan sample text code def return if for "
+         "in range print value list dict key").split()
+
+
+def document(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def documents(seed: int, count: int, max_words: int = 60) -> list[str]:
+    """``count`` documents of 0 to ``max_words`` words (some empty, some long)."""
+    rng = random.Random(seed)
+    return [document(rng, rng.randint(0, max_words)) for _ in range(count)]
+
+
+def write_text_dataset(folder, counts, *, seed: int = 0, max_words: int = 60,
+                       tokenizer=None) -> list[str]:
+    """Shards of ``{key}.json`` ({"text": ...}) and ``{key}.txt`` members with the given
+    sample counts, and index.json; with ``tokenizer`` also ``{key}.tokens.npy`` (uint16 ids).
+    Returns the documents in storage order."""
+    os.makedirs(folder, exist_ok=True)
+    texts = documents(seed, sum(counts), max_words)
+    infos, index = [], 0
+    for shard, count in enumerate(counts):
+        buffer = io.BytesIO()
+        writer = TarWriter(buffer)
+        for _ in range(count):
+            key = f"d{seed:02d}_{index:06d}"
+            text = texts[index]
+            writer.add(f"{key}.json", json.dumps({"text": text, "id": key}).encode())
+            writer.add(f"{key}.txt", text.encode())
+            if tokenizer is not None:
+                ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids,
+                                 dtype=np.uint16)
+                npy = io.BytesIO()
+                np.save(npy, ids)
+                writer.add(f"{key}.tokens.npy", npy.getvalue())
+            index += 1
+        writer.close()
+        data = buffer.getvalue()
+        name = f"shard-{shard:06d}.tar"
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+        infos.append(ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()))
+    extensions = ["json", "txt"] + (["tokens.npy"] if tokenizer is not None else [])
+    with open(os.path.join(folder, "index.json"), "w") as f:
+        f.write(Manifest(infos, extensions=extensions).to_json())
+    return texts
+
+
+def train_tokenizer(path, texts, vocab_size: int = 120):
+    """A small BPE tokenizer trained in-process (no download), saved to ``path``; special
+    tokens ``<unk>`` (0) and ``<eos>`` (1)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<eos>"],
+                                  show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.save(str(path))
+    return tokenizer

@@ -1,0 +1,212 @@
+"""Multi-process DDP runs under torchrun (gloo, CPU), reading from the moto S3 server:
+one epoch on 2 ranks x 2 workers, a rank killed with SIGKILL and the job resumed from its
+checkpoint, and elastic resume on 1 rank x 3 workers and 3 ranks x 1 worker.
+
+The job itself is tests/ddp_job.py; each run leaves per-rank logs of the keys of every batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from datasets import all_keys, write_dataset
+from servers import free_port
+
+from wdstream.plan import EpochPlan, PlanOptions, Segment, batches_in_stream
+
+pytestmark = pytest.mark.slow
+
+JOB = str(Path(__file__).with_name("ddp_job.py"))
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+# Uneven shards (3 to 60 samples); 277 samples in all, so 2 ranks drop 1 and 3 ranks 1.
+COUNTS = [60, 6, 45, 12, 31, 8, 50, 20, 35, 10]
+SEED, WINDOW, BATCH = 11, 8, 4
+EVERY = 5  # rank 0 checkpoints every 5 batches
+RUN_TIMEOUT = 150
+
+
+@pytest.fixture(scope="module")
+def s3_data(moto_server, tmp_path_factory):
+    """The dataset uploaded to the moto server with boto3; its s3:// prefix."""
+    folder = tmp_path_factory.mktemp("ddp-data")
+    write_dataset(folder, COUNTS)
+    bucket = moto_server.create_bucket(f"ddp-{os.getpid()}")
+    client = moto_server.client()
+    for path in sorted(folder.iterdir()):
+        client.put_object(Bucket=bucket, Key=f"data/{path.name}", Body=path.read_bytes())
+    return f"s3://{bucket}/data/"
+
+
+def torchrun(moto_server, url, nproc, out, *args, expect_ok=True):
+    env = dict(os.environ)
+    env.update(moto_server.env)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--monitor_interval=0.1",
+           JOB, "--url", url, "--out", str(out), "--seed", str(SEED), "--window", str(WINDOW),
+           "--batch-size", str(BATCH), *map(str, args)]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT)
+    output = f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n" \
+             f"{result.stderr[-8000:]}"
+    if expect_ok:
+        assert result.returncode == 0, output
+    return result, output
+
+
+def read_run(out, world):
+    """Per rank: its meta, its batches {index: keys} (a torn last line is ignored) and, if
+    the run ended cleanly, its done record."""
+    runs = []
+    for rank in range(world):
+        meta = json.loads(Path(out, f"meta-{rank}.json").read_text())
+        batches = {}
+        lines = Path(out, f"rank-{rank}.jsonl").read_text().split("\n")
+        for number, line in enumerate(lines):
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                assert number == len(lines) - 1, f"rank {rank}: torn line in the middle"
+                continue
+            assert record["batch"] not in batches, f"rank {rank}: batch logged twice"
+            batches[record["batch"]] = record["keys"]
+        done = Path(out, f"done-{rank}.json")
+        runs.append({"meta": meta, "batches": batches,
+                     "done": json.loads(done.read_text()) if done.exists() else None})
+    return runs
+
+
+def batch_lists(run, upto=None):
+    """Per rank, the list of batches (keys) in batch order, up to index ``upto``."""
+    lists = []
+    for rank in run:
+        indices = sorted(i for i in rank["batches"] if upto is None or i <= upto)
+        if indices:
+            assert indices == list(range(indices[0], indices[-1] + 1)), "a batch is missing"
+        lists.append([rank["batches"][i] for i in indices])
+    return lists
+
+
+def plan_for(world, workers, history=()):
+    options = PlanOptions(seed=SEED, shuffle=True, window=WINDOW, remainder="drop")
+    return EpochPlan(COUNTS, 0, world, workers, options, history)
+
+
+def rank_batches(plan):
+    return sum(batches_in_stream(n, BATCH, False) for n in plan.stream_samples)
+
+
+def assert_exactly_once(*parts, remainder):
+    """Every sample of the epoch exactly once across ``parts`` (lists of batches of keys),
+    except ``remainder`` samples left out."""
+    seen = Counter(key for part in parts for batch in part for key in batch)
+    twice = sorted(k for k, n in seen.items() if n > 1)
+    assert not twice, f"{len(twice)} samples delivered more than once: {twice[:10]}"
+    assert set(seen) <= all_keys(COUNTS)
+    missing = all_keys(COUNTS) - set(seen)
+    assert len(missing) == remainder, f"missing {sorted(missing)[:10]}, expected {remainder}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(moto_server, s3_data, tmp_path_factory):
+    """One whole epoch at 2 ranks x 2 workers (the reference for the other runs)."""
+    out = tmp_path_factory.mktemp("ddp-full")
+    torchrun(moto_server, s3_data, 2, out, "--workers", 2, "--checkpoint", out / "ckpt.json",
+             "--every", EVERY, "--keep-checkpoints")
+    return read_run(out, 2), out
+
+
+def test_one_epoch_two_ranks_every_sample_once(uninterrupted):
+    run, _out = uninterrupted
+    plan = plan_for(2, 2)
+    assert plan.remainder_samples == 1 and rank_batches(plan) == 36
+    lists = batch_lists(run)
+    for rank, batches in zip(run, lists, strict=True):
+        assert rank["meta"]["len_loader"] == len(batches) == rank_batches(plan)
+        assert rank["meta"]["len_dataset"] == plan.rank_samples
+        assert rank["meta"]["remainder"] == plan.remainder_samples
+        assert rank["done"]["delivered"] == len(batches)
+    assert_exactly_once(*lists, remainder=plan.remainder_samples)
+    # the uneven shards really are spread over both ranks and both workers' streams
+    assert all(len({k[:4] for b in batches for k in b}) >= 3 for batches in lists)
+
+
+def test_sigkill_mid_epoch_then_resume_from_checkpoint(moto_server, s3_data, uninterrupted,
+                                                       tmp_path):
+    checkpoint = tmp_path / "ckpt.json"
+    first, second = tmp_path / "run1", tmp_path / "run2"
+    result, output = torchrun(moto_server, s3_data, 2, first, "--workers", 2,
+                              "--checkpoint", checkpoint, "--every", EVERY,
+                              "--die-at", 23, "--die-rank", 1, expect_ok=False)
+    assert result.returncode != 0, output
+    assert "(SIGKILL)" in output, output
+    saved = json.loads(checkpoint.read_text())
+    assert saved["batch"] == 20  # the last multiple of EVERY before rank 1 died at 23
+    run1 = read_run(first, 2)
+    assert run1[1]["done"] is None and max(run1[1]["batches"]) == 23
+    assert all(len(rank["batches"]) >= 20 for rank in run1)  # logged past the checkpoint
+
+    torchrun(moto_server, s3_data, 2, second, "--workers", 2, "--resume", checkpoint,
+             "--checkpoint", tmp_path / "ckpt2.json", "--every", EVERY)
+    run2 = read_run(second, 2)
+    before, after = batch_lists(run1, upto=20), batch_lists(run2)
+    assert [len(b) for b in before] == [20, 20]
+    for rank in run2:
+        assert rank["meta"]["resumed_from"] == 20
+        assert min(rank["batches"]) == 21
+    totals = [len(b) + len(a) for b, a in zip(before, after, strict=True)]
+    assert totals == [run2[0]["meta"]["len_loader"]] * 2, totals
+    assert_exactly_once(*before, *after, remainder=plan_for(2, 2).remainder_samples)
+    # and exactly the batches of the uninterrupted run, on every rank
+    assert [b + a for b, a in zip(before, after, strict=True)] == batch_lists(uninterrupted[0])
+
+
+ELASTIC_AT = 15  # mid-window: 8 and 7 batches of 4 from the two streams, window 8
+
+
+@pytest.fixture(scope="module")
+def saved_at_2x2(uninterrupted):
+    """The checkpoint the uninterrupted 2 ranks x 2 workers run saved after batch 15 (with
+    batches in flight in the workers), and what that run delivered up to it."""
+    run, out = uninterrupted
+    checkpoint = out / f"ckpt-{ELASTIC_AT}.json"
+    saved = json.loads(checkpoint.read_text())
+    assert saved["batch"] == ELASTIC_AT
+    return checkpoint, saved, batch_lists(run, upto=ELASTIC_AT)
+
+
+@pytest.mark.parametrize("world,workers", [(1, 3), (3, 1)])
+def test_elastic_resume_on_another_layout(moto_server, s3_data, saved_at_2x2, tmp_path,
+                                          world, workers):
+    checkpoint, saved, before = saved_at_2x2
+    assert [len(b) for b in before] == [ELASTIC_AT] * 2
+    state = saved["loader"]
+    assert (state["world"], state["workers"]) == (2, 2)
+    assert any(p % WINDOW for p in state["positions"]), "meant to stop inside a window"
+    out = tmp_path / "resumed"
+    torchrun(moto_server, s3_data, world, out, "--workers", workers, "--resume", checkpoint)
+    run = read_run(out, world)
+    after = batch_lists(run)
+    history = [Segment.from_list(s) for s in state["history"]]
+    history.append(Segment(2, 2, BATCH, tuple(state["positions"])))
+    plan = plan_for(world, workers, history)
+    assert plan.total == sum(COUNTS) - 2 * ELASTIC_AT * BATCH  # full batches so far
+    expected = rank_batches(plan)
+    assert [len(a) for a in after] == [expected] * world, "unequal batch counts across ranks"
+    for rank in run:
+        assert rank["done"]["delivered"] == expected
+        assert rank["meta"]["len_loader"] == rank_batches(plan_for(world, workers))
+    assert plan.remainder_samples < world
+    assert_exactly_once(*before, *after, remainder=plan.remainder_samples)

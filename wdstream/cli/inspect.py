@@ -1,0 +1,228 @@
+"""``wdstream ls``, ``wdstream verify`` and ``wdstream cat``: options in, a
+``wdstream.inspect`` call, tables or JSON out."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from .output import (
+    epilog,
+    flatten,
+    json_option,
+    opener_option,
+    plural,
+    print_json,
+    print_pairs,
+    print_table,
+    progress_bar,
+    quiet_option,
+    show_progress,
+    workers_option,
+)
+
+SOURCE_HELP = """
+\b
+URL: a dataset prefix (s3://bucket/prefix/, gs://..., ./shards), its manifest
+(.../index.json), a brace pattern (s3://b/shard-{000000..000009}.tar) or one .tar.
+"""
+
+
+def _size(nbytes: int | None) -> str:
+    from ..sizes import format_size
+
+    return "?" if nbytes is None else format_size(nbytes)
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+# --------------------------------------------------------------------------- ls
+
+
+@click.command("ls", epilog=epilog("""
+  wdstream ls s3://bucket/prefix/
+  wdstream ls gs://bucket/prefix/index.json --json | jq .samples
+  wdstream ls './shards/shard-{000000..000009}.tar' --no-scan
+"""))
+@click.argument("url")
+@click.option("--scan/--no-scan", default=True, show_default=True,
+              help="Without a manifest, read the shards to count samples (--no-scan: names "
+                   "and sizes only).")
+@workers_option(8, "Shards scanned at a time (without a manifest).")
+@json_option
+@quiet_option
+@click.pass_context
+def ls_command(ctx, url, scan, workers, as_json, quiet):
+    """List a dataset's shards with their samples and sizes, the totals, the member
+    extensions and what the manifest records about how it was packed.
+
+    Without a manifest (index.json) the *.tar files under the prefix, or those the pattern
+    names, are listed and read to count their samples; the output says so. A shard that
+    cannot be read is reported and makes the exit code 1.
+    """
+    from ..inspect import describe, find_shards
+
+    found = find_shards(url)  # the manifest, or a listing; no shard is read yet
+    enabled = scan and found.manifest is None and show_progress(quiet)
+    with progress_bar(_known_total(found.sizes), description="scanning",
+                      enabled=enabled) as advance:
+        summary = describe(found, scan=scan, workers=workers, progress=advance)
+    if as_json:
+        print_json(summary.to_dict())
+    else:
+        _print_summary(summary)
+    if summary.problems:
+        for shard in summary.problems:
+            click.echo(f"{shard.name}: {shard.problem}", err=True)
+        ctx.exit(1)
+
+
+def _known_total(sizes) -> int | None:
+    return None if any(size is None for size in sizes) else sum(sizes)
+
+
+def _print_summary(summary) -> None:
+    if summary.manifest_url:
+        origin = summary.manifest_url
+    elif summary.scanned:
+        origin = f"none: the {plural(len(summary.shards), 'shard')} found were read to count samples"
+    else:
+        origin = "none: sample counts unknown (--no-scan)"
+    rows = [
+        ("dataset", summary.source),
+        ("manifest", origin),
+        ("shards", f"{len(summary.shards):,}"),
+        ("samples", _count(summary.samples)),
+        ("bytes", "?" if summary.bytes is None else f"{summary.bytes:,} ({_size(summary.bytes)})"),
+        ("extensions", ", ".join(summary.extensions) or "?"),
+    ]
+    if summary.samples and summary.bytes:
+        rows.append(("bytes/sample", f"{summary.bytes / summary.samples:,.0f}"))
+    print_pairs(rows)
+    extra = flatten(summary.extra)
+    if extra:
+        click.echo()
+        print_pairs(extra, title="manifest extras (how it was packed)")
+    click.echo()
+    rows = [
+        [shard.name, _count(shard.samples),
+         shard.problem and "unreadable" or _size(shard.bytes),
+         "?" if shard.bytes is None else f"{shard.bytes:,}"]
+        for shard in summary.shards
+    ]
+    print_table(
+        [("shard", "left"), ("samples", "right"), ("size", "right"), ("bytes", "right")],
+        rows,
+        footer=["total", _count(summary.samples), _size(summary.bytes),
+                "?" if summary.bytes is None else f"{summary.bytes:,}"],
+    )
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@click.command("verify", epilog=epilog("""
+  wdstream verify s3://bucket/prefix/
+  wdstream verify s3://bucket/prefix/ --deep --workers 16
+  wdstream verify ./shards --json > report.json || echo "damaged"
+"""))
+@click.argument("url")
+@click.option("--deep", is_flag=True,
+              help="Also parse every tar and check its sample count against the manifest.")
+@workers_option(8, "Shards checked at a time.")
+@opener_option
+@json_option
+@quiet_option
+@click.pass_context
+def verify_command(ctx, url, deep, workers, opener, as_json, quiet):
+    """Check every shard against the manifest: it exists, its size and its sha256 match, and
+    with --deep that it parses as a complete tar holding the stated number of samples.
+
+    Prints what is wrong with each damaged shard and exits 1 if any is. Without a manifest
+    there is nothing to compare with: each shard is parsed (as with --deep) and the output
+    says so.
+    """
+    from ..inspect import find_shards, verify
+
+    found = find_shards(url)
+    with progress_bar(_known_total(found.sizes), description="verifying",
+                      enabled=show_progress(quiet)) as advance:
+        report = verify(found, deep=deep, workers=workers, opener=opener, progress=advance)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        _print_report(report)
+    if not report.ok:
+        ctx.exit(1)
+
+
+def _print_report(report) -> None:
+    checks = ["exists", "size", "sha256"] if report.manifest_url else ["exists"]
+    if report.deep:
+        checks += ["tar parses", "sample count"] if report.manifest_url else ["tar parses"]
+    for shard in report.problems:
+        for problem in shard.problems:
+            click.echo(f"{shard.name}: {problem}")
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
+    checked = ", ".join(checks)
+    if report.ok:
+        nbytes = sum(s.size or 0 for s in report.shards)
+        click.echo(f"OK: {plural(len(report.shards), 'shard')}, {_size(nbytes)} ({checked})")
+    else:
+        click.echo(f"FAILED: {len(report.problems):,} of {plural(len(report.shards), 'shard')} "
+                   f"have problems ({checked})")
+
+
+# --------------------------------------------------------------------------- cat
+
+
+@click.command("cat", epilog=epilog("""
+  wdstream cat s3://bucket/prefix/ -n 3
+  wdstream cat s3://bucket/prefix/ --key doc000042 --fields json,txt
+  wdstream cat ./shards/shard-000000.tar --fields jpg --base64 | head -1
+  wdstream cat gs://bucket/prefix/ --no-decode | jq -c '.__key__'
+"""))
+@click.argument("url")
+@click.option("-n", "--count", "count", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Print at most N samples (default: all).")
+@click.option("--key", "-k", metavar="KEY",
+              help="Print the first sample with this key (exit 2 if there is none).")
+@click.option("--fields", "-f", metavar="EXT,EXT",
+              help="Only these members, by extension (e.g. json,txt); __key__ is always kept.")
+@click.option("--base64", "base64_bytes", is_flag=True,
+              help='Binary members as {"base64": ...} instead of {"bytes": SIZE}.')
+@click.option("--decode/--no-decode", default=True, show_default=True,
+              help="Show .json as JSON, .txt as text, .cls as a number, .npy as its shape; "
+                   "--no-decode treats every member as binary.")
+@opener_option
+def cat_command(url, count, key, fields, base64_bytes, decode, opener):
+    """Print samples as JSON Lines on stdout, in file order (shard by shard, no shuffling).
+
+    Each line holds __key__, __url__ and one entry per member: decoded .json/.txt/.cls, and
+    binary members as their size ({"jpg": {"bytes": 1234}}) or, with --base64, their bytes.
+    """
+    from ..inspect import read_samples, sample_to_json
+
+    field_list = None
+    if fields is not None:
+        field_list = [name.strip().lower() for name in fields.split(",") if name.strip()]
+        if not field_list:
+            raise click.BadParameter("give at least one extension, e.g. json,txt",
+                                     param_hint="--fields")
+    try:
+        for sample in read_samples(url, key=key, limit=count, opener=opener):
+            line = json.dumps(sample_to_json(sample, fields=field_list, decode=decode,
+                                             base64_bytes=base64_bytes),
+                              ensure_ascii=False, default=str)
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `wdstream cat ... | head`: the reader has what it wanted.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,299 @@
+"""``wdstream.Mix``: draw samples from several datasets by weight, deterministically and
+resumably.
+
+Each worker stream of the mixture reads the same stream (rank, worker) of every source and
+draws from them in a sequence of source choices fixed by (seed, epoch, stream, draw index).
+The choices come in blocks of ``BLOCK`` draws: block b's counts per source are the weights
+times ``BLOCK``, the fractional seats given by systematic sampling (so every block is within
+one draw of the weights and their expectation is exact), shuffled by a generator seeded with
+(seed, epoch, stream, b). Resuming at draw n computes one block: no replay.
+
+The choices do not depend on the rank: with equal source streams on every rank (the epoch
+plan guarantees it) every rank then stops after the same number of draws, so ranks get equal
+batches under every stop rule.
+
+A position is ``[draws, [pass, position], ...]``: the draws made and, per source, how many
+times it was restarted (``cycle``/``fixed``) and its own stream position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from .dataset import IterationSpec
+from .errors import InputError, StateError
+from .plan import Segment
+from .stage import (
+    Stage,
+    StageOptions,
+    StagePlan,
+    check_layout,
+    cycle_epoch,
+    fixed_plan,
+    generator,
+)
+
+STOP_RULES = ("first_exhausted", "cycle", "fixed")
+BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
+_MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators
+
+
+def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int
+                  ) -> np.ndarray:
+    """The source index of each of the ``BLOCK`` draws of block ``block``."""
+    rng = generator(_MIX_CHOICES, seed, epoch, stream, block)
+    quota = weights * BLOCK
+    counts = np.floor(quota).astype(np.int64)
+    seats = BLOCK - int(counts.sum())
+    if seats:
+        # Systematic sampling: source i gets one more seat with probability frac_i exactly.
+        edges = np.cumsum(quota - counts)
+        points = rng.random() + np.arange(seats)
+        picks = np.minimum(np.searchsorted(edges, points, side="right"), len(weights) - 1)
+        counts += np.bincount(picks, minlength=len(weights))
+    choices = np.repeat(np.arange(len(weights)), counts)
+    rng.shuffle(choices)
+    return choices
+
+
+class _Choices:
+    """The choice sequence of one stream, one block in memory at a time."""
+
+    def __init__(self, weights: np.ndarray, seed: int, epoch: int, stream: int):
+        self._args = (weights, seed, epoch, stream)
+        self._block = -1
+        self._choices = np.empty(0, dtype=np.int64)
+
+    def __getitem__(self, draw: int) -> int:
+        block, index = divmod(draw, BLOCK)
+        if block != self._block:
+            weights, seed, epoch, stream = self._args
+            self._choices, self._block = block_choices(weights, seed, epoch, stream, block), block
+        return int(self._choices[index])
+
+
+_END = object()
+
+
+class _SourceReader:
+    """One source's stream, restartable for a new pass, with one sample of look-ahead so the
+    mixture can tell that a source has just been read to its end."""
+
+    def __init__(self, dataset, spec: IterationSpec, stream: int, cycle: int, position):
+        self.dataset, self.spec, self.stream = dataset, spec, stream
+        self.cycle = cycle
+        self.position = position
+        self._open()
+
+    def _open(self) -> None:
+        spec = IterationSpec(cycle_epoch(self.spec.epoch, self.cycle), self.spec.rank,
+                             self.spec.world, self.spec.workers, batch_size=self.spec.batch_size)
+        self._items = self.dataset.positioned(spec, self.stream, self.position)
+        self._next = None
+
+    def peek(self):
+        if self._next is None:
+            self._next = next(self._items, _END)
+        return self._next
+
+    def take(self):
+        """The next sample, or ``_END``; the position moves past what is taken."""
+        item = self.peek()
+        if item is _END:
+            return _END
+        self._next = None
+        sample, self.position = item
+        return sample
+
+    def restart(self) -> None:
+        self.cycle, self.position = self.cycle + 1, 0
+        self._open()
+
+    @property
+    def ended_once(self) -> bool:
+        return self.cycle > 0 or self.peek() is _END
+
+
+class Mix(Stage):
+    """Samples drawn from ``datasets`` (``StreamingDataset``s, or other stages) by ``weights``.
+
+    ``stop`` decides when an epoch (of each worker stream) ends:
+
+    - ``"first_exhausted"``: at the first draw whose source has no sample left;
+    - ``"cycle"``: once every source with a positive weight has been read to its end; a source
+      that ends earlier restarts (see below) -- smaller sources are repeated;
+    - ``"fixed"``: after ``samples_per_epoch`` samples in all (split over ranks and workers as
+      the epoch plan splits a dataset: ``samples_per_epoch // world`` per rank); sources restart
+      as with ``"cycle"``.
+
+    A restarted source reads a new order: its pass p of epoch e reads the source's epoch
+    ``cycle_epoch(e, p)``, which no other (epoch, pass) reads. Each sample (a dict) gets
+    ``__source__``: the source's name from ``names``, or its index. ``len(mix)`` and
+    ``len(loader)`` are known when the sources have manifests, or with ``"fixed"``.
+    """
+
+    def __init__(self, datasets: Sequence, weights: Sequence[float] | None = None, *,
+                 seed: int = 0, stop: str = "first_exhausted",
+                 samples_per_epoch: int | None = None, names: Sequence[str] | None = None):
+        super().__init__()
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise InputError("Mix needs at least one dataset")
+        for index, dataset in enumerate(self.datasets):
+            if not hasattr(dataset, "positioned"):
+                raise InputError(f"Mix: dataset {index} is a {type(dataset).__name__}, not a "
+                                 "wdstream.StreamingDataset or stage")
+        self.weights = _normalise(weights, len(self.datasets))
+        if stop not in STOP_RULES:
+            raise InputError(f"Mix: stop must be one of {STOP_RULES}, not {stop!r}")
+        if (stop == "fixed") != (samples_per_epoch is not None):
+            raise InputError("Mix: samples_per_epoch is required with stop='fixed' and "
+                             "only used with it")
+        if samples_per_epoch is not None and (
+                isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
+                or samples_per_epoch < 1):
+            raise InputError(f"Mix: samples_per_epoch must be a positive integer, not "
+                             f"{samples_per_epoch!r}")
+        if names is not None and (len(names) != len(self.datasets)
+                                  or len(set(names)) != len(names)):
+            raise InputError("Mix: names must give one distinct name per dataset")
+        self.stop = stop
+        self.samples_per_epoch = samples_per_epoch
+        self.names = list(names) if names is not None else None
+        self.options = StageOptions(seed=int(seed))
+        self.source = "Mix(" + ", ".join(str(d.source) for d in self.datasets) + ")"
+        self._plans: dict[tuple[int, int, int], StagePlan] = {}
+
+    # ---- sizes ----------------------------------------------------------------------------
+    @property
+    def has_counts(self) -> bool:
+        return self.stop == "fixed" or all(d.has_counts for d in self.datasets)
+
+    def plan(self, epoch: int, world: int, workers: int,
+             history: Sequence[Segment] = ()) -> StagePlan:
+        """Samples per stream of every rank (equal on every rank) in epoch ``epoch``."""
+        check_layout(IterationSpec(epoch, 0, world, workers), history)
+        if self.stop == "fixed":
+            return fixed_plan(self.samples_per_epoch, world, workers)
+        if not self.has_counts:
+            raise TypeError(f"{self.source}: a source without a manifest has no known length")
+        key = (epoch, world, workers)
+        if key not in self._plans:
+            # Streams have the same sizes on every rank, so rank 0 stands for all.
+            sizes = [d.plan(epoch, world, workers).stream_samples for d in self.datasets]
+            self._plans[key] = StagePlan([
+                self._stream_length([s[k] for s in sizes], epoch, k) for k in range(workers)])
+        return self._plans[key]
+
+    def _stream_length(self, source_sizes: list[int], epoch: int, stream: int) -> int:
+        """Draws a stream makes before it stops, given each source's stream size: the rules
+        of ``positioned`` computed from counts alone."""
+        sizes = np.asarray(source_sizes, dtype=np.int64)
+        active = self.weights > 0
+        counts = np.zeros(len(sizes), dtype=np.int64)
+        last_needed = np.full(len(sizes), -1, dtype=np.int64)  # draw that read a source's end
+        block = 0
+        while True:
+            choices = block_choices(self.weights, self.options.seed, epoch, stream, block)
+            for source in np.flatnonzero(active):
+                where = np.flatnonzero(choices == source)
+                if self.stop == "first_exhausted":
+                    overflow = sizes[source] - counts[source]  # picks left before it is empty
+                    if overflow < len(where):
+                        # The draw that finds it empty ends the stream, unless an earlier
+                        # source's does: take the first over all sources of this block.
+                        last_needed[source] = block * BLOCK + where[overflow]
+                elif counts[source] < sizes[source] <= counts[source] + len(where):
+                    last_needed[source] = block * BLOCK + where[sizes[source] - counts[source] - 1]
+                counts[source] += len(where)
+            if self.stop == "first_exhausted":
+                hits = last_needed[last_needed >= 0]
+                if len(hits):
+                    return int(hits.min())
+            elif np.all(counts[active] >= sizes[active]):
+                return int(last_needed[active].max()) + 1
+            block += 1
+
+    # ---- identity -------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """The sources (data, options, seeds), the weights and the stop rule."""
+        parts = [[d.fingerprint(), d.options.seed] for d in self.datasets]
+        text = json.dumps([parts, [float(w) for w in self.weights], self.stop,
+                           self.samples_per_epoch, self.names, BLOCK])
+        return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # ---- iteration ------------------------------------------------------------------------
+    def positioned(self, spec: IterationSpec, stream: int, start
+                   ) -> Iterator[tuple[dict, list]]:
+        """Stream ``stream``'s samples from position ``start`` (0, or a position this method
+        yielded), each with the position after it."""
+        check_layout(spec)
+        draws, sources = self._parse(start)
+        readers = [_SourceReader(d, spec, stream, cycle, position)
+                   for d, (cycle, position) in zip(self.datasets, sources, strict=True)]
+        choices = _Choices(self.weights, self.options.seed, spec.epoch, stream)
+        quota = None
+        if self.stop == "fixed":
+            quota = fixed_plan(self.samples_per_epoch, spec.world, spec.workers).stream_samples[stream]
+        active = [i for i, w in enumerate(self.weights) if w > 0]
+        while True:
+            if quota is not None and draws >= quota:
+                return
+            if self.stop == "cycle" and all(readers[i].ended_once for i in active):
+                return
+            index = choices[draws]
+            reader = readers[index]
+            sample = reader.take()
+            if sample is _END:
+                if self.stop == "first_exhausted":
+                    return
+                reader.restart()
+                sample = reader.take()
+                if sample is _END:
+                    raise InputError(
+                        f"Mix: source {self._name(index)} ({self.datasets[index].source}) has "
+                        f"no samples for stream {stream} of rank {spec.rank} ({spec.world} "
+                        f"ranks x {spec.workers} workers), so it cannot be cycled")
+            if not isinstance(sample, dict):
+                raise InputError(f"Mix: source {self._name(index)} yields "
+                                 f"{type(sample).__name__}; Mix tags dict samples")
+            sample["__source__"] = self._name(index)
+            draws += 1
+            yield sample, [draws] + [[r.cycle, r.position] for r in readers]
+
+    def _name(self, index: int):
+        return self.names[index] if self.names is not None else index
+
+    def _parse(self, start) -> tuple[int, list[tuple[int, object]]]:
+        if start == 0:
+            return 0, [(0, 0)] * len(self.datasets)
+        try:
+            draws, *sources = start
+            sources = [(int(cycle), position) for cycle, position in sources]
+            valid = isinstance(draws, int) and draws >= 0 and len(sources) == len(self.datasets)
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise StateError(f"not a position of this mixture: {start!r:.200}")
+        return draws, sources
+
+
+def _normalise(weights: Sequence[float] | None, count: int) -> np.ndarray:
+    if weights is None:
+        return np.full(count, 1.0 / count)
+    values = list(weights)
+    if len(values) != count:
+        raise InputError(f"Mix: {len(values)} weights for {count} datasets")
+    for index, weight in enumerate(values):
+        if isinstance(weight, bool) or not isinstance(weight, int | float) \
+                or not math.isfinite(weight) or weight < 0:
+            raise InputError(f"Mix: weight {index} must be a finite number >= 0, not {weight!r}")
+    total = float(sum(values))
+    if total <= 0:
+        raise InputError("Mix: the weights must add up to a positive number")
+    return np.asarray(values, dtype=np.float64) / total

@@ -1,0 +1,350 @@
+"""``wdstream.PackedSequences``: tokenize documents and pack them into fixed-length sequences,
+resumably.
+
+The stage reads one worker stream of its inner dataset (a ``StreamingDataset`` or a ``Mix``),
+turns each document into tokens -- a text field through a tokenizer, or a field that already
+holds token ids -- appends the end-of-document token, and cuts the concatenated token stream
+into sequences of exactly ``seq_len`` tokens. Tokenizing happens inside the dataset
+iterator, so in DataLoader workers.
+
+Resume: a position is ``[sequences, pass, inner position, offset]``: the sequences this stream
+delivered, and where the next sequence starts -- the inner dataset's position before the
+document it starts in (that document is re-read and re-tokenized) and the token offset in
+that document. No partial sequence needs saving: it is rebuilt from those two. ``pass``
+counts restarts of the inner stream when ``sequences_per_epoch`` asks for more sequences
+than one pass gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .dataset import IterationSpec
+from .errors import InputError, StateError, WdstreamError
+from .plan import Segment
+from .sources import urls
+from .sources.writers import read_bytes
+from .stage import Stage, StageOptions, StagePlan, check_layout, cycle_epoch, fixed_plan
+
+LONG_DOCUMENTS = ("split", "truncate", "drop")
+
+
+class Tokenizer:
+    """A picklable ``str -> np.ndarray`` of token ids: a Hugging Face ``tokenizers`` tokenizer
+    (a ``tokenizer.json`` path or a ``tokenizers.Tokenizer``; built lazily, once per process,
+    so DataLoader workers each get their own) or any callable ``str -> list[int]``."""
+
+    def __init__(self, tokenizer):
+        self._callable: Callable[[str], Sequence[int]] | None = None
+        self._json: str | None = None
+        if isinstance(tokenizer, str | os.PathLike):
+            self._json = _read_text(os.fspath(tokenizer))
+        elif hasattr(tokenizer, "to_str") and hasattr(tokenizer, "encode"):
+            self._json = tokenizer.to_str()
+        elif callable(tokenizer):
+            self._callable = tokenizer
+        else:
+            raise InputError(f"tokenizer: expected a tokenizer.json path, a tokenizers."
+                             f"Tokenizer or a callable, not {type(tokenizer).__name__}")
+        self._hf = None
+
+    @property
+    def identity(self) -> str:
+        """What the fingerprint records: the tokenizer's JSON digest, or the callable's name
+        (a callable's behaviour cannot be hashed; keep it stable across a resume)."""
+        if self._json is not None:
+            return hashlib.sha256(self._json.encode()).hexdigest()[:16]
+        f = self._callable
+        return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(f).__name__)}"
+
+    def _loaded(self):
+        if self._hf is None:
+            try:
+                from tokenizers import Tokenizer as HFTokenizer
+            except ImportError as error:
+                raise InputError("a tokenizer.json needs the 'tokenizers' package: "
+                                 "pip install 'wdstream[llm]'") from error
+            self._hf = HFTokenizer.from_str(self._json)
+        return self._hf
+
+    def token_id(self, token: str) -> int:
+        if self._json is None:
+            raise InputError(f"eos {token!r}: a token string needs a tokenizer.json to look it "
+                             "up; give the id as an integer")
+        found = self._loaded().token_to_id(token)
+        if found is None:
+            raise InputError(f"eos {token!r} is not in the tokenizer's vocabulary")
+        return int(found)
+
+    def __call__(self, text: str) -> np.ndarray:
+        if self._callable is not None:
+            return np.asarray(self._callable(text), dtype=np.int64)
+        ids = self._loaded().encode(text, add_special_tokens=False).ids
+        return np.asarray(ids, dtype=np.int64)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_hf": None}  # rebuilt from the JSON in each process
+
+
+def _read_text(url: str) -> str:
+    """A local file or any URL wdstream reads (``s3://…/tokenizer.json``)."""
+    local = urls.to_local_path(url)
+    try:
+        if local is not None:
+            with open(local, encoding="utf-8") as f:
+                return f.read()
+        return read_bytes(url).decode("utf-8")
+    except (OSError, UnicodeDecodeError, WdstreamError) as error:
+        raise InputError(f"tokenizer {url!r}: cannot read it: {error}") from error
+
+
+class _Document:
+    __slots__ = ("tokens", "taken", "cycle", "before")
+
+    def __init__(self, tokens: np.ndarray, taken: int, cycle: int, before):
+        self.tokens = tokens  # the document's tokens, EOS included
+        self.taken = taken  # tokens already packed into earlier sequences
+        self.cycle = cycle  # inner pass it was read in
+        self.before = before  # inner position before it
+
+
+class PackedSequences(Stage):
+    """Sequences of ``seq_len`` tokens packed from the documents of ``dataset``.
+
+    Each item is a dict of int64 arrays of length ``seq_len``: ``input_ids``, ``labels`` (a
+    copy of ``input_ids``: models shift them, as Hugging Face causal LMs do) and
+    ``position_ids``, which restart at 0 at each document start and at each sequence start
+    (a document split across sequences continues at 0), so attention can keep documents apart.
+
+    ``text_field``: the sample member or JSON field holding a document: ``"txt"`` (a member),
+    ``"json.text"`` (a key of the ``json`` member), or a bare name looked up as a member and
+    then as a key of ``json``; a mapping {source: field} picks it per ``__source__`` of a
+    ``Mix``. A ``str`` value is tokenized with ``tokenizer``; an integer array or list
+    (pre-tokenized data, e.g. a ``tokens.npy`` member) is packed as it is.
+
+    ``eos``: the end-of-document token appended to every document: an id, or a token string
+    looked up in the tokenizer. ``long_documents``: documents longer than ``seq_len`` tokens
+    are ``"split"`` across sequences (default), ``"truncate"``d to ``seq_len`` tokens (the
+    last one EOS), or ``"drop"``ped.
+
+    Tokens left at the end of a stream (fewer than ``seq_len``) are dropped. The number of
+    sequences an epoch gives depends on the text, so ``len()`` is unknown and ranks may get
+    unequal counts, unless ``sequences_per_epoch`` fixes it (split over ranks and workers;
+    the inner stream restarts, on a new order, when a pass runs out) -- set it under DDP.
+    """
+
+    def __init__(self, dataset, tokenizer=None, seq_len: int = 2048, *, eos: int | str,
+                 text_field: str | Mapping[object, str] = "text", long_documents: str = "split",
+                 sequences_per_epoch: int | None = None):
+        super().__init__()
+        if not hasattr(dataset, "positioned"):
+            raise InputError(f"PackedSequences: {type(dataset).__name__} is not a wdstream "
+                             "dataset or stage")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+            raise InputError(f"PackedSequences: seq_len must be an integer >= 2, not {seq_len!r}")
+        if long_documents not in LONG_DOCUMENTS:
+            raise InputError(f"PackedSequences: long_documents must be one of {LONG_DOCUMENTS}, "
+                             f"not {long_documents!r}")
+        if sequences_per_epoch is not None and (
+                isinstance(sequences_per_epoch, bool) or not isinstance(sequences_per_epoch, int)
+                or sequences_per_epoch < 1):
+            raise InputError("PackedSequences: sequences_per_epoch must be a positive integer, "
+                             f"not {sequences_per_epoch!r}")
+        self.dataset = dataset
+        self.tokenizer = Tokenizer(tokenizer) if tokenizer is not None else None
+        if isinstance(eos, str):
+            if self.tokenizer is None:
+                raise InputError(f"eos {eos!r}: a token string needs a tokenizer")
+            eos = self.tokenizer.token_id(eos)
+        if isinstance(eos, bool) or not isinstance(eos, int | np.integer) or eos < 0:
+            raise InputError(f"PackedSequences: eos must be a token id >= 0 or a token string, "
+                             f"not {eos!r}")
+        self.eos = int(eos)
+        self.seq_len = seq_len
+        self.text_field = dict(text_field) if isinstance(text_field, Mapping) else text_field
+        self.long_documents = long_documents
+        self.sequences_per_epoch = sequences_per_epoch
+        self.options = StageOptions(seed=dataset.options.seed)
+        self.source = f"PackedSequences({dataset.source})"
+
+    # ---- sizes and identity ---------------------------------------------------------------
+    @property
+    def has_counts(self) -> bool:
+        return self.sequences_per_epoch is not None
+
+    def plan(self, epoch: int, world: int, workers: int,
+             history: Sequence[Segment] = ()) -> StagePlan:
+        check_layout(IterationSpec(epoch, 0, world, workers), history)
+        if self.sequences_per_epoch is None:
+            raise TypeError(f"{self.source}: sequences per epoch depend on the text; set "
+                            "sequences_per_epoch for a known length")
+        return fixed_plan(self.sequences_per_epoch, world, workers)
+
+    def fingerprint(self) -> str:
+        fields = self.text_field
+        if isinstance(fields, dict):
+            fields = sorted((str(k), v) for k, v in fields.items())
+        text = json.dumps([self.dataset.fingerprint(), self.dataset.options.seed,
+                           self.tokenizer.identity if self.tokenizer else None, self.eos,
+                           self.seq_len, fields, self.long_documents, self.sequences_per_epoch])
+        return "packed-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # ---- documents ------------------------------------------------------------------------
+    def tokens(self, sample) -> np.ndarray | None:
+        """A document's tokens with EOS, after the long-document rule (None: dropped)."""
+        value = self._field(sample)
+        if isinstance(value, str):
+            if self.tokenizer is None:
+                raise InputError(f"{_where(sample)}: text found but no tokenizer given")
+            ids = self.tokenizer(value)
+        else:
+            ids = np.asarray(value)
+            if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+                raise InputError(f"{_where(sample)}: field {self._field_name(sample)!r} holds "
+                                 f"neither text nor a 1-d array of token ids")
+            ids = ids.astype(np.int64, copy=False)
+        tokens = np.empty(len(ids) + 1, dtype=np.int64)
+        tokens[:-1] = ids
+        tokens[-1] = self.eos
+        if len(tokens) > self.seq_len:
+            if self.long_documents == "drop":
+                return None
+            if self.long_documents == "truncate":
+                tokens = np.concatenate([tokens[: self.seq_len - 1], tokens[-1:]])
+        return tokens
+
+    def _field_name(self, sample) -> str:
+        if isinstance(self.text_field, dict):
+            source = sample.get("__source__")
+            if source not in self.text_field:
+                raise InputError(f"{_where(sample)}: no text_field for source {source!r}")
+            return self.text_field[source]
+        return self.text_field
+
+    def _field(self, sample):
+        if not isinstance(sample, dict):
+            raise InputError(f"PackedSequences needs dict samples, not {type(sample).__name__}")
+        name = self._field_name(sample)
+        if name in sample:
+            return sample[name]
+        member, dot, key = name.partition(".")
+        record = sample.get(member) if dot else sample.get("json")
+        key = key if dot else name
+        if isinstance(record, dict) and key in record:
+            return record[key]
+        members = sorted(k for k in sample if not k.startswith("__"))
+        raise InputError(f"{_where(sample)}: no field {name!r} (members: {members})")
+
+    # ---- iteration ------------------------------------------------------------------------
+    def positioned(self, spec: IterationSpec, stream: int, start
+                   ) -> Iterator[tuple[dict, list]]:
+        """Stream ``stream``'s sequences from position ``start`` (0, or a position this method
+        yielded), each with the position after it."""
+        check_layout(spec)
+        sequences, cycle, inner_start, offset = self._parse(start)
+        quota = None
+        if self.sequences_per_epoch is not None:
+            quota = fixed_plan(self.sequences_per_epoch, spec.world, spec.workers).stream_samples[stream]
+        documents = _DocumentReader(self, spec, stream, cycle, inner_start, offset,
+                                    restart=quota is not None)
+        queue: deque[_Document] = deque()
+        available = 0
+        seq_len = self.seq_len
+        while quota is None or sequences < quota:
+            while available < seq_len:
+                document = documents.next()
+                if document is None:
+                    return  # the stream's last tokens make no whole sequence: dropped
+                queue.append(document)
+                available += len(document.tokens) - document.taken
+            input_ids = np.empty(seq_len, dtype=np.int64)
+            position_ids = np.empty(seq_len, dtype=np.int64)
+            filled = 0
+            while filled < seq_len:
+                document = queue[0]
+                n = min(seq_len - filled, len(document.tokens) - document.taken)
+                input_ids[filled:filled + n] = document.tokens[document.taken:document.taken + n]
+                position_ids[filled:filled + n] = np.arange(n)
+                filled += n
+                document.taken += n
+                if document.taken == len(document.tokens):
+                    queue.popleft()
+            available -= seq_len
+            sequences += 1
+            if queue:  # the next sequence starts inside a document already read
+                head = queue[0]
+                position = [sequences, head.cycle, head.before, head.taken]
+            else:  # ... or at the next document to be read
+                position = [sequences, documents.cycle, documents.before, 0]
+            yield ({"input_ids": input_ids, "labels": input_ids.copy(),
+                    "position_ids": position_ids}, position)
+
+    def _parse(self, start) -> tuple[int, int, object, int]:
+        if start == 0:
+            return 0, 0, 0, 0
+        try:
+            sequences, cycle, inner, offset = start
+            valid = all(isinstance(v, int) and v >= 0 for v in (sequences, cycle, offset))
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise StateError(f"not a position of this packing stage: {start!r:.200}")
+        return sequences, cycle, inner, offset
+
+
+class _DocumentReader:
+    """The inner stream as documents, from a position: re-reads the document a resumed
+    sequence starts in and skips the tokens already packed; with ``restart``, goes on with the
+    next pass of the inner stream when one ends."""
+
+    def __init__(self, stage: PackedSequences, spec: IterationSpec, stream: int, cycle: int,
+                 before, offset: int, restart: bool):
+        self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
+        self.cycle = cycle
+        self.before = before  # the inner position before the next document
+        self._skip = offset
+        self._pass_is_empty = False  # a pass read from its start gave no document yet
+        self._open()
+
+    def _open(self) -> None:
+        spec = self.spec
+        inner = IterationSpec(cycle_epoch(spec.epoch, self.cycle), spec.rank, spec.world,
+                              spec.workers, batch_size=spec.batch_size)
+        self._items = self.stage.dataset.positioned(inner, self.stream, self.before)
+
+    def next(self) -> _Document | None:
+        """The next document, or None at the end (without ``restart``)."""
+        while True:
+            item = next(self._items, None)
+            if item is None:
+                if not self.restart:
+                    return None
+                if self._pass_is_empty:
+                    raise InputError(f"{self.stage.source}: a whole pass of stream "
+                                     f"{self.stream} of rank {self.spec.rank} has no document")
+                self.cycle, self.before, self._pass_is_empty = self.cycle + 1, 0, True
+                self._open()
+                continue
+            sample, after = item
+            before, self.before = self.before, after
+            tokens = self.stage.tokens(sample)
+            if tokens is None:  # a long document under long_documents="drop"
+                continue
+            self._pass_is_empty = False
+            taken, self._skip = self._skip, 0
+            if taken >= len(tokens):
+                raise StateError(f"resume offset {taken} is past the end of the document at "
+                                 f"{_where(sample)} ({len(tokens)} tokens)")
+            return _Document(tokens, taken, self.cycle, before)
+
+
+def _where(sample) -> str:
+    if isinstance(sample, dict):
+        return f"{sample.get('__url__', '?')}: sample {sample.get('__key__', '?')!r}"
+    return "a sample"
