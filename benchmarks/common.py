@@ -52,6 +52,14 @@ SITE_VARIABLE = "WDSTREAM_BENCH_SITE"
 MB = 1e6  # throughput in MB/s, memory in MB: powers of 1000
 
 
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    """Progress on stderr (the tables go to stdout)."""
+    print(f"[{time.monotonic() - _T0:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+
 # --------------------------------------------------------------------------- statistics
 
 

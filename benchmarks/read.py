@@ -56,6 +56,8 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
                   shuffle: bool = False) -> dict:
     quiet_logs()
     import wdstream
+    import wdstream.dataset  # noqa: F401 - import torch before the clock starts
+    import wdstream.loader  # noqa: F401
 
     started = time.perf_counter()
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode, opener=opener)
@@ -67,6 +69,7 @@ def case_wdstream_inprocess(source: str, expected: int | None = None) -> dict:
     """The reader alone: the dataset iterated in this process, no DataLoader."""
     quiet_logs()
     import wdstream
+    import wdstream.dataset  # noqa: F401 - import torch before the clock starts
 
     started = time.perf_counter()
     dataset = wdstream.StreamingDataset(source, shuffle=False, decode=False)
@@ -132,7 +135,7 @@ def prepare_litdata(shards: list[str], output: str) -> dict:
         raise Skip(f"litdata not installed ({error})") from None
     started = time.perf_counter()
     litdata.optimize(fn=_litdata_record, inputs=shards, output_dir=output, chunk_bytes="64MB",
-                     num_workers=1, mode="overwrite")
+                     num_workers=2, mode="overwrite")
     return {"seconds": time.perf_counter() - started}
 
 
@@ -143,6 +146,8 @@ def case_litdata(directory: str, decode: bool = True, expected: int | None = Non
     except ImportError as error:
         raise Skip(f"litdata not installed ({error})") from None
     import json
+
+    import torch.utils.data  # noqa: F401 - before the clock, as for every case
 
     class JsonDataset(litdata.StreamingDataset):
         def __getitem__(self, index):
@@ -189,3 +194,247 @@ def case_boto3(bucket: str, keys: list[str]) -> dict:
             total += len(chunk)
     return {"seconds": time.perf_counter() - started, "bytes_read": total,
             "ttfb_s": first - started}
+
+
+def case_webdataset_s3(urls: list[str], expected: int | None = None) -> dict:
+    """webdataset's own way to read S3: ``pipe:aws s3 cp URL -`` per shard."""
+    return case_webdataset([f"pipe:aws s3 cp --only-show-errors {url} -" for url in urls],
+                           decode=False, expected=expected)
+
+
+# =========================================================================== the suite (parent)
+
+T_SMALL = "small records: ~1 KiB JSON samples, local shards, 2 workers, batch 32"
+T_LARGE = "large samples: ~1 MiB samples, local shards"
+T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"
+T_S3 = "S3 (moto on 127.0.0.1): ~1 MiB samples, 2 workers, batch 32"
+T_GOALS = "goals (issues 3 and 7)"
+
+
+def _rate(result: dict, key: str = "samples"):
+    value = result.get(key)
+    seconds = result.get("seconds")
+    if value is None or not seconds:
+        return None
+    return value / seconds
+
+
+def _mbps(result: dict, nbytes: int):
+    seconds = result.get("seconds")
+    return nbytes / common.MB / seconds if seconds and "error" not in result else None
+
+
+def _note(table: str, text: str) -> dict:
+    return {"table": table, "note": text}
+
+
+def goal(name: str, measured, target: float, higher_is_better: bool = True,
+         table: str = T_GOALS) -> dict:
+    if measured is None:
+        met = "n/a"
+    else:
+        met = "yes" if (measured >= target if higher_is_better else measured <= target) else "no"
+    return {"table": table, "goal": name, "measured": measured,
+            "target": f"{'≥' if higher_is_better else '≤'} {target:g}", "met": met}
+
+
+def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
+    samples = sizes["small_samples"]
+    common.log(f"read: writing {samples:,} ~1 KiB JSON samples")
+    data = common.json_dataset(root / "small", samples, sizes["small_per_shard"])
+    lit_dir = str(root / "small-litdata")
+    prepared = common.run_case(f"{__name__}:prepare_litdata",
+                               {"shards": data["shards"], "output": lit_dir})
+    here = f"{__name__}:"
+    cases = {
+        ("wdstream", "json"): (here + "case_wdstream", {"source": data["dir"], "decode": True}),
+        ("wdstream", "none"): (here + "case_wdstream", {"source": data["dir"], "decode": False}),
+        ("webdataset", "json"): (here + "case_webdataset",
+                                 {"urls": data["shards"], "decode": True}),
+        ("webdataset", "none"): (here + "case_webdataset",
+                                 {"urls": data["shards"], "decode": False}),
+        ("HF datasets, JSONL", "json"): (here + "case_hf",
+                                         {"files": data["jsonl"], "builder": "json"}),
+        ("HF datasets, JSONL as text", "none"): (here + "case_hf",
+                                                 {"files": data["jsonl"], "builder": "text"}),
+        ("HF datasets, webdataset tar", "json"): (here + "case_hf",
+                                                  {"files": data["shards"],
+                                                   "builder": "webdataset"}),
+    }
+    if "error" not in prepared:
+        cases[("LitData", "json")] = (here + "case_litdata", {"directory": lit_dir,
+                                                              "decode": True})
+        cases[("LitData", "none")] = (here + "case_litdata", {"directory": lit_dir,
+                                                              "decode": False})
+    for spec in cases.values():
+        spec[1]["expected"] = samples
+    results = common.repeat({f"{k[0]} / {k[1]}": v for k, v in cases.items()},
+                            progress=common.log)
+    by_key = {key: results[f"{key[0]} / {key[1]}"] for key in cases}
+    rows, summary = [], {}
+    for decode in ("json", "none"):
+        peers = {key: r for key, r in by_key.items() if key[1] == decode and key[0] != "wdstream"}
+        best_key = max((k for k in peers if _rate(peers[k])), key=lambda k: _rate(peers[k]),
+                       default=None)
+        best = _rate(peers[best_key]) if best_key else None
+        webdataset = _rate(by_key[("webdataset", decode)])
+        ours = _rate(by_key[("wdstream", decode)])
+        summary[decode] = {"vs_webdataset": ratio(ours, webdataset), "vs_best": ratio(ours, best),
+                           "best": best_key[0] if best_key else None}
+        for key, result in by_key.items():
+            if key[1] != decode:
+                continue
+            rate = _rate(result)
+            rows.append({
+                "table": T_SMALL, "loader": key[0],
+                "decode": "JSON parsed" if decode == "json" else "none (raw bytes/lines)",
+                "samples/s": rate, "MB/s": (rate * data["bytes"] / samples / common.MB)
+                if rate else None,
+                "first batch s": result.get("ttfb_s"), "peak RSS MB": result.get("peak_rss_mb"),
+                "÷ webdataset": ratio(rate, webdataset),
+                "÷ best peer": ratio(rate, best) if key[0] == "wdstream" else None,
+                "runs": result.get("runs"), "error": result.get("error"),
+            })
+    rows.append(_note(T_SMALL, f"{samples:,} samples in {len(data['shards'])} shards "
+                      f"({data['bytes'] / common.MB:.0f} MB of tar). Each library with its own "
+                      "default collate; MB/s counts tar bytes. LitData reads its own chunk format, "
+                      "converted once before timing"
+                      + (f" ({prepared['seconds']:.0f} s)." if "seconds" in prepared else ".")))
+    if "error" in prepared:
+        rows.append(_note(T_SMALL, f"LitData: not measured: {prepared['error']}; "
+                          f"{NOT_INSTALLABLE['litdata']}."))
+    rows.append(_note(T_SMALL, f"Mosaic streaming: not measured: {NOT_INSTALLABLE['streaming']}."))
+    return rows, summary
+
+
+def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
+    per_shard = sizes["big_per_shard"]
+    small_n = int(sizes["rss_small_gb"] * 1000 * common.MB / MiB) // per_shard * per_shard
+    large_n = int(sizes["rss_large_gb"] * 1000 * common.MB / MiB) // per_shard * per_shard
+    common.log(f"read: writing {large_n:,} samples of 1 MiB")
+    big = common.blob_dataset(root / "big", large_n, per_shard, MiB)
+    small = common.subset(big, small_n // per_shard, root / "big-subset")
+    here = f"{__name__}:"
+    cases = {
+        "cat": (here + "case_cat", {"files": small["shards"]}),
+        "wdstream": (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                              "expected": small["samples"]}),
+        "wdstream, in-process reader (no DataLoader)": (
+            here + "case_wdstream_inprocess", {"source": small["dir"],
+                                               "expected": small["samples"]}),
+        "webdataset": (here + "case_webdataset", {"urls": small["shards"], "decode": False,
+                                                  "expected": small["samples"]}),
+        "wdstream, large": (here + "case_wdstream", {"source": big["dir"], "decode": False,
+                                                     "expected": big["samples"]}),
+        "webdataset, large": (here + "case_webdataset", {"urls": big["shards"], "decode": False,
+                                                         "expected": big["samples"]}),
+    }
+    results = common.repeat(cases, progress=common.log)
+    cat = _mbps(results["cat"], small["bytes"])
+    rows = []
+    for name in ("cat", "wdstream", "wdstream, in-process reader (no DataLoader)", "webdataset"):
+        result = results[name]
+        mbps = _mbps(result, small["bytes"])
+        rows.append({"table": T_LARGE, "reader": name, "MB/s": mbps, "÷ cat": ratio(mbps, cat),
+                     "first batch s": result.get("ttfb_s"),
+                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    rows.append(_note(T_LARGE, f"{small['samples']:,} samples of 1 MiB in {len(small['shards'])} "
+                      f"shards, {small['bytes'] / common.MB:,.0f} MB, from the page cache; "
+                      "2 workers and batch 32 for the DataLoader rows."))
+    summary = {"vs_cat": ratio(_mbps(results["wdstream"], small["bytes"]), cat)}
+    runs = {("wdstream", 1): (results["wdstream"], small),
+            ("wdstream", 4): (results["wdstream, large"], big),
+            ("webdataset", 1): (results["webdataset"], small),
+            ("webdataset", 4): (results["webdataset, large"], big)}
+    peaks = {key: result.get("peak_rss_mb") for key, (result, _data) in runs.items()}
+    for (loader, size), (result, data) in runs.items():
+        rows.append({"table": T_MEMORY, "loader": loader, "streamed GB": data["bytes"] / 1e9,
+                     "peak RSS MB": result.get("peak_rss_mb"),
+                     "peak PSS MB": result.get("peak_pss_mb"),
+                     "MB/s": _mbps(result, data["bytes"]),
+                     "÷ smaller run": ratio(peaks[(loader, 4)], peaks[(loader, 1)])
+                     if size == 4 else None,
+                     "÷ webdataset": ratio(peaks[(loader, size)], peaks[("webdataset", size)])
+                     if loader == "wdstream" else None,
+                     "runs": result.get("runs"), "error": result.get("error")})
+    rows.append(_note(T_MEMORY, "Sum of the RSS of the case's process and its DataLoader workers, "
+                      "sampled every 50 ms (PSS counts pages shared between them once). "
+                      "Same 1 MiB-sample shards, no shuffle."))
+    summary["rss_growth"] = ratio(peaks[("wdstream", 4)], peaks[("wdstream", 1)])
+    summary["rss_vs_webdataset"] = ratio(peaks[("wdstream", 4)], peaks[("webdataset", 4)])
+    return rows, summary
+
+
+def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
+    samples = sizes["s3_samples"]
+    data = common.blob_dataset(root / "s3", samples, sizes["big_per_shard"], MiB)
+    here = f"{__name__}:"
+    rows = []
+    with common.LocalS3() as s3:
+        common.log(f"read: uploading {data['bytes'] / common.MB:,.0f} MB to moto")
+        url = s3.upload(data["dir"], "bench", "big")
+        keys = [f"big/{Path(p).name}" for p in data["shards"]]
+        urls = [f"s3://bench/{k}" for k in keys]
+        cases = {
+            "boto3 get_object + iter_chunks loop (1 process)": (
+                here + "case_boto3", {"bucket": "bench", "keys": keys}, s3.env),
+            'wdstream, opener "sdk" (default)': (
+                here + "case_wdstream", {"source": url, "opener": "sdk", "decode": False,
+                                         "expected": samples}, s3.env),
+            'wdstream, opener "fsspec"': (
+                here + "case_wdstream", {"source": url, "opener": "fsspec", "decode": False,
+                                         "expected": samples}, s3.env),
+            'wdstream, opener "cli" (aws s3 cp)': (
+                here + "case_wdstream", {"source": url, "opener": "cli", "decode": False,
+                                         "expected": samples}, s3.env),
+            "webdataset, pipe:aws s3 cp": (
+                here + "case_webdataset_s3", {"urls": urls, "expected": samples}, s3.env),
+        }
+        results = common.repeat(cases, progress=common.log)
+    names = list(cases)
+    base = _mbps(results[names[0]], data["bytes"])
+    for name in names:
+        result = results[name]
+        mbps = _mbps(result, data["bytes"])
+        rows.append({"table": T_S3, "reader": name, "MB/s": mbps, "÷ boto3": ratio(mbps, base),
+                     "first batch s": result.get("ttfb_s"),
+                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    rows.append(_note(T_S3, f"{samples} samples of 1 MiB in {len(keys)} shards "
+                      f"({data['bytes'] / common.MB:,.0f} MB). Times run from creating the "
+                      "dataset (or the boto3 client) to the last byte, so client set-up and the "
+                      "manifest fetch count; moto is much slower than S3 and shares the 2 cores."))
+    summary = {
+        "vs_boto3": ratio(_mbps(results[names[1]], data["bytes"]), base),
+        "ttfb": results[names[1]].get("ttfb_s"),
+        "peer_ttfb": results[names[4]].get("ttfb_s"),
+    }
+    return rows, summary
+
+
+def run(quick: bool) -> list[dict]:
+    sizes = QUICK if quick else FULL
+    with common.scratch() as root:
+        small_rows, small = _small(root, sizes)
+        large_rows, large = _large_and_memory(root, sizes)
+        s3_rows, s3 = _s3(root, sizes)
+    goals = [
+        goal("small records, JSON parsed: wdstream ÷ webdataset (issue 3)",
+             small["json"]["vs_webdataset"], 1.0),
+        goal("small records, no decoding: wdstream ÷ webdataset (issue 3)",
+             small["none"]["vs_webdataset"], 1.0),
+        goal(f"small records, no decoding: wdstream ÷ best peer ({small['none']['best']}) "
+             "(issue 7)", small["none"]["vs_best"], 2.0),
+        goal(f"small records, JSON parsed: wdstream ÷ best peer ({small['json']['best']}) "
+             "(issue 7)", small["json"]["vs_best"], 1.5),
+        goal("1 MiB samples: wdstream MB/s ÷ cat", large["vs_cat"], 0.5),
+        goal('S3: opener "sdk" (default) MB/s ÷ boto3 loop', s3["vs_boto3"], 0.8),
+        goal("S3: first batch, wdstream ÷ webdataset (pipe:aws)",
+             ratio(s3["ttfb"], s3["peer_ttfb"]), 1.0, higher_is_better=False),
+        goal("peak RSS: 4× the data ÷ 1× (wdstream)", large["rss_growth"], 1.1,
+             higher_is_better=False),
+        goal("peak RSS: wdstream ÷ webdataset (same run)", large["rss_vs_webdataset"], 1.0,
+             higher_is_better=False),
+    ]
+    return goals + small_rows + large_rows + s3_rows

@@ -145,32 +145,41 @@ def test_one_epoch_two_ranks_every_sample_once(uninterrupted):
 
 def test_sigkill_mid_epoch_then_resume_from_checkpoint(moto_server, s3_data, uninterrupted,
                                                        tmp_path):
-    checkpoint = tmp_path / "ckpt.json"
-    first, second = tmp_path / "run1", tmp_path / "run2"
-    result, output = torchrun(moto_server, s3_data, 2, first, "--workers", 2,
-                              "--checkpoint", checkpoint, "--every", EVERY,
-                              "--die-at", 23, "--die-rank", 1, expect_ok=False)
-    assert result.returncode != 0, output
-    assert "(SIGKILL)" in output, output
-    saved = json.loads(checkpoint.read_text())
-    assert saved["batch"] == 20  # the last multiple of EVERY before rank 1 died at 23
-    run1 = read_run(first, 2)
-    assert run1[1]["done"] is None and max(run1[1]["batches"]) == 23
-    assert all(len(rank["batches"]) >= 20 for rank in run1)  # logged past the checkpoint
+    """Rank 1 is killed after batch 23 (last checkpoint: 20); the job resumes from it, and
+    that run loses rank 0 right after batch 30, before it could checkpoint it (last: 25); a
+    third run resumes from there and finishes the epoch."""
+    runs, starts = [], [0]
+    for number, (die_at, die_rank, saved_at) in enumerate([(23, 1, 20), (30, 0, 25), (None,) * 3]):
+        out, checkpoint = tmp_path / f"run{number}", tmp_path / f"ckpt{number}.json"
+        args = ["--workers", 2, "--checkpoint", checkpoint, "--every", EVERY]
+        if number:
+            args += ["--resume", tmp_path / f"ckpt{number - 1}.json"]
+        if die_at is not None:
+            args += ["--die-at", die_at, "--die-rank", die_rank]
+        result, output = torchrun(moto_server, s3_data, 2, out, *args, expect_ok=die_at is None)
+        run = read_run(out, 2)
+        for rank in run:
+            assert rank["meta"]["resumed_from"] == starts[-1]
+            assert min(rank["batches"]) == starts[-1] + 1
+            assert rank["meta"]["len_loader"] == rank_batches(plan_for(2, 2))
+        if die_at is not None:
+            assert result.returncode != 0, output
+            assert "(SIGKILL)" in output, output
+            assert run[die_rank]["done"] is None and max(run[die_rank]["batches"]) == die_at
+            saved = json.loads(checkpoint.read_text())
+            assert saved["batch"] == saved_at, "not the last checkpoint before the kill"
+            # both ranks logged past the checkpoint: those batches are read again
+            assert all(max(rank["batches"]) > saved_at for rank in run)
+            starts.append(saved_at)
+        runs.append(run)
 
-    torchrun(moto_server, s3_data, 2, second, "--workers", 2, "--resume", checkpoint,
-             "--checkpoint", tmp_path / "ckpt2.json", "--every", EVERY)
-    run2 = read_run(second, 2)
-    before, after = batch_lists(run1, upto=20), batch_lists(run2)
-    assert [len(b) for b in before] == [20, 20]
-    for rank in run2:
-        assert rank["meta"]["resumed_from"] == 20
-        assert min(rank["batches"]) == 21
-    totals = [len(b) + len(a) for b, a in zip(before, after, strict=True)]
-    assert totals == [run2[0]["meta"]["len_loader"]] * 2, totals
-    assert_exactly_once(*before, *after, remainder=plan_for(2, 2).remainder_samples)
-    # and exactly the batches of the uninterrupted run, on every rank
-    assert [b + a for b, a in zip(before, after, strict=True)] == batch_lists(uninterrupted[0])
+    parts = [batch_lists(run, upto=stop) for run, stop in
+             zip(runs, starts[1:] + [None], strict=True)]
+    per_rank = [[batch for part in parts for batch in part[rank]] for rank in range(2)]
+    assert [len(batches) for batches in per_rank] == [rank_batches(plan_for(2, 2))] * 2
+    assert_exactly_once(*per_rank, remainder=plan_for(2, 2).remainder_samples)
+    # and exactly the batches of the uninterrupted run, in order, on every rank
+    assert per_rank == batch_lists(uninterrupted[0])
 
 
 ELASTIC_AT = 15  # mid-window: 8 and 7 batches of 4 from the two streams, window 8

@@ -355,8 +355,9 @@ def check_shard(check: ShardCheck, *, deep: bool, opener: str | None = None,
         try:
             check.size = object_size(url)
         except StreamError as error:
-            check.problems.append("missing" if not error.transient
-                                  else f"cannot read: {_problem_text(error, url)}")
+            text = _problem_text(error, url)
+            check.problems.append("missing" if text.startswith("not found")
+                                  else f"cannot read: {text}")
             return check
         except InputError as error:
             check.problems.append(_problem_text(error, url))
@@ -573,7 +574,7 @@ class BenchResult:
 
 
 def benchmark(
-    source: str | Sequence[str],
+    source: str | Sequence[str] | Shards,
     *,
     workers: int = 2,
     batch_size: int | None = 32,
@@ -596,17 +597,18 @@ def benchmark(
     """
     import time
 
-    from .dataset import StreamingDataset
-    from .loader import DataLoader
-
     if workers < 0:
         raise InputError(f"workers must be >= 0, got {workers}")
     if batch_size is not None and batch_size < 1:
         raise InputError(f"batch size must be >= 1, got {batch_size}")
     if batches is not None and batches < 1:
         raise InputError(f"batches must be >= 1, got {batches}")
-    dataset = StreamingDataset(source, shuffle=shuffle, opener=opener, decode=decode,
-                               on_error=on_error)
+    found = find_shards(source)  # before importing torch: a bad source fails fast
+    from .dataset import StreamingDataset
+    from .loader import DataLoader
+
+    dataset = StreamingDataset(found.manifest or found.urls, shuffle=shuffle, opener=opener,
+                               decode=decode, on_error=on_error)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers)
     manifest = dataset.manifest
     bytes_per_sample = (manifest.bytes / manifest.samples
@@ -641,7 +643,7 @@ def benchmark(
         steady = (samples - first_samples) / (seconds - first)
     stats = loader.stats
     return BenchResult(
-        source=dataset.source if isinstance(dataset.source, str) else ", ".join(dataset.source),
+        source=found.source,
         workers=workers, batch_size=batch_size, opener=opener, shuffle=shuffle, decode=decode,
         batches=count, samples=samples, seconds=seconds, first_batch_seconds=first,
         samples_per_s=samples / seconds if seconds > 0 else 0.0,

@@ -258,8 +258,8 @@ def read_folder(path: str) -> Iterator[Batch]:
     """Files sharing a key form one sample, in key order.
 
     The key is the path relative to the folder up to the first dot of the basename (WebDataset's
-    rule), so ``cats/a.jpg`` and ``dogs/a.jpg`` are different samples ``cats/a`` and ``dogs/a``.
-    Hidden files and folders (a name starting with ".") are skipped; a file without an extension
+    rule). Files in subfolders therefore give keys with "/" (``cats/a``), which the packer
+    refuses under the key rules rather than renaming them silently. Hidden files and folders (a name starting with ".") are skipped; a file without an extension
     is an error, since its member would have no name.
     """
     entries: list[tuple[str, str, str, int]] = []  # (key, ext, path, size)

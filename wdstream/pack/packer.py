@@ -131,11 +131,16 @@ def _to_json(value, where: Callable[[], str]) -> bytes:
     return text.encode("utf-8")
 
 
+_decode_json = json.JSONDecoder().decode  # json.loads minus its per-call checks on bytes
+
+
 def parse_json_line(line: bytes, source: str, number: int) -> dict:
     """A JSON Lines record, which must be an object; InputError names the file and line."""
     try:
-        value = json.loads(line)
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        value = _decode_json(line.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise InputError(f"{source} line {number}: not UTF-8: {error}") from None
+    except ValueError as error:
         raise InputError(f"{source} line {number}: malformed JSON: {error}") from None
     if not isinstance(value, dict):
         raise InputError(
@@ -236,6 +241,11 @@ class SampleMaker:
 
     def _folder_sample(self, batch: Batch) -> SampleBatch:
         (sample,) = batch.values
+        if "/" in sample.key:
+            raise InputError(
+                f"{batch.where(0)}: files in a subfolder would give the key {sample.key!r}, and a "
+                "key must not contain '/'; give each subfolder as its own input, or flatten it"
+            )
         check_key(sample.key, batch.where(0))
         exts = tuple(ext for ext, _, _ in sample.files)
         columns = tuple([LocalFile(path, size)] for _, path, size in sample.files)
@@ -510,8 +520,8 @@ def _delete_quietly(urls_to_delete: Iterable[str]) -> None:
 
 
 def pack(
-    inputs: Iterable[str] | str,
-    output: str,
+    inputs: Iterable[str | os.PathLike] | str | os.PathLike,
+    output: str | os.PathLike,
     *,
     fields: Mapping[str, str] | None = None,
     key: str | None = None,
@@ -541,7 +551,10 @@ def pack(
     from ..sources import urls
     from ..sources.writers import write_bytes
 
-    paths = [inputs] if isinstance(inputs, str) else [os.fspath(p) for p in inputs]
+    paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
+        os.fspath(path) for path in inputs
+    ]
+    output = os.fspath(output)
     if max_size is not None:
         max_size = parse_size(max_size)
     fields = dict(fields) if fields is not None else None
@@ -554,7 +567,9 @@ def pack(
         max_size = DEFAULT_MAX_SIZE
 
     maker = SampleMaker(fields, key)
-    sharder = Sharder(max_count, max_size, check_duplicates=not maker.keys_are_generated)
+    # Generated keys are unique by construction; keys from a column or file names may repeat.
+    keys_from_data = key is not None or any(kind == "folder" for _, kind in checked)
+    sharder = Sharder(max_count, max_size, check_duplicates=keys_from_data)
     final_manifest = part_manifest_name(part) if part else MANIFEST_NAME
     # A part replaces neither the merged manifest nor another part's.
     _prepare_output(output, [MANIFEST_NAME, final_manifest] if part else [MANIFEST_NAME], overwrite)

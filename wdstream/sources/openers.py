@@ -229,6 +229,7 @@ class ByteStream(io.BufferedIOBase):
         self._offset = 0
         self._at_end = False
         self._failed: WdstreamError | None = None  # an error already raised to the consumer
+        self._pid = os.getpid()
         self._thread = threading.Thread(
             target=self._produce, name=f"wdstream-read {url[:80]}", daemon=True
         )
@@ -360,7 +361,8 @@ class ByteStream(io.BufferedIOBase):
 
     def __del__(self):
         # Garbage collection cleans up but never raises (io.IOBase.__del__ would call close()).
-        if not self.closed:
+        # A forked copy owns neither the thread nor the process: it must not kill anything.
+        if not self.closed and os.getpid() == self._pid:
             self._shutdown()
 
     def __repr__(self) -> str:
@@ -489,10 +491,10 @@ class _ProcessSource(_Source):
                               "ended", stderr=self.process.stderr_tail(), transient=True)
         if status != 0:
             stderr = self.process.stderr_tail()
-            missing = _looks_missing(stderr)
+            what = permanent_failure(stderr)
             message = f"command exited with status {status}"
-            raise StreamError(self.url, f"not found ({message})" if missing else message,
-                              stderr=stderr, transient=not missing)
+            raise StreamError(self.url, f"{what} ({message})" if what else message,
+                              stderr=stderr, transient=what is None)
 
     def release(self):
         self.process.release()
@@ -504,11 +506,15 @@ _DENIED_MARKERS = ("403", "accessdenied", "access denied", "forbidden",
                    "unable to locate credentials")
 
 
-def _looks_missing(stderr: str) -> bool:
-    """Whether a CLI's stderr says the object is missing or unreachable for good (403, no
-    credentials): retrying will not help."""
+def permanent_failure(stderr: str) -> str | None:
+    """"not found" or "access denied" when a command's stderr says so (a retry will not help),
+    else None. Shared with the CLI upload in ``writers``."""
     text = stderr.lower()
-    return any(marker in text for marker in _MISSING_MARKERS + _DENIED_MARKERS)
+    if any(marker in text for marker in _MISSING_MARKERS):
+        return "not found"
+    if any(marker in text for marker in _DENIED_MARKERS):
+        return "access denied"
+    return None
 
 
 # --------------------------------------------------------------------------- child processes

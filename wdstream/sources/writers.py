@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from ..errors import InputError, StreamError, WdstreamError
 from . import urls
-from .openers import ChildProcess, _looks_missing, cli_url, filesystem, open_read, stream_error
+from .openers import ChildProcess, cli_url, filesystem, open_read, permanent_failure, stream_error
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class Writer:
     def __init__(self, url: str):
         self.url = url
         self._finished = False
+        self._pid = os.getpid()
 
     def write(self, data: bytes) -> None:
         if self._finished:
@@ -130,8 +131,9 @@ class Writer:
             self.abort()
 
     def __del__(self):
-        # A writer dropped without commit is aborted: it must not upload from a finalizer.
-        if not getattr(self, "_finished", True):
+        # A writer dropped without commit is aborted: it must not upload from a finalizer. Not
+        # in a forked copy, which must leave the parent's temporary file or upload alone.
+        if not getattr(self, "_finished", True) and os.getpid() == self._pid:
             self.abort()
 
     def _write(self, data: bytes) -> None:
@@ -263,9 +265,10 @@ class _CliWriter(Writer):
 
     def _fail(self, status: int) -> None:
         stderr = self._process.stderr_tail()
-        missing = _looks_missing(stderr)
-        raise StreamError(self.url, f"upload command exited with status {status}",
-                          stderr=stderr, transient=not missing)
+        what = permanent_failure(stderr)
+        message = f"upload command exited with status {status}"
+        raise StreamError(self.url, f"{what} ({message})" if what else message,
+                          stderr=stderr, transient=what is None)
 
     def _abort(self):
         self._process.kill()  # before closing stdin: the command must not see end of input
