@@ -495,12 +495,16 @@ class LocalS3:
 
 
 def _version(name: str) -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import distributions
 
-        return version(name)
-    except Exception:  # noqa: BLE001 - not installed
-        return "not installed"
+    site = [p for p in os.environ.get(SITE_VARIABLE, "").split(os.pathsep) if p]
+    for dist in distributions(name=name, path=sys.path + site):
+        return dist.version
+    return "not installed"
+
+
+def machine_date() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def machine() -> dict:
@@ -524,7 +528,7 @@ def machine() -> dict:
     except OSError:
         pass
     info = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": machine_date(),
         "cpus": os.cpu_count(),
         "cpu": cpu,
         "memory": f"{memory / 2**30:.1f} GiB" if memory else "unknown",

@@ -283,8 +283,9 @@ def test_output_to_s3(tmp_path, s3_bucket, cli_env, via):
         return  # each aws call costs ~0.7 s: the rest is the same for both
     error = fail(["pack", source, "--output", f"s3://{s3_bucket}/ds/", "--via", via], cli_env)
     assert "already exists" in error and "--overwrite" in error
-    run(["pack", source, "--output", f"s3://{s3_bucket}/ds/", "--via", via, "--overwrite",
-         "--quiet"], cli_env)
+    quiet = run(["pack", source, "--output", f"s3://{s3_bucket}/ds/", "--via", via,
+                 "--overwrite", "--quiet"], cli_env)
+    assert quiet.stdout == b"" and quiet.stderr == b""
     fs.invalidate_cache()
     assert json.loads(fs.cat_file(f"{s3_bucket}/ds/index.json"))["shards"][0]["samples"] == 20
 
@@ -427,6 +428,9 @@ def test_bad_inputs_and_options(tmp_path, cli_env):
     assert "--part" in fail(["pack", source, "--output", tmp_path / "o", "--part", "3/3"], cli_env)
     assert "not a size" in fail(["pack", source, "--output", tmp_path / "o", "--max-size", "big"],
                                 cli_env)
+    blobs = write_parquet(tmp_path / "blobs.parquet", [{"id": 1, "image": b"\xff\xd8"}])
+    error = fail(["pack", blobs, "--output", tmp_path / "o"], cli_env)
+    assert "blobs.parquet row 1" in error and "--field" in error
     big = write_jsonl(tmp_path / "big.jsonl", [{"text": "x" * 600}])
     error = fail(["pack", big, "--output", tmp_path / "o", "--max-size", 2100], cli_env)
     assert "big.jsonl line 1" in error and "maximum shard size" in error

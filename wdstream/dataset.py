@@ -25,6 +25,7 @@ from .pipeline.shuffle import window_shuffle
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
 from .shards.manifest import Manifest, ManifestNotFoundError, load_manifest
 from .sources import urls as urlmod
+from .sources.cache import ShardCache
 from .sources.writers import list_files
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,14 @@ class IterationSpec:
     start: tuple[int, ...] = ()
     rotation: int = 0
     batch_size: int = 0
+
+
+def _cache_options(cache_dir, cache_limit) -> dict:
+    """Check the cache settings now (a bad size or folder fails here, not in a worker)."""
+    if cache_dir is None:
+        return {}
+    cache = ShardCache(cache_dir, cache_limit)
+    return {"cache_dir": cache.directory, "cache_limit": cache.limit}
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,13 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     A sample is a dict with ``__key__``, ``__url__`` and one entry per member keyed by
     extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``npy`` -> array,
     others bytes) unless ``decode=False``; ``map`` is applied last.
+
+    ``cache_dir``: a local folder that keeps shards read once for later epochs (remote and
+    ``pipe:`` shards; local files are read in place), at most ``cache_limit`` bytes of them
+    (``"50GB"``, ``"512MiB"`` or a number; default 10 GB), least recently used evicted
+    first. Keyed by the full URL (and the manifest's size and digest), filled while reading
+    (the first sample never waits for the whole shard), and safe to share between workers,
+    ranks and jobs on one machine. See ``wdstream.sources.cache``.
     """
 
     def __init__(
@@ -146,6 +162,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         retries: int = 3,
         on_error: str = "raise",
         verify_digest: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
     ):
         super().__init__()
         self.source = source
@@ -157,7 +175,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                                    remainder=remainder)
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
                                         timeout=timeout, retries=retries, on_error=on_error,
-                                        verify_digest=verify_digest)
+                                        verify_digest=verify_digest,
+                                        **_cache_options(cache_dir, cache_limit))
         self.decoders = build_decoders(decoders) if decode else None
         self.map = map
         self._epoch = 0

@@ -15,7 +15,7 @@ from .output import (
 )
 
 
-@click.command("bench", epilog=epilog("""
+@click.command("bench", short_help="Time streaming through wdstream.DataLoader.", epilog=epilog("""
   wdstream bench s3://bucket/prefix/
   wdstream bench s3://bucket/prefix/ --workers 4 --batch-size 64 --batches 200
   wdstream bench s3://bucket/prefix/ --opener cli --json    # compare with --opener sdk

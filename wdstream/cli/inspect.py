@@ -44,7 +44,8 @@ def _count(value: int | None) -> str:
 # --------------------------------------------------------------------------- ls
 
 
-@click.command("ls", epilog=epilog("""
+@click.command("ls", short_help="List shards, samples, sizes and how a dataset was packed.",
+               epilog=epilog("""
   wdstream ls s3://bucket/prefix/
   wdstream ls gs://bucket/prefix/index.json --json | jq .samples
   wdstream ls './shards/shard-{000000..000009}.tar' --no-scan
@@ -126,7 +127,8 @@ def _print_summary(summary) -> None:
 # --------------------------------------------------------------------------- verify
 
 
-@click.command("verify", epilog=epilog("""
+@click.command("verify", short_help="Check every shard's size, digest (and tar) against the manifest.",
+               epilog=epilog("""
   wdstream verify s3://bucket/prefix/
   wdstream verify s3://bucket/prefix/ --deep --workers 16
   wdstream verify ./shards --json > report.json || echo "damaged"
@@ -182,7 +184,7 @@ def _print_report(report) -> None:
 # --------------------------------------------------------------------------- cat
 
 
-@click.command("cat", epilog=epilog("""
+@click.command("cat", short_help="Print samples as JSON Lines.", epilog=epilog("""
   wdstream cat s3://bucket/prefix/ -n 3
   wdstream cat s3://bucket/prefix/ --key doc000042 --fields json,txt
   wdstream cat ./shards/shard-000000.tar --fields jpg --base64 | head -1

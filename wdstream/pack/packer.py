@@ -32,6 +32,7 @@ import io
 import json
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -431,15 +432,19 @@ class _PoolWriter:
 
     def __init__(self, via: str, workers: int):
         import multiprocessing
+        import threading
         from concurrent.futures import ProcessPoolExecutor
 
         self.via = via
         self.limit = workers + 1
         self._pending = []
-        # forkserver: the main process may run fsspec's I/O thread, which fork would copy badly.
+        # fork starts workers in milliseconds, but is safe only in a single-threaded process
+        # (and on Linux); checking a cloud prefix starts fsspec's I/O thread: then forkserver.
+        fork_is_safe = sys.platform == "linux" and threading.active_count() == 1
+        method = "fork" if fork_is_safe else "forkserver"
         self._pool = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=multiprocessing.get_context("forkserver"),
+            mp_context=multiprocessing.get_context(method),
             initializer=_ignore_sigint,
         )
 

@@ -21,6 +21,7 @@ from ..plan import Span
 from ..shards.index import HashingReader
 from ..shards.samples import iter_samples
 from ..shards.tar import iter_members
+from ..sources.cache import ShardCache
 from ..sources.openers import open_read
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class ReadOptions:
     backoff: float = 0.5  # first retry delay in seconds, doubled each attempt
     on_error: str = "raise"
     verify_digest: bool = False
+    cache_dir: str | None = None  # local shard cache (wdstream.sources.cache); None: none
+    cache_limit: int | str | None = None  # its size bound; None: cache.DEFAULT_LIMIT
 
     def __post_init__(self):
         if self.on_error not in ERROR_POLICIES:
@@ -86,6 +89,8 @@ class SpanReader:
         self.options = options
         self.stats = stats if stats is not None else ReadStats()
         self._ahead: dict[int, object] = {}  # span index -> stream opened early
+        self._cache = ShardCache(options.cache_dir, options.cache_limit) \
+            if options.cache_dir else None
 
     def __iter__(self) -> Iterator[dict]:
         try:
@@ -96,21 +101,34 @@ class SpanReader:
                 _close_quietly(stream)
             self._ahead.clear()
 
-    def _open(self, index: int):
+    def _open(self, index: int, retry: bool = False):
         stream = self._ahead.pop(index, None)
         if stream is None:
-            url = self.shards.urls[self.spans[index].shard]
-            stream = open_read(url, opener=self.options.opener, timeout=self.options.timeout)
+            stream = self._open_shard(self.spans[index].shard, retry)
         return stream
 
     def _open_ahead(self, index: int) -> None:
         if index < len(self.spans) and index not in self._ahead:
-            url = self.shards.urls[self.spans[index].shard]
             try:
-                self._ahead[index] = open_read(url, opener=self.options.opener,
-                                               timeout=self.options.timeout)
+                self._ahead[index] = self._open_shard(self.spans[index].shard)
             except WdstreamError:
                 pass  # reported, with retries, when the span is actually read
+
+    def _open_shard(self, shard: int, retry: bool = False):
+        """The shard's stream, through the cache if there is one (a retry drops its copy)."""
+        url = self.shards.urls[shard]
+
+        def source():
+            return open_read(url, opener=self.options.opener, timeout=self.options.timeout)
+
+        if self._cache is None:
+            return source()
+        size = self.shards.bytes[shard] if self.shards.bytes is not None else None
+        sha256 = self.shards.sha256[shard] if self.shards.sha256 is not None else None
+        if retry:
+            self._cache.forget(url, size, sha256)
+        return self._cache.open(url, source, size=size, sha256=sha256,
+                                verify_digest=self.options.verify_digest)
 
     def _read_span(self, index: int, span: Span) -> Iterator[dict]:
         url = self.shards.urls[span.shard]
@@ -118,7 +136,7 @@ class SpanReader:
         attempt = 0
         while True:
             try:
-                stream = self._open(index)
+                stream = self._open(index, retry=attempt > 0)
                 self._open_ahead(index + 1)
                 for sample in self._samples(stream, span, span.start + delivered):
                     yield sample

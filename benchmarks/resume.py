@@ -1,0 +1,210 @@
+"""Resumption costs: time to first batch after ``load_state_dict``, plan time, state size.
+
+- Resume at 10% and at 90% of an epoch (local shards, then the same shards on a moto S3 server),
+  each in a fresh process as after a restart: time from building the dataset to the first
+  batch. The resume cost must not grow with the position (goal: 90% ÷ 10% ≤ 1.2). The first
+  batch is checked against the uninterrupted run's batch at that point.
+- ``wdstream.plan.EpochPlan`` for 100,000 shards / 100 M samples: the time to plan an epoch and
+  take one worker's spans, and the memory it needs.
+- ``len(json.dumps(loader.state_dict()))``: the size of a checkpoint's loader state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from . import common
+from .common import quiet_logs, ratio
+from .read import goal
+
+TITLE = "Resumption"
+WORKERS = 2
+BATCH = 32
+FRACTIONS = (0.1, 0.9)
+SEED = 17
+
+FULL = {"samples": 100_000, "per_shard": 1000, "plan_shards": 100_000, "plan_per_shard": 1000}
+QUICK = {"samples": 20_000, "per_shard": 500, "plan_shards": 100_000, "plan_per_shard": 1000}
+
+T_RESUME = "time to first batch after load_state_dict, 2 workers, batch 32, shuffled"
+T_PLAN = "epoch plan: 100,000 shards × 1,000 samples (100 M samples)"
+T_GOALS = "goals (issue 4)"
+
+
+# =========================================================================== cases (child side)
+
+
+def _loader(source: str, workers: int = WORKERS):
+    import wdstream
+
+    dataset = wdstream.StreamingDataset(source, shuffle=True, seed=SEED)
+    return wdstream.DataLoader(dataset, batch_size=BATCH, num_workers=workers)
+
+
+def case_states(source: str, out: str) -> dict:
+    """Read one whole epoch; save the loader state after 10% and 90% of its batches, with the
+    keys of the batch that comes next."""
+    quiet_logs()
+    loader = _loader(source)
+    total = len(loader)
+    stops = {round(total * f): f for f in FRACTIONS}
+    saved, pending = {}, None
+    for index, batch in enumerate(loader):
+        if pending is not None:
+            saved[str(pending)]["next_keys"] = list(batch["__key__"])
+            pending = None
+        if index + 1 in stops:
+            fraction = stops[index + 1]
+            saved[str(fraction)] = {"state": loader.state_dict(), "batches_done": index + 1}
+            pending = fraction
+    Path(out).write_text(json.dumps(saved))
+    return {"batches": total}
+
+
+def case_resume(source: str, states: str | None, fraction: float | None,
+                workers: int = WORKERS) -> dict:
+    """Time from building the dataset (after imports) to the first batch, after loading the
+    state saved at ``fraction`` (None: a fresh start)."""
+    quiet_logs()
+    import wdstream.dataset  # noqa: F401 - torch imported before the clock
+    import wdstream.loader  # noqa: F401
+
+    saved = json.loads(Path(states).read_text())[str(fraction)] if fraction is not None else None
+    started = time.perf_counter()
+    loader = _loader(source, workers)
+    if saved is not None:
+        loader.load_state_dict(saved["state"])
+    iterator = iter(loader)
+    batch = next(iterator)
+    ttfb = time.perf_counter() - started
+    result = {"ttfb_s": ttfb, "state_bytes": len(json.dumps(loader.state_dict()))}
+    if saved is not None and workers == saved["state"]["workers"]:
+        result["exact"] = "yes" if list(batch["__key__"]) == saved["next_keys"] else "NO"
+    del iterator
+    return result
+
+
+def case_plan(shards: int, per_shard: int, world: int, workers: int,
+              elastic: bool = False) -> dict:
+    """Plan an epoch, take rank 0 / worker 0's spans and its first window order."""
+    import tracemalloc
+
+    import numpy as np
+
+    from wdstream.plan import EpochPlan, PlanOptions, Segment
+
+    counts = np.full(shards, per_shard, dtype=np.int64)
+    options = PlanOptions(seed=SEED, shuffle=True, window=1000)
+    history = ()
+    if elastic:  # the same epoch resumed on another layout, after 37% on 4 x 2 streams
+        consumed = int(shards * per_shard * 0.37) // 8
+        history = (Segment(4, 2, BATCH, (consumed, consumed)),)
+    def plan_once():
+        plan = EpochPlan(counts, 0, world, workers, options, history)
+        spans = plan.stream_spans(0, 0)
+        plan.window_order(0, 0, 0, 1000)
+        return plan, spans
+
+    started = time.perf_counter()
+    plan, spans = plan_once()
+    seconds = time.perf_counter() - started
+    del plan, spans
+    tracemalloc.start()  # a second time for the memory: tracing slows allocation severalfold
+    plan, spans = plan_once()
+    _current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"seconds": seconds, "traced_mb": peak / common.MB, "spans": len(spans),
+            "rank_samples": plan.rank_samples}
+
+
+# =========================================================================== the suite (parent)
+
+
+def _resume_rows(where: str, source: str, states: str, env: dict | None) -> tuple[list, dict]:
+    here = f"{__name__}:"
+    cases = {"fresh start (no state)": (here + "case_resume",
+                                        {"source": source, "states": None, "fraction": None},
+                                        env)}
+    for fraction in FRACTIONS:
+        cases[f"resumed at {fraction:.0%}"] = (
+            here + "case_resume", {"source": source, "states": states, "fraction": fraction},
+            env)
+    cases["resumed at 90% on 3 workers (elastic)"] = (
+        here + "case_resume", {"source": source, "states": states, "fraction": 0.9,
+                               "workers": 3}, env)
+    results = common.repeat(cases, progress=common.log)
+    at10 = results["resumed at 10%"].get("ttfb_s")
+    rows = []
+    for name, result in results.items():
+        rows.append({"table": T_RESUME, "shards": where, "start": name,
+                     "first batch s": result.get("ttfb_s"),
+                     "÷ at 10%": ratio(result.get("ttfb_s"), at10),
+                     "same batch as uninterrupted": result.get("exact"),
+                     "state bytes": result.get("state_bytes"),
+                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    return rows, {"growth": ratio(results["resumed at 90%"].get("ttfb_s"), at10),
+                  "state_bytes": max((r.get("state_bytes") or 0) for r in results.values())}
+
+
+def run(quick: bool) -> list[dict]:
+    sizes = QUICK if quick else FULL
+    rows: list[dict] = []
+    summary = {}
+    with common.scratch() as root:
+        common.log(f"resume: writing {sizes['samples']:,} ~1 KiB JSON samples")
+        data = common.json_dataset(root / "data", sizes["samples"], sizes["per_shard"],
+                                   jsonl=False)
+        states = str(root / "states.json")
+        made = common.run_case(f"{__name__}:case_states", {"source": data["dir"], "out": states})
+        if "error" in made:
+            rows.append({"table": T_RESUME, "error": f"saving states: {made['error']}"})
+        else:
+            local, summary["local"] = _resume_rows("local", data["dir"], states, None)
+            rows += local
+            with common.LocalS3() as s3:
+                common.log("resume: uploading the shards to moto")
+                url = s3.upload(data["dir"], "resume", "data")
+                remote, summary["s3"] = _resume_rows("S3 (moto)", url, states, s3.env)
+            rows += remote
+        rows.append({"table": T_RESUME, "note":
+                     f"{data['samples']:,} samples in {len(data['shards'])} shards of "
+                     f"{sizes['per_shard']}, seed {SEED}, shuffle window 1000; the states were "
+                     "saved during one uninterrupted epoch, with the keys of the batch that came "
+                     "next. Times run from building the dataset (after imports) to the first "
+                     "batch, in a fresh process."})
+    here = f"{__name__}:"
+    layouts = {
+        "1 rank × 2 workers": {"world": 1, "workers": 2},
+        "8 ranks × 8 workers": {"world": 8, "workers": 8},
+        "elastic: 4×2 → 8×8 after 37%": {"world": 8, "workers": 8, "elastic": True},
+    }
+    plan_cases = {name: (here + "case_plan", {"shards": sizes["plan_shards"],
+                                              "per_shard": sizes["plan_per_shard"], **layout})
+                  for name, layout in layouts.items()}
+    plans = common.repeat(plan_cases, progress=common.log)
+    for name, result in plans.items():
+        rows.append({"table": T_PLAN, "layout": name, "plan s": result.get("seconds"),
+                     "traced MB": result.get("traced_mb"), "spans of one worker":
+                     result.get("spans"), "samples per rank": result.get("rank_samples"),
+                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    rows.append({"table": T_PLAN, "note": "EpochPlan(...) + stream_spans(rank 0, worker 0) + "
+                 "its first window order, as each DataLoader worker (and the main process) "
+                 "computes at the start of an epoch; traced MB is tracemalloc's peak during a "
+                 "second, untimed planning."})
+    worst_plan = max((r.get("seconds") or 0) for r in plans.values()) or None
+    goals = [
+        goal("resume at 90% ÷ at 10%, first batch, local", summary.get("local", {}).get("growth"),
+             1.2, higher_is_better=False, table=T_GOALS),
+        goal("resume at 90% ÷ at 10%, first batch, S3", summary.get("s3", {}).get("growth"),
+             1.2, higher_is_better=False, table=T_GOALS),
+        goal("plan time for 100,000 shards / 100 M samples, s (slowest layout)", worst_plan, 1.0,
+             higher_is_better=False, table=T_GOALS),
+        goal("loader state, bytes of JSON", max(
+            (s.get("state_bytes") or 0) for s in summary.values()) or None, 4096,
+             higher_is_better=False, table=T_GOALS),
+    ]
+    return goals + rows

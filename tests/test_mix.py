@@ -1,0 +1,217 @@
+"""wdstream.Mix: proportions, determinism, stop rules, equal batches per rank and exact resume
+through wdstream.DataLoader."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from datasets import write_dataset
+
+import wdstream
+from wdstream.dataset import IterationSpec
+from wdstream.errors import InputError, StateError
+from wdstream.mix import BLOCK, block_choices
+
+SOURCES = {"a": [50, 30, 40], "b": [20, 25], "c": [15]}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    for name, counts in SOURCES.items():
+        write_dataset(root / name, counts)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def single_rank(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def mix(data, names=("a", "b"), weights=(0.7, 0.3), seed=5, **kwargs):
+    sources = [wdstream.StreamingDataset(str(data / n), seed=i + 1, shuffle_window=7)
+               for i, n in enumerate(names)]
+    return wdstream.Mix(sources, list(weights), seed=seed, names=list(names), **kwargs)
+
+
+def loader(data, workers=2, batch_size=4, **kwargs):
+    return wdstream.DataLoader(mix(data, **kwargs), batch_size=batch_size, num_workers=workers)
+
+
+def items(batches):
+    return [tuple(zip(b["__source__"], b["__key__"], strict=True)) for b in batches]
+
+
+def take(loader, n):
+    """The first n batches of a fresh iteration, then stop (as a crash would)."""
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == n:
+            break
+    return items(out)
+
+
+def test_block_choices_follow_the_weights_exactly():
+    weights = np.array([0.5, 0.3, 0.15, 0.05])
+    total = np.zeros(4)
+    for block in range(40):
+        counts = np.bincount(block_choices(weights, 1, 0, 0, block), minlength=4)
+        assert counts.sum() == BLOCK
+        assert np.all(np.abs(counts - weights * BLOCK) < 1)  # within one draw in every block
+        total += counts
+    assert np.allclose(total / total.sum(), weights, atol=1e-3)
+    assert not np.array_equal(block_choices(weights, 1, 0, 0, 0), block_choices(weights, 1, 0, 0, 1))
+    assert not np.array_equal(block_choices(weights, 1, 0, 0, 0), block_choices(weights, 1, 1, 0, 0))
+
+
+def test_proportions_over_20k_draws(data):
+    ds = mix(data, names=("a", "b", "c"), weights=(5, 3, 2), stop="fixed",
+             samples_per_epoch=20_000)
+    sources = Counter(s["__source__"] for s, _ in ds.positioned(IterationSpec(0, 0, 1, 1), 0, 0))
+    assert sum(sources.values()) == 20_000
+    for name, weight in zip("abc", (0.5, 0.3, 0.2), strict=True):
+        assert abs(sources[name] / 20_000 - weight) < 0.015
+        assert abs(sources[name] / 20_000 - weight) < 0.002  # in fact much tighter
+
+
+def test_deterministic_and_seeded(data):
+    first, second = items(loader(data)), items(loader(data))
+    assert first == second
+    assert items(loader(data, seed=6)) != first
+    again = loader(data)
+    assert items(again) == first and items(again) != first  # the next epoch differs
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "cycle", "fixed"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exact_resume(data, stop, workers):
+    kwargs = {"stop": stop, "workers": workers}
+    if stop == "fixed":
+        kwargs["samples_per_epoch"] = 250
+    reference = loader(data, **kwargs)
+    expected = len(reference)
+    batches = items(reference)
+    assert len(batches) == expected
+    for stop_at in (1, len(batches) // 2, len(batches) - 1):
+        first = loader(data, **kwargs)
+        before = take(first, stop_at)
+        state = json.loads(json.dumps(first.state_dict()))
+        resumed = loader(data, **kwargs)
+        resumed.load_state_dict(state)
+        assert before + items(resumed) == batches, f"stop {stop_at}"
+
+
+def test_state_at_the_end_of_an_epoch_starts_the_next(data):
+    first = loader(data)
+    items(first)
+    next_epoch = items(first)
+    resumed = loader(data)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    third = items(resumed)  # first's state was saved after epoch 1: epoch 2 comes next
+    reference = loader(data)
+    items(reference), items(reference)
+    assert third == items(reference) and third != next_epoch
+
+
+def test_stop_rules(data):
+    spec = IterationSpec(0, 0, 1, 1)
+    sizes = {n: sum(c) for n, c in SOURCES.items()}
+
+    first = [s for s, _ in mix(data).positioned(spec, 0, 0)]
+    counts = Counter(s["__source__"] for s in first)
+    assert counts["a"] == sizes["a"] or counts["b"] == sizes["b"]  # one source ran out
+    assert len({s["__key__"] + s["__source__"] for s in first}) == len(first)  # no repeats
+
+    cycled = [s for s, _ in mix(data, stop="cycle").positioned(spec, 0, 0)]
+    counts = Counter(s["__source__"] for s in cycled)
+    assert counts["a"] >= sizes["a"] and counts["b"] >= sizes["b"]
+    # the smaller source repeated, its second pass in another order
+    b_keys = [s["__key__"] for s in cycled if s["__source__"] == "b"]
+    assert len(b_keys) > sizes["b"]
+    assert b_keys[sizes["b"]:] != b_keys[: len(b_keys) - sizes["b"]]
+    assert sorted(set(b_keys)) == sorted(set(b_keys[: sizes["b"]]))
+
+    assert len(list(mix(data, stop="fixed", samples_per_epoch=333).positioned(spec, 0, 0))) == 333
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "cycle"])
+def test_equal_batches_on_every_rank(data, monkeypatch, stop):
+    lengths, keys = [], []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        ranked = loader(data, stop=stop, batch_size=3)
+        expected = len(ranked)  # before iterating: afterwards it is the next epoch's
+        delivered = items(ranked)
+        lengths.append((len(delivered), expected))
+        keys.append({k for batch in delivered for k in batch})
+    assert lengths[0][0] == lengths[0][1] and len(set(lengths)) == 1
+    if stop == "first_exhausted":
+        assert not keys[0] & keys[1] and not keys[1] & keys[2]  # ranks read disjoint samples
+
+
+def test_zero_weight_source_is_never_drawn(data):
+    ds = mix(data, names=("a", "b", "c"), weights=(1, 1, 0), stop="cycle")
+    drawn = {s["__source__"] for s, _ in ds.positioned(IterationSpec(0, 0, 1, 1), 0, 0)}
+    assert drawn == {"a", "b"}
+
+
+def test_source_index_without_names(data):
+    sources = [wdstream.StreamingDataset(str(data / n)) for n in ("a", "b")]
+    batch = next(iter(wdstream.DataLoader(wdstream.Mix(sources, [1, 1]), batch_size=8)))
+    assert set(batch["__source__"].tolist()) <= {0, 1}
+
+
+def test_layout_change_is_refused(data):
+    first = loader(data, workers=2)
+    take(first, 3)
+    state = first.state_dict()
+    with pytest.raises(StateError):
+        loader(data, workers=1).load_state_dict(state)
+    with pytest.raises(StateError):  # another mixture
+        loader(data, workers=2, weights=(0.5, 0.5)).load_state_dict(state)
+
+
+def test_mixture_without_manifests_streams_but_has_no_length(tmp_path):
+    write_dataset(tmp_path / "x", [10, 10], manifest=False)
+    write_dataset(tmp_path / "y", [10], manifest=False)
+    ds = wdstream.Mix([wdstream.StreamingDataset(str(tmp_path / n)) for n in "xy"], [1, 1])
+    plain = wdstream.DataLoader(ds, batch_size=2)
+    assert len(items(plain)) > 0
+    with pytest.raises(TypeError):
+        len(plain)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"weights": [1]},
+    {"weights": [1, -1]},
+    {"weights": [0, 0]},
+    {"weights": [1, float("nan")]},
+    {"stop": "longest"},
+    {"stop": "fixed"},
+    {"samples_per_epoch": 10},
+    {"stop": "fixed", "samples_per_epoch": 0},
+    {"names": ["x", "x"]},
+])
+def test_bad_arguments(data, kwargs):
+    sources = [wdstream.StreamingDataset(str(data / n)) for n in ("a", "b")]
+    arguments = {"weights": [1, 1], **kwargs}
+    with pytest.raises(InputError):
+        wdstream.Mix(sources, **arguments)
+
+
+def test_bad_position_is_refused(data):
+    with pytest.raises(StateError):
+        next(mix(data).positioned(IterationSpec(0, 0, 1, 1), 0, [3, [0, 1]]))
+
+
+def test_fixed_length_is_split_over_ranks(data, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = mix(data, stop="fixed", samples_per_epoch=101)
+    assert len(ds) == 50
