@@ -91,7 +91,7 @@ def print_tables(name: str, title: str, rows: list[dict], seconds: float) -> Non
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     console.rule(f"[bold]{title}[/] ({name}, {seconds:.0f} s)")
     for caption, columns, members, notes in tables(rows):
         if members:

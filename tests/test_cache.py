@@ -35,9 +35,8 @@ def entry_bytes(cache: ShardCache) -> list[bytes]:
     return [Path(path).read_bytes() for path, _size, _mtime in cache.entries()]
 
 
-def read_through(cache: ShardCache, url: str, **kwargs) -> bytes:
-    with cache.open(url, lambda: open_read(url, timeout=kwargs.pop("timeout", 10)),
-                    **kwargs) as stream:
+def read_through(cache: ShardCache, url: str, timeout: float = 10, **kwargs) -> bytes:
+    with cache.open(url, lambda: open_read(url, timeout=timeout), **kwargs) as stream:
         return stream.read()
 
 

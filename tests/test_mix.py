@@ -161,10 +161,12 @@ def test_zero_weight_source_is_never_drawn(data):
     assert drawn == {"a", "b"}
 
 
-def test_source_index_without_names(data):
+def test_sources_are_named_by_their_url_by_default(data):
     sources = [wdstream.StreamingDataset(str(data / n)) for n in ("a", "b")]
     batch = next(iter(wdstream.DataLoader(wdstream.Mix(sources, [1, 1]), batch_size=8)))
-    assert set(batch["__source__"].tolist()) <= {0, 1}
+    assert set(batch["__source__"]) <= {str(data / "a"), str(data / "b")}
+    twice = wdstream.Mix([sources[0], wdstream.StreamingDataset(str(data / "a"), seed=4)])
+    assert twice.names == [f"{data / 'a'}#0", f"{data / 'a'}#1"]
 
 
 def test_layout_change_is_refused(data):
@@ -207,7 +209,7 @@ def test_bad_arguments(data, kwargs):
 
 def test_bad_position_is_refused(data):
     with pytest.raises(StateError):
-        next(mix(data).positioned(IterationSpec(0, 0, 1, 1), 0, [3, [0, 1]]))
+        next(mix(data).positioned(IterationSpec(0, 0, 1, 1), 0, [3, [0, 1], [0, 2]]))
 
 
 def test_fixed_length_is_split_over_ranks(data, monkeypatch):

@@ -90,7 +90,7 @@ def test_pre_tokenized_and_callable_tokenizers_give_the_same_sequences(corpus):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("per_epoch", [None, 700])  # 700: more than one pass of the data
+@pytest.mark.parametrize("per_epoch", [None, 400])  # 400: more than one pass of the data
 def test_token_exact_resume(corpus, workers, per_epoch):
     def loader():
         stage = packed(corpus, sequences_per_epoch=per_epoch)

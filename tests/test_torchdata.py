@@ -71,8 +71,7 @@ def test_stop_save_load_finish_equals_uninterrupted(data, workers):
         first = make(data, workers)
         before = take(first, stop)
         state = first.state_dict()
-        # the state goes through a checkpoint file
-        state = json.loads(json.dumps(state)) if _jsonable(state) else state
+        state = json.loads(json.dumps(state))  # as if through a JSON checkpoint
         second = make(data, workers)
         second.load_state_dict(state)
         after = keys_of(second)
@@ -111,20 +110,15 @@ def test_resume_inside_a_later_epoch(data, workers):
     assert before + keys_of(second) == reference
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_state_of_another_dataset_is_refused(data, workers):
-    first = make(data, workers)
+def test_state_of_another_dataset_is_refused(data):
+    # num_workers=0 only: with workers the StateError is raised in the workers and reaches
+    # the loop all the same, but torchdata 0.11 then takes 5 s per worker to shut them down
+    # (any dataset whose load_state_dict raises does that).
+    first = make(data, 0)
     take(first, 3)
     state = first.state_dict()
-    other = make(data, workers, seed=4)
-    with pytest.raises(StateError):
+    other = make(data, 0, seed=4)
+    with pytest.raises(StateError, match="another dataset"):
         other.load_state_dict(state)
         keys_of(other)
 
-
-def _jsonable(value) -> bool:
-    try:
-        json.dumps(value)
-    except TypeError:
-        return False
-    return True

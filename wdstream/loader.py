@@ -189,6 +189,7 @@ class DataLoader(torch.utils.data.DataLoader):
         dataset: StreamingDataset = self.dataset
         resumed = self._pending is not None
         dataset.spec = self._begin()
+        worker_stats.take()  # counts of an earlier iteration in this process, not this one's
         try:
             iterator = super().__iter__()
         finally:
@@ -200,6 +201,8 @@ class DataLoader(torch.utils.data.DataLoader):
             self._add_stats(stats)
             delivered += 1
             yield batch
+        if self.num_workers == 0:  # counts after the last batch (a skipped shard at the end)
+            self._add_stats(worker_stats.take())
         if resumed and delivered == 0:
             # A state taken after the last batch of an epoch whose end could not be told from
             # the state alone (positions that are not sample counts): go on with the next.

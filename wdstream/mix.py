@@ -12,8 +12,8 @@ The choices do not depend on the rank: with equal source streams on every rank (
 plan guarantees it) every rank then stops after the same number of draws, so ranks get equal
 batches under every stop rule.
 
-A position is ``[draws, [pass, position], ...]``: the draws made and, per source, how many
-times it was restarted (``cycle``/``fixed``) and its own stream position.
+A position is ``[draws, pass_0, position_0, pass_1, position_1, ...]``: the draws made and,
+per source, how many times it was restarted (``cycle``/``fixed``) and its own stream position.
 """
 
 from __future__ import annotations
@@ -61,28 +61,12 @@ def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block
     return choices
 
 
-class _Choices:
-    """The choice sequence of one stream, one block in memory at a time."""
-
-    def __init__(self, weights: np.ndarray, seed: int, epoch: int, stream: int):
-        self._args = (weights, seed, epoch, stream)
-        self._block = -1
-        self._choices = np.empty(0, dtype=np.int64)
-
-    def __getitem__(self, draw: int) -> int:
-        block, index = divmod(draw, BLOCK)
-        if block != self._block:
-            weights, seed, epoch, stream = self._args
-            self._choices, self._block = block_choices(weights, seed, epoch, stream, block), block
-        return int(self._choices[index])
-
-
 _END = object()
 
 
 class _SourceReader:
     """One source's stream, restartable for a new pass, with one sample of look-ahead so the
-    mixture can tell that a source has just been read to its end."""
+    ``cycle`` rule can tell that a source has just been read to its end."""
 
     def __init__(self, dataset, spec: IterationSpec, stream: int, cycle: int, position):
         self.dataset, self.spec, self.stream = dataset, spec, stream
@@ -96,27 +80,26 @@ class _SourceReader:
         self._items = self.dataset.positioned(spec, self.stream, self.position)
         self._next = None
 
-    def peek(self):
+    def at_end(self) -> bool:
         if self._next is None:
             self._next = next(self._items, _END)
-        return self._next
+        return self._next is _END
 
     def take(self):
         """The next sample, or ``_END``; the position moves past what is taken."""
-        item = self.peek()
+        item = self._next
+        if item is None:
+            item = next(self._items, _END)
+        else:
+            self._next = None
         if item is _END:
             return _END
-        self._next = None
         sample, self.position = item
         return sample
 
     def restart(self) -> None:
         self.cycle, self.position = self.cycle + 1, 0
         self._open()
-
-    @property
-    def ended_once(self) -> bool:
-        return self.cycle > 0 or self.peek() is _END
 
 
 class Mix(Stage):
@@ -132,9 +115,15 @@ class Mix(Stage):
       as with ``"cycle"``.
 
     A restarted source reads a new order: its pass p of epoch e reads the source's epoch
-    ``cycle_epoch(e, p)``, which no other (epoch, pass) reads. Each sample (a dict) gets
-    ``__source__``: the source's name from ``names``, or its index. ``len(mix)`` and
-    ``len(loader)`` are known when the sources have manifests, or with ``"fixed"``.
+    ``cycle_epoch(e, p)``, which no other (epoch, pass) reads.
+
+    Each sample (a dict) gets ``__source__``: its source's name from ``names``, by default the
+    source's URL. A string, so that the default collate keeps a list (an int would become a
+    tensor, and each tensor costs a shared-memory transfer per batch from the workers).
+
+    ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
+    ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
+    epoch (where a stream stops depends on its draws) and ``len(mix)`` is for one worker.
     """
 
     def __init__(self, datasets: Sequence, weights: Sequence[float] | None = None, *,
@@ -159,12 +148,16 @@ class Mix(Stage):
                 or samples_per_epoch < 1):
             raise InputError(f"Mix: samples_per_epoch must be a positive integer, not "
                              f"{samples_per_epoch!r}")
-        if names is not None and (len(names) != len(self.datasets)
-                                  or len(set(names)) != len(names)):
-            raise InputError("Mix: names must give one distinct name per dataset")
+        if names is None:
+            names = [str(d.source) for d in self.datasets]
+            if len(set(names)) != len(names):  # the same data twice, with other options
+                names = [f"{name}#{index}" for index, name in enumerate(names)]
+        if len(names) != len(self.datasets) or len(set(names)) != len(names) \
+                or not all(isinstance(name, str) for name in names):
+            raise InputError("Mix: names must give one distinct string per dataset")
         self.stop = stop
         self.samples_per_epoch = samples_per_epoch
-        self.names = list(names) if names is not None else None
+        self.names = list(names)
         self.options = StageOptions(seed=int(seed))
         self.source = "Mix(" + ", ".join(str(d.source) for d in self.datasets) + ")"
         self._plans: dict[tuple[int, int, int], StagePlan] = {}
@@ -221,10 +214,11 @@ class Mix(Stage):
 
     # ---- identity -------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        """The sources (data, options, seeds), the weights and the stop rule."""
+        """The sources (data, options, seeds), the weights and the stop rule: what decides the
+        order (not the names, which default to URLs: data copied elsewhere still resumes)."""
         parts = [[d.fingerprint(), d.options.seed] for d in self.datasets]
         text = json.dumps([parts, [float(w) for w in self.weights], self.stop,
-                           self.samples_per_epoch, self.names, BLOCK])
+                           self.samples_per_epoch, BLOCK])
         return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # ---- iteration ------------------------------------------------------------------------
@@ -236,51 +230,56 @@ class Mix(Stage):
         draws, sources = self._parse(start)
         readers = [_SourceReader(d, spec, stream, cycle, position)
                    for d, (cycle, position) in zip(self.datasets, sources, strict=True)]
-        choices = _Choices(self.weights, self.options.seed, spec.epoch, stream)
-        quota = None
+        # The position, updated in place and copied for each sample: [draws, cycle_0,
+        # position_0, cycle_1, position_1, ...].
+        state = [draws] + [v for r in readers for v in (r.cycle, r.position)]
+        limit = math.inf
         if self.stop == "fixed":
-            quota = fixed_plan(self.samples_per_epoch, spec.world, spec.workers).stream_samples[stream]
-        active = [i for i, w in enumerate(self.weights) if w > 0]
-        while True:
-            if quota is not None and draws >= quota:
-                return
-            if self.stop == "cycle" and all(readers[i].ended_once for i in active):
-                return
-            index = choices[draws]
-            reader = readers[index]
-            sample = reader.take()
-            if sample is _END:
-                if self.stop == "first_exhausted":
-                    return
-                reader.restart()
+            limit = fixed_plan(self.samples_per_epoch, spec.world, spec.workers).stream_samples[stream]
+        # cycle: the sources not yet read to their end in this epoch
+        pending = {i for i, r in enumerate(readers)
+                   if self.weights[i] > 0 and r.cycle == 0 and not r.at_end()} \
+            if self.stop == "cycle" else None
+        labels = self.names
+        seed = self.options.seed
+        while draws < limit and pending != set():
+            block, first = divmod(draws, BLOCK)
+            choices = block_choices(self.weights, seed, spec.epoch, stream, block)
+            for index in choices[first:].tolist():
+                reader = readers[index]
                 sample = reader.take()
                 if sample is _END:
-                    raise InputError(
-                        f"Mix: source {self._name(index)} ({self.datasets[index].source}) has "
-                        f"no samples for stream {stream} of rank {spec.rank} ({spec.world} "
-                        f"ranks x {spec.workers} workers), so it cannot be cycled")
-            if not isinstance(sample, dict):
-                raise InputError(f"Mix: source {self._name(index)} yields "
-                                 f"{type(sample).__name__}; Mix tags dict samples")
-            sample["__source__"] = self._name(index)
-            draws += 1
-            yield sample, [draws] + [[r.cycle, r.position] for r in readers]
-
-    def _name(self, index: int):
-        return self.names[index] if self.names is not None else index
+                    if self.stop == "first_exhausted":
+                        return
+                    reader.restart()
+                    state[1 + 2 * index] = reader.cycle
+                    sample = reader.take()
+                    if sample is _END:
+                        raise InputError(
+                            f"Mix: source {labels[index]!r} has no samples for stream {stream} "
+                            f"of rank {spec.rank} ({spec.world} ranks x {spec.workers} "
+                            "workers), so it cannot be cycled")
+                if not isinstance(sample, dict):
+                    raise InputError(f"Mix: source {labels[index]!r} yields "
+                                     f"{type(sample).__name__}; Mix tags dict samples")
+                sample["__source__"] = labels[index]
+                draws += 1
+                state[0] = draws
+                state[2 + 2 * index] = reader.position
+                yield sample, state.copy()
+                if pending and index in pending and reader.at_end():
+                    pending.discard(index)
+                if draws >= limit or pending == set():
+                    return
 
     def _parse(self, start) -> tuple[int, list[tuple[int, object]]]:
         if start == 0:
             return 0, [(0, 0)] * len(self.datasets)
-        try:
-            draws, *sources = start
-            sources = [(int(cycle), position) for cycle, position in sources]
-            valid = isinstance(draws, int) and draws >= 0 and len(sources) == len(self.datasets)
-        except (TypeError, ValueError):
-            valid = False
+        valid = (isinstance(start, list) and len(start) == 1 + 2 * len(self.datasets)
+                 and all(isinstance(v, int) and v >= 0 for v in [start[0], *start[1::2]]))
         if not valid:
             raise StateError(f"not a position of this mixture: {start!r:.200}")
-        return draws, sources
+        return start[0], list(zip(start[1::2], start[2::2], strict=True))
 
 
 def _normalise(weights: Sequence[float] | None, count: int) -> np.ndarray:

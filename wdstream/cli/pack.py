@@ -88,7 +88,7 @@ EXAMPLES = """
 Examples:
   wdstream pack data.jsonl --output s3://bucket/dataset/
   wdstream pack a.jsonl.zst b.parquet --output gs://bucket/ds/ --max-size 256MB --workers 4
-  wdstream pack captions.csv --field image=jpg --field text=txt --key id --output ./shards
+  wdstream pack captions.parquet --field image=jpg --field caption=txt --key id --output ./shards
   wdstream pack photos/ --output ./shards --max-count 1000
   cat data.jsonl | wdstream pack - --output s3://bucket/ds/ --via cli
   wdstream pack data.jsonl --output s3://bucket/ds/ --part 0/4   # ...then 1/4, 2/4, 3/4, and:
@@ -112,13 +112,16 @@ Examples:
               help="Shards are named NAME-000000.tar, NAME-000001.tar, ...")
 @click.option("--via", type=click.Choice(["auto", "cli", "fsspec"]), default="auto",
               show_default=True,
-              help="Upload s3:// and gs:// through the cloud CLI (aws, gsutil) or in-process (fsspec).")
+              help="How s3:// and gs:// shards are uploaded: fsspec (s3fs/gcsfs, in-process) or "
+                   "cli (piped into 'aws s3 cp -' / 'gcloud storage cp -'). auto means fsspec: no "
+                   "process start per shard.")
 @click.option("--workers", type=int, default=1, show_default=True, metavar="N",
               help="Processes writing shards; the shards are the same for any N.")
 @click.option("--part", metavar="I/N",
               help="Write only shards I, I+N, I+2N... (I from 0), for N jobs packing together; "
                    "join their manifests with 'wdstream index --merge'.")
-@click.option("--overwrite", is_flag=True, help="Replace a dataset that already has a manifest.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a dataset that has a manifest; the old manifest is deleted first.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def pack_command(inputs, output, fields, key, max_count, max_size, name, via, workers, part,
                  overwrite, quiet):

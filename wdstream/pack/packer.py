@@ -14,6 +14,18 @@ How a run goes:
    record, an upload error, Ctrl-C), the shards this run wrote are deleted and no manifest is
    written; the error is raised again.
 
+Keys: with ``key`` they come from a column and must pass the key rules (no ".", no "/", not
+empty; ``shards.samples.check_key``), and a key used twice in one shard is an error naming both
+records. Otherwise a record's key is its index among all records of all inputs, zero-padded to
+10 digits (``0000000042``), unique across the dataset and the same in every part.
+
+``overwrite``: the old manifest is deleted before the first shard is written; shards of the new
+run replace old ones of the same name, and old shards beyond the new run's count stay in place,
+unlisted. A failed overwrite therefore leaves no dataset rather than a mixed one.
+
+Memory: one shard is assembled in memory before it is written, so ``workers=N`` holds up to
+about ``2N + 1`` shards' worth of data (``max_size`` each; 256 MB by default).
+
 ``part=(i, n)`` splits the work by shard, not by record: every part reads the whole input and
 computes the same shard boundaries as a single run, and part ``i`` writes the shards whose index
 ``% n == i``. The parts' shards are therefore byte-identical to a single run's whatever ``n``,
@@ -25,11 +37,14 @@ malformed JSON line is reported by the part that owns it.
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import decimal
 import hashlib
 import io
+import itertools
 import json
+import operator
 import os
 import signal
 import sys
@@ -72,10 +87,49 @@ class LocalFile(NamedTuple):
     size: int
 
 
+def generated_key(index: int) -> str:
+    return f"{index:0{KEY_DIGITS}d}"
+
+
+class GeneratedKeys:
+    """The keys of records ``start`` to ``stop - 1``, as a sequence that makes each string only
+    when it is used: in the process that writes the shard, not in the one that reads input."""
+
+    __slots__ = ("start", "stop")
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop = start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Iterator[str]:
+        return map(generated_key, range(self.start, self.stop))
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            start, stop, _ = item.indices(len(self))
+            return GeneratedKeys(self.start + start, self.start + stop)
+        return generated_key(self.start + range(len(self))[item])
+
+    def same_length(self) -> bool:
+        """Whether every key has KEY_DIGITS characters (records before the 10-billionth)."""
+        return self.stop <= 10**KEY_DIGITS
+
+    def __getstate__(self):
+        return (self.start, self.stop)
+
+    def __setstate__(self, state):
+        self.start, self.stop = state
+
+
+Keys = list[str] | GeneratedKeys
+
+
 class SampleBatch(NamedTuple):
     """Samples made from one input Batch, column by column (cheap to slice and to pickle)."""
 
-    keys: list[str]
+    keys: Keys
     exts: tuple[str, ...]  # member extensions, sorted; the same for every sample of the batch
     columns: tuple[list, ...]  # per extension, the data of each sample: bytes or LocalFile
     sizes: list[int]  # the exact bytes each sample takes in a tar
@@ -86,7 +140,7 @@ class SampleBatch(NamedTuple):
 class ShardPiece(NamedTuple):
     """A run of consecutive samples of one SampleBatch, as sent to the shard writer."""
 
-    keys: list[str]
+    keys: Keys
     exts: tuple[str, ...]
     columns: tuple[list, ...]
     json_lines_at: tuple[str, Sequence[int]] | None  # (source, line numbers) to parse first
@@ -175,16 +229,26 @@ def _header_size(name_bytes: int) -> int:
     return size
 
 
-def _sample_sizes(keys: list[str], exts: tuple[str, ...], columns: tuple[list, ...]) -> list[int]:
-    key_bytes = [len(key.encode("utf-8")) for key in keys]
-    sizes = [0] * len(keys)
+def _sample_sizes(keys: Keys, exts: tuple[str, ...], columns: tuple[list, ...]) -> list[int]:
+    """The exact tar bytes of each sample: per member, header plus payload padded to 512."""
+    uniform = isinstance(keys, GeneratedKeys) and keys.same_length()
+    key_bytes = None if uniform else [len(key.encode("utf-8")) for key in keys]
+    sizes = None
     for ext, column in zip(exts, columns, strict=True):
         extra = len(ext.encode("utf-8")) + 1
-        lengths = [d.size if isinstance(d, LocalFile) else len(d) for d in column]
-        sizes = [
-            size + _header_size(k + extra) + n + (-n % 512)
-            for size, k, n in zip(sizes, key_bytes, lengths, strict=True)
-        ]
+        if isinstance(column[0], LocalFile):
+            lengths = [member.size for member in column]
+        else:
+            lengths = list(map(len, column))
+        if key_bytes is None:  # the common case, kept to one cheap pass
+            header = _header_size(KEY_DIGITS + extra)
+            member = [header + n + (-n % 512) for n in lengths]
+        else:
+            member = [
+                _header_size(k + extra) + n + (-n % 512)
+                for k, n in zip(key_bytes, lengths, strict=True)
+            ]
+        sizes = member if sizes is None else list(map(operator.add, sizes, member))
     return sizes
 
 
@@ -209,7 +273,7 @@ class SampleMaker:
             return self._folder_sample(batch)
         if self.keys_are_generated:
             # Generated keys have no "/" or "." and are unique: no check_key needed.
-            keys = [f"{i:0{KEY_DIGITS}d}" for i in range(first_index, first_index + len(values))]
+            keys = GeneratedKeys(first_index, first_index + len(values))
         if isinstance(values[0], bytes):  # JSON lines
             if self.fields is None and self.keys_are_generated:
                 # Packed as they are and parsed by the shard writer (see the inputs module).
@@ -282,35 +346,50 @@ class Sharder:
         self._keys: dict[str, str] = {}  # key -> where it was used, for the duplicate check
 
     def add(self, samples: SampleBatch) -> Iterator[tuple[list[ShardPiece], int, int]]:
-        """Add a batch of samples; yield each shard it completes as (pieces, samples, size)."""
+        """Add a batch of samples; yield each shard it completes as (pieces, samples, size).
+
+        A shard is closed when the next sample would exceed a limit. Cut points are found
+        with running sums and bisection, so the cost is per shard rather than per sample.
+        """
         max_count, max_size = self.max_count, self.max_size
-        start = 0
-        for i, size in enumerate(samples.sizes):
-            if max_size is not None and size + END_SIZE > max_size:
-                raise InputError(
-                    f"{samples.batch.where(i)}: sample {samples.keys[i]!r} takes "
-                    f"{size + END_SIZE} bytes as a tar, more than the maximum shard size "
-                    f"{max_size} ({format_size(max_size)})"
-                )
-            if self._count and (
-                self._count == max_count or (max_size is not None and self._size + size > max_size)
-            ):
-                if i > start:
-                    self._pieces.append(_piece(samples, start, i))
-                    start = i
+        sizes = samples.sizes
+        usable = len(sizes)  # samples before the first one too big for any shard
+        if max_size is not None and max(sizes) + END_SIZE > max_size:
+            usable = next(i for i, size in enumerate(sizes) if size + END_SIZE > max_size)
+        ends = list(itertools.accumulate(sizes, initial=0))  # ends[j] = sum(sizes[:j])
+        i = 0
+        while i < usable:
+            stop = usable if max_count is None else min(usable, i + max_count - self._count)
+            if max_size is not None:
+                room = ends[i] + max_size - self._size
+                stop = min(stop, bisect.bisect_right(ends, room, i, usable + 1) - 1)
+            if stop == i:  # the next sample does not fit: the shard is complete
                 yield self.finish()
+                continue
             if self.check_duplicates:
-                key = samples.keys[i]
-                if key in self._keys:
-                    raise InputError(
-                        f"{samples.batch.where(i)}: key {key!r} is already used in this shard "
-                        f"by {self._keys[key]}"
-                    )
-                self._keys[key] = samples.batch.where(i)
-            self._count += 1
-            self._size += size
-        if start < len(samples.sizes):
-            self._pieces.append(_piece(samples, start, len(samples.sizes)))
+                self._check_keys(samples, i, stop)
+            self._pieces.append(_piece(samples, i, stop))
+            self._count += stop - i
+            self._size += ends[stop] - ends[i]
+            i = stop
+        if usable < len(sizes):
+            size = sizes[usable] + END_SIZE
+            raise InputError(
+                f"{samples.batch.where(usable)}: sample {samples.keys[usable]!r} takes {size} "
+                f"bytes as a tar, more than the maximum shard size {max_size} "
+                f"({format_size(max_size)})"
+            )
+
+    def _check_keys(self, samples: SampleBatch, start: int, stop: int) -> None:
+        seen = self._keys
+        for i in range(start, stop):
+            key = samples.keys[i]
+            if key in seen:
+                raise InputError(
+                    f"{samples.batch.where(i)}: key {key!r} is already used in this shard by "
+                    f"{seen[key]}"
+                )
+            seen[key] = samples.batch.where(i)
 
     def finish(self) -> tuple[list[ShardPiece], int, int] | None:
         """The shard in progress as (pieces, samples, tar size), None if empty; then a new one."""
