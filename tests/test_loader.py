@@ -188,3 +188,30 @@ def test_without_manifest_still_streams(tmp_path, single_rank):
         len(ds)
     brace = wdstream.StreamingDataset(str(tmp_path) + "/shard-{000000..000002}.tar", shuffle=False)
     assert len(list(brace)) == 15
+
+
+def test_large_binary_members_cross_workers_intact(tmp_path, single_rank):
+    """Batches of large bytes members travel through shared memory and arrive unchanged."""
+    import hashlib
+    import io
+
+    from wdstream.shards.manifest import Manifest, ShardInfo
+    from wdstream.shards.tar import TarWriter
+
+    payloads = {f"k{i:03d}": bytes([i]) * (300_000 + i) for i in range(12)}
+    buffer = io.BytesIO()
+    writer = TarWriter(buffer)
+    for key, payload in payloads.items():
+        writer.add(f"{key}.bin", payload)
+    writer.close()
+    data = buffer.getvalue()
+    (tmp_path / "shard-000000.tar").write_bytes(data)
+    info = ShardInfo("shard-000000.tar", 12, len(data), hashlib.sha256(data).hexdigest())
+    (tmp_path / "index.json").write_text(Manifest([info], ["bin"]).to_json())
+    loader = wdstream.DataLoader(wdstream.StreamingDataset(str(tmp_path)), batch_size=4,
+                                 num_workers=2)
+    got = {}
+    for batch in loader:
+        assert all(isinstance(v, bytes) for v in batch["bin"])
+        got.update(zip(batch["__key__"], batch["bin"], strict=True))
+    assert got == payloads

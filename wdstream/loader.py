@@ -12,6 +12,7 @@ batches that follow are exactly those the uninterrupted run would have produced.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 
@@ -45,8 +46,48 @@ def collate(samples: list[dict]) -> dict:
         elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
                 type(v) is type(first) for v in values):
             batch[name] = torch.tensor(values)
+        elif isinstance(first, bytes) and _in_worker() and all(
+                isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
+            batch[name] = _SharedBytes(values)
         else:
             batch[name] = values
+    return batch
+
+
+_SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
+
+
+def _in_worker() -> bool:
+    return torch.utils.data.get_worker_info() is not None
+
+
+class _SharedBytes:
+    """A batch's ``bytes`` members packed into one uint8 tensor. A DataLoader worker hands
+    tensors over through shared memory, where pickled bytes go through a pipe at a few
+    hundred MB/s; the loader unpacks them back into ``bytes`` in the main process."""
+
+    def __init__(self, values: list[bytes]):
+        self.ends = list(itertools.accumulate(map(len, values)))
+        self.tensor = torch.empty(self.ends[-1], dtype=torch.uint8)
+        if hasattr(self.tensor, "share_memory_"):
+            self.tensor.share_memory_()  # allocate in shared memory now: no copy when sent
+        view = self.tensor.numpy()
+        start = 0
+        for value, end in zip(values, self.ends, strict=True):
+            view[start:end] = memoryview(value)
+            start = end
+
+    def unpack(self) -> list[bytes]:
+        data = memoryview(self.tensor.numpy())
+        starts = [0, *self.ends[:-1]]
+        return [bytes(data[a:b]) for a, b in zip(starts, self.ends, strict=True)]
+
+
+def _unpack_shared(batch):
+    if isinstance(batch, dict):
+        for name, value in batch.items():
+            if isinstance(value, _SharedBytes):
+                batch[name] = value.unpack()
     return batch
 
 
@@ -200,7 +241,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._batches[stream] += 1
             self._add_stats(stats)
             delivered += 1
-            yield batch
+            yield _unpack_shared(batch)
         if self.num_workers == 0:  # counts after the last batch (a skipped shard at the end)
             self._add_stats(worker_stats.take())
         if resumed and delivered == 0:
