@@ -159,6 +159,7 @@ def machine_lines(info: dict) -> list[str]:
         f"- Machine: {info['cpus']} CPUs ({info['cpu']}), {info['memory']} RAM, {info['os']}",
         f"- Load average when the run started: {info['load']}",
         f"- Python {info['python']}; {versions}",
+        f"- wdstream source: {info['source']}",
     ]
 
 

@@ -503,6 +503,22 @@ def _version(name: str) -> str:
     return "not installed"
 
 
+def source_version() -> str:
+    """The commit of the working tree the suite measured, and whether wdstream/ differed from it
+    (read-only git calls)."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "wdstream"], cwd=REPO,
+                               env=env, capture_output=True, timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if not head:
+        return "unknown"
+    return f"{head}{' + uncommitted changes in wdstream/' if dirty else ''}"
+
+
 def machine_date() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -534,6 +550,7 @@ def machine() -> dict:
         "memory": f"{memory / 2**30:.1f} GiB" if memory else "unknown",
         "os": platform.platform(),
         "python": platform.python_version(),
+        "source": source_version(),
     }
     for name in ("torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
                  "datasets", "litdata", "mosaicml-streaming", "psutil"):

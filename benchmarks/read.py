@@ -33,8 +33,8 @@ WORKERS = 2
 BATCH = 32
 MiB = 1 << 20
 
-FULL = {"small_samples": 60_000, "small_per_shard": 1000, "big_per_shard": 64,
-        "s3_samples": 512, "rss_small_gb": 1, "rss_large_gb": 4}
+FULL = {"small_samples": 40_000, "small_per_shard": 1000, "big_per_shard": 64,
+        "s3_samples": 256, "rss_small_gb": 1, "rss_large_gb": 4}
 QUICK = {"small_samples": 8_000, "small_per_shard": 250, "big_per_shard": 16,
          "s3_samples": 64, "rss_small_gb": 0.125, "rss_large_gb": 0.5}
 

@@ -5,22 +5,25 @@ What it shows:
 
 1. two corpora ("web" sentences and "code" lines) packed with ``wdstream.pack`` into
    ``s3://BUCKET/web/`` and ``s3://BUCKET/code/``, and a ``tokenizer.json`` beside them;
-2. a declarative config (the YAML trainers write: paths, weights, text field, seq_len,
-   tokenizer) turned into a dataset by ``wdstream.from_config``: a 70/30 ``Mix`` of the two,
-   tokenized and packed into sequences of ``--seq-len`` tokens in the DataLoader workers;
+2. a declarative config (``WORKDIR/data.yaml``, the YAML trainers write: paths, weights, text
+   field, seq_len, tokenizer) turned into a dataset by ``wdstream.from_config``: a 70/30
+   ``Mix`` of the two, tokenized and packed into sequences of ``--seq-len`` tokens in the
+   DataLoader workers;
 3. a training loop that saves model, optimizer and ``loader.state_dict()`` every
    ``--checkpoint-every`` steps; ``--die-at N`` kills the process (SIGKILL) after step N, and
    ``--resume`` continues from the last checkpoint with exactly the batches, and so the
    losses, of an uninterrupted run.
 
-The S3 endpoint is the one in ``AWS_ENDPOINT_URL`` (e.g. from ``tools/local-s3.sh``); without
-it the script starts a local moto server for the run. Data are packed on the first run only.
+The S3 endpoint is the one in ``AWS_ENDPOINT_URL`` (e.g. from ``tools/local-s3.sh``, whose
+bucket ``wdstream`` is the default ``--bucket``); without it the script starts a local moto
+server for the run. Data are packed on the first run only.
 
     python examples/train_tiny_lm.py --workdir /tmp/lm --steps 40
     python examples/train_tiny_lm.py --workdir /tmp/lm2 --steps 40 --die-at 23
     python examples/train_tiny_lm.py --workdir /tmp/lm2 --steps 40 --resume
 
-Each step prints ``step N loss X``. Needs ``wdstream[s3,llm]`` and torch (CPU is enough).
+Each step prints ``step N loss X``. Needs ``wdstream[s3,llm]`` and torch (CPU is enough), and
+``moto[server]`` when no endpoint is given.
 """
 
 from __future__ import annotations
@@ -75,23 +78,25 @@ def write_tokenizer(url: str) -> None:
     same bytes on every run."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
+    from wdstream.sources.writers import write_bytes
+
     vocab = {word: index for index, word in enumerate(vocabulary())}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    from wdstream.sources.writers import write_bytes
-
     write_bytes(url, tokenizer.to_str().encode())
 
 
 def prepare(bucket: str, workdir: str, documents: int) -> None:
     """Pack the two corpora and write the tokenizer, unless they are there already."""
-    import boto3
+    from wdstream.errors import StreamError
+    from wdstream.sources.writers import read_bytes
 
-    s3 = boto3.client("s3")
-    if bucket not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
-        s3.create_bucket(Bucket=bucket)
-    if s3.list_objects_v2(Bucket=bucket, Prefix="tokenizer.json").get("KeyCount"):
+    try:
+        read_bytes(f"s3://{bucket}/tokenizer.json")
         return  # written last, so everything else is there
+    except StreamError as error:
+        if error.transient:
+            raise
     os.makedirs(os.path.join(workdir, "data"), exist_ok=True)
     for name, make in (("web", web_document), ("code", code_document)):
         rng = random.Random(name)
@@ -103,9 +108,11 @@ def prepare(bucket: str, workdir: str, documents: int) -> None:
     write_tokenizer(f"s3://{bucket}/tokenizer.json")
 
 
-def config(bucket: str, seq_len: int, sequences_per_epoch: int) -> dict:
-    """What a trainer's YAML would hold (see docs/llm.md); ``--config`` reads one instead."""
-    return {
+def write_config(path: str, bucket: str, seq_len: int, sequences_per_epoch: int) -> None:
+    """The dataset config, as a trainer's YAML file (see docs/llm.md for every key)."""
+    import yaml
+
+    config = {
         "seed": 17,
         "seq_len": seq_len,
         "tokenizer": f"s3://{bucket}/tokenizer.json",
@@ -119,6 +126,8 @@ def config(bucket: str, seq_len: int, sequences_per_epoch: int) -> dict:
              "type": "pretrain", "text_field": "text"},
         ],
     }
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
 
 
 # ---- model ---------------------------------------------------------------------------------
@@ -164,11 +173,9 @@ def save(path: str, state: dict) -> None:
 def train(args) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    if args.config:
-        dataset = wdstream.from_config(args.config)
-    else:
-        steps_per_epoch = args.steps_per_epoch * args.batch_size
-        dataset = wdstream.from_config(config(args.bucket, args.seq_len, steps_per_epoch))
+    config_path = os.path.join(args.workdir, "data.yaml")
+    write_config(config_path, args.bucket, args.seq_len, args.steps_per_epoch * args.batch_size)
+    dataset = wdstream.from_config(config_path)
     loader = wdstream.DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
                                  drop_last=True)
     model = TinyLM(len(vocabulary()), dataset.seq_len)
@@ -206,8 +213,9 @@ def train(args) -> None:
                 break
 
 
-def start_local_s3():
-    """A moto S3 server in this process, for running the example without an endpoint."""
+def start_local_s3(bucket: str):
+    """A moto S3 server in this process, with ``bucket``, for running the example without an
+    endpoint."""
     from moto.server import ThreadedMotoServer
 
     with socket.socket() as sock:
@@ -218,14 +226,17 @@ def start_local_s3():
     os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
                        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1"})
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket=bucket)
     return server
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True, help="checkpoints (and generated corpora)")
-    parser.add_argument("--bucket", default="wdstream-lm")
-    parser.add_argument("--config", help="a YAML/JSON dataset config instead of the built-in one")
+    parser.add_argument("--bucket", default="wdstream",
+                        help="an existing bucket (tools/local-s3.sh creates 'wdstream')")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--steps-per-epoch", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     server = None
     if "AWS_ENDPOINT_URL" not in os.environ:
-        server = start_local_s3()
+        server = start_local_s3(args.bucket)
     try:
         prepare(args.bucket, args.workdir, args.documents)
         train(args)

@@ -128,26 +128,26 @@ def test_replaced_shards_are_not_served_stale(s3, s3_data, tmp_path, single_rank
 
 
 def test_first_sample_does_not_wait_for_the_whole_shard(tmp_path, single_rank):
-    """A source that sends about half of a 3 MB shard, then stalls 2 s before the rest: the
+    """A source that sends about half of a 3 MB shard, then stalls 3 s before the rest: the
     first sample arrives at once through the cache (the tar reader reads 1 MiB at a time),
     the shard is stored at its end, and the next epoch reads the copy."""
     data = shard_bytes(0, 30, payload=100_000)
     path = tmp_path / "slow.tar"
     path.write_bytes(data)
     half = 1_500_000
-    url = f"pipe:head -c {half} '{path}'; sleep 2; tail -c +{half + 1} '{path}'"
+    url = f"pipe:head -c {half} '{path}'; sleep 3; tail -c +{half + 1} '{path}'"
     cache_dir = tmp_path / "cache"
     ds = wdstream.StreamingDataset(url, shuffle=False, cache_dir=cache_dir, timeout=10)
     started = time.monotonic()
     samples = iter(ds)
     assert next(samples)["__key__"] == "s000_00000"
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2
     assert len(list(samples)) == 29
-    assert time.monotonic() - started >= 2
+    assert time.monotonic() - started >= 3
     assert entry_bytes(ShardCache(cache_dir)) == [data]
     started = time.monotonic()
     assert len(list(ds)) == 30
-    assert time.monotonic() - started < 1.0, "the second epoch should not run the command"
+    assert time.monotonic() - started < 2, "the second epoch should not run the command"
 
 
 def test_a_corrupt_cached_copy_is_dropped_on_retry(tmp_path, single_rank):

@@ -71,7 +71,7 @@ datasets:
 """)
     ds = wdstream.from_config(root / "train.yaml")
     assert isinstance(ds, wdstream.PackedSequences) and isinstance(ds.dataset, wdstream.Mix)
-    assert ds.text_field == {0: "text", 1: "json.text"}
+    assert ds.text_field == {"web": "text", "code": "json.text"}  # named by their path
     loader = wdstream.DataLoader(ds, batch_size=4, num_workers=2)
     batches = list(loader)
     assert len(batches) == len(loader) == 6
@@ -120,7 +120,7 @@ def drop(entry, key):
     (lambda c: {**c, "datasets": [{**c["datasets"][0], "opener": "ftp"}]},
      r"datasets\[0\] \(.*web\): 'opener' must be one of"),
     (lambda c: {**c, "datasets": [{**d, "name": "x"} for d in c["datasets"]]},
-     r"dataset names must be distinct"),
+     r"dataset names \(default: the path\) must be distinct"),
     (lambda c: {**c, "datasets": [{**c["datasets"][0], "path": "/nonexistent/data/"}]},
      r"datasets\[0\] \(/nonexistent/data/\)"),
     (lambda c: [c], r"a config is a mapping"),

@@ -128,7 +128,9 @@ def test_ls_without_manifest_reports_an_unreadable_shard(copy):
 
 
 def test_verify_intact_dataset(dataset):
-    assert wdstream("verify", dataset).stdout.startswith("OK: 3 shards")
+    result = wdstream("verify", dataset)
+    assert result.stdout.startswith("OK: 3 shards")
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
     doc = as_json(wdstream("verify", dataset, "--deep", "--workers", "2", "--json"))
     assert doc["ok"] and doc["deep"] and doc["shards_checked"] == 3
     assert [s["samples"] for s in doc["shards"]] == COUNTS
@@ -359,3 +361,28 @@ def test_s3_without_manifest_and_unreachable(s3, s3_bucket, dataset, cli_env):
     assert result.stderr.startswith("error: ")
     result = wdstream("verify", f"s3://{s3_bucket}/ds/index.json", env=cli_env, code=2)
     assert "no manifest found" in result.stderr
+
+
+# --------------------------------------------------------------------------- the library
+
+
+def test_library_functions(copy):
+    from wdstream.inspect import describe, find_shards, read_samples, sample_to_json, verify
+
+    shards = [str(copy / f"shard-{i:06d}.tar") for i in range(3)]
+    summary = describe(shards, workers=2)
+    assert summary.samples == 12 and summary.manifest_url is None and summary.scanned
+    assert [s.name for s in summary.shards] == [os.path.basename(s) for s in shards]
+
+    found = find_shards(str(copy))
+    assert found.manifest is not None and found.names[0] == "shard-000000.tar"
+    flip_byte(copy / "shard-000002.tar")
+    seen = []
+    report = verify(found, deep=True, workers=2, progress=seen.append)
+    assert not report.ok and [s.name for s in report.problems] == ["shard-000002.tar"]
+    assert sum(seen) == sum(s.size for s in report.shards)
+    assert json.loads(json.dumps(report.to_dict()))["shards_with_problems"] == 1
+
+    [sample] = read_samples(str(copy), key="s001_00001")
+    assert sample_to_json(sample, fields=["txt"]) == {"__key__": "s001_00001", "txt": "text 1 1"}
+    assert len(list(read_samples(str(copy), limit=6))) == 6

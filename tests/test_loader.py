@@ -147,7 +147,8 @@ def run_ranks(data, world, workers, batches, state=None, batch_size=4):
 
 @pytest.mark.parametrize("after", [(1, 3), (3, 1), (2, 2), (4, 2)])
 def test_elastic_resume_exactly_once(data, monkeypatch, after):
-    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("RANK", "0")  # run_ranks changes both; monkeypatch restores them
+    monkeypatch.setenv("WORLD_SIZE", "1")
     before, state = run_ranks(data, 2, 2, batches=5)
     assert len({len(b) for b in before}) == 1
     rest, _ = run_ranks(data, *after, batches=None, state=state)
@@ -160,6 +161,7 @@ def test_elastic_resume_exactly_once(data, monkeypatch, after):
 
 def test_uneven_shards_equal_batches_on_every_rank(data, monkeypatch):
     monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
     for world in (2, 3, 5):
         delivered, _ = run_ranks(data, world, 2, batches=None)
         assert len({len(b) for b in delivered}) == 1

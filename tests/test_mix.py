@@ -69,6 +69,33 @@ def test_block_choices_follow_the_weights_exactly():
     assert not np.array_equal(block_choices(weights, 1, 0, 0, 0), block_choices(weights, 1, 1, 0, 0))
 
 
+class Counted:
+    """A source of ``n`` dict samples per stream, without I/O."""
+
+    def __init__(self, n: int):
+        self.n, self.source, self.has_counts = n, f"counted-{n}", True
+
+    def plan(self, epoch, world, workers, history=()):
+        from wdstream.stage import StagePlan
+        return StagePlan([self.n] * workers)
+
+    def positioned(self, spec, stream, start):
+        for position in range(start + 1, self.n + 1):
+            yield {"epoch": spec.epoch}, position
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "cycle"])
+def test_length_from_counts_equals_the_draws_made(stop):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        sizes = rng.integers(0 if stop == "first_exhausted" else 1, 2500, size=3)
+        weights = rng.random(3) * [1, 1, rng.integers(0, 2)]  # sometimes a weight of 0
+        ds = wdstream.Mix([Counted(int(n)) for n in sizes], list(weights), seed=int(sizes[0]),
+                          stop=stop)
+        drawn = sum(1 for _ in ds.positioned(IterationSpec(0, 0, 1, 1), 0, 0))
+        assert ds.plan(0, 1, 1).stream_samples == [drawn], (sizes, weights)
+
+
 def test_proportions_over_20k_draws(data):
     ds = mix(data, names=("a", "b", "c"), weights=(5, 3, 2), stop="fixed",
              samples_per_epoch=20_000)

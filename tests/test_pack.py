@@ -11,9 +11,11 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -428,6 +430,9 @@ def test_bad_inputs_and_options(tmp_path, cli_env):
     assert "--part" in fail(["pack", source, "--output", tmp_path / "o", "--part", "3/3"], cli_env)
     assert "not a size" in fail(["pack", source, "--output", tmp_path / "o", "--max-size", "big"],
                                 cli_env)
+    truncated = tmp_path / "cut.jsonl.gz"
+    truncated.write_bytes(gzip.compress(b'{"a": 1}\n' * 1000)[:-20])
+    assert "cut.jsonl.gz" in fail(["pack", truncated, "--output", tmp_path / "o"], cli_env)
     blobs = write_parquet(tmp_path / "blobs.parquet", [{"id": 1, "image": b"\xff\xd8"}])
     error = fail(["pack", blobs, "--output", tmp_path / "o"], cli_env)
     assert "blobs.parquet row 1" in error and "--field" in error
@@ -494,3 +499,27 @@ def test_help_shows_examples(cli_env):
     for command in ("pack", "index"):
         text = run([command, "--help"], cli_env).stdout.decode()
         assert "Examples:" in text and f"wdstream {command}" in text
+
+
+def test_ctrl_c_mid_run_leaves_nothing(tmp_path, cli_env):
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [WDSTREAM, "pack", "-", "--output", str(out), "--max-count", "2", "--workers", "2"],
+        env=cli_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,  # a process group of its own, as a terminal's Ctrl-C sees it
+    )
+    try:
+        process.stdin.write("".join(json.dumps(r) + "\n" for r in records(9)).encode())
+        process.stdin.flush()  # stdin stays open: the run is waiting for more records
+        deadline = time.monotonic() + 30
+        while len(list(out.glob("*.tar"))) < 2:
+            assert time.monotonic() < deadline, "no shards written"
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130
+    assert "Traceback" not in stderr.decode() and stdout == b""
+    assert list(out.iterdir()) == []

@@ -87,6 +87,27 @@ def test_pre_tokenized_and_callable_tokenizers_give_the_same_sequences(corpus):
 
     by_callable = packed(corpus, tokenizer=tokenize, eos=eos, field="json.text")
     assert [i["input_ids"].tolist() for i, _ in by_callable.positioned(spec, 0, 0)] == text
+    by_object = packed(corpus, tokenizer=corpus["tokenizer"])
+    assert [i["input_ids"].tolist() for i, _ in by_object.positioned(spec, 0, 0)] == text
+    assert by_object.fingerprint() == packed(corpus).fingerprint()
+
+
+def test_token_lists_packed_by_wdstream_pack(corpus, tmp_path):
+    """Until `wdstream pack --tokenizer` exists: token ids as a JSON list column."""
+    tokenizer, texts = corpus["tokenizer"], corpus["texts"][:60]
+    eos = tokenizer.token_to_id("<eos>")
+    ids = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    with open(tmp_path / "tokens.jsonl", "w") as f:
+        for tokens in ids:
+            f.write(json.dumps({"tokens": tokens}) + "\n")
+    wdstream.pack(str(tmp_path / "tokens.jsonl"), str(tmp_path / "packed"),
+                  fields={"tokens": "tokens.json"}, max_count=20)
+    stage = wdstream.PackedSequences(
+        wdstream.StreamingDataset(str(tmp_path / "packed"), shuffle=False), None, SEQ_LEN,
+        eos=eos, text_field="tokens.json")
+    items = [i["input_ids"] for i, _ in stage.positioned(IterationSpec(0, 0, 1, 1), 0, 0)]
+    stream = [t for tokens in ids for t in tokens + [eos]]
+    assert np.concatenate(items).tolist() == stream[: len(items) * SEQ_LEN]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

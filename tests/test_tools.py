@@ -113,13 +113,16 @@ def test_upload_gives_up_after_the_attempts(tmp_path, s3, s3_bucket, cli_env):
     assert object_sizes(s3, s3_bucket, "ds/") == {}
 
 
-STAND_IN_GCLOUD = """#!{python}
-# Stand-in for `gcloud storage cp FILE gs://...` and `gcloud storage ls -l gs://.../`, printing
-# what gcloud prints, through the emulator's JSON API (the emulator rejects the real CLI's
-# uploads). urllib rather than gcsfs: it starts in a fraction of the time.
+STAND_IN_GCS_CLI = """#!{python}
+# Stand-in for `gcloud storage cp FILE gs://...` / `gsutil -q cp FILE gs://...` and
+# `gcloud storage ls -l gs://.../` / `gsutil ls -l gs://.../`, printing what they print, through
+# the emulator's JSON API (the emulator rejects the real CLIs' uploads). urllib rather than
+# gcsfs: it starts in a fraction of the time.
 import json, os, sys, urllib.parse, urllib.request
 endpoint = os.environ["STORAGE_EMULATOR_HOST"]
-command = sys.argv[1:]
+command = [arg for arg in sys.argv[1:] if arg != "-q"]
+if os.path.basename(sys.argv[0]) == "gsutil":
+    command = ["storage", *command]
 bucket, _, key = command[-1].removeprefix("gs://").partition("/")
 if command[:2] == ["storage", "cp"]:
     with open(command[2], "rb") as file:
@@ -140,17 +143,18 @@ else:
 """
 
 
-def test_upload_to_gcs_with_gcloud(tmp_path, gcs, cli_env):
+@pytest.mark.parametrize("cli", ["gcloud", "gsutil"])
+def test_upload_to_gcs(tmp_path, gcs, cli_env, cli):
     import gcsfs
 
     folder = packed_folder(tmp_path / "ds", shards=1)
-    env = tool_env(cli_env, tmp_path, **gcs.env)
-    install(tmp_path, "gcloud", STAND_IN_GCLOUD.format(python=sys.executable))
-    result = subprocess.run(["bash", UPLOAD, folder, "gs://bucket/uploaded/"],
+    env = tool_env(cli_env, tmp_path, UPLOAD_GCS_CLI=cli, **gcs.env)
+    install(tmp_path, cli, STAND_IN_GCS_CLI.format(python=sys.executable))
+    result = subprocess.run(["bash", UPLOAD, folder, f"gs://bucket/{cli}/"],
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs.endpoint, token="anon")
-    remote = {e["name"].rsplit("/", 1)[1]: e["size"] for e in fs.ls("bucket/uploaded", detail=True)}
+    remote = {e["name"].rsplit("/", 1)[1]: e["size"] for e in fs.ls(f"bucket/{cli}", detail=True)}
     assert remote == {p.name: p.stat().st_size for p in folder.iterdir()}
 
 

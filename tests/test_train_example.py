@@ -15,8 +15,10 @@ import pytest
 pytest.importorskip("tokenizers")
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train_tiny_lm.py"
-SMALL = ["--steps", "30", "--steps-per-epoch", "12", "--batch-size", "4", "--seq-len", "32",
-         "--documents", "150", "--checkpoint-every", "5"]
+# 20 steps over 3 epochs of 8 steps; the kill after step 11 falls in the second epoch, and the
+# resume starts from the checkpoint after step 10.
+SMALL = ["--steps", "20", "--steps-per-epoch", "8", "--batch-size", "4", "--seq-len", "32",
+         "--documents", "120", "--checkpoint-every", "5"]
 
 
 def start(workdir, bucket, *extra):
@@ -39,18 +41,18 @@ def test_killed_and_resumed_run_matches_the_uninterrupted_loss_curve(s3_bucket, 
         import train_tiny_lm
     finally:
         sys.path.remove(str(EXAMPLE.parent))
-    train_tiny_lm.prepare(s3_bucket, str(tmp_path / "data"), 150)  # once, before both runs
+    train_tiny_lm.prepare(s3_bucket, str(tmp_path / "data"), 120)  # once, before both runs
 
     uninterrupted = start(tmp_path / "a", s3_bucket)
-    killed = start(tmp_path / "b", s3_bucket, "--die-at", "17")
+    killed = start(tmp_path / "b", s3_bucket, "--die-at", "11")
     reference = finish(uninterrupted)
-    before = finish(killed, expected_returncode=-9)  # SIGKILL after step 17
+    before = finish(killed, expected_returncode=-9)  # SIGKILL after step 11
     after = finish(start(tmp_path / "b", s3_bucket, "--resume"))
 
-    assert sorted(reference) == list(range(1, 31))
-    assert sorted(before) == list(range(1, 18))
-    assert sorted(after) == list(range(16, 31))  # from the checkpoint after step 15
-    assert reference[30] < reference[1] - 1  # it learns
+    assert sorted(reference) == list(range(1, 21))
+    assert sorted(before) == list(range(1, 12))
+    assert sorted(after) == list(range(11, 21))  # from the checkpoint after step 10
+    assert reference[20] < reference[1] - 1  # it learns
     for step, loss in [*before.items(), *after.items()]:
         assert loss == pytest.approx(reference[step], rel=1e-6, abs=1e-7), f"step {step}"
 

@@ -207,22 +207,18 @@ def _build(config, where: str, base: str | None):
                 raise
             raise InputError(f"{label}: {error}") from error  # a missing path, no access
         weights.append(weight)
-        names.append(entry.get("name"))
+        names.append(entry.get("name", entry["path"]))
         fields.append(entry.get("text_field", config.get("text_field", "text")))
     if sum(weights) <= 0:
         raise InputError(f"{where}: the datasets' weights must add up to a positive number")
-    if any(name is not None for name in names):
-        names = [name if name is not None else str(index) for index, name in enumerate(names)]
-        if len(set(names)) != len(names):
-            raise InputError(f"{where}: dataset names must be distinct: {names}")
-    else:
-        names = None
+    if len(set(names)) != len(names):
+        raise InputError(f"{where}: dataset names (default: the path) must be distinct; set "
+                         f"'name' (names: {names})")
     mix = Mix(datasets, weights, seed=seed, stop=stop,
               samples_per_epoch=config.get("samples_per_epoch"), names=names)
     if "seq_len" not in config:
         return mix
-    sources = names if names is not None else list(range(len(datasets)))
-    text_field = fields[0] if len(set(fields)) == 1 else dict(zip(sources, fields, strict=True))
+    text_field = fields[0] if len(set(fields)) == 1 else dict(zip(names, fields, strict=True))
     tokenizer = config.get("tokenizer")
     return PackedSequences(
         mix, _resolve(tokenizer, base) if tokenizer else None, config["seq_len"],

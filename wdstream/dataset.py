@@ -92,7 +92,7 @@ class _Source:
     description: str = field(default="")
 
 
-def _resolve_source(source, opener) -> _Source:
+def _resolve_source(source) -> _Source:
     """A manifest URL, a prefix (with ``index.json``, or else its ``*.tar`` files), a brace
     pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
@@ -136,7 +136,22 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     A sample is a dict with ``__key__``, ``__url__`` and one entry per member keyed by
     extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``npy`` -> array,
-    others bytes) unless ``decode=False``; ``map`` is applied last.
+    others bytes; ``{ext: callable}`` adds or replaces, ``{ext: None}`` keeps bytes,
+    ``{"pyd": "pickle"}`` opts in to unpickling) unless ``decode=False``; ``map`` is applied
+    last.
+
+    Order: ``shuffle`` permutes shards per epoch and samples within windows of
+    ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch.
+    ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
+    that do not divide evenly among ranks are handled, so every rank gets as many.
+
+    Reading: ``opener`` is ``"auto"`` (``$WDSTREAM_OPENER``, else per scheme: the S3 SDK for
+    ``s3://``, fsspec for ``gs://``), ``"cli"``, ``"fsspec"`` or ``"sdk"``. A read with no data
+    for ``timeout`` seconds is a stall. Transient failures are retried ``retries`` times,
+    waiting ``retry_backoff`` seconds and doubling, from the last sample delivered. When
+    retries run out, or a sample cannot be decoded, ``on_error="raise"`` (default) raises
+    and ``"skip"`` leaves it out and counts it in ``loader.stats``. ``verify_digest`` checks
+    each shard's sha256 against the manifest when read whole.
 
     ``cache_dir``: a local folder that keeps shards read once for later epochs (remote and
     ``pipe:`` shards; local files are read in place), at most ``cache_limit`` bytes of them
@@ -160,6 +175,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         map: Callable[[dict], object] | None = None,  # noqa: A002 - the usual pipeline name
         timeout: float = 60.0,
         retries: int = 3,
+        retry_backoff: float = 0.5,
         on_error: str = "raise",
         verify_digest: bool = False,
         cache_dir: str | os.PathLike | None = None,
@@ -167,14 +183,15 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     ):
         super().__init__()
         self.source = source
-        resolved = _resolve_source(source, opener)
+        resolved = _resolve_source(source)
         self.shards = resolved.table
         self.manifest = resolved.manifest
         self.options = PlanOptions(seed=int(seed), shuffle=bool(shuffle),
                                    window=int(shuffle_window) if shuffle else 1,
                                    remainder=remainder)
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
-                                        timeout=timeout, retries=retries, on_error=on_error,
+                                        timeout=timeout, retries=retries, backoff=retry_backoff,
+                                        on_error=on_error,
                                         verify_digest=verify_digest,
                                         **_cache_options(cache_dir, cache_limit))
         self.decoders = build_decoders(decoders) if decode else None

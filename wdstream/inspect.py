@@ -62,13 +62,14 @@ def find_shards(source: str | Sequence[str] | Shards) -> Shards:
         return source
     if isinstance(source, (list, tuple)):
         found = urlmod.expand(list(source))
-        return Shards(", ".join(source), found, list(found), [None] * len(found), how="pattern")
+        return Shards(", ".join(map(str, source)), found, _short_names(found),
+                      [None] * len(found), how="pattern")
     source = str(source)
     if not source:
         raise InputError("no source given")
     if "{" in source or source.endswith(".tar") or urlmod.scheme(source) == "pipe":
         found = urlmod.expand(source)
-        return Shards(source, found, list(found), [None] * len(found), how="pattern")
+        return Shards(source, found, _short_names(found), [None] * len(found), how="pattern")
     try:
         manifest = load_manifest(source)
     except ManifestNotFoundError as error:
@@ -96,8 +97,25 @@ def find_shards(source: str | Sequence[str] | Shards) -> Shards:
     )
 
 
-def _parallel(function: Callable, items: Sequence, workers: int) -> list:
-    """``[function(item) for item in items]`` in ``workers`` threads, in order."""
+def _short_names(found: list[str]) -> list[str]:
+    """File names when all URLs share one folder, else the URLs as they are."""
+    if any(urlmod.scheme(url) == "pipe" for url in found):
+        return list(found)
+    parents = {urlmod.parent(url) for url in found}
+    if len(parents) != 1:
+        return list(found)
+    parent = parents.pop()
+    return [url[len(parent):] for url in found]
+
+
+class _Cancelled(Exception):
+    """Raised in worker threads at their next read once the main thread was interrupted."""
+
+
+def _parallel(function: Callable, items: Sequence, workers: int,
+              stop: threading.Event | None = None) -> list:
+    """``[function(item) for item in items]`` in ``workers`` threads, in order. If the main
+    thread is interrupted (Ctrl-C), ``stop`` is set so that readers give up promptly."""
     if workers < 1:
         raise InputError(f"workers must be at least 1, got {workers}")
     if workers == 1 or len(items) <= 1:
@@ -107,20 +125,24 @@ def _parallel(function: Callable, items: Sequence, workers: int) -> list:
         try:
             return [f.result() for f in futures]
         except BaseException:
+            if stop is not None:
+                stop.set()
             for f in futures:
                 f.cancel()
             raise
 
 
-def _locked(progress: Progress | None) -> Progress | None:
-    """``progress`` made safe to call from several threads."""
-    if progress is None:
-        return None
+def _reporter(progress: Progress | None, stop: threading.Event) -> Progress:
+    """A per-chunk callback for reader threads: ``progress`` made thread-safe, and the place
+    where a reader notices that the run was interrupted."""
     lock = threading.Lock()
 
     def report(nbytes: int) -> None:
-        with lock:
-            progress(nbytes)
+        if stop.is_set():
+            raise _Cancelled()
+        if progress is not None:
+            with lock:
+                progress(nbytes)
 
     return report
 
@@ -211,7 +233,8 @@ def describe(
 
     from .shards.index import index_shard
 
-    report = _locked(progress)
+    stop = threading.Event()
+    report = _reporter(progress, stop)
 
     def scan_one(item: tuple[str, str, int | None]) -> tuple[ShardSummary, set[str]]:
         name, url, size = item
@@ -222,7 +245,7 @@ def describe(
         return ShardSummary(name, url, info.samples, info.bytes, info.sha256), extensions
 
     results = _parallel(scan_one, list(zip(found.names, found.urls, found.sizes, strict=True)),
-                        workers)
+                        workers, stop)
     extensions = sorted(set().union(*(exts for _, exts in results)))
     return DatasetSummary(found.source, None, found.how, True, [s for s, _ in results],
                           extensions)
@@ -295,12 +318,15 @@ class _Hashing:
 
     def __init__(self, stream, progress: Progress | None):
         self._stream = stream
+        # read1: return what has arrived rather than wait for n bytes, so that progress (and
+        # an interruption, noticed in the progress callback) come chunk by chunk
+        self._read = getattr(stream, "read1", stream.read)
         self._progress = progress
         self.digest = hashlib.sha256()
         self.count = 0
 
     def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
+        data = self._read(n)
         if data:
             self.digest.update(data)
             self.count += len(data)
@@ -425,9 +451,10 @@ def verify(
             notes.append("the manifest has no sha256 for some shards: their digests were not "
                          "compared")
         notes.extend(_unlisted_note(manifest, found.urls))
-    report = _locked(progress)
+    stop = threading.Event()
+    report = _reporter(progress, stop)
     checked = _parallel(lambda c: check_shard(c, deep=deep, opener=opener, progress=report),
-                        checks, workers)
+                        checks, workers, stop)
     return VerifyReport(found.source, manifest.url if manifest else None, deep, checked, notes)
 
 

@@ -43,20 +43,31 @@ BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of
 _MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators
 
 
-def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int
-                  ) -> np.ndarray:
-    """The source index of each of the ``BLOCK`` draws of block ``block``."""
-    rng = generator(_MIX_CHOICES, seed, epoch, stream, block)
+def _block_counts(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """How many of a block's draws go to each source: the weights' share, the fractional
+    seats by systematic sampling (source i gets one more with probability frac_i exactly)."""
     quota = weights * BLOCK
     counts = np.floor(quota).astype(np.int64)
     seats = BLOCK - int(counts.sum())
     if seats:
-        # Systematic sampling: source i gets one more seat with probability frac_i exactly.
         edges = np.cumsum(quota - counts)
         points = rng.random() + np.arange(seats)
         picks = np.minimum(np.searchsorted(edges, points, side="right"), len(weights) - 1)
         counts += np.bincount(picks, minlength=len(weights))
-    choices = np.repeat(np.arange(len(weights)), counts)
+    return counts
+
+
+def block_counts(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int
+                 ) -> np.ndarray:
+    """The draws of each source in block ``block`` (without computing their order)."""
+    return _block_counts(weights, generator(_MIX_CHOICES, seed, epoch, stream, block))
+
+
+def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int
+                  ) -> np.ndarray:
+    """The source index of each of the ``BLOCK`` draws of block ``block``."""
+    rng = generator(_MIX_CHOICES, seed, epoch, stream, block)
+    choices = np.repeat(np.arange(len(weights)), _block_counts(weights, rng))
     rng.shuffle(choices)
     return choices
 
@@ -64,42 +75,33 @@ def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block
 _END = object()
 
 
-class _SourceReader:
-    """One source's stream, restartable for a new pass, with one sample of look-ahead so the
-    ``cycle`` rule can tell that a source has just been read to its end."""
+class _Sources:
+    """The streams of the sources, each restartable for a new pass, with one sample of
+    look-ahead so that the ``cycle`` rule can tell when a source has just been read to its
+    end. Plain lists, read by ``Mix.positioned``'s loop directly: it runs once per sample."""
 
-    def __init__(self, dataset, spec: IterationSpec, stream: int, cycle: int, position):
-        self.dataset, self.spec, self.stream = dataset, spec, stream
-        self.cycle = cycle
-        self.position = position
-        self._open()
+    def __init__(self, datasets, spec: IterationSpec, stream: int, cycles: list[int], positions):
+        self.datasets, self.spec, self.stream = datasets, spec, stream
+        self.cycles = list(cycles)
+        self.iterators = [self._open(i, positions[i]) for i in range(len(datasets))]
+        self.ahead: list = [None] * len(datasets)  # a looked-ahead (sample, position) or _END
 
-    def _open(self) -> None:
-        spec = IterationSpec(cycle_epoch(self.spec.epoch, self.cycle), self.spec.rank,
-                             self.spec.world, self.spec.workers, batch_size=self.spec.batch_size)
-        self._items = self.dataset.positioned(spec, self.stream, self.position)
-        self._next = None
+    def _open(self, index: int, position):
+        spec = self.spec
+        epoch = cycle_epoch(spec.epoch, self.cycles[index])
+        inner = IterationSpec(epoch, spec.rank, spec.world, spec.workers,
+                              batch_size=spec.batch_size)
+        return self.datasets[index].positioned(inner, self.stream, position)
 
-    def at_end(self) -> bool:
-        if self._next is None:
-            self._next = next(self._items, _END)
-        return self._next is _END
+    def at_end(self, index: int) -> bool:
+        if self.ahead[index] is None:
+            self.ahead[index] = next(self.iterators[index], _END)
+        return self.ahead[index] is _END
 
-    def take(self):
-        """The next sample, or ``_END``; the position moves past what is taken."""
-        item = self._next
-        if item is None:
-            item = next(self._items, _END)
-        else:
-            self._next = None
-        if item is _END:
-            return _END
-        sample, self.position = item
-        return sample
-
-    def restart(self) -> None:
-        self.cycle, self.position = self.cycle + 1, 0
-        self._open()
+    def restart(self, index: int) -> None:
+        self.cycles[index] += 1
+        self.iterators[index] = self._open(index, 0)
+        self.ahead[index] = None
 
 
 class Mix(Stage):
@@ -185,31 +187,32 @@ class Mix(Stage):
 
     def _stream_length(self, source_sizes: list[int], epoch: int, stream: int) -> int:
         """Draws a stream makes before it stops, given each source's stream size: the rules
-        of ``positioned`` computed from counts alone."""
+        of ``positioned`` computed from counts alone. Blocks before the one where the stream
+        stops need only their counts; that block's order then gives the exact draw."""
         sizes = np.asarray(source_sizes, dtype=np.int64)
         active = self.weights > 0
-        counts = np.zeros(len(sizes), dtype=np.int64)
-        last_needed = np.full(len(sizes), -1, dtype=np.int64)  # draw that read a source's end
-        block = 0
+        before = np.zeros(len(sizes), dtype=np.int64)  # draws of each source in earlier blocks
+        seed, block = self.options.seed, 0
         while True:
-            choices = block_choices(self.weights, self.options.seed, epoch, stream, block)
-            for source in np.flatnonzero(active):
-                where = np.flatnonzero(choices == source)
-                if self.stop == "first_exhausted":
-                    overflow = sizes[source] - counts[source]  # picks left before it is empty
-                    if overflow < len(where):
-                        # The draw that finds it empty ends the stream, unless an earlier
-                        # source's does: take the first over all sources of this block.
-                        last_needed[source] = block * BLOCK + where[overflow]
-                elif counts[source] < sizes[source] <= counts[source] + len(where):
-                    last_needed[source] = block * BLOCK + where[sizes[source] - counts[source] - 1]
-                counts[source] += len(where)
+            after = before + block_counts(self.weights, seed, epoch, stream, block)
             if self.stop == "first_exhausted":
-                hits = last_needed[last_needed >= 0]
-                if len(hits):
-                    return int(hits.min())
-            elif np.all(counts[active] >= sizes[active]):
-                return int(last_needed[active].max()) + 1
+                # the draw that finds a source empty (its size + 1-th) ends the stream
+                ending = np.flatnonzero(active & (after > sizes))
+            else:  # cycle: the draw that reads the last source's last sample ends it
+                ending = np.flatnonzero(active & (before < sizes) & (after >= sizes))
+                if not np.all(after[active] >= sizes[active]):
+                    ending = ending[:0]
+            if len(ending):
+                choices = block_choices(self.weights, seed, epoch, stream, block)
+                draws = [int(np.flatnonzero(choices == source)[sizes[source] - before[source]
+                                                               - (self.stop == "cycle")])
+                         for source in ending]
+                if self.stop == "first_exhausted":
+                    return block * BLOCK + min(draws)
+                return block * BLOCK + max(draws) + 1
+            if self.stop == "cycle" and np.all(sizes[active] <= 0):
+                return 0  # every source empty: ended before the first draw
+            before = after
             block += 1
 
     # ---- identity -------------------------------------------------------------------------
@@ -227,59 +230,65 @@ class Mix(Stage):
         """Stream ``stream``'s samples from position ``start`` (0, or a position this method
         yielded), each with the position after it."""
         check_layout(spec)
-        draws, sources = self._parse(start)
-        readers = [_SourceReader(d, spec, stream, cycle, position)
-                   for d, (cycle, position) in zip(self.datasets, sources, strict=True)]
+        draws, cycles, positions = self._parse(start)
+        sources = _Sources(self.datasets, spec, stream, cycles, positions)
+        iterators, ahead = sources.iterators, sources.ahead
         # The position, updated in place and copied for each sample: [draws, cycle_0,
         # position_0, cycle_1, position_1, ...].
-        state = [draws] + [v for r in readers for v in (r.cycle, r.position)]
+        state = [draws] + [v for pair in zip(cycles, positions, strict=True) for v in pair]
         limit = math.inf
         if self.stop == "fixed":
             limit = fixed_plan(self.samples_per_epoch, spec.world, spec.workers).stream_samples[stream]
-        # cycle: the sources not yet read to their end in this epoch
-        pending = {i for i, r in enumerate(readers)
-                   if self.weights[i] > 0 and r.cycle == 0 and not r.at_end()} \
-            if self.stop == "cycle" else None
+        # cycle: the sources not yet read to their end in this epoch; done when none is left
+        cycling = self.stop == "cycle"
+        pending = {i for i in range(len(self.datasets)) if self.weights[i] > 0
+                   and cycles[i] == 0 and not sources.at_end(i)} if cycling else None
         labels = self.names
-        seed = self.options.seed
-        while draws < limit and pending != set():
+        while draws < limit and not (cycling and not pending):
             block, first = divmod(draws, BLOCK)
-            choices = block_choices(self.weights, seed, spec.epoch, stream, block)
+            choices = block_choices(self.weights, self.options.seed, spec.epoch, stream, block)
             for index in choices[first:].tolist():
-                reader = readers[index]
-                sample = reader.take()
-                if sample is _END:
+                item = ahead[index]
+                if item is None:
+                    item = next(iterators[index], _END)
+                else:
+                    ahead[index] = None
+                if item is _END:
                     if self.stop == "first_exhausted":
                         return
-                    reader.restart()
-                    state[1 + 2 * index] = reader.cycle
-                    sample = reader.take()
-                    if sample is _END:
+                    sources.restart(index)
+                    state[1 + 2 * index] = sources.cycles[index]
+                    item = next(iterators[index], _END)
+                    if item is _END:
                         raise InputError(
                             f"Mix: source {labels[index]!r} has no samples for stream {stream} "
                             f"of rank {spec.rank} ({spec.world} ranks x {spec.workers} "
                             "workers), so it cannot be cycled")
+                sample, state[2 + 2 * index] = item
                 if not isinstance(sample, dict):
                     raise InputError(f"Mix: source {labels[index]!r} yields "
                                      f"{type(sample).__name__}; Mix tags dict samples")
                 sample["__source__"] = labels[index]
                 draws += 1
                 state[0] = draws
-                state[2 + 2 * index] = reader.position
                 yield sample, state.copy()
-                if pending and index in pending and reader.at_end():
-                    pending.discard(index)
-                if draws >= limit or pending == set():
+                if draws >= limit:
                     return
+                if cycling and index in pending and sources.at_end(index):
+                    pending.discard(index)
+                    if not pending:
+                        return
 
-    def _parse(self, start) -> tuple[int, list[tuple[int, object]]]:
+    def _parse(self, start) -> tuple[int, list[int], list]:
+        """(draws, cycle of each source, position of each source)."""
         if start == 0:
-            return 0, [(0, 0)] * len(self.datasets)
+            count = len(self.datasets)
+            return 0, [0] * count, [0] * count
         valid = (isinstance(start, list) and len(start) == 1 + 2 * len(self.datasets)
                  and all(isinstance(v, int) and v >= 0 for v in [start[0], *start[1::2]]))
         if not valid:
             raise StateError(f"not a position of this mixture: {start!r:.200}")
-        return start[0], list(zip(start[1::2], start[2::2], strict=True))
+        return start[0], start[1::2], start[2::2]
 
 
 def _normalise(weights: Sequence[float] | None, count: int) -> np.ndarray:

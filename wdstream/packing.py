@@ -53,13 +53,17 @@ class Tokenizer:
             raise InputError(f"tokenizer: expected a tokenizer.json path, a tokenizers."
                              f"Tokenizer or a callable, not {type(tokenizer).__name__}")
         self._hf = None
+        self.identity = self._identity()
 
-    @property
-    def identity(self) -> str:
+    def _identity(self) -> str:
         """What the fingerprint records: the tokenizer's JSON digest, or the callable's name
         (a callable's behaviour cannot be hashed; keep it stable across a resume)."""
         if self._json is not None:
-            return hashlib.sha256(self._json.encode()).hexdigest()[:16]
+            try:  # the same tokenizer saved pretty-printed or compact hashes the same
+                canonical = json.dumps(json.loads(self._json), sort_keys=True)
+            except ValueError as error:
+                raise InputError(f"tokenizer: not a tokenizer.json: {error}") from error
+            return hashlib.sha256(canonical.encode()).hexdigest()[:16]
         f = self._callable
         return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(f).__name__)}"
 

@@ -112,7 +112,7 @@ def _print_summary(summary) -> None:
     click.echo()
     rows = [
         [shard.name, _count(shard.samples),
-         shard.problem and "unreadable" or _size(shard.bytes),
+         "unreadable" if shard.problem else _size(shard.bytes),
          "?" if shard.bytes is None else f"{shard.bytes:,}"]
         for shard in summary.shards
     ]

@@ -121,11 +121,11 @@ def _open_binary(path: str) -> BinaryIO:
     if path == STDIN:
         return sys.stdin.buffer
     name = path.lower()
-    raw = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     if name.endswith(".gz"):
         import gzip
 
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        return gzip.open(path, "rb")
+    raw = open(path, "rb")  # returned to the caller, who closes it
     if name.endswith(".zst"):
         try:
             import zstandard
@@ -155,9 +155,12 @@ def read_jsonl(path: str) -> Iterator[Batch]:
     number = 0  # lines handed over so far, blank ones included
     rest = b""  # an incomplete last line, completed by the next chunk
     at_start = True
+    # From a pipe, take what has arrived rather than wait for a full chunk: records that come
+    # slowly still make progress (and shards) as they come.
+    read = stream.read1 if path == STDIN else stream.read
     try:
         while True:
-            chunk = stream.read(_CHUNK)
+            chunk = read(_CHUNK)
             if chunk:
                 data = rest + chunk if rest else chunk
                 if at_start and len(data) >= len(codecs.BOM_UTF8):

@@ -87,8 +87,7 @@ class LocalFile(NamedTuple):
     size: int
 
 
-def generated_key(index: int) -> str:
-    return f"{index:0{KEY_DIGITS}d}"
+generated_key = f"{{:0{KEY_DIGITS}d}}".format  # index -> key; str.format: no Python frame
 
 
 class GeneratedKeys:
@@ -147,7 +146,6 @@ class ShardPiece(NamedTuple):
 
 
 class ShardJob(NamedTuple):
-    index: int
     name: str  # file name under the output prefix
     url: str
     pieces: list[ShardPiece]
@@ -440,6 +438,19 @@ def _file_bytes(member: LocalFile) -> bytes:
     return content
 
 
+def _check_json_lines(lines: list[bytes], source: str, numbers: Sequence[int]) -> None:
+    """Parse every line; on the first bad one, raise the error that names it."""
+    decode = _decode_json
+    try:
+        for line in lines:
+            if type(decode(line.decode("utf-8"))) is not dict:
+                raise ValueError
+    except ValueError:  # also UnicodeDecodeError; find the line again, for the message
+        for line, number in zip(lines, numbers, strict=True):
+            parse_json_line(line, source, number)
+        raise
+
+
 def write_shard(job: ShardJob, via: str) -> ShardInfo:
     """Write one shard and return its manifest entry (URL relative to the output prefix)."""
     from ..sources.writers import open_write
@@ -450,9 +461,7 @@ def write_shard(job: ShardJob, via: str) -> ShardInfo:
         add = tar.add
         for keys, exts, columns, json_lines_at in job.pieces:
             if json_lines_at is not None:
-                source, numbers = json_lines_at
-                for line, number in zip(columns[0], numbers, strict=True):
-                    parse_json_line(line, source, number)
+                _check_json_lines(columns[0], *json_lines_at)
             if len(exts) == 1 and not isinstance(columns[0][0], LocalFile):  # the common case
                 suffix = "." + exts[0]
                 for key, data in zip(keys, columns[0], strict=True):
@@ -673,7 +682,7 @@ def pack(
             if part and index % part[1] != part[0]:
                 return None
             file_name = shard_name(name, index)
-            return ShardJob(index, file_name, urls.join(output, file_name), *finished)
+            return ShardJob(file_name, urls.join(output, file_name), *finished)
 
         for batch in iter_batches(checked):
             samples = maker.make(batch, status.records)

@@ -149,7 +149,7 @@ class SpanReader:
                 attempt += 1
                 self.stats.retries += 1
                 delay = self.options.backoff * 2 ** (attempt - 1)
-                log.warning("%s: %s; retry %d of %d in %.1f s", url, error, attempt,
+                log.warning("%s; retry %d of %d in %.1f s", error, attempt,
                             self.options.retries, delay)
                 time.sleep(delay)
 

@@ -8,6 +8,8 @@ other fsspec URLs.
   status check on close; ``OPENERS`` and ``resolve_opener`` say which reader serves a URL.
 - ``writers``: ``open_write`` (commit makes the object appear whole, abort leaves nothing),
   ``write_bytes``, ``read_bytes``, ``exists``, ``delete``, ``size``, ``list_files``.
+- ``cache``: ``ShardCache(directory, limit)``, the optional local shard cache: ``open(url,
+  opener)`` reads a cached copy, or streams from the source while storing it.
 
 Every failure is a ``StreamError`` naming the URL, with ``transient`` saying whether a retry may
 help. Cloud SDKs and fsspec back-ends are imported on first use, never at import.
