@@ -173,7 +173,8 @@ def docs_env(moto_server, tmp_path_factory):
     dataset = base / "prefix"
     _docs_dataset(dataset)
     client = moto_server.client()
-    moto_server.create_bucket("bucket")
+    if "bucket" not in [b["Name"] for b in client.list_buckets().get("Buckets", [])]:
+        client.create_bucket(Bucket="bucket")
     for path in sorted(dataset.iterdir()):
         client.put_object(Bucket="bucket", Key=f"prefix/{path.name}", Body=path.read_bytes())
     template = base / "template"

@@ -32,7 +32,12 @@ class StreamError(WdstreamError):
     non-zero exit); a missing object or a permission error is not transient.
     """
 
-    def __init__(self, url: str, message: str, *, stderr: str = "", transient: bool = False):
+    def __init__(self, url: str, message: str | None = None, *, stderr: str = "",
+                 transient: bool = False):
+        if message is None:  # one finished message, as torch rebuilds a worker's error
+            self.url, self.stderr, self.transient = "", "", False
+            super().__init__(url)
+            return
         self.url = url
         self.stderr = stderr.strip()
         self.transient = transient

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch.utils.data
 
 from .dataset import IterationSpec, StreamingDataset, worker_position, worker_stats, world_info
-from .errors import StateError
+from .errors import StateError, StreamError, WdstreamError
 from .plan import Segment, batches_in_stream
 
 log = logging.getLogger(__name__)
@@ -236,12 +236,15 @@ class DataLoader(torch.utils.data.DataLoader):
         finally:
             dataset.spec = None  # the workers have their copy; direct use stays unaffected
         delivered = 0
-        for stream, position, stats, batch in iterator:
-            self._positions[stream] = position
-            self._batches[stream] += 1
-            self._add_stats(stats)
-            delivered += 1
-            yield _unpack_shared(batch)
+        try:
+            for stream, position, stats, batch in iterator:
+                self._positions[stream] = position
+                self._batches[stream] += 1
+                self._add_stats(stats)
+                delivered += 1
+                yield _unpack_shared(batch)
+        except WdstreamError as error:
+            raise _without_worker_traceback(error) from None
         if self.num_workers == 0:  # counts after the last batch (a skipped shard at the end)
             self._add_stats(worker_stats.take())
         if resumed and delivered == 0:
@@ -304,6 +307,20 @@ class DataLoader(torch.utils.data.DataLoader):
                              f"the layout it was saved with ({state['world']} ranks x "
                              f"{state['workers']} workers, batch {state['batch_size']})")
         self._pending = dict(state)
+
+
+def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
+    """torch re-raises a worker's error as ``type(error)(worker traceback + message)``; give
+    the user the error's own message, as it would read with ``num_workers=0``."""
+    text = str(error)
+    if not text.startswith("Caught "):
+        return error
+    marker = f"{type(error).__module__}.{type(error).__name__}: "
+    message = text.rsplit(marker, 1)[-1] if marker in text else text
+    cleaned = type(error)(message)
+    if isinstance(error, StreamError):
+        cleaned.url = message.split(": ", 1)[0]
+    return cleaned
 
 
 def _identity(sample):

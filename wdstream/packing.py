@@ -184,6 +184,7 @@ class PackedSequences(Stage):
 
     def plan(self, epoch: int, world: int, workers: int,
              history: Sequence[Segment] = ()) -> StagePlan:
+        """Sequences per stream of every rank: known only with ``sequences_per_epoch``."""
         check_layout(IterationSpec(epoch, 0, world, workers), history)
         if self.sequences_per_epoch is None:
             raise TypeError(f"{self.source}: sequences per epoch depend on the text; set "
@@ -191,6 +192,7 @@ class PackedSequences(Stage):
         return fixed_plan(self.sequences_per_epoch, world, workers)
 
     def fingerprint(self) -> str:
+        """The inner dataset's and everything that shapes the sequences."""
         fields = self.text_field
         if isinstance(fields, dict):
             fields = sorted((str(k), v) for k, v in fields.items())

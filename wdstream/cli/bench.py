@@ -30,7 +30,7 @@ from .output import (
 @click.option("--opener", type=click.Choice(["auto", "cli", "fsspec", "sdk"]), default="auto",
               show_default=True,
               help="How shards are read: auto ($WDSTREAM_OPENER, else the scheme's default), "
-                   "cli (aws / gcloud as a pipe), fsspec, sdk (boto3, s3:// only).")
+                   "cli (aws / gcloud as a pipe), fsspec, sdk (botocore, s3:// only).")
 @click.option("--shuffle/--no-shuffle", default=True, show_default=True,
               help="Shuffle as training would (seed 0).")
 @click.option("--decode/--no-decode", default=True, show_default=True,

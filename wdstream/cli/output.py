@@ -15,8 +15,8 @@ EXIT_CODES = """
 \b
 Exit codes:
   0  success
-  1  a problem found in the data (a corrupt, missing or changed shard)
-  2  bad usage or input, or the dataset cannot be reached
+  1  a problem found in the data (a damaged shard; for verify also a missing one)
+  2  bad usage or input, or storage that cannot be reached (a missing object)
 """
 
 
@@ -31,7 +31,7 @@ quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar
 opener_option = click.option(
     "--opener", type=click.Choice(["auto", "cli", "fsspec", "sdk"]), default=None,
     help="How shards are read: auto (default; $WDSTREAM_OPENER if set), cli (aws / gcloud "
-         "as a pipe), fsspec, sdk (boto3, s3:// only).")
+         "as a pipe), fsspec, sdk (botocore, s3:// only).")
 
 
 def workers_option(default: int, help_text: str):
