@@ -15,10 +15,11 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
-from .dataset import IterationSpec, StreamingDataset, worker_position, worker_stats, world_info
+from .dataset import IterationSpec, worker_position, worker_stats, world_info
 from .errors import StateError, StreamError, WdstreamError
 from .plan import Segment, batches_in_stream
 
@@ -26,6 +27,28 @@ log = logging.getLogger(__name__)
 
 STATE_FORMAT = "wdstream.loader"
 STATE_VERSION = 1
+
+
+@runtime_checkable
+class Trackable(Protocol):
+    """What the loader needs of a dataset: ``StreamingDataset`` and the stages built on it.
+
+    ``positioned(spec, stream, start)`` yields ``(item, position after it)``; positions are
+    JSON values, never mutated once yielded (with ``num_workers=0`` the loader keeps the very
+    object). ``plan(epoch, world, workers, history)`` gives per-stream sizes when
+    ``has_counts``; the rest is the epoch bookkeeping and what a state is checked against."""
+
+    spec: IterationSpec | None
+    source: object
+    options: object
+    has_counts: bool
+
+    def positioned(self, spec: IterationSpec, stream: int, start): ...
+    def plan(self, epoch: int, world: int, workers: int, history=()): ...
+    def begin_epoch(self) -> int: ...
+    def next_epoch(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def fingerprint(self) -> str: ...
 
 
 def collate(samples: list[dict]) -> dict:
@@ -108,7 +131,8 @@ class _TaggedCollate:
 
 
 class DataLoader(torch.utils.data.DataLoader):
-    """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` with ``state_dict()``,
+    """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` (or a stage built on one,
+    such as ``Mix`` or ``PackedSequences``) with ``state_dict()``,
     ``load_state_dict()`` and a ``len()`` known before the first batch.
 
     Accepts the usual DataLoader arguments. ``collate_fn`` defaults to ``wdstream.collate``
@@ -116,11 +140,12 @@ class DataLoader(torch.utils.data.DataLoader):
     epoch's plan and resume position reach the workers when they start.
     """
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int | None = 1, *,
+    def __init__(self, dataset: Trackable, batch_size: int | None = 1, *,
                  num_workers: int = 0, collate_fn: Callable | None = None,
                  drop_last: bool = False, persistent_workers: bool = False, **kwargs):
-        if not hasattr(dataset, "positioned"):  # a StreamingDataset or a stage (Mix, packing)
-            raise TypeError("wdstream.DataLoader needs a wdstream.StreamingDataset")
+        if not isinstance(dataset, Trackable):
+            raise TypeError("wdstream.DataLoader needs a wdstream.StreamingDataset or a stage "
+                            f"built on one (Mix, PackedSequences), not {type(dataset).__name__}")
         if persistent_workers:
             raise ValueError("persistent_workers=True is not supported: every epoch's plan "
                              "and resume position are handed to freshly started workers")
@@ -162,12 +187,12 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __len__(self) -> int:
         """Batches per rank per epoch: the same on every rank."""
-        dataset: StreamingDataset = self.dataset
-        if not dataset.has_counts:
-            raise TypeError(f"{dataset.source}: the length is unknown without a manifest; "
-                            "run `wdstream index` on the shards' prefix")
+        dataset: Trackable = self.dataset
         _rank, world = world_info()
-        plan = dataset.plan(dataset.next_epoch(), world, self.streams)
+        try:
+            plan = dataset.plan(dataset.next_epoch(), world, self.streams)
+        except WdstreamError as error:  # TypeError: what len() of an unsized object raises
+            raise TypeError(str(error)) from None
         return sum(self._stream_batches(plan.stream_samples))
 
     # ---- iteration ----------------------------------------------------------------------
@@ -188,7 +213,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return [isinstance(p, int) and p >= n for p, n in zip(positions, batchable, strict=True)]
 
     def _begin(self) -> IterationSpec:
-        dataset: StreamingDataset = self.dataset
+        dataset: Trackable = self.dataset
         rank, world = world_info()
         self._rank = rank
         layout = (world, self.streams, self._batch)
@@ -215,10 +240,10 @@ class DataLoader(torch.utils.data.DataLoader):
             plan = dataset.plan(epoch, world, self.streams) if dataset.has_counts else None
             rotation = 0
         if plan is not None and rank == 0:
+            policy = getattr(dataset.options, "remainder", "drop")
             log.info("epoch %d: %d samples per rank, %d %s (remainder=%r)", epoch,
                      plan.rank_samples, plan.remainder_samples,
-                     "dropped" if dataset.options.remainder == "drop" else "repeated",
-                     dataset.options.remainder)
+                     "dropped" if policy == "drop" else "repeated", policy)
         self._epoch, self._history = epoch, history
         self._positions, self._batches = list(positions), list(batches)
         self._tagger.rotation = rotation
@@ -227,7 +252,7 @@ class DataLoader(torch.utils.data.DataLoader):
                              batch_size=self._batch)
 
     def __iter__(self):
-        dataset: StreamingDataset = self.dataset
+        dataset: Trackable = self.dataset
         resumed = self._pending is not None
         dataset.spec = self._begin()
         worker_stats.take()  # counts of an earlier iteration in this process, not this one's
@@ -261,7 +286,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def state_dict(self) -> dict:
         """Where the training loop is: enough to resume this rank, and under DDP (lockstep
         batches) the whole job, on the same or another layout."""
-        dataset: StreamingDataset = self.dataset
+        dataset: Trackable = self.dataset
         if self._pending is not None:
             return dict(self._pending)
         _rank, world = world_info()
@@ -290,7 +315,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next iteration, exactly where ``state`` was taken. Refuses a state
         of another dataset or seed, or a malformed one."""
-        dataset: StreamingDataset = self.dataset
+        dataset: Trackable = self.dataset
         _validate(state)
         if state["seed"] != dataset.options.seed:
             raise StateError(f"the state was saved with seed {state['seed']}, this dataset "
