@@ -8,6 +8,7 @@ starts after a resume) arrives as an ``IterationSpec`` set by ``wdstream.DataLoa
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import logging
@@ -18,7 +19,7 @@ from itertools import islice
 
 import torch.utils.data
 
-from .errors import ManifestError, ShardError, StateError
+from .errors import ManifestError, ShardError, StateError, WdstreamError
 from .pipeline.decode import build_decoders, decode_sample
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
@@ -127,7 +128,101 @@ def _from_manifest(manifest: Manifest) -> _Source:
     return _Source(table, manifest, manifest.base or "")
 
 
-class StreamingDataset(torch.utils.data.IterableDataset):
+class PositionedDataset(torch.utils.data.IterableDataset):
+    """What ``StreamingDataset`` and the stages built on it (``Mix``, ``PackedSequences``)
+    share: the epoch rules, and iteration as one worker stream whose items carry positions.
+
+    Subclasses implement ``positioned(spec, stream, start)`` (``(item, position after it)``
+    pairs from position ``start``), ``plan``, ``has_counts`` and ``fingerprint``, and set
+    ``options`` (with ``seed``) and ``source``. ``wdstream.DataLoader`` needs nothing else.
+    """
+
+    spec: IterationSpec | None = None  # set by wdstream.DataLoader before iterating
+    _epoch = 0
+    _epoch_explicit = False
+    _started = False
+    _live: tuple[IterationSpec, int] | None = None  # the stream iterated in this process
+    _stream_resume: dict | None = None  # from load_state_dict (torchdata protocol)
+
+    # ---- epochs -------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration read epoch ``epoch`` (otherwise each new iteration reads
+        the next epoch)."""
+        self._epoch = int(epoch)
+        self._epoch_explicit = True
+
+    def next_epoch(self) -> int:
+        """The epoch the next iteration will read."""
+        return self._epoch + (1 if self._started and not self._epoch_explicit else 0)
+
+    def begin_epoch(self) -> int:
+        self._epoch = self.next_epoch()
+        self._started, self._epoch_explicit = True, False
+        return self._epoch
+
+    # ---- what subclasses provide --------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def has_counts(self) -> bool:
+        """Whether ``plan()`` can size the epoch's streams."""
+
+    @abc.abstractmethod
+    def plan(self, epoch: int, world: int, workers: int, history: Sequence[Segment] = ()):
+        """Per-stream sizes of an epoch (``stream_samples``, ``rank_samples``,
+        ``remainder_samples``); raises WdstreamError when they cannot be known."""
+
+    @abc.abstractmethod
+    def positioned(self, spec: IterationSpec, stream: int, start) -> Iterator[tuple]:
+        """Stream ``stream``'s items from position ``start``, each with the position after
+        it; positions are JSON values, never mutated once yielded."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """Identifies the data and the options that shape the order, for resume states."""
+
+    def __len__(self) -> int:
+        """Items each rank reads per epoch (``len(loader)`` gives its batches)."""
+        _rank, world = world_info()
+        try:
+            return self.plan(self.next_epoch(), world, 1).rank_samples
+        except WdstreamError as error:  # what len() of an unsized object raises
+            raise TypeError(str(error)) from None
+
+    # ---- iteration ----------------------------------------------------------------------
+    def __iter__(self) -> Iterator:
+        # Resolve the spec now, not in the generator body: the loader clears it right after
+        # creating its iterator.
+        spec, worker = self._current_spec()
+        stream = (spec.rotation + worker) % spec.workers
+        start = spec.start[stream] if spec.start else 0
+        self._live = (spec, stream)
+        worker_position.value = start
+        return with_positions(self.positioned(spec, stream, start))
+
+    def _current_spec(self) -> tuple[IterationSpec, int]:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        if self.spec is not None:
+            return self.spec, worker
+        # Used without wdstream.DataLoader: a plain loop or a plain torch DataLoader. Only
+        # the main process can advance the epoch; in workers call set_epoch() each epoch.
+        rank, world = world_info()
+        workers = info.num_workers if info is not None else 1
+        resume, self._stream_resume = self._stream_resume, None
+        if resume is not None:
+            self._check_stream_state(resume, world, workers, worker)
+            self.set_epoch(resume["epoch"])
+        epoch = self.begin_epoch() if info is None or resume is not None else self._epoch
+        start = [0] * workers
+        if resume is not None:
+            start[worker] = resume["position"]
+        return IterationSpec(epoch, rank, world, workers, start=tuple(start)), worker
+
+class StreamingDataset(PositionedDataset):
     """Samples streamed from WebDataset shards, in an order fixed by (seed, epoch, layout).
 
     ``source``: a prefix or manifest URL (``s3://bucket/prefix/``, ``…/index.json``), a brace
@@ -196,32 +291,6 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                                         **_cache_options(cache_dir, cache_limit))
         self.decoders = build_decoders(decoders) if decode else None
         self.map = map
-        self._epoch = 0
-        self._epoch_explicit = False
-        self._started = False
-        self.spec: IterationSpec | None = None  # set by wdstream.DataLoader before iterating
-        self._live: tuple[IterationSpec, int] | None = None  # the stream iterated here
-        self._stream_resume: dict | None = None  # from load_state_dict (torchdata protocol)
-
-    # ---- epochs -------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration read epoch ``epoch`` (otherwise each new iteration reads
-        the next epoch)."""
-        self._epoch = int(epoch)
-        self._epoch_explicit = True
-
-    def next_epoch(self) -> int:
-        """The epoch the next iteration will read."""
-        return self._epoch + (1 if self._started and not self._epoch_explicit else 0)
-
-    def begin_epoch(self) -> int:
-        self._epoch = self.next_epoch()
-        self._started, self._epoch_explicit = True, False
-        return self._epoch
 
     # ---- sizes --------------------------------------------------------------------------
     @property
@@ -235,14 +304,6 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                                 "run `wdstream index` on the shards' prefix")
         return EpochPlan(self.shards.samples, epoch, world, workers, self.options, history)
 
-    def __len__(self) -> int:
-        """Samples each rank reads per epoch (needs a manifest)."""
-        if not self.has_counts:
-            raise TypeError(f"{self.source}: the length is unknown without a manifest; "
-                            "run `wdstream index` on the shards' prefix")
-        _rank, world = world_info()
-        return self.plan(self.next_epoch(), world, 1).rank_samples
-
     def fingerprint(self) -> str:
         """Identifies the data and the options that shape the order; part of a resume state."""
         if self.manifest is not None:
@@ -254,35 +315,6 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         return f"{data}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
 
     # ---- iteration ----------------------------------------------------------------------
-    def _current_spec(self) -> tuple[IterationSpec, int]:
-        info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
-        if self.spec is not None:
-            return self.spec, worker
-        # Used without wdstream.DataLoader: a plain loop or a plain torch DataLoader. Only
-        # the main process can advance the epoch; in workers call set_epoch() each epoch.
-        rank, world = world_info()
-        workers = info.num_workers if info is not None else 1
-        resume, self._stream_resume = self._stream_resume, None
-        if resume is not None:
-            self._check_stream_state(resume, world, workers, worker)
-            self.set_epoch(resume["epoch"])
-        epoch = self.begin_epoch() if info is None or resume is not None else self._epoch
-        start = [0] * workers
-        if resume is not None:
-            start[worker] = resume["position"]
-        return IterationSpec(epoch, rank, world, workers, start=tuple(start)), worker
-
-    def __iter__(self) -> Iterator[dict]:
-        # Resolve the spec now, not in the generator body: the loader clears it right after
-        # creating its iterator.
-        spec, worker = self._current_spec()
-        stream = (spec.rotation + worker) % spec.workers
-        start = spec.start[stream] if spec.start else 0
-        self._live = (spec, stream)
-        worker_position.value = start
-        return with_positions(self.positioned(spec, stream, start))
-
     def positioned(self, spec: IterationSpec, stream: int, start: int
                    ) -> Iterator[tuple[dict, int]]:
         """Stream ``stream``'s samples from position ``start`` (samples already consumed),

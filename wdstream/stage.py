@@ -13,13 +13,12 @@ methods, ``fingerprint()``, ``options.seed``, ``options.remainder``, ``spec`` an
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch.utils.data
 
-from .dataset import IterationSpec, with_positions, worker_position, world_info
+from .dataset import IterationSpec, PositionedDataset
 from .errors import StateError
 from .plan import Segment, stream_sizes
 
@@ -82,78 +81,10 @@ def check_layout(spec: IterationSpec, history: Sequence[Segment] = ()) -> None:
                          "size, workers or batch size): resume with the one they were saved with")
 
 
-class Stage(torch.utils.data.IterableDataset):
-    """Epoch bookkeeping and iteration shared by stages; subclasses implement ``positioned``,
-    ``plan``, ``has_counts``, ``fingerprint`` and set ``options`` and ``source``."""
+class Stage(PositionedDataset):
+    """A stage on top of one or more ``StreamingDataset``s: the epoch rules and iteration
+    come from ``PositionedDataset``; subclasses implement ``positioned``, ``plan``,
+    ``has_counts``, ``fingerprint`` and set ``options`` and ``source``."""
 
     options: StageOptions
     source: str
-
-    def __init__(self):
-        super().__init__()
-        self._epoch = 0
-        self._epoch_explicit = False
-        self._started = False
-        self.spec: IterationSpec | None = None  # set by wdstream.DataLoader before iterating
-
-    # ---- epochs (the same rules as StreamingDataset) --------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration read epoch ``epoch`` (otherwise each new iteration reads
-        the next epoch)."""
-        self._epoch = int(epoch)
-        self._epoch_explicit = True
-
-    def next_epoch(self) -> int:
-        """The epoch the next iteration will read."""
-        return self._epoch + (1 if self._started and not self._epoch_explicit else 0)
-
-    def begin_epoch(self) -> int:
-        self._epoch = self.next_epoch()
-        self._started, self._epoch_explicit = True, False
-        return self._epoch
-
-    # ---- sizes ----------------------------------------------------------------------------
-    @property
-    def has_counts(self) -> bool:
-        raise NotImplementedError
-
-    def plan(self, epoch: int, world: int, workers: int,
-             history: Sequence[Segment] = ()) -> StagePlan:
-        raise NotImplementedError
-
-    def __len__(self) -> int:
-        """Items each rank reads per epoch with one stream per rank (``len(loader)`` counts
-        the real layout's streams)."""
-        if not self.has_counts:
-            raise TypeError(f"{self.source}: the number of items per epoch is unknown")
-        _rank, world = world_info()
-        return self.plan(self.next_epoch(), world, 1).rank_samples
-
-    # ---- iteration ------------------------------------------------------------------------
-    def positioned(self, spec: IterationSpec, stream: int, start) -> Iterator[tuple[object, object]]:
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator[object]:
-        # Resolve the spec now, not in a generator body: the loader clears it right after
-        # creating its iterator.
-        spec, worker = self._current_spec()
-        stream = (spec.rotation + worker) % spec.workers
-        start = spec.start[stream] if spec.start else 0
-        worker_position.value = start
-        return with_positions(self.positioned(spec, stream, start))
-
-    def _current_spec(self) -> tuple[IterationSpec, int]:
-        info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
-        if self.spec is not None:
-            return self.spec, worker
-        # Without wdstream.DataLoader (a plain loop or torch DataLoader): only the main
-        # process can advance the epoch; in workers call set_epoch() each epoch.
-        rank, world = world_info()
-        workers = info.num_workers if info is not None else 1
-        epoch = self.begin_epoch() if info is None else self._epoch
-        return IterationSpec(epoch, rank, world, workers), worker
