@@ -40,6 +40,7 @@ missing credentials, True for resets, timeouts, 5xx, stalls and failed commands.
 
 from __future__ import annotations
 
+import abc
 import collections
 import io
 import logging
@@ -372,7 +373,7 @@ class ByteStream(io.BufferedIOBase):
 # --------------------------------------------------------------------------- sources
 
 
-class _Source:
+class _Source(abc.ABC):
     """What a ByteStream reads: ``run`` produces chunks in the reader thread."""
 
     start = 0
@@ -382,17 +383,17 @@ class _Source:
     stops_promptly = False
     has_exit_status = False  # True: check_end() has something to check
 
+    @abc.abstractmethod
     def run(self, put: Callable[[bytes], bool]) -> None:
         """Pass chunks to ``put`` until the end; return early when ``put`` returns False."""
-        raise NotImplementedError
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # noqa: B027 - optional hook
         """Make ``run`` return soon (called from the consumer's thread)."""
 
-    def check_end(self, timeout: float) -> None:
+    def check_end(self, timeout: float) -> None:  # noqa: B027 - optional hook
         """After ``run`` returned by itself: raise StreamError if the source failed."""
 
-    def release(self) -> None:
+    def release(self) -> None:  # noqa: B027 - optional hook
         """Free what the source holds (processes, threads); called once, last."""
 
 

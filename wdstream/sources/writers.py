@@ -24,6 +24,7 @@ Every failure (missing bucket or credentials, unreachable endpoint, failed comma
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import shutil
@@ -76,7 +77,7 @@ def open_write(url: str, *, via: str = "auto") -> Writer:
     return _SpooledWriter(url)
 
 
-class Writer:
+class Writer(abc.ABC):
     """Base of the writers: ``write``, then exactly one of ``commit`` or ``abort``.
 
     Subclasses call ``__init__`` last, once their resources exist: a writer whose set-up failed
@@ -136,14 +137,17 @@ class Writer:
         if not getattr(self, "_finished", True) and os.getpid() == self._pid:
             self.abort()
 
+    @abc.abstractmethod
     def _write(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Append data to the destination."""
 
+    @abc.abstractmethod
     def _commit(self) -> None:
-        raise NotImplementedError
+        """Make the written data appear at the URL, whole."""
 
+    @abc.abstractmethod
     def _abort(self) -> None:
-        raise NotImplementedError
+        """Leave nothing behind (and any older object at the URL untouched)."""
 
 
 class _LocalWriter(Writer):
