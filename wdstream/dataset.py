@@ -24,10 +24,9 @@ from .pipeline.decode import build_decoders, decode_sample
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
-from .shards.manifest import Manifest, ManifestNotFoundError, load_manifest
-from .sources import urls as urlmod
+from .shards.locate import find_shards
+from .shards.manifest import Manifest
 from .sources.cache import ShardCache
-from .sources.writers import list_files
 
 log = logging.getLogger(__name__)
 
@@ -98,23 +97,14 @@ def _resolve_source(source) -> _Source:
     pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
         return _from_manifest(source)
-    if isinstance(source, (list, tuple)):
-        return _Source(ShardTable(urlmod.expand(list(source))), None, f"{len(source)} URLs")
-    source = str(source)
-    if "{" in source or source.endswith(".tar") or urlmod.scheme(source) == "pipe":
-        return _Source(ShardTable(urlmod.expand(source)), None, source)
-    try:
-        return _from_manifest(load_manifest(source))
-    except ManifestNotFoundError as error:
-        if source.endswith(".json"):
-            raise
-        shards = [url for url, _size in list_files(source, suffix=".tar")]
-        if not shards:
-            raise ManifestError(f"{source}: no index.json and no .tar shards there") from error
+    found = find_shards(source)
+    if found.manifest is not None:
+        return _from_manifest(found.manifest)
+    if found.how == "listing":
         log.warning("%s: no index.json; streaming %d shards found there without sample counts "
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
-                    source, len(shards), source)
-        return _Source(ShardTable(shards), None, source)
+                    found.source, len(found.urls), found.source)
+    return _Source(ShardTable(found.urls), None, found.source)
 
 
 def _from_manifest(manifest: Manifest) -> _Source:

@@ -24,88 +24,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from .errors import InputError, ManifestError, ShardError, StreamError, WdstreamError
-from .shards.manifest import Manifest, ManifestNotFoundError, load_manifest
+from .errors import InputError, ShardError, StreamError, WdstreamError
+from .shards.locate import Shards, find_shards
+from .shards.manifest import Manifest
 from .sources import urls as urlmod
 
 Progress = Callable[[int], object]  # called with a number of bytes just read
-
-
-# --------------------------------------------------------------------------- finding shards
-
-
-@dataclass
-class Shards:
-    """The shards a source names, in order, and the manifest if there is one.
-
-    ``names`` are the URLs as a person reads them: as stored in the manifest (relative to its
-    prefix) or relative to the listed prefix. ``sizes`` are known from a listing or the manifest,
-    else None. ``how`` says where the list came from: "manifest", "listing" or "pattern".
-    """
-
-    source: str
-    urls: list[str]
-    names: list[str]
-    sizes: list[int | None]
-    manifest: Manifest | None = None
-    how: str = "manifest"
-
-
-def find_shards(source: str | Sequence[str] | Shards) -> Shards:
-    """Resolve ``source`` the way ``StreamingDataset`` does (a ``Shards`` is returned as is,
-    so callers can resolve once and pass the result on).
-
-    Raises ManifestError for a missing or invalid manifest URL (``….json``), and for a prefix
-    with neither ``index.json`` nor ``*.tar`` files; StreamError when storage is unreachable.
-    """
-    if isinstance(source, Shards):
-        return source
-    if isinstance(source, (list, tuple)):
-        found = urlmod.expand(list(source))
-        return Shards(", ".join(map(str, source)), found, _short_names(found),
-                      [None] * len(found), how="pattern")
-    source = str(source)
-    if not source:
-        raise InputError("no source given")
-    if "{" in source or source.endswith(".tar") or urlmod.scheme(source) == "pipe":
-        found = urlmod.expand(source)
-        return Shards(source, found, _short_names(found), [None] * len(found), how="pattern")
-    try:
-        manifest = load_manifest(source)
-    except ManifestNotFoundError as error:
-        if source.endswith(".json"):
-            raise
-        from .sources.writers import list_files
-
-        listed = list_files(source, suffix=".tar")
-        if not listed:
-            raise ManifestError(f"{source}: no index.json and no .tar shards there") from error
-        return Shards(
-            source,
-            [url for url, _ in listed],
-            [urlmod.relative_to(url, source) for url, _ in listed],
-            [size for _, size in listed],
-            how="listing",
-        )
-    count = len(manifest.shards)
-    return Shards(
-        source,
-        [manifest.shard_url(i) for i in range(count)],
-        [s.url for s in manifest.shards],
-        [s.bytes for s in manifest.shards],
-        manifest=manifest,
-    )
-
-
-def _short_names(found: list[str]) -> list[str]:
-    """File names when all URLs share one folder, else the URLs as they are."""
-    if any(urlmod.scheme(url) == "pipe" for url in found):
-        return list(found)
-    parents = {urlmod.parent(url) for url in found}
-    if len(parents) != 1:
-        return list(found)
-    parent = parents.pop()
-    return [url[len(parent):] for url in found]
 
 
 class _Cancelled(Exception):
@@ -646,24 +570,18 @@ def benchmark(
     count = samples = first_samples = 0
     first = None
     start = time.perf_counter()
-    try:
-        for batch in loader:
-            if first is None:
-                first = time.perf_counter() - start
-            n = _batch_samples(batch)
-            samples += n
-            count += 1
-            if count == 1:
-                first_samples = n
-            if progress is not None:
-                progress(1)
-            if batches is not None and count >= batches:
-                break
-    except Exception as error:
-        unwrapped = _unwrap_worker_error(error)
-        if unwrapped is error:
-            raise
-        raise unwrapped from None
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        n = _batch_samples(batch)
+        samples += n
+        count += 1
+        if count == 1:
+            first_samples = n
+        if progress is not None:
+            progress(1)
+        if batches is not None and count >= batches:
+            break
     seconds = time.perf_counter() - start
     steady = None
     if count > 1 and first is not None and seconds > first:
@@ -691,27 +609,3 @@ def _batch_samples(batch) -> int:
     if isinstance(batch, (list, tuple)):
         return len(batch)
     return 1
-
-
-def _unwrap_worker_error(error: Exception) -> Exception:
-    """torch re-raises a worker's exception with the worker's traceback as its message (or as
-    a RuntimeError when the class cannot be rebuilt from one string): recover the wdstream
-    error class and its own message, so the CLI prints one clean line."""
-    from . import errors as error_classes
-
-    text = str(error)
-    if "Original Traceback" not in text:
-        return error
-    marker = "\nwdstream.errors."
-    at = text.rfind(marker)
-    if at < 0:
-        return error
-    name, _, message = text[at + len(marker):].partition(": ")
-    cls = getattr(error_classes, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, WdstreamError)):
-        return error
-    rebuilt = cls.__new__(cls)
-    Exception.__init__(rebuilt, message.strip())
-    if isinstance(rebuilt, StreamError):
-        rebuilt.url, rebuilt.stderr, rebuilt.transient = "", "", False
-    return rebuilt

@@ -10,7 +10,8 @@ import click
 from ..errors import InputError
 
 
-def parse_fields(values: tuple[str, ...]) -> dict[str, str] | None:
+def parse_fields(values: tuple[str, ...], option: str = "--field",
+                 example: str = "text=txt") -> dict[str, str] | None:
     """``("text=txt", "image=jpg")`` -> ``{"text": "txt", "image": "jpg"}``."""
     if not values:
         return None
@@ -18,9 +19,9 @@ def parse_fields(values: tuple[str, ...]) -> dict[str, str] | None:
     for value in values:
         column, equals, ext = value.rpartition("=")
         if not equals or not column or not ext:
-            raise InputError(f"--field {value!r}: expected COLUMN=EXT, e.g. --field text=txt")
+            raise InputError(f"{option} {value!r}: expected COLUMN=EXT, e.g. {option} {example}")
         if column in fields:
-            raise InputError(f"--field: column {column!r} is given twice")
+            raise InputError(f"{option}: column {column!r} is given twice")
         fields[column] = ext
     return fields
 
@@ -90,6 +91,7 @@ Examples:
   wdstream pack a.jsonl.zst b.parquet --output gs://bucket/ds/ --max-size 256MB --workers 4
   wdstream pack captions.parquet --field image=jpg --field caption=txt --key id --output ./shards
   wdstream pack photos/ --output ./shards --max-count 1000
+  wdstream pack web.jsonl --tokenizer tokenizer.json --tokenize text=tokens.npy --output ./tokens
   cat data.jsonl | wdstream pack - --output s3://bucket/ds/ --via cli
   wdstream pack data.jsonl --output s3://bucket/ds/ --part 0/4   # ...then 1/4, 2/4, 3/4, and:
   wdstream index --merge s3://bucket/ds/index.part-{000..003}-of-004.json --output s3://bucket/ds/
@@ -102,6 +104,13 @@ Examples:
               help="Folder, s3://bucket/prefix/, gs://bucket/prefix/ or another fsspec URL.")
 @click.option("--field", "fields", multiple=True, metavar="COLUMN=EXT",
               help="Store a column as its own member (repeatable). Default: the whole record as .json.")
+@click.option("--tokenize", "tokenize", multiple=True, metavar="COLUMN=EXT",
+              help="Store a text column as token ids, a .npy array (repeatable; EXT like "
+                   "tokens.npy), tokenized with --tokenizer by the --workers processes. "
+                   "Without EOS: PackedSequences adds it.")
+@click.option("--tokenizer", metavar="PATH",
+              help="The Hugging Face tokenizer.json for --tokenize. Ids are uint16 when the "
+                   "vocabulary fits, else uint32.")
 @click.option("--key", metavar="FIELD",
               help="Take sample keys from this column. Default: generated, unique in the dataset.")
 @click.option("--max-count", type=int, metavar="N", help="At most N samples per shard.")
@@ -123,8 +132,8 @@ Examples:
 @click.option("--overwrite", is_flag=True,
               help="Replace a dataset that has a manifest; the old manifest is deleted first.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
-def pack_command(inputs, output, fields, key, max_count, max_size, name, via, workers, part,
-                 overwrite, quiet):
+def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, max_size, name, via,
+                 workers, part, overwrite, quiet):
     """Pack records into WebDataset tar shards and write the manifest index.json last.
 
     INPUT: JSON Lines (.jsonl, .ndjson, also .gz/.zst), Parquet, CSV/TSV, a folder (files
@@ -137,6 +146,7 @@ def pack_command(inputs, output, fields, key, max_count, max_size, name, via, wo
     options = dict(
         fields=parse_fields(fields), key=key, max_count=max_count, max_size=max_size, name=name,
         via=via, workers=workers, part=parse_part(part), overwrite=overwrite,
+        tokenize=parse_fields(tokenize, "--tokenize", "text=tokens.npy"), tokenizer=tokenizer,
     )
     start = time.monotonic()
     if quiet or not sys.stderr.isatty():
@@ -155,6 +165,10 @@ def pack_command(inputs, output, fields, key, max_count, max_size, name, via, wo
         ("output", output),
         ("manifest", manifest.url or ""),
     ]
+    if "tokenizer" in manifest.extra:
+        info = manifest.extra["tokenizer"]
+        rows.insert(3, ("tokens", f"{info['dtype']} ids, vocabulary {info['vocab_size']:,} "
+                                  f"({info['file']})"))
     if options["part"]:
         from ..sources import urls
 

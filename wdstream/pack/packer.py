@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import InputError, WdstreamError
-from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
 from ..sizes import format_size, parse_size
@@ -131,9 +131,10 @@ class SampleBatch(NamedTuple):
     keys: Keys
     exts: tuple[str, ...]  # member extensions, sorted; the same for every sample of the batch
     columns: tuple[list, ...]  # per extension, the data of each sample: bytes or LocalFile
-    sizes: list[int]  # the exact bytes each sample takes in a tar
+    sizes: list[int] | None  # the exact bytes each sample takes in a tar; None: not known yet
     unparsed_json: bool  # columns[0] holds JSON lines that are still to be parsed
     batch: Batch  # the records, for error messages
+    tokenize: tuple[int, ...] = ()  # columns that hold texts still to be tokenized
 
 
 class ShardPiece(NamedTuple):
@@ -143,6 +144,7 @@ class ShardPiece(NamedTuple):
     exts: tuple[str, ...]
     columns: tuple[list, ...]
     json_lines_at: tuple[str, Sequence[int]] | None  # (source, line numbers) to parse first
+    tokenize: tuple[int, ...] = ()  # columns of texts the writer tokenizes
 
 
 class ShardJob(NamedTuple):
@@ -150,7 +152,7 @@ class ShardJob(NamedTuple):
     url: str
     pieces: list[ShardPiece]
     samples: int
-    size: int  # the exact size of the tar file
+    size: int | None  # the exact size of the tar file; None: known once tokenized
 
 
 def shard_name(name: str, index: int) -> str:
@@ -200,6 +202,14 @@ def parse_json_line(line: bytes, source: str, number: int) -> dict:
             f"{source} line {number}: expected a JSON object, got {type(value).__name__}"
         )
     return value
+
+
+def _field_text(value, column: str, option: str, where: str) -> str:
+    """A value to tokenize, which must be a string."""
+    if isinstance(value, str):
+        return value
+    what = "is null" if value is None else f"holds {type(value).__name__} {value!r:.40}, not text"
+    raise InputError(f"{where}: column {column!r} {what} (from {option})")
 
 
 def _field_bytes(value, column: str, where: Callable[[], str]) -> bytes:
@@ -254,12 +264,19 @@ class SampleMaker:
     """Turns batches of records into samples following the layout options.
 
     Default: the whole record is one ``.json`` member (a JSON line byte for byte, a row as
-    compact JSON). ``fields`` ({column: extension}) stores those columns as members instead.
-    ``key_field`` takes keys from a column; otherwise keys are the global record index.
+    compact JSON). ``fields`` ({column: extension}) stores those columns as members instead,
+    and ``tokenize`` ({column: extension}) stores text columns as token ids: their columns of
+    the SampleBatch hold the texts (checked here) for ``TokenEncoder`` to turn into ``.npy``
+    members later, in a pool worker. ``key_field`` takes keys from a column; otherwise keys are
+    the global record index.
     """
 
-    def __init__(self, fields: Mapping[str, str] | None, key_field: str | None):
-        self.fields = sorted(fields.items(), key=lambda item: item[1]) if fields else None
+    def __init__(self, fields: Mapping[str, str] | None, key_field: str | None,
+                 tokenize: Mapping[str, str] | None = None):
+        members = [(column, ext, False) for column, ext in (fields or {}).items()]
+        members += [(column, ext, True) for column, ext in (tokenize or {}).items()]
+        # (column, extension, tokenize?) by extension; None: the default layout
+        self.fields = sorted(members, key=lambda item: item[1]) if members else None
         self.key_field = key_field
         # Keys from data can repeat; generated keys cannot, which spares the duplicate check.
         self.keys_are_generated = key_field is None
@@ -287,20 +304,26 @@ class SampleMaker:
             members = [_to_json(row, lambda i=i: batch.where(i)) for i, row in enumerate(rows)]
             return self._batch(keys, ("json",), (members,), False, batch)
         columns = []
-        for column, ext in self.fields:
+        for column, ext, tokenize in self.fields:
+            option = f"--tokenize {column}={ext}" if tokenize else f"--field {column}={ext}"
             data = []
             for i, row in enumerate(rows):
                 if column not in row:
-                    raise InputError(
-                        f"{batch.where(i)}: no column {column!r} (from --field {column}={ext})"
-                    )
-                data.append(_field_bytes(row[column], column, lambda i=i: batch.where(i)))
+                    raise InputError(f"{batch.where(i)}: no column {column!r} (from {option})")
+                if tokenize:
+                    data.append(_field_text(row[column], column, option, batch.where(i)))
+                else:
+                    data.append(_field_bytes(row[column], column, lambda i=i: batch.where(i)))
             columns.append(data)
-        return self._batch(keys, tuple(ext for _, ext in self.fields), tuple(columns), False, batch)
+        exts = tuple(ext for _, ext, _ in self.fields)
+        texts = tuple(i for i, (_, _, tokenize) in enumerate(self.fields) if tokenize)
+        return self._batch(keys, exts, tuple(columns), False, batch, texts)
 
     @staticmethod
-    def _batch(keys, exts, columns, unparsed_json, batch) -> SampleBatch:
-        return SampleBatch(keys, exts, columns, _sample_sizes(keys, exts, columns), unparsed_json, batch)
+    def _batch(keys, exts, columns, unparsed_json, batch, tokenize=()) -> SampleBatch:
+        # Members still to be tokenized have no size yet: with_tokens computes them.
+        sizes = None if tokenize else _sample_sizes(keys, exts, columns)
+        return SampleBatch(keys, exts, columns, sizes, unparsed_json, batch, tokenize)
 
     def _folder_sample(self, batch: Batch) -> SampleBatch:
         (sample,) = batch.values
@@ -350,11 +373,12 @@ class Sharder:
         with running sums and bisection, so the cost is per shard rather than per sample.
         """
         max_count, max_size = self.max_count, self.max_size
-        sizes = samples.sizes
-        usable = len(sizes)  # samples before the first one too big for any shard
+        sizes = samples.sizes  # None (texts not tokenized yet) only without max_size
+        count = usable = len(samples.keys)  # usable: samples before one too big for any shard
         if max_size is not None and max(sizes) + END_SIZE > max_size:
             usable = next(i for i, size in enumerate(sizes) if size + END_SIZE > max_size)
-        ends = list(itertools.accumulate(sizes, initial=0))  # ends[j] = sum(sizes[:j])
+        # ends[j] = sum(sizes[:j])
+        ends = None if sizes is None else list(itertools.accumulate(sizes, initial=0))
         i = 0
         while i < usable:
             stop = usable if max_count is None else min(usable, i + max_count - self._count)
@@ -368,9 +392,12 @@ class Sharder:
                 self._check_keys(samples, i, stop)
             self._pieces.append(_piece(samples, i, stop))
             self._count += stop - i
-            self._size += ends[stop] - ends[i]
+            if ends is None:
+                self._size = None
+            else:
+                self._size += ends[stop] - ends[i]
             i = stop
-        if usable < len(sizes):
+        if usable < count:
             size = sizes[usable] + END_SIZE
             raise InputError(
                 f"{samples.batch.where(usable)}: sample {samples.keys[usable]!r} takes {size} "
@@ -389,8 +416,9 @@ class Sharder:
                 )
             seen[key] = samples.batch.where(i)
 
-    def finish(self) -> tuple[list[ShardPiece], int, int] | None:
-        """The shard in progress as (pieces, samples, tar size), None if empty; then a new one."""
+    def finish(self) -> tuple[list[ShardPiece], int, int | None] | None:
+        """The shard in progress as (pieces, samples, tar size or None if not known yet), None
+        if empty; then a new one."""
         finished = (self._pieces, self._count, self._size) if self._count else None
         self._start_shard()
         return finished
@@ -403,7 +431,139 @@ def _piece(samples: SampleBatch, start: int, stop: int) -> ShardPiece:
         samples.exts,
         tuple(column[start:stop] for column in samples.columns),
         (batch.source, batch.numbers[start:stop]) if samples.unparsed_json else None,
+        samples.tokenize,
     )
+
+
+# --- tokenizing ------------------------------------------------------------------------------
+
+
+_NPY_HEADERS_MAX = 1 << 16  # .npy headers kept, by array length
+
+
+class TokenEncoder:
+    """Texts to token ids stored as ``.npy`` bytes, with a Hugging Face ``tokenizers`` tokenizer.
+
+    Ids are those of ``encode(text, add_special_tokens=False)``, the same as
+    ``PackedSequences`` computes on the fly, and no EOS is stored: ``PackedSequences`` appends
+    it when it packs. The dtype is little-endian ``uint16`` when every id of the vocabulary is
+    below 65,536, else ``uint32``; the bytes are what ``np.save(allow_pickle=False)`` writes.
+    Picklable (the tokenizer is rebuilt from its JSON in each process that needs it).
+    """
+
+    def __init__(self, json_text: str, file: str, sha256: str):
+        self.json_text, self.file, self.sha256 = json_text, file, sha256
+        self._hf = None
+        self._headers: dict[int, bytes] = {}
+        try:
+            vocab = self._loaded().get_vocab(with_added_tokens=True)
+        except InputError:
+            raise
+        except Exception as error:  # tokenizers raises its own exception types
+            raise InputError(f"{file}: not a valid tokenizer.json ({error})") from None
+        self.vocab_size = max(vocab.values(), default=-1) + 1
+        self.dtype = "uint16" if self.vocab_size <= 1 << 16 else "uint32"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TokenEncoder:
+        """From a ``tokenizer.json`` (a local path or a URL wdstream reads); InputError names
+        the file when it is missing, unreadable or not a tokenizer."""
+        from ..sources import urls
+        from ..sources.writers import read_bytes
+
+        path = os.fspath(path)
+        local = urls.to_local_path(path)
+        try:
+            if local is not None:
+                with open(local, "rb") as file:
+                    data = file.read()
+            else:
+                data = read_bytes(path)
+        except OSError as error:
+            raise InputError(f"{path}: cannot read the tokenizer ({error.strerror})") from None
+        except WdstreamError as error:
+            raise InputError(f"{path}: cannot read the tokenizer ({error})") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not a valid tokenizer.json (not UTF-8 text)") from None
+        return cls(text, path, hashlib.sha256(data).hexdigest())
+
+    def _loaded(self):
+        if self._hf is None:
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                raise InputError("--tokenizer needs the 'tokenizers' package: "
+                                 "pip install 'wdstream[llm]'") from None
+            try:
+                self._hf = Tokenizer.from_str(self.json_text)
+            except Exception as error:  # a JSON or a schema error, as tokenizers reports it
+                raise InputError(f"{self.file}: not a valid tokenizer.json ({error})") from None
+        return self._hf
+
+    def describe(self, columns: Mapping[str, str]) -> dict:
+        """The manifest's ``tokenizer`` entry."""
+        return {"file": os.path.basename(self.file.rstrip("/")), "sha256": self.sha256,
+                "dtype": self.dtype, "vocab_size": self.vocab_size, "columns": dict(columns)}
+
+    def __call__(self, texts: list[str]) -> list[bytes]:
+        import numpy as np
+
+        tokenizer = self._loaded()
+        if _tokenizers_threads_off():
+            encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        else:  # one text at a time: no thread pool, one core per process (--workers N: N)
+            encodings = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+        dtype = np.dtype("<u2" if self.dtype == "uint16" else "<u4")  # the same on any host
+        headers = self._headers
+        out = []
+        for encoding in encodings:
+            ids = np.array(encoding.ids, dtype=dtype)
+            header = headers.get(len(ids)) or self._npy_header(ids)
+            out.append(header + ids.tobytes())
+        return out
+
+    def _npy_header(self, ids) -> bytes:
+        """The bytes ``np.save`` writes before the data of a 1-d array like ``ids``."""
+        from numpy.lib import format as npy
+
+        buffer = io.BytesIO()
+        npy.write_array_header_1_0(buffer, npy.header_data_from_array_1_0(ids))
+        header = buffer.getvalue()
+        if len(self._headers) < _NPY_HEADERS_MAX:
+            self._headers[len(ids)] = header
+        return header
+
+    def __getstate__(self):
+        return {**self.__dict__, "_hf": None, "_headers": {}}
+
+
+def _tokenizers_threads_off() -> bool:
+    """Whether ``tokenizers`` runs batches on this thread only (TOKENIZERS_PARALLELISM off):
+    set in the pool workers; in a user's process, their choice stands."""
+    value = os.environ.get("TOKENIZERS_PARALLELISM", "").lower()
+    return value in ("0", "false", "off", "no", "n", "f")
+
+
+def _tokenize_columns(columns: tuple[list, ...], tokenize: tuple[int, ...],
+                      encoder: TokenEncoder) -> tuple[list, ...]:
+    """``columns`` with the texts of the ``tokenize`` columns replaced by ``.npy`` bytes."""
+    encoded = list(columns)
+    for i in tokenize:
+        encoded[i] = encoder(columns[i])
+    return tuple(encoded)
+
+
+def _with_tokens(samples: SampleBatch, encoded: list[list[bytes]]) -> SampleBatch:
+    """``samples`` with the ``.npy`` members of its ``tokenize`` columns, and so with the
+    sizes the Sharder needs."""
+    columns = list(samples.columns)
+    for i, data in zip(samples.tokenize, encoded, strict=True):
+        columns[i] = data
+    columns = tuple(columns)
+    return samples._replace(columns=columns, tokenize=(),
+                            sizes=_sample_sizes(samples.keys, samples.exts, columns))
 
 
 # --- writing one shard (in this process or a pool worker) ------------------------------------
@@ -451,17 +611,22 @@ def _check_json_lines(lines: list[bytes], source: str, numbers: Sequence[int]) -
         raise
 
 
-def write_shard(job: ShardJob, via: str) -> ShardInfo:
-    """Write one shard and return its manifest entry (URL relative to the output prefix)."""
+def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) -> ShardInfo:
+    """Write one shard and return its manifest entry (URL relative to the output prefix).
+
+    Pieces with texts still to tokenize (``pack(max_count=...)`` without ``max_size``) are
+    tokenized here, with ``encoder``."""
     from ..sources.writers import open_write
 
     with open_write(job.url, via=via) as out:
         sink = _ShardSink(out)
         tar = TarWriter(sink)
         add = tar.add
-        for keys, exts, columns, json_lines_at in job.pieces:
+        for keys, exts, columns, json_lines_at, tokenize in job.pieces:
             if json_lines_at is not None:
                 _check_json_lines(columns[0], *json_lines_at)
+            if tokenize:
+                columns = _tokenize_columns(columns, tokenize, encoder)
             if len(exts) == 1 and not isinstance(columns[0][0], LocalFile):  # the common case
                 suffix = "." + exts[0]
                 for key, data in zip(keys, columns[0], strict=True):
@@ -475,15 +640,23 @@ def write_shard(job: ShardJob, via: str) -> ShardInfo:
             sink.flush(_FLUSH_SIZE)
         tar.close()
         sink.flush()
-        if sink.size != job.size:  # shard boundaries rely on the computed sizes being exact
+        if job.size is not None and sink.size != job.size:  # boundaries rely on exact sizes
             raise AssertionError(f"{job.url}: wrote {sink.size} bytes, expected {job.size}")
     return ShardInfo(job.name, job.samples, sink.size, sink.sha256.hexdigest())
 
 
-def _ignore_sigint() -> None:
+_worker_encoder: TokenEncoder | None = None  # a pool worker's, set by _init_worker
+
+
+def _init_worker(encoder: TokenEncoder | None) -> None:
     """Pool initializer: Ctrl-C is handled by the main process, which stops the pool; a worker
-    interrupted while idle would only print a traceback."""
+    interrupted while idle would only print a traceback. A worker tokenizes on one thread:
+    ``--workers`` sets how many cores tokenize."""
+    global _worker_encoder
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_encoder = encoder
+    if encoder is not None:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
@@ -491,19 +664,33 @@ def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
     # default handler back when they start, stop with it).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return write_shard(job, via)
+        return write_shard(job, via, _worker_encoder)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-class _InlineWriter:
-    """Writes each shard as it is submitted, in this process."""
+def _tokenize_in_worker(texts: list[list[str]]) -> list[list[bytes]]:
+    return [_worker_encoder(column) for column in texts]
 
-    def __init__(self, via: str):
+
+class _InlineWriter:
+    """Tokenizes and writes each shard as it comes, in this process."""
+
+    def __init__(self, via: str, encoder: TokenEncoder | None = None):
         self.via = via
+        self.encoder = encoder
+
+    def tokenized(self, batches: Iterable[SampleBatch]) -> Iterator[SampleBatch]:
+        """``batches`` in order, their texts tokenized."""
+        for samples in batches:
+            if samples.tokenize:
+                samples = _with_tokens(
+                    samples, [self.encoder(samples.columns[i]) for i in samples.tokenize]
+                )
+            yield samples
 
     def submit(self, job: ShardJob) -> Iterator[ShardInfo]:
-        yield write_shard(job, self.via)
+        yield write_shard(job, self.via, self.encoder)
 
     def drain(self) -> Iterator[ShardInfo]:
         return iter(())
@@ -513,12 +700,14 @@ class _InlineWriter:
 
 
 class _PoolWriter:
-    """Writes shards in a process pool; results come back in submission order.
+    """Tokenizes batches and writes shards in a process pool; results come back in submission
+    order.
 
-    At most ``workers + 1`` shards are in flight, which bounds memory to a few shards.
+    At most ``workers + 1`` shards, and as many batches to tokenize, are in flight, which
+    bounds memory to a few shards.
     """
 
-    def __init__(self, via: str, workers: int):
+    def __init__(self, via: str, workers: int, encoder: TokenEncoder | None = None):
         import multiprocessing
         import threading
         from concurrent.futures import ProcessPoolExecutor
@@ -533,8 +722,28 @@ class _PoolWriter:
         self._pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context(method),
-            initializer=_ignore_sigint,
+            initializer=_init_worker,
+            initargs=(encoder,),
         )
+
+    def tokenized(self, batches: Iterable[SampleBatch]) -> Iterator[SampleBatch]:
+        """``batches`` in order, their texts tokenized by the workers, several at a time."""
+        pending: list[tuple[SampleBatch, object]] = []
+
+        def first_done() -> SampleBatch:
+            samples, future = pending.pop(0)
+            return samples if future is None else _with_tokens(samples, future.result())
+
+        for samples in batches:
+            future = None
+            if samples.tokenize:  # only the texts travel to the worker, and their tokens back
+                texts = [samples.columns[i] for i in samples.tokenize]
+                future = self._pool.submit(_tokenize_in_worker, texts)
+            pending.append((samples, future))
+            while len(pending) > self.limit:
+                yield first_done()
+        while pending:
+            yield first_done()
 
     def submit(self, job: ShardJob) -> Iterator[ShardInfo]:
         self._pending.append(self._pool.submit(_write_shard_in_worker, job, self.via))
@@ -554,17 +763,30 @@ class _PoolWriter:
 # --- the run ---------------------------------------------------------------------------------
 
 
-def _check_options(fields, key, max_count, max_size, name, workers, part, via):
-    if fields is not None:
-        if not fields:
-            raise InputError("--field: give at least one COLUMN=EXT")
-        seen: dict[str, str] = {}
-        for column, ext in fields.items():
+def _check_options(fields, key, max_count, max_size, name, workers, part, via, tokenize=None,
+                   tokenizer=None):
+    seen: dict[str, str] = {}  # extension -> "--field COLUMN=EXT"
+    for option, members in (("--field", fields), ("--tokenize", tokenize)):
+        if members is None:
+            continue
+        if not members:
+            raise InputError(f"{option}: give at least one COLUMN=EXT")
+        for column, ext in members.items():
             if not column or not ext or "/" in ext or ext.startswith(".") or ext.endswith("."):
-                raise InputError(f"--field {column}={ext}: need COLUMN=EXT with an extension like txt")
-            other = seen.setdefault(ext.lower(), column)
-            if other != column:
-                raise InputError(f"--field: columns {other!r} and {column!r} both map to .{ext}")
+                example = "tokens.npy" if option == "--tokenize" else "txt"
+                raise InputError(f"{option} {column}={ext}: need COLUMN=EXT with an extension "
+                                 f"like {example}")
+            if option == "--tokenize" and ext.split(".")[-1].lower() != "npy":
+                raise InputError(f"--tokenize {column}={ext}: token ids are stored as .npy; "
+                                 f"name the member like tokens.npy")
+            other = seen.setdefault(ext.lower(), f"{option} {column}={ext}")
+            if other != f"{option} {column}={ext}":
+                raise InputError(f"{other} and {option} {column}={ext} both make a .{ext} member")
+    if tokenize is not None and tokenizer is None:
+        raise InputError("--tokenize needs --tokenizer PATH (a tokenizer.json)")
+    if tokenizer is not None and tokenize is None:
+        raise InputError("--tokenizer: name the text columns to tokenize with --tokenize "
+                         "COLUMN=EXT, e.g. --tokenize text=tokens.npy")
     if key is not None and not key:
         raise InputError("--key: give a column name")
     if max_count is not None and max_count < 1:
@@ -625,6 +847,8 @@ def pack(
     workers: int = 1,
     part: tuple[int, int] | None = None,
     overwrite: bool = False,
+    tokenize: Mapping[str, str] | None = None,
+    tokenizer: str | os.PathLike | None = None,
     progress: Callable[[PackProgress], object] | None = None,
 ) -> Manifest:
     """Pack records from ``inputs`` into tar shards under ``output`` and write the manifest.
@@ -636,13 +860,20 @@ def pack(
     ``max_size`` bounds the real tar bytes and defaults to 256 MB when neither is given.
     ``via``: "auto", "cli" or "fsspec" for s3:// and gs:// uploads. ``workers``: processes
     writing shards (same bytes as 1). ``part``: (i, n) to write only every n-th shard from i
-    (see the module docstring). ``progress``: called with a PackProgress now and then.
+    (see the module docstring). ``tokenize``: {column: extension ending in ``npy``} to store
+    text columns as token ids (see below), with ``tokenizer``, the path of a Hugging Face
+    ``tokenizer.json``. ``progress``: called with a PackProgress now and then.
+
+    Tokenized members hold the ids of ``encode(text, add_special_tokens=False)``, without
+    EOS (``PackedSequences`` appends it), as a ``.npy`` array of ``uint16`` (vocabularies up
+    to 65,536) or ``uint32``. They are computed in the processes that write the shards, so
+    ``workers`` parallelises tokenizing too; the manifest's ``tokenizer`` key records the
+    tokenizer's file name, SHA-256 and vocabulary size, the dtype and the columns.
 
     Returns the manifest written (``index.json``, or the part's manifest).
     """
     from .. import __version__
     from ..sources import urls
-    from ..sources.writers import write_bytes
 
     paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
         os.fspath(path) for path in inputs
@@ -651,15 +882,19 @@ def pack(
     if max_size is not None:
         max_size = parse_size(max_size)
     fields = dict(fields) if fields is not None else None
-    _check_options(fields, key, max_count, max_size, name, workers, part, via)
+    tokenize = dict(tokenize) if tokenize is not None else None
+    _check_options(fields, key, max_count, max_size, name, workers, part, via, tokenize, tokenizer)
     checked = check_inputs(paths)
-    if (fields or key) and any(kind == "folder" for _, kind in checked):
+    if (fields or key or tokenize) and any(kind == "folder" for _, kind in checked):
         folder = next(path for path, kind in checked if kind == "folder")
-        raise InputError(f"{folder}: --field and --key do not apply to a folder, whose files are the members")
+        raise InputError(f"{folder}: --field, --tokenize and --key do not apply to a folder, "
+                         "whose files are the members")
     if max_size is None and max_count is None:
         max_size = DEFAULT_MAX_SIZE
+    # Checked before the output is touched (--overwrite deletes the old manifest).
+    encoder = TokenEncoder.load(tokenizer) if tokenize else None
 
-    maker = SampleMaker(fields, key)
+    maker = SampleMaker(fields, key, tokenize)
     # Generated keys are unique by construction; keys from a column or file names may repeat.
     keys_from_data = key is not None or any(kind == "folder" for _, kind in checked)
     sharder = Sharder(max_count, max_size, check_duplicates=keys_from_data)
@@ -671,12 +906,24 @@ def pack(
     shards: list[ShardInfo] = []
     extensions: set[str] = set()
     started: list[str] = []  # URLs of shards this run began to write
-    writer = _PoolWriter(via, workers) if workers > 1 else _InlineWriter(via)
+    writer = _PoolWriter(via, workers, encoder) if workers > 1 else _InlineWriter(via, encoder)
+
+    def sample_batches() -> Iterator[SampleBatch]:
+        first_index = 0  # of the batch's first record among all records
+        for batch in iter_batches(checked):
+            yield maker.make(batch, first_index)
+            first_index += len(batch.values)
 
     def shard_jobs() -> Iterator[ShardJob]:
         index = -1
+        batches = sample_batches()
+        if max_size is not None:
+            # Shard boundaries depend on the members' sizes: tokenize first (in the pool),
+            # several batches ahead. Without max_size, the shard writers tokenize, and a part
+            # tokenizes only the records of its own shards.
+            batches = writer.tokenized(batches)
 
-        def job(finished: tuple[list[ShardPiece], int, int]) -> ShardJob | None:
+        def job(finished: tuple[list[ShardPiece], int, int | None]) -> ShardJob | None:
             nonlocal index
             index += 1
             if part and index % part[1] != part[0]:
@@ -684,13 +931,12 @@ def pack(
             file_name = shard_name(name, index)
             return ShardJob(file_name, urls.join(output, file_name), *finished)
 
-        for batch in iter_batches(checked):
-            samples = maker.make(batch, status.records)
+        for samples in batches:
             extensions.update(samples.exts)
             for finished in sharder.add(samples):
                 if next_job := job(finished):
                     yield next_job
-            status.records += len(batch.values)
+            status.records += len(samples.batch.values)
             if progress is not None:
                 progress(status)
         last = sharder.finish()
@@ -735,16 +981,18 @@ def pack(
             },
         }
     }
+    if tokenize:
+        extra["packed_by"]["options"]["tokenize"] = tokenize
+        extra["packed_by"]["options"]["tokenizer"] = os.fspath(tokenizer)
+        extra["tokenizer"] = encoder.describe(tokenize)
     if part:
         extra["packed_by"]["part"] = list(part)
     manifest = Manifest(shards=shards, extensions=sorted(extensions), extra=extra, base=output)
-    manifest_url = urls.join(output, final_manifest)
     try:
-        write_bytes(manifest_url, manifest.to_json().encode("utf-8"), via=via)
+        manifest.url = write_manifest(manifest, output, via=via, name=final_manifest)
     except BaseException:
         _delete_quietly(started)
         raise
-    manifest.url = manifest_url
     return manifest
 
 
@@ -773,4 +1021,7 @@ def merge_parts(manifests: list[Manifest], output: str) -> Manifest:
             # Shard names end in -{index:06d}.tar, the shard's index in a single run.
             merged.shards.sort(key=lambda shard: int(shard.url.rsplit("-", 1)[-1].split(".")[0]))
             merged.extra["packed_by"] = {k: v for k, v in packed[0].items() if k != "part"}
+            for key, value in manifests[0].extra.items():  # e.g. "tokenizer"
+                if key != "packed_by" and all(m.extra.get(key) == value for m in manifests):
+                    merged.extra.setdefault(key, value)
     return merged

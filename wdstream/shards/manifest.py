@@ -189,10 +189,15 @@ def load_manifest(source: str) -> Manifest:
     return manifest
 
 
-def write_manifest(manifest: Manifest, prefix: str, via: str = "auto") -> str:
-    """Write ``prefix/index.json`` (atomically for local files) and return its URL."""
+def write_manifest(
+    manifest: Manifest, prefix: str, via: str = "auto", name: str = MANIFEST_NAME
+) -> str:
+    """Write ``prefix/index.json`` (atomically for local files) and return its URL.
+
+    ``name``: another file name under ``prefix``, e.g. a part manifest
+    ``index.part-002-of-008.json`` of ``wdstream pack --part``."""
     from ..sources.writers import write_bytes
 
-    url = urls.join(prefix, MANIFEST_NAME)
+    url = urls.join(prefix, name)
     write_bytes(url, manifest.to_json().encode("utf-8"), via=via)
     return url
