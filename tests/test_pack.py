@@ -523,3 +523,145 @@ def test_ctrl_c_mid_run_leaves_nothing(tmp_path, cli_env):
     assert process.returncode == 130
     assert "Traceback" not in stderr.decode() and stdout == b""
     assert list(out.iterdir()) == []
+
+
+# --- pre-tokenized members: --tokenize with --tokenizer ------------------------------------------
+
+
+def _texts(n: int) -> list[dict]:
+    from llm_data import documents
+
+    return [{"id": f"t{i}", "text": text} for i, text in enumerate(documents(11, n, 120))]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    from llm_data import documents, train_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    return path, train_tokenizer(path, documents(99, 300), vocab_size=150)
+
+
+def _npy(array) -> bytes:
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def test_tokenize_stores_token_ids_as_npy(tmp_path, cli_env, tokenizer_file):
+    import numpy as np
+
+    path, tokenizer = tokenizer_file
+    rows = _texts(150) + [{"id": "empty", "text": ""}]
+    source = write_jsonl(tmp_path / "d.jsonl", rows)
+    common = [source, "--tokenizer", path, "--tokenize", "text=tokens.npy", "--field", "text=txt",
+              "--key", "id", "--max-size", "12KiB"]
+    result = run(["pack", *common, "--output", tmp_path / "one"], cli_env)
+    assert "uint16" in result.stdout.decode()
+    manifest, samples = check_local_dataset(tmp_path / "one")
+    assert len(manifest["shards"]) > 3
+    assert [s["__key__"] for s in samples] == [r["id"] for r in rows]
+    for row, sample in zip(rows, samples, strict=True):
+        ids = tokenizer.encode(row["text"], add_special_tokens=False).ids  # no EOS
+        tokens = np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)
+        assert tokens.dtype == np.dtype("<u2") and tokens.tolist() == ids
+        assert sample["tokens.npy"] == _npy(np.asarray(ids, dtype="<u2"))  # np.save's bytes
+        assert sample["txt"].decode() == row["text"]
+    assert manifest["extensions"] == ["tokens.npy", "txt"]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest["tokenizer"] == {
+        "file": "tokenizer.json", "sha256": digest, "dtype": "uint16",
+        "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
+        "columns": {"text": "tokens.npy"},
+    }
+    assert manifest["packed_by"]["options"]["tokenize"] == {"text": "tokens.npy"}
+
+    # Tokenized by the writer processes: the same bytes with 2 workers. With --max-count
+    # alone, the shard writers tokenize (no sizes are needed up front): the same again.
+    run(["pack", *common, "--output", tmp_path / "two", "--workers", 2, "--quiet"], cli_env)
+    assert folder_bytes(tmp_path / "two") == folder_bytes(tmp_path / "one")
+    by_count = [source, "--tokenizer", path, "--tokenize", "text=tokens.npy", "--max-count", 40]
+    run(["pack", *by_count, "--output", tmp_path / "c1", "--quiet"], cli_env)
+    run(["pack", *by_count, "--output", tmp_path / "c2", "--workers", 2, "--quiet"], cli_env)
+    assert folder_bytes(tmp_path / "c2") == folder_bytes(tmp_path / "c1")
+    _, count_samples = check_local_dataset(tmp_path / "c1")
+    assert [set(s) for s in count_samples] == [{"__key__", "tokens.npy"}] * len(rows)
+    assert [s["tokens.npy"] for s in count_samples] == [s["tokens.npy"] for s in samples]
+
+
+def test_tokenized_parts_merge_into_the_single_run_dataset(tmp_path, cli_env, tokenizer_file):
+    path, _ = tokenizer_file
+    source = write_csv(tmp_path / "d.csv", _texts(60))
+    common = [source, "--tokenizer", path, "--tokenize", "text=tokens.npy", "--quiet"]
+    for limit in (["--max-count", 7], ["--max-size", "6KiB"]):
+        single, parts = tmp_path / f"single{limit[0]}", tmp_path / f"parts{limit[0]}"
+        run(["pack", *common, *limit, "--output", single], cli_env)
+        for i in range(3):
+            run(["pack", *common, *limit, "--output", parts, "--part", f"{i}/3"], cli_env)
+        run(["index", "--merge", *sorted(parts.glob("index.part-*.json")), "--output", parts,
+             "--quiet"], cli_env)
+        single_manifest, single_samples = check_local_dataset(single)
+        merged, merged_samples = check_local_dataset(parts)
+        assert merged["shards"] == single_manifest["shards"]
+        assert merged["tokenizer"] == single_manifest["tokenizer"]
+        assert merged_samples == single_samples
+
+
+def test_tokenize_uses_uint32_beyond_65536_ids(tmp_path, cli_env):
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, 70_000)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp_path / "big.json"))
+    rows = [{"text": "w1 w65535 w65536 w69999 unknown"}, {"text": "w2"}]
+    source = write_jsonl(tmp_path / "d.jsonl", rows)
+    run(["pack", source, "--tokenizer", tmp_path / "big.json", "--tokenize", "text=ids.npy",
+         "--output", tmp_path / "out", "--quiet"], cli_env)
+    manifest, samples = check_local_dataset(tmp_path / "out")
+    assert manifest["tokenizer"]["dtype"] == "uint32"
+    assert manifest["tokenizer"]["vocab_size"] == 70_000
+    first = np.load(io.BytesIO(samples[0]["ids.npy"]))
+    assert first.dtype == np.dtype("<u4") and first.tolist() == [1, 65535, 65536, 69999, 0]
+
+
+def test_tokenize_errors(tmp_path, cli_env, tokenizer_file):
+    path, _ = tokenizer_file
+    source = write_jsonl(tmp_path / "d.jsonl", _texts(20))
+    tokenize = ["--tokenize", "text=tokens.npy"]
+    error = fail(["pack", source, "--tokenizer", tmp_path / "missing.json", *tokenize,
+                  "--output", tmp_path / "o"], cli_env)
+    assert "missing.json" in error and "cannot read the tokenizer" in error
+    for name, content in (("broken.json", "{not json"), ("other.json", '{"model": 3}')):
+        (tmp_path / name).write_text(content)
+        error = fail(["pack", source, "--tokenizer", tmp_path / name, *tokenize,
+                      "--output", tmp_path / "o"], cli_env)
+        assert name in error and "not a valid tokenizer.json" in error
+    assert "--tokenizer" in fail(["pack", source, *tokenize, "--output", tmp_path / "o"], cli_env)
+    assert "--tokenize" in fail(["pack", source, "--tokenizer", path, "--output", tmp_path / "o"],
+                                cli_env)
+    assert ".npy" in fail(["pack", source, "--tokenizer", path, "--tokenize", "text=tokens",
+                           "--output", tmp_path / "o"], cli_env)
+    error = fail(["pack", source, "--tokenizer", path, *tokenize, "--field", "id=tokens.npy",
+                  "--output", tmp_path / "o"], cli_env)
+    assert "both make a .tokens.npy member" in error
+    assert not (tmp_path / "o").exists()  # the options are checked before the output
+
+    # Records: a missing or non-text field is named, in either tokenizing path and any workers.
+    bad = _texts(30)
+    bad[21] = {"id": "t21", "text": ["not", "text"]}
+    bad[25] = {"id": "t25"}
+    write_jsonl(tmp_path / "bad.jsonl", bad)
+    for limit, workers in ((["--max-size", "4KiB"], 1), (["--max-count", 5], 2)):
+        out = tmp_path / f"out{workers}"
+        error = fail(["pack", source, tmp_path / "bad.jsonl", "--tokenizer", path, *tokenize,
+                      *limit, "--workers", workers, "--output", out], cli_env)
+        assert "bad.jsonl line 22" in error and "'text'" in error and "not text" in error
+        assert list(out.iterdir()) == []
+    missing = write_jsonl(tmp_path / "missing.jsonl", [{"id": "a"}])
+    error = fail(["pack", missing, "--tokenizer", path, *tokenize, "--output", tmp_path / "o2"],
+                 cli_env)
+    assert "missing.jsonl line 1" in error and "no column 'text'" in error

@@ -92,8 +92,46 @@ def test_pre_tokenized_and_callable_tokenizers_give_the_same_sequences(corpus):
     assert by_object.fingerprint() == packed(corpus).fingerprint()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pack_with_tokenizer_then_packed_sequences(corpus, tmp_path, workers):
+    """`wdstream.pack(tokenize=..., tokenizer=...)` stores token ids without EOS; packing them
+    gives the sequences that tokenizing the text on the fly gives."""
+    texts = corpus["texts"]
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"id": f"d{i:04d}", "text": text}) + "\n")
+    manifest = wdstream.pack(str(tmp_path / "docs.jsonl"), str(tmp_path / "packed"), key="id",
+                             fields={"text": "txt"}, tokenize={"text": "tokens.npy"},
+                             tokenizer=corpus["path"], max_size="6KiB", workers=workers)
+    assert len(manifest.shards) > 3 and manifest.samples == len(texts)
+    assert manifest.extra["tokenizer"]["dtype"] == "uint16"
+    eos = corpus["tokenizer"].token_to_id("<eos>")
+
+    def stage(tokenizer, field, shuffle=True):
+        ds = wdstream.StreamingDataset(str(tmp_path / "packed"), seed=4, shuffle=shuffle,
+                                       shuffle_window=6)
+        return wdstream.PackedSequences(ds, tokenizer, SEQ_LEN, eos=eos, text_field=field)
+
+    spec = IterationSpec(0, 0, 1, 1)
+    for shuffle in (False, True):
+        stored = [i["input_ids"].tolist()
+                  for i, _ in stage(None, "tokens.npy", shuffle).positioned(spec, 0, 0)]
+        on_the_fly = [i["input_ids"].tolist()
+                      for i, _ in stage(corpus["path"], "txt", shuffle).positioned(spec, 0, 0)]
+        assert stored == on_the_fly and len(stored) > 20
+    encode = corpus["tokenizer"].encode
+    stream = [t for text in texts for t in encode(text, add_special_tokens=False).ids + [eos]]
+    unshuffled = [i["input_ids"] for i, _ in stage(None, "tokens.npy", False).positioned(spec, 0, 0)]
+    assert np.concatenate(unshuffled).tolist() == stream[: len(unshuffled) * SEQ_LEN]
+    if workers == 2:  # and through DataLoader workers
+        def loader(tokenizer, field):
+            return wdstream.DataLoader(stage(tokenizer, field), batch_size=4, num_workers=2)
+
+        assert rows(loader(None, "tokens.npy")) == rows(loader(corpus["path"], "txt"))
+
+
 def test_token_lists_packed_by_wdstream_pack(corpus, tmp_path):
-    """Until `wdstream pack --tokenizer` exists: token ids as a JSON list column."""
+    """Token ids tokenized elsewhere, packed as a JSON list column, pack as well."""
     tokenizer, texts = corpus["tokenizer"], corpus["texts"][:60]
     eos = tokenizer.token_to_id("<eos>")
     ids = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]

@@ -166,6 +166,80 @@ def test_member_size_is_exact():
             assert list(iter_members(io.BytesIO(out.getvalue()), "t")) == [(name, bytes(size))]
 
 
+def _reference_header(name: bytes, size: int, typeflag: bytes, prefix: bytes = b"",
+                      magic: bytes = b"ustar\x0000") -> bytes:
+    """The writer's header as first written: every field joined, then all 512 bytes summed
+    (the checksum field counted as spaces). The writer now precomputes the fixed fields."""
+    size_field = (b"%011o\x00" % size if size < 8**11
+                  else b"\x80" + size.to_bytes(11, "big"))
+    header = b"".join((
+        name.ljust(100, b"\x00"), b"0000644\x00", b"0000000\x00", b"0000000\x00", size_field,
+        b"00000000000\x00", b"        ", typeflag, bytes(100), magic, bytes(64),
+        b"0000000\x000000000\x00", prefix.ljust(155, b"\x00"), bytes(12),
+    ))
+    return header[:148] + b"%06o\x00 " % sum(header) + header[156:]
+
+
+def _reference_member(name: str, size: int) -> bytes:
+    """What the first writer wrote for ``add(name, bytes(size))``."""
+    raw = name.encode("utf-8")
+    split = None
+    if len(raw) <= 100:
+        split = (b"", raw)
+    else:
+        parts = raw.split(b"/")
+        for i in range(1, len(parts)):
+            prefix, rest = b"/".join(parts[:i]), b"/".join(parts[i:])
+            if len(prefix) <= 155 and 0 < len(rest) <= 100:
+                split = (prefix, rest)
+                break
+    out = b""
+    if split is None:
+        gnu = b"ustar  \x00"
+        long_name = raw + b"\x00"
+        out += _reference_header(b"././@LongLink", len(long_name), b"L", magic=gnu)
+        out += long_name + bytes(-len(long_name) % 512)
+        out += _reference_header(raw[:100], size, b"0", magic=gnu)
+    else:
+        out += _reference_header(split[1], size, b"0", prefix=split[0])
+    return out + bytes(size) + bytes(-size % 512)
+
+
+def test_headers_match_the_reference_and_tarfile():
+    """Byte for byte the output of the original writer (fixed fields summed per member), on
+    many names and sizes; and, for ustar names, the fields Python's tarfile writes for the same
+    member (mode 0o644, mtime 0, no owner), but for devmajor/devminor, which tarfile leaves
+    empty for regular files (and so the checksum)."""
+    rng = random.Random(7)
+    alphabet = "abcxyz0123456789._-/é☃"
+    names = [n for n, _ in ODD_MEMBERS] + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 320))) for _ in range(1500)
+    ] + [f"{i:010d}.json" for i in range(0, 10**10, 10**10 // 97)]
+    sizes = [0, 1, 7, 511, 512, 513, 4096, 100_000] + [rng.randrange(1 << 20) for _ in range(40)]
+    for i, name in enumerate(names):
+        size = sizes[i % len(sizes)]
+        out = io.BytesIO()
+        writer = TarWriter(out)
+        writer.add(name, bytes(size))
+        assert out.getvalue() == _reference_member(name, size), (name, size)
+        assert writer.bytes_written == len(out.getvalue())
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime, info.uname, info.gname = size, 0o644, 0, "", ""
+        try:
+            expected = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+        except ValueError:  # a name ustar cannot hold: the writer uses a GNU longname entry
+            assert len(out.getvalue()) > 512 + size + (-size % 512)
+            continue
+        header = out.getvalue()[:512]
+        for start, stop in ((0, 148), (156, 329), (345, 512)):
+            assert header[start:stop] == expected[start:stop], (name, start)
+    # Sizes beyond the octal field (GNU base-256), through the header function itself.
+    from wdstream.shards import tar
+
+    for size in (8**11 - 1, 8**11, 5 << 40):
+        assert tar._header(b"big.bin", size, b"0") == _reference_header(b"big.bin", size, b"0")
+
+
 # --- reader on tars written by others ----------------------------------------------------------
 
 
@@ -432,6 +506,10 @@ def test_load_and_write_manifest_local(tmp_path):
         assert loaded.shard_url(0) == os.path.join(str(tmp_path), "shard-000000.tar")
     with pytest.raises(ManifestNotFoundError, match="no manifest"):
         load_manifest(str(tmp_path / "missing"))
+    part = write_manifest(m, str(tmp_path / "parts"), name="index.part-001-of-003.json")
+    assert part == os.path.join(str(tmp_path / "parts"), "index.part-001-of-003.json")
+    assert load_manifest(part).shards == m.shards
+    assert not (tmp_path / "parts" / MANIFEST_NAME).exists()
 
 
 # --- index and merge -------------------------------------------------------------------------

@@ -23,6 +23,13 @@ records. Otherwise a record's key is its index among all records of all inputs, 
 run replace old ones of the same name, and old shards beyond the new run's count stay in place,
 unlisted. A failed overwrite therefore leaves no dataset rather than a mixed one.
 
+Tokenizing (``tokenize``, with a ``TokenEncoder``): the column's texts are checked by the main
+process and tokenized by the pool workers (or this process, ``workers=1``), so ``workers``
+parallelises tokenizing. With ``max_size`` the members' sizes decide the shard boundaries, so
+batches are tokenized before they are cut into shards (a few batches ahead, in the pool); with
+``max_count`` alone the boundaries are known without tokenizing, and the shard writer
+tokenizes its pieces (a part then tokenizes only its own shards' records).
+
 Memory: one shard is assembled in memory before it is written, so ``workers=N`` holds up to
 about ``2N + 1`` shards' worth of data (``max_size`` each; 256 MB by default).
 
@@ -204,12 +211,10 @@ def parse_json_line(line: bytes, source: str, number: int) -> dict:
     return value
 
 
-def _field_text(value, column: str, option: str, where: str) -> str:
-    """A value to tokenize, which must be a string."""
-    if isinstance(value, str):
-        return value
+def _not_text(value, column: str, option: str, where: str) -> InputError:
+    """The error for a value to tokenize that is not a string."""
     what = "is null" if value is None else f"holds {type(value).__name__} {value!r:.40}, not text"
-    raise InputError(f"{where}: column {column!r} {what} (from {option})")
+    return InputError(f"{where}: column {column!r} {what} (from {option})")
 
 
 def _field_bytes(value, column: str, where: Callable[[], str]) -> bytes:
@@ -266,8 +271,8 @@ class SampleMaker:
     Default: the whole record is one ``.json`` member (a JSON line byte for byte, a row as
     compact JSON). ``fields`` ({column: extension}) stores those columns as members instead,
     and ``tokenize`` ({column: extension}) stores text columns as token ids: their columns of
-    the SampleBatch hold the texts (checked here) for ``TokenEncoder`` to turn into ``.npy``
-    members later, in a pool worker. ``key_field`` takes keys from a column; otherwise keys are
+    the SampleBatch hold the texts (checked here) for a ``TokenEncoder`` to turn into ``.npy``
+    members later, in a pool worker (see ``pack``). ``key_field`` takes keys from a column; otherwise keys are
     the global record index.
     """
 
@@ -311,7 +316,10 @@ class SampleMaker:
                 if column not in row:
                     raise InputError(f"{batch.where(i)}: no column {column!r} (from {option})")
                 if tokenize:
-                    data.append(_field_text(row[column], column, option, batch.where(i)))
+                    value = row[column]
+                    if not isinstance(value, str):
+                        raise _not_text(value, column, option, batch.where(i))
+                    data.append(value)
                 else:
                     data.append(_field_bytes(row[column], column, lambda i=i: batch.where(i)))
             columns.append(data)
@@ -917,7 +925,7 @@ def pack(
     def shard_jobs() -> Iterator[ShardJob]:
         index = -1
         batches = sample_batches()
-        if max_size is not None:
+        if tokenize and max_size is not None:
             # Shard boundaries depend on the members' sizes: tokenize first (in the pool),
             # several batches ahead. Without max_size, the shard writers tokenize, and a part
             # tokenizes only the records of its own shards.
