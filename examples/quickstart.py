@@ -36,7 +36,11 @@ def free_port() -> int:
 
 
 def start_local_s3():
+    import logging
+
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -79,6 +83,7 @@ def main() -> int:
         url = "s3://demo/text/"
         wdstream_command("pack", source, "--output", url, "--key", "id",
                          "--field", "text=txt", "--max-count", "500")
+        wdstream_command("verify", url)
 
         dataset = wdstream.StreamingDataset(url, shuffle=True, seed=17)
         loader = wdstream.DataLoader(dataset, batch_size=32, num_workers=2)
