@@ -340,6 +340,7 @@ def json_dataset(folder: str | Path, samples: int, per_shard: int, record_bytes:
             jpath.write_bytes(b"\n".join(lines) + b"\n")
             lines_files.append(str(jpath))
     (folder / "tar" / "index.json").write_text(Manifest(infos, extensions=["json"]).to_json())
+    os.sync()  # no write-back of fresh data during the first timed runs
     return {"dir": str(folder / "tar"), "shards": shards, "jsonl": lines_files,
             "samples": samples, "bytes": sum(i.bytes for i in infos)}
 
@@ -372,6 +373,7 @@ def blob_dataset(folder: str | Path, samples: int, per_shard: int, sample_bytes:
         infos.append(ShardInfo(name, count, size, digest.hexdigest()))
         shards.append(str(path))
     (folder / "index.json").write_text(Manifest(infos, extensions=["bin"]).to_json())
+    os.sync()  # no write-back of fresh data during the first timed runs
     return {"dir": str(folder), "shards": shards, "samples": samples,
             "bytes": sum(i.bytes for i in infos)}
 
