@@ -226,7 +226,8 @@ class StreamingDataset(PositionedDataset):
     last.
 
     Order: ``shuffle`` permutes shards per epoch and samples within windows of
-    ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch.
+    ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch; a
+    worker holds one window in memory (lower it for large samples).
     ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
     that do not divide evenly among ranks are handled, so every rank gets as many.
 

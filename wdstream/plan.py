@@ -32,6 +32,8 @@ then the list of finished segments plus the current one: a few integers each.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -124,29 +126,29 @@ class Positions:
 
     def __init__(self, spans: Sequence[Span]):
         self.spans = list(spans)
-        lengths = np.fromiter((s.length for s in self.spans), dtype=np.int64, count=len(self.spans))
-        self.offsets = np.zeros(len(self.spans) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.offsets[1:])
+        # plain Python ints: the loops below index them one at a time
+        self.offsets = [0, *itertools.accumulate(s.stop - s.start for s in self.spans)]
 
     def __len__(self) -> int:
-        return int(self.offsets[-1])
+        return self.offsets[-1]
 
     def slice(self, start: int, stop: int) -> list[Span]:
         """Spans covering positions ``[start, stop)``; positions past the end wrap around
         (that is how ``remainder="pad"`` repeats samples)."""
         total = len(self)
+        offsets = self.offsets
         spans: list[Span] = []
         while start < stop and total:
             begin = start % total
             end = min(begin + (stop - start), total)
-            first = int(np.searchsorted(self.offsets, begin, side="right")) - 1
-            index = first
-            while index < len(self.spans) and self.offsets[index] < end:
-                span, offset = self.spans[index], int(self.offsets[index])
+            index = bisect.bisect_right(offsets, begin) - 1
+            while index < len(self.spans) and offsets[index] < end:
+                span, offset = self.spans[index], offsets[index]
                 lo = span.start + max(0, begin - offset)
-                hi = span.start + min(span.length, end - offset)
+                hi = span.start + min(span.stop - span.start, end - offset)
                 if hi > lo:
-                    spans.append(Span(span.shard, lo, hi))
+                    spans.append(span if (lo, hi) == (span.start, span.stop)
+                                 else Span(span.shard, lo, hi))
                 index += 1
             start += end - begin
         return _merge_adjacent(spans)
@@ -217,7 +219,8 @@ class EpochPlan:
         self.options = options
         self.segment = len(history)
         order = shard_order(len(counts), options.seed, epoch, options.shuffle)
-        sequence = Positions([Span(int(s), 0, int(counts[s])) for s in order])
+        sizes = np.asarray(counts, dtype=np.int64)[order].tolist()  # plain ints: fast to wrap
+        sequence = Positions([Span(s, 0, n) for s, n in zip(order.tolist(), sizes, strict=True)])
         for index, done in enumerate(history):
             if len(done.consumed) != done.workers:
                 raise ValueError("a segment needs one consumed count per worker stream")

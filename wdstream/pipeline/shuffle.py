@@ -17,6 +17,9 @@ def window_shuffle(samples: Iterable[dict], window: int, order: Callable[[int, i
     ``samples`` must start at the first sample of window ``first_window``; the first ``skip``
     picks of that window are not yielded again (they were consumed before a resume).
     """
+    if window == 1:  # no shuffling (shuffle=False): pass samples through, no per-sample work
+        yield from samples
+        return
     iterator = iter(samples)
     index = first_window
     while True:
