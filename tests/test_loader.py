@@ -217,3 +217,27 @@ def test_large_binary_members_cross_workers_intact(tmp_path, single_rank):
         assert all(isinstance(v, bytes) for v in batch["bin"])
         got.update(zip(batch["__key__"], batch["bin"], strict=True))
     assert got == payloads
+
+
+def test_elastic_resume_reads_each_shard_once(data, monkeypatch):
+    """A shuffle window's leftovers are many short spans; they are read in one pass per
+    shard, not one download per span."""
+    import wdstream.pipeline.read as read
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    first = make(data, workers=2, window=20)
+    take(first, 6)
+    state = first.state_dict()
+    opened = []
+    real_open = read.open_read
+
+    def counting_open(url, **kwargs):
+        opened.append(url)
+        return real_open(url, **kwargs)
+
+    monkeypatch.setattr(read, "open_read", counting_open)
+    resumed = make(data, workers=0, window=20)
+    resumed.load_state_dict(state)
+    keys_of(resumed)
+    assert len(opened) == len(set(opened)) <= len(COUNTS)

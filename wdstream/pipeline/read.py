@@ -78,24 +78,53 @@ def _is_transient(error: WdstreamError) -> bool:
     return isinstance(error, ShardError) or getattr(error, "transient", False)
 
 
+def _visits(spans: Sequence[Span]) -> list[list[Span]]:
+    """Consecutive spans of one shard, in increasing order, read in one pass (after an
+    elastic resume a shuffle window's leftovers are many short spans of a few shards)."""
+    visits: list[list[Span]] = []
+    for span in spans:
+        last = visits[-1][-1] if visits else None
+        if (last is not None and last.shard == span.shard and last.stop is not None
+                and span.stop is not None and span.start >= last.stop):
+            visits[-1].append(span)
+        else:
+            visits.append([span])
+    return visits
+
+
+def _skip(spans: list[Span], count: int) -> list[Span]:
+    """``spans`` without their first ``count`` samples (those a failed attempt delivered)."""
+    kept = []
+    for span in spans:
+        if span.stop is None:
+            kept.append(Span(span.shard, span.start + count, None))
+            count = 0
+        elif count >= span.length:
+            count -= span.length
+        else:
+            kept.append(Span(span.shard, span.start + count, span.stop))
+            count = 0
+    return kept
+
+
 class SpanReader:
     """Reads a list of spans in order; iterate it for samples (None for each sample skipped
     under ``on_error="skip"``). Keeps one shard opened ahead."""
 
     def __init__(self, spans: Sequence[Span], shards: ShardTable, options: ReadOptions,
                  stats: ReadStats | None = None):
-        self.spans = list(spans)
+        self.visits = _visits(spans)
         self.shards = shards
         self.options = options
         self.stats = stats if stats is not None else ReadStats()
-        self._ahead: dict[int, object] = {}  # span index -> stream opened early
+        self._ahead: dict[int, object] = {}  # visit index -> stream opened early
         self._cache = ShardCache(options.cache_dir, options.cache_limit) \
             if options.cache_dir else None
 
     def __iter__(self) -> Iterator[dict]:
         try:
-            for index, span in enumerate(self.spans):
-                yield from self._read_span(index, span)
+            for index, visit in enumerate(self.visits):
+                yield from self._read_visit(index, visit)
         finally:
             for stream in self._ahead.values():
                 _close_quietly(stream)
@@ -104,13 +133,13 @@ class SpanReader:
     def _open(self, index: int, retry: bool = False):
         stream = self._ahead.pop(index, None)
         if stream is None:
-            stream = self._open_shard(self.spans[index].shard, retry)
+            stream = self._open_shard(self.visits[index][0].shard, retry)
         return stream
 
     def _open_ahead(self, index: int) -> None:
-        if index < len(self.spans) and index not in self._ahead:
+        if index < len(self.visits) and index not in self._ahead:
             try:
-                self._ahead[index] = self._open_shard(self.spans[index].shard)
+                self._ahead[index] = self._open_shard(self.visits[index][0].shard)
             except WdstreamError:
                 pass  # reported, with retries, when the span is actually read
 
@@ -130,21 +159,21 @@ class SpanReader:
         return self._cache.open(url, source, size=size, sha256=sha256,
                                 verify_digest=self.options.verify_digest)
 
-    def _read_span(self, index: int, span: Span) -> Iterator[dict]:
-        url = self.shards.urls[span.shard]
+    def _read_visit(self, index: int, visit: list[Span]) -> Iterator[dict]:
+        url = self.shards.urls[visit[0].shard]
         delivered = 0
         attempt = 0
         while True:
             try:
                 stream = self._open(index, retry=attempt > 0)
                 self._open_ahead(index + 1)
-                for sample in self._samples(stream, span, span.start + delivered):
+                for sample in self._samples(stream, visit, _skip(visit, delivered)):
                     yield sample
                     delivered += 1
                 return
             except WdstreamError as error:
                 if not _is_transient(error) or attempt >= self.options.retries:
-                    yield from self._give_up(url, span, delivered, error, attempt)
+                    yield from self._give_up(url, visit, delivered, error, attempt)
                     return
                 attempt += 1
                 self.stats.retries += 1
@@ -153,35 +182,44 @@ class SpanReader:
                             self.options.retries, delay)
                 time.sleep(delay)
 
-    def _give_up(self, url, span, delivered, error, attempts) -> Iterator[None]:
+    def _give_up(self, url, visit, delivered, error, attempts) -> Iterator[None]:
         """Raise, or (``on_error="skip"``) record the shard and yield one None per sample
         not delivered, so stream positions stay exact for resume."""
         if self.options.on_error == "raise":
             raise error
-        missing = (span.length - delivered) if span.stop is not None else 0
+        known = all(span.stop is not None for span in visit)
+        missing = sum(span.length for span in visit) - delivered if known else 0
         log.error("%s: skipped after %d retries (%d samples lost): %s", url, attempts,
                   missing, error)
         self.stats.skipped_shards.append(url)
         self.stats.skipped_samples += missing
         yield from [None] * missing
 
-    def _samples(self, stream, span: Span, first: int) -> Iterator[dict]:
-        """Samples ``first``.. of one shard, up to ``span.stop``; checks the shard's end when
-        the span reaches it (or when the shard ends before the span does)."""
-        url = self.shards.urls[span.shard]
-        expected = self.shards.samples[span.shard] if self.shards.samples is not None else None
-        to_end = span.stop is None or (expected is not None and span.stop >= expected)
-        hashing = self.options.verify_digest and to_end and first == 0 and bool(
-            self.shards.sha256 and self.shards.sha256[span.shard])
+    def _samples(self, stream, visit: list[Span], wanted: list[Span]) -> Iterator[dict]:
+        """The ``wanted`` samples of one shard (ranges in increasing order). Reads up to the
+        visit's last sample; checks the shard's end when the visit reaches it (or when the
+        shard ends before the visit does)."""
+        shard = visit[0].shard
+        url = self.shards.urls[shard]
+        expected = self.shards.samples[shard] if self.shards.samples is not None else None
+        last_stop = visit[-1].stop
+        to_end = last_stop is None or (expected is not None and last_stop >= expected)
+        hashing = self.options.verify_digest and to_end and bool(
+            self.shards.sha256 and self.shards.sha256[shard])
         source = HashingReader(stream) if hashing else stream
         members = iter_members(source, url)
+        ranges = [(span.start, span.stop) for span in wanted]
+        current = 0  # the range the next sample may fall in
         count = 0
         try:
             for sample in iter_samples(members, url):
-                if count >= first and (span.stop is None or count < span.stop):
+                while current < len(ranges) and ranges[current][1] is not None \
+                        and count >= ranges[current][1]:
+                    current += 1
+                if current < len(ranges) and count >= ranges[current][0]:
                     yield sample
                 count += 1
-                if not to_end and count >= span.stop:
+                if not to_end and count >= last_stop:
                     _close_quietly(stream)  # the rest of the shard belongs to another stream
                     return
         except ShardError:
@@ -191,7 +229,7 @@ class SpanReader:
             _close_quietly(stream)
             raise
         stream.close()  # a pipe's exit status, a fetch that failed after the last byte
-        self._check_end(span.shard, url, count, members, source if hashing else None)
+        self._check_end(shard, url, count, members, source if hashing else None)
 
     def _check_end(self, shard: int, url: str, count: int, members, hashing) -> None:
         table = self.shards
