@@ -87,13 +87,19 @@ def _in_worker() -> bool:
 class _SharedBytes:
     """A batch's ``bytes`` members packed into one uint8 tensor. A DataLoader worker hands
     tensors over through shared memory, where pickled bytes go through a pipe at a few
-    hundred MB/s; the loader unpacks them back into ``bytes`` in the main process."""
+    hundred MB/s; the loader unpacks them back into ``bytes`` in the main process.
+
+    Page faults cost as much as the copies here: the tensor is allocated in shared memory
+    directly (``share_memory_()`` on a private tensor copies it once more), and each side maps
+    its pages with one ``madvise`` call where the kernel can (Linux 5.14+), rather than taking
+    a fault per 4 KiB page."""
+
+    _POPULATE_READ, _POPULATE_WRITE = 22, 23  # MADV_POPULATE_*; EINVAL on older kernels
+    _madvise = None  # libc's madvise once looked up; False where there is none
 
     def __init__(self, values: list[bytes]):
         self.ends = list(itertools.accumulate(map(len, values)))
-        self.tensor = torch.empty(self.ends[-1], dtype=torch.uint8)
-        if hasattr(self.tensor, "share_memory_"):
-            self.tensor.share_memory_()  # allocate in shared memory now: no copy when sent
+        self.tensor = self._allocate(self.ends[-1])
         view = self.tensor.numpy()
         start = 0
         for value, end in zip(values, self.ends, strict=True):
@@ -101,9 +107,47 @@ class _SharedBytes:
             start = end
 
     def unpack(self) -> list[bytes]:
+        self._populate(self.tensor, self._POPULATE_READ)
         data = memoryview(self.tensor.numpy())
         starts = [0, *self.ends[:-1]]
         return [bytes(data[a:b]) for a, b in zip(starts, self.ends, strict=True)]
+
+    @classmethod
+    def _allocate(cls, nbytes: int) -> torch.Tensor:
+        """An uninitialised uint8 tensor in shared memory, its pages already mapped."""
+        try:
+            storage = torch.UntypedStorage._new_shared(nbytes)
+            tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
+        except (AttributeError, RuntimeError, TypeError):  # a torch without _new_shared
+            tensor = torch.empty(nbytes, dtype=torch.uint8)
+            if hasattr(tensor, "share_memory_"):
+                tensor.share_memory_()
+        cls._populate(tensor, cls._POPULATE_WRITE)
+        return tensor
+
+    @classmethod
+    def _populate(cls, tensor: torch.Tensor, advice: int) -> None:
+        """Map all the pages of ``tensor`` in one system call; best effort (errors ignored)."""
+        if cls._madvise is None:
+            cls._madvise = False
+            import sys
+
+            if sys.platform.startswith("linux"):
+                try:
+                    import ctypes
+
+                    libc = ctypes.CDLL(None, use_errno=True)
+                    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                    libc.madvise.restype = ctypes.c_int
+                    cls._madvise = libc.madvise
+                except (OSError, AttributeError):
+                    pass
+        if cls._madvise and tensor.numel():
+            import mmap
+
+            address = tensor.data_ptr()
+            start = address - address % mmap.PAGESIZE
+            cls._madvise(start, tensor.numel() + address - start, advice)
 
 
 def _unpack_shared(batch):

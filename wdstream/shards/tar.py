@@ -230,7 +230,9 @@ class TarMembers:
     def __init__(self, stream: BinaryIO, url: str):
         self.url = url
         self.complete = False
-        self._read = stream.read
+        # read1 where there is one: it hands over a stream's chunk as it is, without copying
+        # or waiting for more (read(n) of a ByteStream joins chunks to give exactly n bytes).
+        self._read = getattr(stream, "read1", None) or stream.read
         self._data = b""  # buffered bytes; _data[_pos:] not yet parsed
         self._pos = 0
         self._base = 0  # stream offset of _data[0]
@@ -248,9 +250,19 @@ class TarMembers:
 
     def _fill(self, need: int) -> bool:
         """Make at least ``need`` unparsed bytes available; False if the stream ends first."""
-        parts = [self._data[self._pos :]]
-        have = len(parts[0])
+        rest = len(self._data) - self._pos
         read = self._read
+        if rest == 0:  # the common case: nothing left over, no join
+            chunk = read(min(max(_READ_SIZE, need), _MAX_READ))
+            if type(chunk) is not bytes:
+                chunk = bytes(chunk)  # payloads are bytes, whatever the stream returns
+            self._base += self._pos
+            self._data, self._pos = chunk, 0
+            if len(chunk) >= need or not chunk:
+                return len(chunk) >= need
+            rest = len(chunk)
+        parts = [memoryview(self._data)[self._pos :]]
+        have = rest
         while have < need:
             chunk = read(min(max(_READ_SIZE, need - have), _MAX_READ))
             if not chunk:
@@ -261,6 +273,42 @@ class TarMembers:
         self._data = b"".join(parts)
         self._pos = 0
         return have >= need
+
+    def _gather(self, start: int, size: int, padded: int) -> bytes | None:
+        """The payload of ``size`` bytes at ``_data[start:]``, which the buffer holds only
+        part of, with its padding (``padded`` bytes in all) consumed; None if the stream ends
+        first. The payload is joined once from the pieces as read (no join of the buffer with
+        each new read, no slicing afterwards), and the last piece becomes the buffer."""
+        data = self._data
+        read = self._read
+        parts = [memoryview(data)[start:]] if start < len(data) else []
+        have = len(data) - start
+        base = self._base + len(data)  # stream offset of the next piece read
+        chunk = data
+        while have < padded:
+            chunk = read(min(max(_READ_SIZE, padded - have), _MAX_READ))
+            if not chunk:
+                self._base, self._data, self._pos = base, b"", 0  # offset: all that was read
+                return None
+            if type(chunk) is not bytes:
+                chunk = bytes(chunk)  # it may become the buffer, sliced into payloads
+            parts.append(chunk)
+            have += len(chunk)
+            base += len(chunk)
+        self._base = base - len(chunk)
+        self._data, self._pos = chunk, len(chunk) - (have - padded)
+        excess = have - size  # bytes of padding and beyond, at the end of the parts
+        while excess:
+            last = parts[-1]
+            if len(last) <= excess:
+                parts.pop()
+                excess -= len(last)
+            else:
+                parts[-1] = memoryview(last)[: len(last) - excess]
+                excess = 0
+        if len(parts) == 1 and type(parts[0]) is bytes:
+            return parts[0]  # a read that was exactly the payload
+        return b"".join(parts)
 
     def _error(self, message: str, at: int) -> ShardError:
         return ShardError(f"{self.url}: {message} at byte {at}")
@@ -316,12 +364,12 @@ class TarMembers:
             end = pos + BLOCK + size
             padded = end + _padding(size)
             if padded > len(data):
-                if not self._fill(padded - pos):
+                payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK)
+                if payload is None:
                     raise self._error(f"truncated member ({size} bytes expected)", start)
-                data, pos = self._data, 0
-                end = BLOCK + size
-                padded = end + _padding(size)
-            self._pos = padded
+            else:
+                self._pos = padded
+                payload = None
             if typeflag in _REGULAR:
                 if path is not None:
                     name = path
@@ -334,12 +382,15 @@ class TarMembers:
                 long_name = None
                 if name.endswith(b"/"):  # an old-style directory entry
                     continue
-                yield name.decode("utf-8", "surrogateescape"), data[pos + BLOCK : end]
+                if payload is None:
+                    payload = data[pos + BLOCK : end]
+                yield name.decode("utf-8", "surrogateescape"), payload
             elif typeflag == 76 or typeflag == 75:  # 'L' longname, 'K' longlink
                 if typeflag == 76:
-                    long_name = _cstr(data[pos + BLOCK : end])
+                    long_name = _cstr(data[pos + BLOCK : end] if payload is None else payload)
             elif typeflag == 120:  # 'x': PAX extended header for the next member
-                pax = _parse_pax(data[pos + BLOCK : end], self, start)
+                pax = _parse_pax(data[pos + BLOCK : end] if payload is None else payload,
+                                 self, start)
             # else: 'g' (global PAX header) or an unknown type, skipped with its payload
 
     def _drain(self) -> None:

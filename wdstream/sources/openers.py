@@ -617,14 +617,32 @@ def s3_client(timeout: float):
 
     def make():
         import botocore.config
-        import botocore.session
 
         config = botocore.config.Config(
             connect_timeout=timeout, read_timeout=timeout, max_pool_connections=32
         )
-        return botocore.session.Session().create_client("s3", config=config)
+        return _botocore_session().create_client("s3", config=config)
 
     return _cached_client("botocore", "s3", timeout, make)
+
+
+_sessions: dict[tuple, object] = {}
+
+
+def _botocore_session():
+    """A botocore session per environment (called with ``_clients_lock`` held).
+
+    Unlike clients, sessions are kept across a fork: a session holds no connection, only the
+    loaded service models and the resolved configuration, so a DataLoader worker makes its
+    client from the session the main process already loaded (the manifest read) in ~20 ms
+    instead of ~100-250 ms of parsing the S3 model again."""
+    import botocore.session
+
+    key = tuple(os.environ.get(n) for n in _CLIENT_SETTINGS["s3"])
+    session = _sessions.get(key)
+    if session is None:
+        session = _sessions[key] = botocore.session.Session()
+    return session
 
 
 def filesystem(url: str, timeout: float = 60.0):
