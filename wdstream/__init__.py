@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "StreamingDataset": "wdstream.dataset",
     "DataLoader": "wdstream.loader",
-    "collate": "wdstream.loader",
+    "collate": "wdstream.batching",
     "Manifest": "wdstream.shards.manifest",
     "pack": "wdstream.pack.packer",
     "Mix": "wdstream.mix",

@@ -12,13 +12,13 @@ batches that follow are exactly those the uninterrupted run would have produced.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
+from .batching import collate, unpack_shared
 from .dataset import IterationSpec, worker_position, worker_stats, world_info
 from .errors import StateError, StreamError, WdstreamError
 from .plan import Segment, batches_in_stream
@@ -49,113 +49,6 @@ class Trackable(Protocol):
     def next_epoch(self) -> int: ...
     def set_epoch(self, epoch: int) -> None: ...
     def fingerprint(self) -> str: ...
-
-
-def collate(samples: list[dict]) -> dict:
-    """The default collate: a dict of lists (``batch["__key__"]`` is the list of keys), where
-    arrays and tensors of one shape become one stacked tensor (which travels from workers
-    through shared memory) and numbers become a tensor."""
-    import numpy as np
-
-    batch = {}
-    for name in samples[0]:
-        values = [sample[name] for sample in samples]
-        first = values[0]
-        if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
-            batch[name] = torch.stack(values)
-        elif isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
-                v.shape == first.shape for v in values):
-            batch[name] = torch.from_numpy(np.stack(values))
-        elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
-                type(v) is type(first) for v in values):
-            batch[name] = torch.tensor(values)
-        elif isinstance(first, bytes) and _in_worker() and all(
-                isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
-            batch[name] = _SharedBytes(values)
-        else:
-            batch[name] = values
-    return batch
-
-
-_SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
-
-
-def _in_worker() -> bool:
-    return torch.utils.data.get_worker_info() is not None
-
-
-class _SharedBytes:
-    """A batch's ``bytes`` members packed into one uint8 tensor. A DataLoader worker hands
-    tensors over through shared memory, where pickled bytes go through a pipe at a few
-    hundred MB/s; the loader unpacks them back into ``bytes`` in the main process.
-
-    Page faults cost as much as the copies here: the tensor is allocated in shared memory
-    directly (``share_memory_()`` on a private tensor copies it once more), and each side maps
-    its pages with one ``madvise`` call where the kernel can (Linux 5.14+), rather than taking
-    a fault per 4 KiB page."""
-
-    _POPULATE_READ, _POPULATE_WRITE = 22, 23  # MADV_POPULATE_*; EINVAL on older kernels
-    _madvise = None  # libc's madvise once looked up; False where there is none
-
-    def __init__(self, values: list[bytes]):
-        self.ends = list(itertools.accumulate(map(len, values)))
-        self.tensor = self._allocate(self.ends[-1])
-        view = self.tensor.numpy()
-        start = 0
-        for value, end in zip(values, self.ends, strict=True):
-            view[start:end] = memoryview(value)
-            start = end
-
-    def unpack(self) -> list[bytes]:
-        self._populate(self.tensor, self._POPULATE_READ)
-        data = memoryview(self.tensor.numpy())
-        starts = [0, *self.ends[:-1]]
-        return [bytes(data[a:b]) for a, b in zip(starts, self.ends, strict=True)]
-
-    @classmethod
-    def _allocate(cls, nbytes: int) -> torch.Tensor:
-        """An uninitialised uint8 tensor in shared memory, its pages already mapped."""
-        try:
-            storage = torch.UntypedStorage._new_shared(nbytes)
-            tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
-        except (AttributeError, RuntimeError, TypeError):  # a torch without _new_shared
-            tensor = torch.empty(nbytes, dtype=torch.uint8)
-            if hasattr(tensor, "share_memory_"):
-                tensor.share_memory_()
-        cls._populate(tensor, cls._POPULATE_WRITE)
-        return tensor
-
-    @classmethod
-    def _populate(cls, tensor: torch.Tensor, advice: int) -> None:
-        """Map all the pages of ``tensor`` in one system call; best effort (errors ignored)."""
-        if cls._madvise is None:
-            cls._madvise = False
-            import sys
-
-            if sys.platform.startswith("linux"):
-                try:
-                    import ctypes
-
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                    libc.madvise.restype = ctypes.c_int
-                    cls._madvise = libc.madvise
-                except (OSError, AttributeError):
-                    pass
-        if cls._madvise and tensor.numel():
-            import mmap
-
-            address = tensor.data_ptr()
-            start = address - address % mmap.PAGESIZE
-            cls._madvise(start, tensor.numel() + address - start, advice)
-
-
-def _unpack_shared(batch):
-    if isinstance(batch, dict):
-        for name, value in batch.items():
-            if isinstance(value, _SharedBytes):
-                batch[name] = value.unpack()
-    return batch
 
 
 class _TaggedCollate:
@@ -311,7 +204,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._batches[stream] += 1
                 self._add_stats(stats)
                 delivered += 1
-                yield _unpack_shared(batch)
+                yield unpack_shared(batch)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None
         if self.num_workers == 0:  # counts after the last batch (a skipped shard at the end)
