@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,27 @@ def cli_env():
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     return env
+
+
+@pytest.fixture
+def silent_endpoint():
+    """An HTTP endpoint that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=64)
+    server.settimeout(0.1)
+    connections, done = [], threading.Event()
+
+    def accept():
+        while not done.is_set():
+            try:
+                connections.append(server.accept()[0])
+            except TimeoutError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    done.set()
+    thread.join()
+    for connection in connections:
+        connection.close()
+    server.close()

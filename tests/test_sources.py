@@ -4,7 +4,6 @@ real ``aws`` CLI, the GCS emulator with ``gcloud``, and a TCP server that never 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -57,30 +56,6 @@ def assert_group_gone(pid: int) -> None:
     while live_processes_in_group(pid):
         assert time.monotonic() < deadline, f"process group {pid} still runs"
         time.sleep(0.01)
-
-
-@pytest.fixture
-def silent_endpoint():
-    """An HTTP endpoint that accepts connections and never answers."""
-    server = socket.create_server(("127.0.0.1", 0), backlog=64)
-    server.settimeout(0.1)
-    connections, done = [], threading.Event()
-
-    def accept():
-        while not done.is_set():
-            try:
-                connections.append(server.accept()[0])
-            except TimeoutError:
-                pass
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    done.set()
-    thread.join()
-    for connection in connections:
-        connection.close()
-    server.close()
 
 
 @pytest.fixture

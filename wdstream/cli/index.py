@@ -107,15 +107,10 @@ def index_command(sources, merge, output, workers, overwrite, quiet):
     url = write_manifest(manifest, prefix)
     if quiet:
         return
-    from ..sizes import format_size
-    from .pack import print_summary
+    from .pack import manifest_rows, print_summary
 
     seconds = max(time.monotonic() - start, 1e-9)
-    rows = [
-        ("shards", f"{len(manifest.shards):,}"),
-        ("samples", f"{manifest.samples:,}"),
-        ("bytes", f"{manifest.bytes:,} ({format_size(manifest.bytes)})"),
-    ]
+    rows = manifest_rows(manifest)
     if not merge:  # merging reads manifests only
         rows.append(("MB/s read", f"{manifest.bytes / seconds / 1e6:.1f} ({seconds:.1f} s)"))
     print_summary([*rows, ("manifest", url)])

@@ -8,6 +8,7 @@ import time
 import click
 
 from ..errors import InputError
+from ..sizes import format_size
 
 
 def parse_fields(values: tuple[str, ...], option: str = "--field",
@@ -69,6 +70,15 @@ class ProgressBar:
                 f"{status.bytes / seconds / 1e6:.1f} MB/s"
             ),
         )
+
+
+def manifest_rows(manifest) -> list[tuple[str, str]]:
+    """The summary rows every command that writes a manifest prints first."""
+    return [
+        ("shards", f"{len(manifest.shards):,}"),
+        ("samples", f"{manifest.samples:,}"),
+        ("bytes", f"{manifest.bytes:,} ({format_size(manifest.bytes)})"),
+    ]
 
 
 def print_summary(rows: list[tuple[str, str]]) -> None:
@@ -141,7 +151,6 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
     A failed run leaves no manifest and deletes the shards it wrote.
     """
     from ..pack.packer import pack
-    from ..sizes import format_size
 
     options = dict(
         fields=parse_fields(fields), key=key, max_count=max_count, max_size=max_size, name=name,
@@ -158,9 +167,7 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         return
     seconds = max(time.monotonic() - start, 1e-9)
     rows = [
-        ("shards", f"{len(manifest.shards):,}"),
-        ("samples", f"{manifest.samples:,}"),
-        ("bytes", f"{manifest.bytes:,} ({format_size(manifest.bytes)})"),
+        *manifest_rows(manifest),
         ("MB/s", f"{manifest.bytes / seconds / 1e6:.1f} ({seconds:.1f} s)"),
         ("output", output),
         ("manifest", manifest.url or ""),
