@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 
@@ -48,3 +49,13 @@ def write_dataset(folder, counts, *, payload: int = 0, manifest: bool = True) ->
 
 def all_keys(counts) -> set[str]:
     return {sample_key(s, i) for s, n in enumerate(counts) for i in range(n)}
+
+
+def first_batches(loader, n: int) -> list:
+    """The first ``n`` batches of a fresh iteration, then stop (as a crash would)."""
+    return list(itertools.islice(iter(loader), n)) if n else []
+
+
+def batch_keys(batches) -> list[tuple[str, ...]]:
+    """Each batch's ``__key__`` list, as a tuple."""
+    return [tuple(batch["__key__"]) for batch in batches]

@@ -7,7 +7,7 @@ import os
 from collections import Counter
 
 import pytest
-from datasets import all_keys, write_dataset
+from datasets import all_keys, batch_keys, first_batches, write_dataset
 
 import wdstream
 from wdstream.errors import StateError
@@ -33,20 +33,11 @@ def make(data, workers=2, batch_size=4, seed=3, window=5, **kwargs):
     return wdstream.DataLoader(ds, batch_size=batch_size, num_workers=workers)
 
 
-def keys_of(batches):
-    return [tuple(batch["__key__"]) for batch in batches]
+keys_of = batch_keys
 
 
 def take(loader, n):
-    """Iterate n batches of a fresh iteration, then stop (as a crash would)."""
-    out = []
-    if n == 0:
-        return out
-    for batch in loader:
-        out.append(tuple(batch["__key__"]))
-        if len(out) == n:
-            break
-    return out
+    return batch_keys(first_batches(loader, n))
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])

@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from datasets import write_dataset
+from datasets import first_batches, write_dataset
 
 import wdstream
 from wdstream.dataset import IterationSpec
@@ -47,13 +47,7 @@ def items(batches):
 
 
 def take(loader, n):
-    """The first n batches of a fresh iteration, then stop (as a crash would)."""
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == n:
-            break
-    return items(out)
+    return items(first_batches(loader, n))
 
 
 def test_block_choices_follow_the_weights_exactly():

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from datasets import first_batches
 from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
@@ -47,12 +48,7 @@ def rows(batches, key="input_ids"):
 
 
 def take(loader, n):
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == n:
-            break
-    return rows(out)
+    return rows(first_batches(loader, n))
 
 
 def test_sequences_are_the_documents_token_stream_cut_in_seq_len(corpus):

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torchdata")
 
-from datasets import all_keys, write_dataset  # noqa: E402
+from datasets import all_keys, batch_keys, first_batches, write_dataset  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 import wdstream  # noqa: E402
@@ -40,19 +40,11 @@ def make(data, workers, seed=3, window=5):
                               collate_fn=wdstream.collate)
 
 
-def keys_of(loader):
-    return [tuple(batch["__key__"]) for batch in loader]
+keys_of = batch_keys
 
 
 def take(loader, n):
-    out = []
-    if n == 0:
-        return out
-    for batch in loader:
-        out.append(tuple(batch["__key__"]))
-        if len(out) == n:
-            break
-    return out
+    return batch_keys(first_batches(loader, n))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
