@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 
 import torch.utils.data
@@ -89,7 +89,6 @@ def _cache_options(cache_dir, cache_limit) -> dict:
 class _Source:
     table: ShardTable
     manifest: Manifest | None
-    description: str = field(default="")
 
 
 def _resolve_source(source) -> _Source:
@@ -104,7 +103,7 @@ def _resolve_source(source) -> _Source:
         log.warning("%s: no index.json; streaming %d shards found there without sample counts "
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
                     found.source, len(found.urls), found.source)
-    return _Source(ShardTable(found.urls), None, found.source)
+    return _Source(ShardTable(found.urls), None)
 
 
 def _from_manifest(manifest: Manifest) -> _Source:
@@ -115,7 +114,7 @@ def _from_manifest(manifest: Manifest) -> _Source:
         bytes=[s.bytes for s in shards],
         sha256=[s.sha256 for s in shards],
     )
-    return _Source(table, manifest, manifest.base or "")
+    return _Source(table, manifest)
 
 
 class PositionedDataset(torch.utils.data.IterableDataset):
