@@ -493,11 +493,8 @@ class _ProcessSource(_Source):
             raise StreamError(self.url, f"command still running {timeout:g} s after its output "
                               "ended", stderr=self.process.stderr_tail(), transient=True)
         if status != 0:
-            stderr = self.process.stderr_tail()
-            what = permanent_failure(stderr)
-            message = f"command exited with status {status}"
-            raise StreamError(self.url, f"{what} ({message})" if what else message,
-                              stderr=stderr, transient=what is None)
+            raise command_failed(self.url, f"command exited with status {status}",
+                                 self.process.stderr_tail())
 
     def release(self):
         self.process.release()
@@ -507,6 +504,14 @@ _MISSING_MARKERS = ("404", "not found", "does not exist", "nosuchkey", "nosuchbu
                     "matched no objects", "no urls matched", "no such file")
 _DENIED_MARKERS = ("403", "accessdenied", "access denied", "forbidden",
                    "unable to locate credentials")
+
+
+def command_failed(url: str, message: str, stderr: str) -> StreamError:
+    """The error for a command that exited non-zero: permanent when its stderr says why
+    (not found, access denied...), else transient."""
+    what = permanent_failure(stderr)
+    return StreamError(url, f"{what} ({message})" if what else message, stderr=stderr,
+                       transient=what is None)
 
 
 def permanent_failure(stderr: str) -> str | None:

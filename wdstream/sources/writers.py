@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from ..errors import InputError, StreamError, WdstreamError
 from . import urls
-from .openers import ChildProcess, cli_url, filesystem, open_read, permanent_failure, stream_error
+from .openers import ChildProcess, cli_url, command_failed, filesystem, open_read, stream_error
 
 log = logging.getLogger(__name__)
 
@@ -92,28 +92,25 @@ class Writer(abc.ABC):
     def write(self, data: bytes) -> None:
         if self._finished:
             raise ValueError(f"{self.url}: write after commit or abort")
-        try:
-            self._write(data)
-        except WdstreamError:
-            self.abort()
-            raise
-        except Exception as exc:
-            self.abort()
-            raise stream_error(self.url, exc) from exc
+        self._or_abort(self._write, data)
 
     def commit(self) -> None:
         """Make the object appear, complete. On failure the writer aborts and raises."""
         if self._finished:
             return
+        self._or_abort(self._commit)
+        self._finished = True
+
+    def _or_abort(self, step, *args) -> None:
+        """Run one step; on any failure abort, and raise it as a WdstreamError naming the URL."""
         try:
-            self._commit()
+            step(*args)
         except WdstreamError:
             self.abort()
             raise
         except Exception as exc:
             self.abort()
             raise stream_error(self.url, exc) from exc
-        self._finished = True
 
     def abort(self) -> None:
         """Drop what was written; nothing appears at the URL. Never raises for cleanup."""
@@ -268,11 +265,8 @@ class _CliWriter(Writer):
         self._process.release()
 
     def _fail(self, status: int) -> None:
-        stderr = self._process.stderr_tail()
-        what = permanent_failure(stderr)
-        message = f"upload command exited with status {status}"
-        raise StreamError(self.url, f"{what} ({message})" if what else message,
-                          stderr=stderr, transient=what is None)
+        raise command_failed(self.url, f"upload command exited with status {status}",
+                             self._process.stderr_tail())
 
     def _abort(self):
         self._process.kill()  # before closing stdin: the command must not see end of input
