@@ -232,3 +232,39 @@ def test_elastic_resume_reads_each_shard_once(data, monkeypatch):
     resumed.load_state_dict(state)
     keys_of(resumed)
     assert len(opened) == len(set(opened)) <= len(COUNTS)
+
+
+@pytest.mark.parametrize("batch_size,drop_last", [(4, False), (7, True), (1, False)])
+def test_batch_order_does_not_depend_on_fetch_sizes(data, single_rank, monkeypatch, batch_size,
+                                                    drop_last):
+    """Workers send several batches per transfer; the loader still hands out one batch per
+    stream in turn, so the order (and what a state means) is that of one batch per fetch."""
+    def run(fetch_samples):
+        monkeypatch.setattr(wdstream.DataLoader, "FETCH_SAMPLES", fetch_samples)
+        ds = wdstream.StreamingDataset(data, seed=5, shuffle_window=6)
+        loader = wdstream.DataLoader(ds, batch_size=batch_size, num_workers=3,
+                                     drop_last=drop_last)
+        batches = keys_of(loader)
+        assert len(batches) == len(loader)
+        return batches
+
+    one_batch_per_fetch = run(batch_size)
+    assert run(64) == one_batch_per_fetch
+    assert run(512) == one_batch_per_fetch
+    if drop_last:
+        assert all(len(b) == batch_size for b in one_batch_per_fetch)
+
+
+def test_fetches_grow_and_stay_small_for_large_samples(tmp_path, single_rank):
+    """Fetch sizes: one batch first (time to first batch), then more batches per fetch for
+    small samples, never more than FETCH_BYTES of large ones."""
+    write_dataset(tmp_path, [50])
+    small = wdstream.DataLoader(wdstream.StreamingDataset(str(tmp_path)), batch_size=4,
+                                num_workers=2)
+    sizes = small._fetch_sizes()
+    assert [len(next(sizes)) for _ in range(2)] == [4, 4]
+    small._sample_bytes = 1000.0
+    grown = [len(next(sizes)) for _ in range(20)]
+    assert grown[-1] == wdstream.DataLoader.FETCH_SAMPLES and grown == sorted(grown)
+    small._sample_bytes = 1 << 20  # 1 MiB samples: one batch of 4 per fetch
+    assert {len(next(sizes)) for _ in range(4)} == {4}

@@ -310,7 +310,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _add_stats(self, stats: dict) -> None:
         self.stats["retries"] += stats["retries"]
-        self.stats["skipped_shards"].extend(stats["skipped_shards"])
+        skipped = self.stats["skipped_shards"]
+        # several streams may share a shard (and all skip their part of it): listed once
+        skipped.extend(url for url in stats["skipped_shards"] if url not in skipped)
         self.stats["skipped_samples"] += stats["skipped_samples"]
 
     # ---- state --------------------------------------------------------------------------
