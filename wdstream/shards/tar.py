@@ -334,12 +334,17 @@ class TarMembers:
                 return
             start = self._base + pos
             # Unsigned sum with the checksum field as spaces; some old writers used signed bytes.
-            try:
-                stored = int(_cstr(header[148:156]).strip(), 8)
+            field = header[148:156]
+            try:  # digits then NULs or spaces, the usual case; else up to the first NUL
+                stored = int(field.replace(b"\x00", b" "), 8)
             except ValueError:
-                stored = -1
-            if stored != _byte_sum(header) - sum(header[148:156]) + 256 \
-                    and stored != _signed_sum(header):
+                try:
+                    stored = int(_cstr(field).strip(), 8)
+                except ValueError:
+                    stored = -1
+            # _byte_sum inlined (once per member); the checksum field counts as spaces
+            if stored != (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) \
+                    - 2 - sum(field) + 256 and stored != _signed_sum(header):
                 raise self._error("bad header checksum", start)
             try:
                 # the usual 11 octal digits and a terminator; else the general rules
@@ -382,7 +387,10 @@ class TarMembers:
                 elif long_name is not None:
                     name = long_name
                 else:
-                    name = _cstr(header[:100])
+                    name = header[:100]
+                    nul = name.find(0)
+                    if nul >= 0:
+                        name = name[:nul]
                     if header[257:263] == b"ustar\x00" and header[345]:
                         name = _cstr(header[345:500]) + b"/" + name
                 long_name = None
