@@ -11,9 +11,11 @@ small records
     ``streaming``. (``case_hf(builder="webdataset")`` reads the tar shards with HF's webdataset
     builder; it is left out of the suite for time: about 0.6x plain webdataset.)
 large samples
-    ~1 MiB samples from local shards: MB/s against ``cat`` of the same files to /dev/null.
+    ~1 MiB samples from local shards: MB/s against ``cat`` of the same files to /dev/null;
+    members as ``bytes`` (the default) and as uint8 tensors (``bytes_as="tensor"``).
 s3
-    The same large samples on a moto server on 127.0.0.1: wdstream with each opener against a bare
+    The same large samples on a moto server on 127.0.0.1: wdstream with each opener (and the
+    default one with ``bytes_as="tensor"``) against a bare
     boto3 ``get_object`` + ``iter_chunks`` loop over the same shards; time to first batch.
 memory
     Peak resident memory of the whole process tree while streaming ~1 GB and ~4 GB (quick:
@@ -55,7 +57,7 @@ NOT_INSTALLABLE = {
 
 def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
                   opener: str = "auto", workers: int = WORKERS, batch: int | None = BATCH,
-                  shuffle: bool = False) -> dict:
+                  shuffle: bool = False, bytes_as: str = "bytes") -> dict:
     quiet_logs()
     import wdstream
     import wdstream.dataset  # noqa: F401 - import torch before the clock starts
@@ -63,7 +65,8 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
 
     started = time.perf_counter()
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode, opener=opener)
-    loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers)
+    loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers,
+                                 bytes_as=bytes_as)
     return consume(loader, started, expected)
 
 
@@ -211,6 +214,8 @@ T_LARGE = "large samples: ~1 MiB samples, local shards"
 T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"
 T_S3 = "S3 (moto on 127.0.0.1): ~1 MiB samples, 2 workers, batch 32"
 T_GOALS = "goals (issues 3 and 7)"
+TENSOR = 'wdstream, bytes_as="tensor" (no copy in the main process)'
+S3_TENSOR = 'wdstream, opener "sdk", bytes_as="tensor"'
 
 
 def _rate(result: dict, key: str = "samples"):
@@ -318,6 +323,8 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
         "cat": (here + "case_cat", {"files": small["shards"]}),
         "wdstream": (here + "case_wdstream", {"source": small["dir"], "decode": False,
                                               "expected": small["samples"]}),
+        TENSOR: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                          "bytes_as": "tensor", "expected": small["samples"]}),
         "wdstream, in-process reader (no DataLoader)": (
             here + "case_wdstream_inprocess", {"source": small["dir"],
                                                "expected": small["samples"]}),
@@ -331,7 +338,8 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     results = common.repeat(cases, progress=common.log)
     cat = _mbps(results["cat"], small["bytes"])
     rows = []
-    for name in ("cat", "wdstream", "wdstream, in-process reader (no DataLoader)", "webdataset"):
+    for name in ("cat", "wdstream", TENSOR, "wdstream, in-process reader (no DataLoader)",
+                 "webdataset"):
         result = results[name]
         mbps = _mbps(result, small["bytes"])
         rows.append({"table": T_LARGE, "reader": name, "MB/s": mbps, "÷ cat": ratio(mbps, cat),
@@ -341,7 +349,8 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     rows.append(_note(T_LARGE, f"{small['samples']:,} samples of 1 MiB in {len(small['shards'])} "
                       f"shards, {small['bytes'] / common.MB:,.0f} MB, from the page cache; "
                       "2 workers and batch 32 for the DataLoader rows."))
-    summary = {"vs_cat": ratio(_mbps(results["wdstream"], small["bytes"]), cat)}
+    summary = {"vs_cat": ratio(_mbps(results["wdstream"], small["bytes"]), cat),
+               "tensor_vs_cat": ratio(_mbps(results[TENSOR], small["bytes"]), cat)}
     runs = {("wdstream", 1): (results["wdstream"], small),
             ("wdstream", 4): (results["wdstream, large"], big),
             ("webdataset", 1): (results["webdataset"], small),
@@ -381,6 +390,9 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
             'wdstream, opener "sdk" (default)': (
                 here + "case_wdstream", {"source": url, "opener": "sdk", "decode": False,
                                          "expected": samples}, s3.env),
+            S3_TENSOR: (
+                here + "case_wdstream", {"source": url, "opener": "sdk", "decode": False,
+                                         "bytes_as": "tensor", "expected": samples}, s3.env),
             'wdstream, opener "fsspec"': (
                 here + "case_wdstream", {"source": url, "opener": "fsspec", "decode": False,
                                          "expected": samples}, s3.env),
@@ -407,7 +419,8 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     summary = {
         "vs_boto3": ratio(_mbps(results[names[1]], data["bytes"]), base),
         "ttfb": results[names[1]].get("ttfb_s"),
-        "peer_ttfb": results[names[4]].get("ttfb_s"),
+        "tensor_vs_boto3": ratio(_mbps(results[S3_TENSOR], data["bytes"]), base),
+        "peer_ttfb": results["webdataset, pipe:aws s3 cp"].get("ttfb_s"),
     }
     return rows, summary
 
@@ -428,7 +441,11 @@ def run(quick: bool) -> list[dict]:
         goal(f"small records, JSON parsed: wdstream ÷ best peer ({small['json']['best']}) "
              "(issue 7)", small["json"]["vs_best"], 1.5),
         goal("1 MiB samples: wdstream MB/s ÷ cat", large["vs_cat"], 0.5),
+        goal('1 MiB samples, bytes_as="tensor": wdstream MB/s ÷ cat', large["tensor_vs_cat"],
+             0.5),
         goal('S3: opener "sdk" (default) MB/s ÷ boto3 loop', s3["vs_boto3"], 0.8),
+        goal('S3: opener "sdk", bytes_as="tensor": MB/s ÷ boto3 loop', s3["tensor_vs_boto3"],
+             0.8),
         goal("S3: first batch, wdstream ÷ webdataset (pipe:aws)",
              ratio(s3["ttfb"], s3["peer_ttfb"]), 1.0, higher_is_better=False),
         goal("peak RSS: 4× the data ÷ 1× (wdstream)", large["rss_growth"], 1.1,

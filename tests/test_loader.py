@@ -184,30 +184,64 @@ def test_without_manifest_still_streams(tmp_path, single_rank):
 
 
 def test_large_binary_members_cross_workers_intact(tmp_path, single_rank):
-    """Batches of large bytes members travel through shared memory and arrive unchanged."""
+    """Batches of large bytes members travel through shared memory (pooled buffers, reused
+    once the loader has copied them out) and arrive unchanged."""
+    payloads = {f"k{i:03d}": bytes([i]) * (300_000 + i) for i in range(40)}
+    loader = wdstream.DataLoader(wdstream.StreamingDataset(_binary_dataset(tmp_path, payloads)),
+                                 batch_size=4, num_workers=2)
+    got = {}
+    for batch in loader:
+        assert all(isinstance(v, bytes) for v in batch["bin"])
+        got.update(zip(batch["__key__"], batch["bin"], strict=True))
+    assert got == payloads
+
+
+def _binary_dataset(folder, payloads: dict[str, bytes]) -> str:
     import hashlib
     import io
 
     from wdstream.shards.manifest import Manifest, ShardInfo
     from wdstream.shards.tar import TarWriter
 
-    payloads = {f"k{i:03d}": bytes([i]) * (300_000 + i) for i in range(12)}
     buffer = io.BytesIO()
     writer = TarWriter(buffer)
     for key, payload in payloads.items():
         writer.add(f"{key}.bin", payload)
     writer.close()
     data = buffer.getvalue()
-    (tmp_path / "shard-000000.tar").write_bytes(data)
-    info = ShardInfo("shard-000000.tar", 12, len(data), hashlib.sha256(data).hexdigest())
-    (tmp_path / "index.json").write_text(Manifest([info], ["bin"]).to_json())
-    loader = wdstream.DataLoader(wdstream.StreamingDataset(str(tmp_path)), batch_size=4,
-                                 num_workers=2)
+    (folder / "shard-000000.tar").write_bytes(data)
+    info = ShardInfo("shard-000000.tar", len(payloads), len(data),
+                     hashlib.sha256(data).hexdigest())
+    (folder / "index.json").write_text(Manifest([info], ["bin"]).to_json())
+    return str(folder)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bytes_as_tensor_shares_memory_without_copies(tmp_path, single_rank, workers):
+    """bytes_as="tensor": raw members arrive as uint8 tensors, large and small alike. Views
+    held by the loop keep their buffer: a worker refills a pooled buffer only once released,
+    so holding every batch (more than the pool's slots) leaves every value intact."""
+    import torch
+
+    payloads = {f"k{i:03d}": bytes([i]) * (200_000 + i) for i in range(40)}
+    payloads["small"] = b"tiny"
+    source = _binary_dataset(tmp_path, payloads)
+    loader = wdstream.DataLoader(wdstream.StreamingDataset(source, shuffle=False), batch_size=2,
+                                 num_workers=workers, bytes_as="tensor")
+    held = [batch for batch in loader]
     got = {}
-    for batch in loader:
-        assert all(isinstance(v, bytes) for v in batch["bin"])
-        got.update(zip(batch["__key__"], batch["bin"], strict=True))
+    for batch in held:
+        assert all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in batch["bin"])
+        got.update(zip(batch["__key__"], (v.numpy().tobytes() for v in batch["bin"]),
+                       strict=True))
     assert got == payloads
+    single = wdstream.DataLoader(wdstream.StreamingDataset(source, shuffle=False),
+                                 batch_size=None, num_workers=workers, bytes_as="tensor")
+    sample = next(iter(single))
+    assert isinstance(sample["bin"], torch.Tensor) and bytes(sample["bin"].numpy()) == \
+        payloads[sample["__key__"]]
+    with pytest.raises(ValueError, match="bytes_as"):
+        wdstream.DataLoader(wdstream.StreamingDataset(source), bytes_as="memoryview")
 
 
 def test_elastic_resume_reads_each_shard_once(data, monkeypatch):

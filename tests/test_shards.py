@@ -327,6 +327,30 @@ def test_truncated_mid_member():
         list(iter_members(io.BytesIO(cut), "x"))
 
 
+class Unseekable(io.BytesIO):
+    def seekable(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("stream", [io.BytesIO, Unseekable], ids=["seekable", "unseekable"])
+def test_large_members_read_whole_or_joined(stream):
+    """A payload from 128 KiB on is read with one exact read where the stream can seek (a
+    local file), else joined from chunks; both give the same members, offsets and errors."""
+    big = bytes(range(256)) * 1200 + b"tail"  # 307,204 bytes: not a multiple of 512
+    data = make_tar([("a.bin", b"a" * 100), ("b.bin", big), ("c.bin", big[::-1]),
+                     ("d.txt", b"d")])
+    members = iter_members(stream(data), "x")
+    assert list(members) == [("a.bin", b"a" * 100), ("b.bin", big), ("c.bin", big[::-1]),
+                             ("d.txt", b"d")]
+    assert members.complete and members.offset == len(data)
+    b_start = 1024 + 512  # b.bin's payload
+    for cut in (b_start + 1000, b_start + len(big), b_start + len(big) + 10):
+        members = iter_members(stream(data[:cut]), "x")
+        assert next(members)[0] == "a.bin"
+        with pytest.raises(ShardError, match="truncated member .* at byte 1024"):
+            next(members)
+
+
 def test_truncated_mid_header():
     data = make_tar([("a.txt", b"a" * 100), ("b.txt", b"b")])
     with pytest.raises(ShardError, match=r"shard.tar: truncated header at byte 1024"):

@@ -13,7 +13,12 @@ import pytest
 
 from wdstream.errors import InputError, StreamError
 from wdstream.sources import urls
-from wdstream.sources.openers import CLI_READ_COMMANDS, ByteStream, open_read, resolve_opener
+from wdstream.sources.openers import (
+    CLI_READ_COMMANDS,
+    LocalFile,
+    open_read,
+    resolve_opener,
+)
 from wdstream.sources.writers import (
     delete,
     exists,
@@ -157,7 +162,7 @@ def test_gs_cli_reader_falls_back_to_gsutil(tmp_path, monkeypatch):
 def test_local_file_and_file_url(data_file):
     for url in (str(data_file), f"file://{data_file}"):
         with open_read(url) as stream:
-            assert isinstance(stream, ByteStream) and stream.url == url
+            assert isinstance(stream, LocalFile) and stream.url == url
             assert stream.read(10) == DATA[:10]
             assert stream.read1(5) == DATA[10:15]
             buffer = bytearray(100)
@@ -169,6 +174,9 @@ def test_local_file_and_file_url(data_file):
         assert stream.read() == DATA[1_500_000:]
     with open_read(str(data_file), start=len(DATA)) as stream:
         assert stream.read() == b""
+    with open_read(str(data_file), start=1000) as stream:  # seekable: the tar reader seeks
+        assert stream.seekable() and stream.read(10) == DATA[1000:1010]
+        assert stream.seek(5) == 5 and stream.read(5) == DATA[1005:1010] and stream.tell() == 10
     stream.close()  # twice is fine
     with pytest.raises(ValueError):
         stream.read()

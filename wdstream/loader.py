@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
-from .batching import approximate_bytes, collate, unpack_shared
+from .batching import BYTES_AS, approximate_bytes, collate, share_all_bytes, unpack_shared
 from .dataset import END_OF_STREAM, IterationSpec, worker_position, worker_stats, world_info
 from .errors import StateError, StreamError, WdstreamError
 from .plan import Segment, batches_in_stream
@@ -59,8 +59,9 @@ class _TaggedCollate:
     ``batch_size=None`` a fetch is one sample."""
 
     def __init__(self, collate_fn: Callable, rotation: int, workers: int,
-                 batch_size: int | None, drop_last: bool):
+                 batch_size: int | None, drop_last: bool, share_bytes: bool = False):
         self.collate_fn = collate_fn
+        self.share_bytes = share_bytes  # bytes_as="tensor": all bytes into shared memory
         self.rotation = rotation
         self.workers = workers
         self.batch_size = batch_size
@@ -70,9 +71,10 @@ class _TaggedCollate:
         info = torch.utils.data.get_worker_info()
         stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
         trail = worker_position.trail
+        collate_fn = self._collate_and_share if self.share_bytes else self.collate_fn
         if self.batch_size is None:  # one sample per fetch
             ended = samples is END_OF_STREAM
-            batches = [] if ended else [(trail[-1], self.collate_fn(samples))]
+            batches = [] if ended else [(trail[-1], collate_fn(samples))]
         else:
             ended = bool(samples) and samples[-1] is END_OF_STREAM
             if ended:
@@ -81,10 +83,13 @@ class _TaggedCollate:
             stop = len(samples)
             if self.drop_last:
                 stop -= stop % size  # only a stream's last batch can be short
-            batches = [(trail[min(start + size, stop) - 1], self.collate_fn(samples[start:start + size]))
-                       for start in range(0, stop, size)]
+            batches = [(trail[min(start + size, stop) - 1],
+                        collate_fn(samples[start:start + size])) for start in range(0, stop, size)]
         trail.clear()
         return stream, batches, worker_stats.take(), ended
+
+    def _collate_and_share(self, samples):
+        return share_all_bytes(self.collate_fn(samples))
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -95,11 +100,18 @@ class DataLoader(torch.utils.data.DataLoader):
     Accepts the usual DataLoader arguments. ``collate_fn`` defaults to ``wdstream.collate``
     (a dict of lists; arrays of one shape stacked). ``persistent_workers`` is refused: each
     epoch's plan and resume position reach the workers when they start.
+
+    ``bytes_as``: how undecoded members reach the training loop. ``"bytes"`` (default):
+    ``bytes`` objects. ``"tensor"``: 1-D ``torch.uint8`` tensors that share the memory the
+    worker filled, with no copy in the main process: the fast way to stream large binary
+    payloads (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies it into
+    ``bytes``).
     """
 
     def __init__(self, dataset: Trackable, batch_size: int | None = 1, *,
                  num_workers: int = 0, collate_fn: Callable | None = None,
-                 drop_last: bool = False, persistent_workers: bool = False, **kwargs):
+                 drop_last: bool = False, persistent_workers: bool = False,
+                 bytes_as: str = "bytes", **kwargs):
         if not isinstance(dataset, Trackable):
             raise TypeError("wdstream.DataLoader needs a wdstream.StreamingDataset or a stage "
                             f"built on one (Mix, PackedSequences), not {type(dataset).__name__}")
@@ -111,10 +123,13 @@ class DataLoader(torch.utils.data.DataLoader):
                              "non-deterministic")
         if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
             raise ValueError("the epoch plan decides the order; samplers do not apply")
+        if bytes_as not in BYTES_AS:
+            raise ValueError(f"bytes_as must be one of {BYTES_AS}, not {bytes_as!r}")
+        self.bytes_as = bytes_as
         self.user_collate = collate_fn if collate_fn is not None else (
             collate if batch_size is not None else _identity)
         self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers), batch_size,
-                                      drop_last)
+                                      drop_last, share_bytes=bytes_as == "tensor")
         self._starting_workers = False
         self._sample_bytes = 0.0  # estimated bytes per sample, sizes the fetches
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
@@ -272,7 +287,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._positions[stream] = position
                 self._batches[stream] += 1
                 delivered += 1
-                yield unpack_shared(batch)
+                yield unpack_shared(batch, self.bytes_as)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None
         if resumed and delivered == 0:

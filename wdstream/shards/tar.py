@@ -24,6 +24,7 @@ END_SIZE = 2 * BLOCK  # the end-of-archive marker: two zero blocks
 _ZERO_BLOCK = bytes(BLOCK)
 _READ_SIZE = 1 << 20  # large reads: slicing from a buffer beats many small read() calls
 _MAX_READ = 1 << 26  # one read's cap, however large the member (or a corrupt size field)
+_EXACT_READ = 1 << 17  # payloads from this size on are read whole where the stream can seek
 
 _NAME_MAX = 100
 _PREFIX_MAX = 155
@@ -234,6 +235,9 @@ class TarMembers:
         # read1 where there is one: it hands over a stream's chunk as it is, without copying
         # or waiting for more (read(n) of a ByteStream joins chunks to give exactly n bytes).
         self._read = getattr(stream, "read1", None) or stream.read
+        # A seekable stream (a local file) gives a large payload in one exact read.
+        seekable = getattr(stream, "seekable", None)
+        self._stream = stream if seekable is not None and seekable() else None
         self._data = b""  # buffered bytes; _data[_pos:] not yet parsed
         self._pos = 0
         self._base = 0  # stream offset of _data[0]
@@ -280,6 +284,8 @@ class TarMembers:
         part of, with its padding (``padded`` bytes in all) consumed; None if the stream ends
         first. The payload is joined once from the pieces as read (no join of the buffer with
         each new read, no slicing afterwards), and the last piece becomes the buffer."""
+        if self._stream is not None and _EXACT_READ <= size <= _MAX_READ:
+            return self._read_exact(start, size, padded)
         data = self._data
         read = self._read
         parts = [memoryview(data)[start:]] if start < len(data) else []
@@ -310,6 +316,20 @@ class TarMembers:
         if len(parts) == 1 and type(parts[0]) is bytes:
             return parts[0]  # a read that was exactly the payload
         return b"".join(parts)
+
+    def _read_exact(self, start: int, size: int, padded: int) -> bytes | None:
+        """``_gather`` on a seekable stream: seek back to the payload and read it whole."""
+        offset = self._base + start  # the payload's stream offset
+        stream = self._stream
+        stream.seek(offset)
+        payload = stream.read(size)
+        if len(payload) == size and padded > size:
+            padding = stream.read(padded - size)
+            end = offset + size + len(padding)
+        else:
+            end = offset + len(payload)
+        self._base, self._data, self._pos = end, b"", 0
+        return payload if end == offset + padded else None
 
     def _error(self, message: str, at: int) -> ShardError:
         return ShardError(f"{self.url}: {message} at byte {at}")

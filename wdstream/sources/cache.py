@@ -52,6 +52,7 @@ from collections.abc import Callable
 from ..errors import InputError
 from ..sizes import parse_size
 from . import urls
+from .openers import LocalFile
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class ShardCache:
 
     def _open_hit(self, url: str, path: str, size: int | None) -> CachedStream | None:
         try:
-            file = open(path, "rb")  # noqa: SIM115 - owned by the returned stream
+            file = open(path, "rb", buffering=0)  # noqa: SIM115 - owned by the stream
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -239,39 +240,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class CachedStream(io.BufferedIOBase):
+class CachedStream(LocalFile):
     """A cache hit: the cached file, with the attributes of a ``ByteStream``."""
 
     def __init__(self, url: str, file, path: str):
-        super().__init__()
-        self.url, self.path, self.bytes_read = url, path, 0
-        self._file = file
-
-    def read(self, n: int | None = -1) -> bytes:
-        data = self._file.read(n)
-        self.bytes_read += len(data)
-        return data
-
-    def read1(self, n: int | None = -1) -> bytes:
-        data = self._file.read1(n)
-        self.bytes_read += len(data)
-        return data
-
-    def readinto(self, buffer) -> int:
-        count = self._file.readinto(buffer)
-        self.bytes_read += count
-        return count
-
-    def readable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.bytes_read
-
-    def close(self) -> None:
-        if not self.closed:
-            self._file.close()
-        super().close()
+        super().__init__(url, file)
+        self.path = path
 
     def __repr__(self) -> str:
         return f"<CachedStream {self.url!r} from {self.path!r}>"

@@ -1,12 +1,15 @@
-"""Read streams: ``open_read(url)`` gives a ``ByteStream`` over a local file, a ``pipe:`` command,
-a cloud CLI, fsspec or the S3 SDK.
+"""Read streams: ``open_read(url)`` gives a ``ByteStream`` over a ``pipe:`` command, a cloud
+CLI, fsspec or the S3 SDK, and a ``LocalFile`` for a local path.
 
 How a stream works
-    A background thread reads the source in chunks of up to 1 MiB into a buffer holding up to
-    8 MiB, so opening the next shard while the current one is parsed prefetches it for free.
-    ``read()`` waits at most ``timeout`` seconds for the next chunk; a longer stall raises
-    ``StreamError(transient=True)`` and stops the source. ``open_read`` itself does no data I/O:
-    a missing object or a refused connection is raised by the first ``read()``.
+    A ByteStream's background thread reads the source in chunks of up to 1 MiB into a buffer
+    holding up to 8 MiB, so opening the next shard while the current one is parsed prefetches
+    it for free. ``read()`` waits at most ``timeout`` seconds for the next chunk; a longer stall
+    raises ``StreamError(transient=True)`` and stops the source. ``open_read`` itself does no
+    data I/O: a missing object or a refused connection is raised by the first ``read()``.
+    A local file needs no thread (the page cache reads ahead): it is read in the caller's
+    thread, is seekable (the tar reader reads a large payload whole, in one copy), and a
+    missing file is raised by ``open_read``.
 
 How a stream ends
     ``read()`` returns ``b""`` at the end. ``close()`` then checks how a command (``pipe:`` or a
@@ -131,7 +134,7 @@ CLI_READ_COMMANDS: dict[str, Callable[[str, float], list[str]]] = {
 
 def open_read(
     url: str, *, opener: str | None = None, timeout: float = 60.0, start: int = 0
-) -> ByteStream:
+) -> ByteStream | LocalFile:
     """Open ``url`` for streaming, from byte ``start`` on. See the module docstring.
 
     ``timeout`` is the longest wait for data (and the connect/read timeout of the SDK client).
@@ -143,8 +146,18 @@ def open_read(
         raise InputError(f"{url}: start must be >= 0, got {start}")
     reader = resolve_opener(opener, url)
     if reader == "file":
-        source: _Source = _FileSource(urls.to_local_path(url), start)
-    elif reader == "pipe":
+        path = urls.to_local_path(url)
+        try:
+            file = open(path, "rb", buffering=0)  # noqa: SIM115 - the stream closes it
+        except OSError as exc:
+            raise stream_error(url, exc) from None
+        stream = LocalFile(url, file)
+        if start:
+            stream.seek(start)
+            stream._start, stream.bytes_read = start, 0  # positions count from ``start``
+        return stream
+    source: _Source
+    if reader == "pipe":
         argv = ["/bin/bash", "-o", "pipefail", "-c", url[len("pipe:"):]]
         source = _ProcessSource(url, argv, start)
     elif reader == "cli":
@@ -372,6 +385,62 @@ class ByteStream(io.BufferedIOBase):
         return f"<ByteStream {self.url!r} bytes_read={self.bytes_read}>"
 
 
+class LocalFile(io.BufferedIOBase):
+    """A local file read in the caller's thread, with the attributes of a ``ByteStream``.
+
+    No reader thread: the page cache already reads ahead. It is seekable, so the tar reader
+    takes a large payload with one exact read (one copy) instead of joining chunks."""
+
+    def __init__(self, url: str, file):
+        super().__init__()
+        self.url, self.bytes_read = url, 0
+        self._file = file
+        self._start = file.tell()
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except OSError as exc:
+            raise stream_error(self.url, exc) from None
+
+    def read(self, n: int | None = -1) -> bytes:
+        data = self._call(self._file.read, n)
+        self.bytes_read += len(data)
+        return data
+
+    read1 = read  # a raw file's read returns what the file holds, without joining
+
+    def readinto(self, buffer) -> int:
+        count = self._call(self._file.readinto, buffer)
+        self.bytes_read += count
+        return count
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._file.seekable()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Positions count from where the stream started (``start`` of ``open_read``)."""
+        if whence == io.SEEK_SET:
+            offset += self._start
+        position = self._call(self._file.seek, offset, whence) - self._start
+        self.bytes_read = position
+        return position
+
+    def tell(self) -> int:
+        return self.bytes_read
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"<LocalFile {self.url!r} bytes_read={self.bytes_read}>"
+
+
 # --------------------------------------------------------------------------- sources
 
 
@@ -397,20 +466,6 @@ class _Source(abc.ABC):
 
     def release(self) -> None:  # noqa: B027 - optional hook
         """Free what the source holds (processes, threads); called once, last."""
-
-
-class _FileSource(_Source):
-    stops_promptly = True
-
-    def __init__(self, path: str, start: int):
-        self.path, self.start = path, start
-
-    def run(self, put):
-        with open(self.path, "rb") as file:
-            file.seek(self.start)
-            while chunk := file.read(CHUNK_SIZE):
-                if not put(chunk):
-                    return
 
 
 class _S3Source(_Source):
