@@ -182,6 +182,33 @@ class _SharedBytes:
             cls._madvise(start, tensor.numel() + address - start, advice)
 
 
+# glibc's malloc in a DataLoader worker: blocks under 4 MiB (a payload, a read chunk) come from
+# the heap, and up to 64 MiB of freed heap stays mapped. By default each 1 MiB payload is a
+# fresh mmap whose pages fault in one by one, or freed heap is trimmed and faulted in again;
+# measured with 1 MiB samples: +25% MB/s from local shards, +5% from S3 (moto), +35 MB peak RSS.
+# Workers only: they exist to read data; the training process keeps its own settings.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+WORKER_MALLOC = {_M_TRIM_THRESHOLD: 64 << 20, _M_MMAP_THRESHOLD: 4 << 20}
+_tuned_pid = None
+
+
+def tune_worker_allocator() -> None:
+    """Apply ``WORKER_MALLOC`` once in this (worker) process; nothing where malloc is not
+    glibc's."""
+    global _tuned_pid
+    if _tuned_pid == os.getpid():
+        return
+    _tuned_pid = os.getpid()
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    for option, value in WORKER_MALLOC.items():
+        mallopt(option, value)
+
+
 BYTES_AS = ("bytes", "tensor")
 
 

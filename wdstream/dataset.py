@@ -19,6 +19,7 @@ from itertools import islice
 
 import torch.utils.data
 
+from .batching import tune_worker_allocator
 from .errors import ManifestError, ShardError, StateError, WdstreamError
 from .pipeline.decode import build_decoders, decode_sample
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
@@ -209,6 +210,8 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         self._live = (spec, stream)
         worker_position.value = start
         if self.spec is not None:  # iterated by wdstream.DataLoader
+            if torch.utils.data.get_worker_info() is not None:
+                tune_worker_allocator()
             return with_trail(self.positioned(spec, stream, start))
         return with_positions(self.positioned(spec, stream, start))
 
@@ -331,12 +334,35 @@ class StreamingDataset(PositionedDataset):
         each with the position after it. Stages built on this dataset (mixing, packing) call
         it and report positions of their own."""
         position = start
-        for sample in self._samples(spec, stream, start):
+        samples = self._samples(spec, stream, start)
+        decoders, mapper = self.decoders, self.map
+        if decoders is None and mapper is None:  # the hot path: nothing to do per sample
+            for sample in samples:
+                position += 1
+                if sample is not None:  # None stands for a sample skipped by on_error="skip"
+                    yield sample, position
+            return
+        for sample in samples:
             position += 1
-            if sample is not None:  # None stands for a sample skipped by on_error="skip"
+            if sample is None:
+                continue
+            if decoders is not None:
+                try:
+                    sample = decode_sample(sample, decoders)
+                except ShardError as error:
+                    if self.read_options.on_error == "raise":
+                        raise
+                    log.error("skipped: %s", error)
+                    worker_stats.skipped_samples += 1
+                    continue
+            if mapper is not None:
+                sample = mapper(sample)
+            if sample is not None:  # a map may drop a sample
                 yield sample, position
 
     def _samples(self, spec: IterationSpec, stream: int, start: int) -> Iterator[dict | None]:
+        """The stream's raw samples from position ``start``, in the plan's order (None for a
+        sample skipped by ``on_error="skip"``)."""
         window = self.options.window
         first_window, skip = divmod(start, window)
         if self.has_counts:
@@ -363,20 +389,7 @@ class StreamingDataset(PositionedDataset):
             def order(index, size):
                 return window_order(size, o.seed, spec.epoch, 0, spec.rank, stream, index,
                                     o.shuffle)
-        samples = window_shuffle(samples, window, order, first_window, skip)
-        for sample in samples:
-            if sample is not None and self.decoders is not None:
-                try:
-                    sample = decode_sample(sample, self.decoders)
-                except ShardError as error:
-                    if self.read_options.on_error == "raise":
-                        raise
-                    log.error("skipped: %s", error)
-                    worker_stats.skipped_samples += 1
-                    sample = None
-            if sample is not None and self.map is not None:
-                sample = self.map(sample)
-            yield sample
+        return window_shuffle(samples, window, order, first_window, skip)
 
     # ---- torchdata's StatefulDataLoader protocol ----------------------------------------
     # StatefulDataLoader calls these on the dataset copy in each worker (or in the main

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import collections
 import logging
+
+try:
+    import fcntl
+except ImportError:  # not on Windows
+    fcntl = None
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -163,9 +168,11 @@ class DataLoader(torch.utils.data.DataLoader):
     def _get_iterator(self):
         self._starting_workers = True
         try:
-            return super()._get_iterator()
+            iterator = super()._get_iterator()
         finally:
             self._starting_workers = False
+        _widen_pipe(getattr(iterator, "_worker_result_queue", None))
+        return iterator
 
     @property
     def _index_sampler(self):
@@ -184,10 +191,9 @@ class DataLoader(torch.utils.data.DataLoader):
         while True:
             for _worker in range(self.num_workers):
                 yield range(batches * size)
-            limit = self.FETCH_SAMPLES
-            if self._sample_bytes:
-                limit = min(limit, int(self.FETCH_BYTES / self._sample_bytes))
-            batches = max(1, min(batches * 2, limit // size))
+            if self._sample_bytes:  # grow once a batch has told how large samples are
+                limit = min(self.FETCH_SAMPLES, int(self.FETCH_BYTES / self._sample_bytes))
+                batches = max(1, min(batches * 2, limit // size))
 
     @property
     def streams(self) -> int:
@@ -380,6 +386,23 @@ class DataLoader(torch.utils.data.DataLoader):
                              f"the layout it was saved with ({state['world']} ranks x "
                              f"{state['workers']} workers, batch {state['batch_size']})")
         self._pending = dict(state)
+
+
+PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process (pipe-max-size)
+
+
+def _widen_pipe(result_queue) -> None:
+    """Let the workers' result pipe hold a whole fetch (1 MiB rather than 64 KiB): a fetch
+    then crosses in one write and one read instead of a wake-up every 64 KiB. Best effort
+    (Linux only; the queue's pipe is a detail of torch's DataLoader)."""
+    reader = getattr(result_queue, "_reader", None)
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
+    if reader is None or set_size is None:
+        return
+    try:
+        fcntl.fcntl(reader.fileno(), set_size, PIPE_BYTES)
+    except (OSError, ValueError):
+        pass
 
 
 def _without_worker_traceback(error: WdstreamError) -> WdstreamError:

@@ -347,7 +347,7 @@ class TarMembers:
                 raise self._error("truncated header", self.offset)
             data, pos = self._data, self._pos
             header = data[pos : pos + BLOCK]
-            if header == zero:
+            if not header[0] and header == zero:  # a member's name never starts with NUL
                 self._pos = pos + BLOCK
                 self.complete = True
                 self._drain()
@@ -362,9 +362,10 @@ class TarMembers:
                     stored = int(_cstr(field).strip(), 8)
                 except ValueError:
                     stored = -1
-            # _byte_sum inlined (once per member); the checksum field counts as spaces
+            # _byte_sum(header) - sum(field) inlined (once per member); the checksum field
+            # counts as spaces
             if stored != (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) \
-                    - 2 - sum(field) + 256 and stored != _signed_sum(header):
+                    - (adler32(field) & 0xFFFF) + 255 and stored != _signed_sum(header):
                 raise self._error("bad header checksum", start)
             try:
                 # the usual 11 octal digits and a terminator; else the general rules
