@@ -118,6 +118,7 @@ class SpanReader:
         self.options = options
         self.stats = stats if stats is not None else ReadStats()
         self._ahead: dict[int, object] = {}  # visit index -> stream opened early
+        self._delivered = 0  # samples of the current visit yielded so far
         self._cache = ShardCache(options.cache_dir, options.cache_limit) \
             if options.cache_dir else None
 
@@ -167,11 +168,11 @@ class SpanReader:
             try:
                 stream = self._open(index, retry=attempt > 0)
                 self._open_ahead(index + 1)
-                for sample in self._samples(stream, visit, _skip(visit, delivered)):
-                    yield sample
-                    delivered += 1
+                self._delivered = delivered  # _samples counts what it yields
+                yield from self._samples(stream, visit, _skip(visit, delivered))
                 return
             except WdstreamError as error:
+                delivered = self._delivered
                 if not _is_transient(error) or attempt >= self.options.retries:
                     yield from self._give_up(url, visit, delivered, error, attempt)
                     return
@@ -209,19 +210,32 @@ class SpanReader:
         source = HashingReader(stream) if hashing else stream
         members = iter_members(source, url)
         ranges = [(span.start, span.stop) for span in wanted]
-        current = 0  # the range the next sample may fall in
+        limit = None if to_end else last_stop  # where the rest belongs to another stream
         count = 0
         try:
-            for sample in iter_samples(members, url):
-                while current < len(ranges) and ranges[current][1] is not None \
-                        and count >= ranges[current][1]:
-                    current += 1
-                if current < len(ranges) and count >= ranges[current][0]:
-                    yield sample
-                count += 1
-                if not to_end and count >= last_stop:
-                    _close_quietly(stream)  # the rest of the shard belongs to another stream
-                    return
+            if len(ranges) == 1:  # the usual case, kept lean: it runs once per sample
+                first = ranges[0][0]
+                for sample in iter_samples(members, url):
+                    if count >= first:
+                        self._delivered += 1
+                        yield sample
+                    count += 1
+                    if count == limit:
+                        _close_quietly(stream)
+                        return
+            else:
+                current = 0  # the range the next sample may fall in
+                for sample in iter_samples(members, url):
+                    while current < len(ranges) and ranges[current][1] is not None \
+                            and count >= ranges[current][1]:
+                        current += 1
+                    if current < len(ranges) and count >= ranges[current][0]:
+                        self._delivered += 1
+                        yield sample
+                    count += 1
+                    if count == limit:
+                        _close_quietly(stream)
+                        return
         except ShardError:
             _raise_stream_failure_first(stream)
             raise
