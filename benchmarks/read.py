@@ -374,6 +374,8 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                       "Same 1 MiB-sample shards, no shuffle."))
     summary["rss_growth"] = ratio(peaks[("wdstream", 4)], peaks[("wdstream", 1)])
     summary["rss_vs_webdataset"] = ratio(peaks[("wdstream", 4)], peaks[("webdataset", 4)])
+    summary["pss_vs_webdataset"] = ratio(runs[("wdstream", 4)][0].get("peak_pss_mb"),
+                                         runs[("webdataset", 4)][0].get("peak_pss_mb"))
     return rows, summary
 
 
@@ -455,5 +457,7 @@ def run(quick: bool) -> list[dict]:
              higher_is_better=False),
         goal("peak RSS: wdstream ÷ webdataset (same run)", large["rss_vs_webdataset"], 1.0,
              higher_is_better=False),
+        goal("peak PSS (shared pages counted once): wdstream ÷ webdataset (same run)",
+             large["pss_vs_webdataset"], 1.0, higher_is_better=False),
     ]
     return goals + small_rows + large_rows + s3_rows

@@ -48,10 +48,17 @@ def _in_worker() -> bool:
 class _BufferPool:
     """A DataLoader worker's reusable shared-memory buffers. ``flags`` (itself in shared
     memory, travelling with each batch) marks the buffers the main process still holds; a
-    buffer is filled again only once its flag is cleared, and when every buffer is in use a
-    fresh segment serves the batch instead (nothing waits)."""
+    buffer is filled again only once its flag is cleared, and when every buffer is in use, or
+    keeping one more would exceed ``BUDGET`` bytes, a fresh segment serves the batch instead
+    (nothing waits).
 
-    SLOTS = 8  # batches in flight per worker: prefetched, queued, held by the training loop
+    The budget trades memory for speed. Measured with 1 MiB samples in batches of 32 (2
+    workers), against no pool: one pooled buffer per worker, +20% MB/s (+40% with
+    ``bytes_as="tensor"``) for +5% peak RSS; every buffer in flight pooled (2-3 per worker),
+    +22% / +48% for +17%."""
+
+    SLOTS = 8  # at most this many buffers per worker
+    BUDGET = 48 << 20  # at most this many bytes of them
 
     def __init__(self, shared: bool):
         self.shared = shared
@@ -66,12 +73,16 @@ class _BufferPool:
         if not self.shared:  # in the main process (num_workers=0): plain memory
             return torch.empty(nbytes, dtype=torch.uint8), None, -1
         for slot in range(self.SLOTS):
-            if not self._in_use[slot]:
-                buffer = self.buffers[slot]
-                if buffer is None or buffer.numel() < nbytes:
-                    buffer = self.buffers[slot] = _SharedBytes._allocate(nbytes)
-                self._in_use[slot] = 1
-                return buffer[:nbytes], self.flags, slot
+            if self._in_use[slot]:
+                continue
+            buffer = self.buffers[slot]
+            if buffer is None or buffer.numel() < nbytes:
+                kept = sum(b.numel() for b in self.buffers if b is not None and b is not buffer)
+                if kept + nbytes > self.BUDGET:
+                    continue
+                buffer = self.buffers[slot] = _SharedBytes._allocate(nbytes)
+            self._in_use[slot] = 1
+            return buffer[:nbytes], self.flags, slot
         return _SharedBytes._allocate(nbytes), None, -1
 
 

@@ -213,29 +213,18 @@ class SpanReader:
         limit = None if to_end else last_stop  # where the rest belongs to another stream
         count = 0
         try:
-            if len(ranges) == 1:  # the usual case, kept lean: it runs once per sample
-                first = ranges[0][0]
-                for sample in iter_samples(members, url):
-                    if count >= first:
-                        self._delivered += 1
-                        yield sample
-                    count += 1
-                    if count == limit:
-                        _close_quietly(stream)
-                        return
-            else:
-                current = 0  # the range the next sample may fall in
-                for sample in iter_samples(members, url):
-                    while current < len(ranges) and ranges[current][1] is not None \
-                            and count >= ranges[current][1]:
-                        current += 1
-                    if current < len(ranges) and count >= ranges[current][0]:
-                        self._delivered += 1
-                        yield sample
-                    count += 1
-                    if count == limit:
-                        _close_quietly(stream)
-                        return
+            current = 0  # the range the next sample may fall in
+            for sample in iter_samples(members, url):
+                while current < len(ranges) and ranges[current][1] is not None \
+                        and count >= ranges[current][1]:
+                    current += 1
+                if current < len(ranges) and count >= ranges[current][0]:
+                    self._delivered += 1
+                    yield sample
+                count += 1
+                if count == limit:
+                    _close_quietly(stream)
+                    return
         except ShardError:
             _raise_stream_failure_first(stream)
             raise
