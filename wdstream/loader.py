@@ -166,6 +166,10 @@ class DataLoader(torch.utils.data.DataLoader):
         self._drop_last = bool(value)
 
     def _get_iterator(self):
+        if self.num_workers:
+            # torch seeds numpy.random in every worker it starts: imported once here, forked
+            # workers inherit it rather than import it (~10 ms each, every epoch)
+            import numpy.random  # noqa: F401
         self._starting_workers = True
         try:
             iterator = super()._get_iterator()
