@@ -27,6 +27,7 @@ from ..sources.openers import open_read
 log = logging.getLogger(__name__)
 
 ERROR_POLICIES = ("raise", "skip")
+_NOTHING = object()
 
 
 @dataclass(frozen=True)
@@ -167,9 +168,15 @@ class SpanReader:
         while True:
             try:
                 stream = self._open(index, retry=attempt > 0)
-                self._open_ahead(index + 1)
                 self._delivered = delivered  # _samples counts what it yields
-                yield from self._samples(stream, visit, _skip(visit, delivered))
+                samples = self._samples(stream, visit, _skip(visit, delivered))
+                # Open the next shard once this one flows: its first bytes do not then share
+                # the link (or the server) with the next shard's start.
+                first = next(samples, _NOTHING)
+                self._open_ahead(index + 1)
+                if first is not _NOTHING:
+                    yield first
+                    yield from samples
                 return
             except WdstreamError as error:
                 delivered = self._delivered
