@@ -25,10 +25,12 @@ def test_shared_bytes_round_trip_and_release(monkeypatch):
     pool = batching._BufferPool(shared=True)  # as in a DataLoader worker
     monkeypatch.setattr(batching, "_pool", lambda: pool)
     values = [b"a" * 300_000, b"", b"bc" * 1000]
-    packed = batching._SharedBytes(values)
+    packed = batching._SharedBytes(values, pooled=True)
     flags, slot = packed.flags, packed.slot
     assert flags is not None and flags.numpy()[slot] == 1
     assert packed.unpack() == values
     assert flags.numpy()[slot] == 0  # copied out: the worker may refill it
-    views = batching._SharedBytes(values).views()
+    views = batching._SharedBytes(values, pooled=True).views()
+    unpooled = batching._SharedBytes(values)  # the default: a fresh segment, nothing to release
+    assert unpooled.flags is None and unpooled.unpack() == values
     assert [v.numpy().tobytes() for v in views] == values

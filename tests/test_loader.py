@@ -184,8 +184,7 @@ def test_without_manifest_still_streams(tmp_path, single_rank):
 
 
 def test_large_binary_members_cross_workers_intact(tmp_path, single_rank):
-    """Batches of large bytes members travel through shared memory (pooled buffers, reused
-    once the loader has copied them out) and arrive unchanged."""
+    """Batches of large bytes members travel through shared memory and arrive unchanged."""
     payloads = {f"k{i:03d}": bytes([i]) * (300_000 + i) for i in range(40)}
     loader = wdstream.DataLoader(wdstream.StreamingDataset(_binary_dataset(tmp_path, payloads)),
                                  batch_size=4, num_workers=2)

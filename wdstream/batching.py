@@ -32,13 +32,20 @@ def collate(samples: list[dict]) -> dict:
             batch[name] = torch.tensor(values)
         elif isinstance(first, bytes) and _in_worker() and all(
                 isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
-            batch[name] = _SharedBytes(values)
+            batch[name] = _SharedBytes(values, pooled=pooling.enabled)
         else:
             batch[name] = values
     return batch
 
 
 _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
+
+
+class _Pooling:
+    enabled = False  # set in a worker by wdstream.DataLoader under bytes_as="tensor"
+
+
+pooling = _Pooling()
 
 
 def _in_worker() -> bool:
@@ -53,9 +60,10 @@ class _BufferPool:
     (nothing waits).
 
     The budget trades memory for speed. Measured with 1 MiB samples in batches of 32 (2
-    workers), against no pool: one pooled buffer per worker, +20% MB/s (+40% with
-    ``bytes_as="tensor"``) for +5% peak RSS; every buffer in flight pooled (2-3 per worker),
-    +22% / +48% for +17%."""
+    workers), against no pool: with ``bytes_as="tensor"``, +40% MB/s and the same peak RSS
+    (one pooled buffer per worker), +48% and +10% (every buffer in flight pooled, 2-3 per
+    worker); copying out into ``bytes``, +17% MB/s for +5% peak RSS, which is why that path
+    does not pool."""
 
     SLOTS = 8  # at most this many buffers per worker
     BUDGET = 48 << 20  # at most this many bytes of them
@@ -106,9 +114,11 @@ class _SharedBytes:
     hundred MB/s; the loader unpacks them back into ``bytes`` in the main process.
 
     A fresh shared-memory segment costs more than the copy into it (the kernel zeroes and
-    maps every page: ~2.5 GB/s here, against ~10 GB/s to copy into memory already mapped), so
-    a worker takes its buffers from a small pool (``_BufferPool``) and the main process
-    releases each one once it is done with it. Fresh segments are allocated in shared memory
+    maps every page: ~2.5 GB/s here, against ~10 GB/s to copy into memory already mapped).
+    With ``bytes_as="tensor"`` (``pooled``) a worker takes its buffers from a small pool
+    (``_BufferPool``), each released by the main process once no view of it is left; copied
+    out into ``bytes`` at once (the default), batches take fresh segments, which keeps peak
+    memory at its lowest (see the pool's measures). Fresh segments are allocated in shared memory
     directly (``share_memory_()`` on a private tensor copies it once more), and each side maps
     pages with one ``madvise`` call where the kernel can (Linux 5.14+), rather than taking a
     fault per 4 KiB page."""
@@ -117,9 +127,12 @@ class _SharedBytes:
     _madvise = None  # libc's madvise once looked up; False where there is none
     single = False  # one value (a sample's member) rather than a batch's list
 
-    def __init__(self, values: list[bytes]):
+    def __init__(self, values: list[bytes], pooled: bool = False):
         self.ends = list(itertools.accumulate(map(len, values)))
-        self.tensor, self.flags, self.slot = _pool().take(self.ends[-1])
+        if pooled:
+            self.tensor, self.flags, self.slot = _pool().take(self.ends[-1])
+        else:
+            self.tensor, self.flags, self.slot = self._allocate(self.ends[-1]), None, -1
         view = self.tensor.numpy()
         start = 0
         for value, end in zip(values, self.ends, strict=True):
@@ -229,10 +242,10 @@ def share_all_bytes(batch):
     if isinstance(batch, dict):
         for name, value in batch.items():
             if type(value) is bytes:
-                batch[name] = _SharedBytes([value])
+                batch[name] = _SharedBytes([value], pooled=True)
                 batch[name].single = True
             elif type(value) is list and value and all(type(v) is bytes for v in value):
-                batch[name] = _SharedBytes(value)
+                batch[name] = _SharedBytes(value, pooled=True)
     return batch
 
 

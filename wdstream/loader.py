@@ -24,7 +24,14 @@ from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
-from .batching import BYTES_AS, approximate_bytes, collate, share_all_bytes, unpack_shared
+from .batching import (
+    BYTES_AS,
+    approximate_bytes,
+    collate,
+    pooling,
+    share_all_bytes,
+    unpack_shared,
+)
 from .dataset import END_OF_STREAM, IterationSpec, worker_position, worker_stats, world_info
 from .errors import StateError, StreamError, WdstreamError
 from .plan import Segment, batches_in_stream
@@ -77,6 +84,7 @@ class _TaggedCollate:
         stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
         trail = worker_position.trail
         collate_fn = self._collate_and_share if self.share_bytes else self.collate_fn
+        pooling.enabled = self.share_bytes
         if self.batch_size is None:  # one sample per fetch
             ended = samples is END_OF_STREAM
             batches = [] if ended else [(trail[-1], collate_fn(samples))]
