@@ -37,7 +37,7 @@ WORKERS = 2
 BATCH = 32
 MiB = 1 << 20
 
-FULL = {"small_samples": 30_000, "small_per_shard": 1000, "big_per_shard": 64,
+FULL = {"small_samples": 100_000, "small_per_shard": 1000, "big_per_shard": 64,
         "s3_samples": 768, "rss_small_gb": 1, "rss_large_gb": 4}
 QUICK = {"small_samples": 8_000, "small_per_shard": 250, "big_per_shard": 16,
          "s3_samples": 64, "rss_small_gb": 0.125, "rss_large_gb": 0.5}
