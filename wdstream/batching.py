@@ -1,6 +1,7 @@
-"""Making batches in DataLoader workers: the default collate, and the shared-memory transfer
-of large ``bytes`` members (pickled bytes cross the worker pipe at a few hundred MB/s; a
-tensor in shared memory crosses it as a file descriptor)."""
+"""Making batches in DataLoader workers: the default collate, the shared-memory transfer of
+large ``bytes`` members (pickled bytes cross the worker pipe at a few hundred MB/s; a tensor in
+shared memory crosses it as a file descriptor) with its buffer pool for ``bytes_as="tensor"``,
+and the malloc settings of worker processes."""
 
 from __future__ import annotations
 

@@ -5,20 +5,17 @@ The position tracker counts, per worker stream, the samples the training loop ha
 the layout and the segments of this epoch already consumed under other layouts are the whole
 state: a few integers, JSON-serialisable, whatever the dataset size.
 
-Workers make batches round-robin; torch delivers them in worker order, skipping exhausted
-workers. On resume, worker 0 takes the stream whose batch was next (``rotation``), so the
-batches that follow are exactly those the uninterrupted run would have produced.
+Each worker reads one stream; a fetch from a worker carries several batches of it, each
+tagged with its position. The loader hands batches out one per stream in turn (the stream
+with the fewest batches delivered first), whatever the fetch sizes. On resume, worker 0 takes
+the stream whose batch was next (``rotation``), and the batches that follow are exactly those
+the uninterrupted run would have produced.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-
-try:
-    import fcntl
-except ImportError:  # not on Windows
-    fcntl = None
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -180,11 +177,9 @@ class DataLoader(torch.utils.data.DataLoader):
             import numpy.random  # noqa: F401
         self._starting_workers = True
         try:
-            iterator = super()._get_iterator()
+            return super()._get_iterator()
         finally:
             self._starting_workers = False
-        _widen_pipe(getattr(iterator, "_worker_result_queue", None))
-        return iterator
 
     @property
     def _index_sampler(self):
@@ -398,23 +393,6 @@ class DataLoader(torch.utils.data.DataLoader):
                              f"the layout it was saved with ({state['world']} ranks x "
                              f"{state['workers']} workers, batch {state['batch_size']})")
         self._pending = dict(state)
-
-
-PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process (pipe-max-size)
-
-
-def _widen_pipe(result_queue) -> None:
-    """Let the workers' result pipe hold a whole fetch (1 MiB rather than 64 KiB): a fetch
-    then crosses in one write and one read instead of a wake-up every 64 KiB. Best effort
-    (Linux only; the queue's pipe is a detail of torch's DataLoader)."""
-    reader = getattr(result_queue, "_reader", None)
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
-    if reader is None or set_size is None:
-        return
-    try:
-        fcntl.fcntl(reader.fileno(), set_size, PIPE_BYTES)
-    except (OSError, ValueError):
-        pass
 
 
 def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
