@@ -258,6 +258,9 @@ def test_bench_streams_through_the_loader(dataset):
     out = wdstream("bench", dataset, "--workers", "0", "--batch-size", "0", "--batches", "5",
                    "--no-shuffle").stdout
     assert "samples/s" in out and "first batch" in out and "MB/s" in out
+    tensors = as_json(wdstream("bench", dataset, "--workers", "2", "--batch-size", "4",
+                               "--no-decode", "--bytes-as", "tensor", "--json"))
+    assert tensors["samples"] == 12 and tensors["bytes_as"] == "tensor"
 
 
 def test_bench_reports_a_damaged_shard_in_one_line(copy):

@@ -439,6 +439,8 @@ def test_iter_samples_groups_consecutive_members():
         list(iter_samples([("a.json", b""), ("a.JSON", b"")], "shard.tar"))
     with pytest.raises(ShardError, match="reserved"):
         list(iter_samples([("a.__key__", b"")], "shard.tar"))
+    with pytest.raises(ShardError, match="sample 'a' has a reserved extension '__url__'"):
+        list(iter_samples([("a.json", b""), ("a.__URL__", b"")], "shard.tar"))
     with pytest.raises(ShardError, match="shard.tar"):
         list(iter_samples([("noext", b"")], "shard.tar"))
 

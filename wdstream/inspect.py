@@ -508,6 +508,7 @@ class BenchResult:
     opener: str
     shuffle: bool
     decode: bool
+    bytes_as: str
     batches: int
     samples: int
     seconds: float
@@ -534,12 +535,14 @@ def benchmark(
     shuffle: bool = True,
     decode: bool = True,
     on_error: str = "raise",
+    bytes_as: str = "bytes",
     progress: Callable[[int], object] | None = None,
     on_length: Callable[[int | None], object] | None = None,
 ) -> BenchResult:
     """Stream ``source`` through a real ``wdstream.DataLoader`` (one epoch, or the first
     ``batches`` batches) and time it: samples/s, MB/s, time to the first batch, and the
-    loader's retry and skip counters. ``progress(1)`` is called after each batch;
+    loader's retry and skip counters. ``bytes_as`` is the loader's (``"tensor"``: undecoded
+    members as uint8 tensors, without a copy in this process). ``progress(1)`` is called after each batch;
     ``on_length(n)`` once before the first, with the batches of an epoch (None when unknown:
     no manifest).
 
@@ -560,7 +563,7 @@ def benchmark(
 
     dataset = StreamingDataset(found.manifest or found.urls, shuffle=shuffle, opener=opener,
                                decode=decode, on_error=on_error)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, bytes_as=bytes_as)
     manifest = dataset.manifest
     bytes_per_sample = (manifest.bytes / manifest.samples
                         if manifest is not None and manifest.samples else None)
@@ -590,7 +593,7 @@ def benchmark(
     return BenchResult(
         source=found.source,
         workers=workers, batch_size=batch_size, opener=opener, shuffle=shuffle, decode=decode,
-        batches=count, samples=samples, seconds=seconds, first_batch_seconds=first,
+        bytes_as=bytes_as, batches=count, samples=samples, seconds=seconds, first_batch_seconds=first,
         samples_per_s=samples / seconds if seconds > 0 else 0.0,
         steady_samples_per_s=steady,
         mb_per_s=(samples * bytes_per_sample / seconds / 1e6

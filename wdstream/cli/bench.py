@@ -19,6 +19,7 @@ from .output import (
   wdstream bench s3://bucket/prefix/
   wdstream bench s3://bucket/prefix/ --workers 4 --batch-size 64 --batches 200
   wdstream bench s3://bucket/prefix/ --opener cli --json    # compare with --opener sdk
+  wdstream bench gs://bucket/images/ --no-decode --bytes-as tensor
 """))
 @click.argument("url")
 @click.option("--workers", "-w", type=click.IntRange(min=0), default=2, show_default=True,
@@ -37,10 +38,14 @@ from .output import (
               help="Decode members (.json, .txt, .npy...) as training would, or keep bytes.")
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise",
               show_default=True, help="What a shard that cannot be read does; skips are counted.")
+@click.option("--bytes-as", type=click.Choice(["bytes", "tensor"]), default="bytes",
+              show_default=True,
+              help="How undecoded members reach the loop: bytes, or uint8 tensors sharing the "
+                   "workers' memory (no copy; the fast way for large binary members).")
 @json_option
 @quiet_option
-def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on_error, as_json,
-                  quiet):
+def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on_error, bytes_as,
+                  as_json, quiet):
     """Stream URL through wdstream.DataLoader and report samples/s, MB/s and the time to the
     first batch (worker start-up included), with the loader's retries and skipped shards.
 
@@ -54,7 +59,8 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on
                       enabled=show_progress(quiet)) as bar:
         result = benchmark(url, workers=workers, batch_size=batch_size or None, batches=batches,
                            opener=opener, shuffle=shuffle, decode=decode, on_error=on_error,
-                           progress=bar, on_length=bar.set_total if batches is None else None)
+                           bytes_as=bytes_as, progress=bar,
+                           on_length=bar.set_total if batches is None else None)
     if as_json:
         print_json(result.to_dict())
         return
@@ -69,7 +75,7 @@ def _print_result(result) -> None:
         ("source", result.source),
         ("layout", f"{result.workers} workers, batch size {result.batch_size or 'None'}, "
                    f"opener {result.opener}, shuffle {'on' if result.shuffle else 'off'}, "
-                   f"decode {'on' if result.decode else 'off'}"),
+                   f"decode {'on' if result.decode else 'off'}, bytes as {result.bytes_as}"),
         ("batches", f"{result.batches:,}"),
         ("samples", f"{result.samples:,}"),
         ("time", f"{result.seconds:.2f} s"),

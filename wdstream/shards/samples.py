@@ -58,14 +58,21 @@ def iter_samples(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[dic
         if dot <= slash:
             raise ShardError(f"{url}: member {name!r} has no key.extension name")
         ext = name[dot + 1 :].lower()
-        if sample is None or name[:dot] != key:
-            if sample is not None:
-                yield sample
-            key = name[:dot]
-            sample = {"__key__": key, "__url__": url}
-        if ext in sample:
-            what = "a reserved" if ext in ("__key__", "__url__") else "a duplicate"
-            raise ShardError(f"{url}: sample {key!r} has {what} extension {ext!r}")
-        sample[ext] = payload
+        member_key = name[:dot]
+        if member_key == key:
+            if ext in sample:
+                what = "a reserved" if ext in _RESERVED else "a duplicate"
+                raise ShardError(f"{url}: sample {key!r} has {what} extension {ext!r}")
+            sample[ext] = payload
+            continue
+        if sample is not None:
+            yield sample
+        if ext in _RESERVED:
+            raise ShardError(f"{url}: sample {member_key!r} has a reserved extension {ext!r}")
+        key = member_key
+        sample = {"__key__": key, "__url__": url, ext: payload}
     if sample is not None:
         yield sample
+
+
+_RESERVED = frozenset(("__key__", "__url__"))
