@@ -320,3 +320,25 @@ def test_worker_result_pipe_holds_a_whole_fetch(data, single_rank):
     finally:
         iterator._shutdown_workers()
     assert (size >= loader_module.PIPE_BYTES) == allowed
+
+
+def test_small_fetches_keep_more_in_flight(tmp_path, single_rank, monkeypatch):
+    """Small batches: 4 fetches in flight per worker once the first fetch shows their size;
+    large ones (a fetch over 1 MiB) and an explicit prefetch_factor keep torch's setting."""
+    seen = []
+    real = wdstream.DataLoader._prefetch_small_fetches
+
+    def spy(self, iterator):
+        real(self, iterator)
+        seen.append(iterator._prefetch_factor)
+
+    monkeypatch.setattr(wdstream.DataLoader, "_prefetch_small_fetches", spy)
+    write_dataset(tmp_path / "small", [200, 200])
+    small = wdstream.StreamingDataset(str(tmp_path / "small"), shuffle=False)
+    keys_of(wdstream.DataLoader(small, batch_size=4, num_workers=2))
+    assert seen == [4]
+    keys_of(wdstream.DataLoader(small, batch_size=4, num_workers=2, prefetch_factor=3))
+    assert seen == [4]  # not called: the user chose
+    large = _binary_dataset(tmp_path, {f"k{i:03d}": bytes(300_000) for i in range(8)})
+    keys_of(wdstream.DataLoader(wdstream.StreamingDataset(large), batch_size=2, num_workers=2))
+    assert seen == [4, 2]

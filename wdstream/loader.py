@@ -143,6 +143,8 @@ class DataLoader(torch.utils.data.DataLoader):
                                       drop_last, share_bytes=bytes_as == "tensor")
         self._starting_workers = False
         self._sample_bytes = 0.0  # estimated bytes per sample, sizes the fetches
+        # torch's default prefetch_factor (2 fetches per worker), raised for small fetches
+        self._default_prefetch = num_workers > 0 and kwargs.get("prefetch_factor") is None
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
                          collate_fn=self._tagger, drop_last=drop_last, **kwargs)
         self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0}
@@ -321,6 +323,7 @@ class DataLoader(torch.utils.data.DataLoader):
         queues = [collections.deque() for _ in range(streams)]
         ended = [False] * streams
         batch_samples = self.batch_size or 1
+        deepen = self._default_prefetch  # once per iteration, after the first fetch
         while True:
             waiting = [k for k in range(streams) if queues[k] or not ended[k]]
             if not waiting:
@@ -337,9 +340,30 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._add_stats(stats)
                 if batches:
                     self._sample_bytes = approximate_bytes(batches[0][1]) / batch_samples
+                    if deepen:
+                        deepen = False
+                        self._prefetch_small_fetches(iterator)
             if queues[stream]:
                 position, batch = queues[stream].popleft()
                 yield stream, position, batch
+
+    SMALL_FETCH_PREFETCH = 4  # fetches in flight per worker when a full fetch is <= 1 MiB
+
+    def _prefetch_small_fetches(self, iterator) -> None:
+        """Keep more fetches in flight per worker once batches prove small: a worker then has
+        work queued while the loop takes batches from a fetch received earlier (measured with
+        ~1 KiB samples, 2 workers: +7% samples/s). Large batches keep torch's default, which
+        bounds the memory in flight. Only when ``prefetch_factor`` was left to its default;
+        best effort (the iterator's fields are torch's)."""
+        if self._sample_bytes * self.FETCH_SAMPLES > self.FETCH_BYTES:
+            return  # large samples: torch's default stays
+        factor = getattr(iterator, "_prefetch_factor", None)
+        put = getattr(iterator, "_try_put_index", None)
+        if not isinstance(factor, int) or put is None or factor >= self.SMALL_FETCH_PREFETCH:
+            return
+        iterator._prefetch_factor = self.SMALL_FETCH_PREFETCH
+        for _ in range((self.SMALL_FETCH_PREFETCH - factor) * self.num_workers):
+            put()
 
     def _add_stats(self, stats: dict) -> None:
         self.stats["retries"] += stats["retries"]
