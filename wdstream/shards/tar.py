@@ -362,8 +362,8 @@ class TarMembers:
                     stored = int(_cstr(field).strip(), 8)
                 except ValueError:
                     stored = -1
-            # _byte_sum(header) - sum(field) inlined (once per member); the checksum field
-            # counts as spaces
+            # sum(header) - sum(field) + 8 spaces, ten times faster than sum(): Adler-32's low
+            # half is one plus the byte sum modulo 65521, exact for 256 bytes (<= 65,280)
             if stored != (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) \
                     - (adler32(field) & 0xFFFF) + 255 and stored != _signed_sum(header):
                 raise self._error("bad header checksum", start)
@@ -435,12 +435,6 @@ class TarMembers:
         read = self._read
         while chunk := read(_READ_SIZE):
             self._base += len(chunk)
-
-
-def _byte_sum(header: bytes) -> int:
-    """``sum(header)`` for a 512-byte block, ten times faster: Adler-32's low half is one plus
-    the byte sum modulo 65521, exact for 256 bytes (at most 65,280)."""
-    return (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) - 2
 
 
 def _signed_sum(header: bytes) -> int:

@@ -151,11 +151,12 @@ def open_read(
             file = open(path, "rb", buffering=0)  # noqa: SIM115 - the stream closes it
         except OSError as exc:
             raise stream_error(url, exc) from None
-        stream = LocalFile(url, file)
-        if start:
-            stream.seek(start)
-            stream._start, stream.bytes_read = start, 0  # positions count from ``start``
-        return stream
+        try:
+            file.seek(start)
+        except OSError as exc:
+            file.close()
+            raise stream_error(url, exc) from None
+        return LocalFile(url, file)  # positions count from ``start``
     source: _Source
     if reader == "pipe":
         argv = ["/bin/bash", "-o", "pipefail", "-c", url[len("pipe:"):]]
