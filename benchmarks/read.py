@@ -234,6 +234,20 @@ def _mbps(result: dict, nbytes: int):
     return nbytes / common.MB / seconds if seconds and "error" not in result else None
 
 
+def _mbps_rows(table: str, results: dict, names, nbytes: int, against: str, base) -> list[dict]:
+    """One row per reader: MB/s, its ratio to ``base`` (column ``against``), first batch,
+    peak RSS."""
+    rows = []
+    for name in names:
+        result = results[name]
+        mbps = _mbps(result, nbytes)
+        rows.append({"table": table, "reader": name, "MB/s": mbps, against: ratio(mbps, base),
+                     "first batch s": result.get("ttfb_s"),
+                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    return rows
+
+
 def _note(table: str, text: str) -> dict:
     return {"table": table, "note": text}
 
@@ -340,15 +354,9 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     }
     results = common.repeat(cases, progress=common.log)
     cat = _mbps(results["cat"], small["bytes"])
-    rows = []
-    for name in ("cat", "wdstream", TENSOR, "wdstream, in-process reader (no DataLoader)",
-                 "webdataset"):
-        result = results[name]
-        mbps = _mbps(result, small["bytes"])
-        rows.append({"table": T_LARGE, "reader": name, "MB/s": mbps, "÷ cat": ratio(mbps, cat),
-                     "first batch s": result.get("ttfb_s"),
-                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
-                     "error": result.get("error")})
+    rows = _mbps_rows(T_LARGE, results, ("cat", "wdstream", TENSOR,
+                                         "wdstream, in-process reader (no DataLoader)",
+                                         "webdataset"), small["bytes"], "÷ cat", cat)
     rows.append(_note(T_LARGE, f"{small['samples']:,} samples of 1 MiB in {len(small['shards'])} "
                       f"shards, {small['bytes'] / common.MB:,.0f} MB, from the page cache; "
                       "2 workers and batch 32 for the DataLoader rows."))
@@ -410,13 +418,7 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
         results = common.repeat(cases, progress=common.log)
     names = list(cases)
     base = _mbps(results[names[0]], data["bytes"])
-    for name in names:
-        result = results[name]
-        mbps = _mbps(result, data["bytes"])
-        rows.append({"table": T_S3, "reader": name, "MB/s": mbps, "÷ boto3": ratio(mbps, base),
-                     "first batch s": result.get("ttfb_s"),
-                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
-                     "error": result.get("error")})
+    rows += _mbps_rows(T_S3, results, names, data["bytes"], "÷ boto3", base)
     rows.append(_note(T_S3, f"{samples} samples of 1 MiB in {len(keys)} shards "
                       f"({data['bytes'] / common.MB:,.0f} MB). Times run from creating the "
                       "dataset (or the boto3 client) to the last byte, so client set-up and the "
