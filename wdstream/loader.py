@@ -325,10 +325,10 @@ class DataLoader(torch.utils.data.DataLoader):
         batch_samples = self.batch_size or 1
         deepen = self._default_prefetch  # once per iteration, after the first fetch
         while True:
-            waiting = [k for k in range(streams) if queues[k] or not ended[k]]
-            if not waiting:
+            stream = self._next_stream(self._batches, [ended[k] and not queues[k]
+                                                       for k in range(streams)])
+            if stream is None:
                 return
-            stream = min(waiting, key=lambda k: (self._batches[k], k))
             while not queues[stream] and not ended[stream]:
                 try:
                     source, batches, stats, last = next(iterator)
