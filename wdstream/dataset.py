@@ -39,7 +39,7 @@ worker_stats = ReadStats()
 
 
 class _WorkerPosition:
-    value: object = 0  # the position after the last item handed out
+    value: object = 0  # the position after the last item handed out (with_positions)
     trail: list = []  # under wdstream.DataLoader: the position after each item not yet tagged
 
 
@@ -58,13 +58,12 @@ def with_positions(items: Iterator[tuple[object, object]]) -> Iterator[object]:
 
 
 def with_trail(items: Iterator[tuple[object, object]]) -> Iterator[object]:
-    """``with_positions`` for wdstream.DataLoader: also keeps the position after each item
+    """``with_positions`` for wdstream.DataLoader: keeps the position after each item instead
     (the loader's collate cuts a fetch into batches and tags each with its own position),
     and ends with ``END_OF_STREAM``."""
     trail = worker_position.trail = []
     append = trail.append
     for item, position in items:
-        worker_position.value = position
         append(position)
         yield item
     yield END_OF_STREAM
@@ -336,15 +335,9 @@ class StreamingDataset(PositionedDataset):
         position = start
         samples = self._samples(spec, stream, start)
         decoders, mapper = self.decoders, self.map
-        if decoders is None and mapper is None:  # the hot path: nothing to do per sample
-            for sample in samples:
-                position += 1
-                if sample is not None:  # None stands for a sample skipped by on_error="skip"
-                    yield sample, position
-            return
         for sample in samples:
             position += 1
-            if sample is None:
+            if sample is None:  # a sample skipped by on_error="skip"
                 continue
             if decoders is not None:
                 try:
