@@ -5,6 +5,7 @@ and the malloc settings of worker processes."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import weakref
@@ -140,11 +141,14 @@ class _SharedBytes:
             view[start:end] = memoryview(value)
             start = end
 
+    def _bounds(self):
+        """(start, end) of each value in the tensor."""
+        return zip([0, *self.ends[:-1]], self.ends, strict=True)
+
     def unpack(self) -> list[bytes]:
         self._populate(self.tensor, self._POPULATE_READ)
         data = memoryview(self.tensor.numpy())
-        starts = [0, *self.ends[:-1]]
-        values = [bytes(data[a:b]) for a, b in zip(starts, self.ends, strict=True)]
+        values = [bytes(data[a:b]) for a, b in self._bounds()]
         del data
         self._release()  # copied out: the worker may fill the buffer again
         return values
@@ -154,8 +158,7 @@ class _SharedBytes:
         goes back to the worker's pool once no view of it (nor array made from one) is left."""
         self._populate(self.tensor, self._POPULATE_READ)
         tensor = self.tensor
-        starts = [0, *self.ends[:-1]]
-        values = [tensor[a:b] for a, b in zip(starts, self.ends, strict=True)]
+        values = [tensor[a:b] for a, b in self._bounds()]
         if self.flags is not None:
             # views keep their base tensor alive (``view._base``): release when it goes
             weakref.finalize(tensor, _release_slot, self.flags, self.slot)
@@ -187,18 +190,13 @@ class _SharedBytes:
         """Map all the pages of ``tensor`` in one system call; best effort (errors ignored)."""
         if cls._madvise is None:
             cls._madvise = False
-            import sys
+            libc = _linux_libc()
+            if libc is not None and hasattr(libc, "madvise"):
+                import ctypes
 
-            if sys.platform.startswith("linux"):
-                try:
-                    import ctypes
-
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                    libc.madvise.restype = ctypes.c_int
-                    cls._madvise = libc.madvise
-                except (OSError, AttributeError):
-                    pass
+                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                libc.madvise.restype = ctypes.c_int
+                cls._madvise = libc.madvise
         if cls._madvise and tensor.numel():
             import mmap
 
@@ -224,14 +222,25 @@ def tune_worker_allocator() -> None:
     if _tuned_pid == os.getpid():
         return
     _tuned_pid = os.getpid()
+    libc = _linux_libc()
+    if libc is not None and hasattr(libc, "mallopt"):  # glibc's; musl has none
+        for option, value in WORKER_MALLOC.items():
+            libc.mallopt(option, value)
+
+
+@functools.cache
+def _linux_libc():
+    """The process's C library through ctypes on Linux (madvise, mallopt), else None."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    for option, value in WORKER_MALLOC.items():
-        mallopt(option, value)
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 BYTES_AS = ("bytes", "tensor")
