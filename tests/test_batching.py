@@ -1,36 +1,82 @@
-"""The worker side of batches: shared-memory buffers, their pool and its budget."""
+"""The worker side of batches: the shared-memory arena, its reuse and the batches cut from it."""
 
 from __future__ import annotations
 
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+import torch.multiprocessing  # noqa: F401 - registers how tensors cross in shared memory
+
 import wdstream.batching as batching
+import wdstream.shm as shm
 
 
-def test_pool_reuses_released_buffers_within_its_budget(monkeypatch):
-    monkeypatch.setattr(batching._BufferPool, "BUDGET", 3 << 20)
-    pool = batching._BufferPool(shared=True)
-    first, flags, slot = pool.take(1 << 20)
-    assert slot == 0 and flags is pool.flags and first.is_shared()
-    second, _, slot2 = pool.take(1 << 20)  # slot 0 still held by the main process
-    assert slot2 == 1
-    third, flags3, slot3 = pool.take(2 << 20)  # 1 + 1 + 2 MiB > 3 MiB: not kept
-    assert flags3 is None and slot3 == -1 and third.numel() == 2 << 20
-    batching._release_slot(flags, slot)
-    again, _, slot4 = pool.take(1000)  # a smaller batch fits the released buffer
-    assert slot4 == 0 and again.data_ptr() == first.data_ptr() and again.numel() == 1000
-    plain, no_flags, _ = batching._BufferPool(shared=False).take(10)
-    assert no_flags is None and not plain.is_shared()
+def _cross(value):
+    """``value`` as the main process receives it from a DataLoader worker."""
+    return pickle.loads(ForkingPickler.dumps(value))
 
 
-def test_shared_bytes_round_trip_and_release(monkeypatch):
-    pool = batching._BufferPool(shared=True)  # as in a DataLoader worker
-    monkeypatch.setattr(batching, "_pool", lambda: pool)
-    values = [b"a" * 300_000, b"", b"bc" * 1000]
+def test_arena_reuses_a_segment_only_when_nothing_holds_it(monkeypatch):
+    monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)
+    monkeypatch.setattr(shm.Arena, "KEEP", 0)  # no idle segment kept but the one reused
+    arena = shm.Arena()
+    first = arena.cut(600_000)
+    assert first.start == shm.Segment.HOLDS and len(first) == 600_000
+    assert first.segment.tensor.is_shared() and first.segment.live == 1
+    second = arena.cut(600_000)  # does not fit the rest of the first segment
+    assert second.segment is not first.segment
+    segment = first.segment
+    flag = segment.hold()  # a batch using it is with the main process
+    del first
+    third = arena.cut(600_000)  # the first segment: nothing alive here, but held
+    assert third.segment not in (segment, second.segment)
+    shm.release(segment.tensor, flag)
+    fourth = arena.cut(600_000)
+    assert fourth.segment is segment and fourth.start == shm.Segment.HOLDS
+    # once their spans go, the second segment is reused and the third let go: the main
+    # process, which has both mapped, is told
+    reused, let_go = second.segment, third.segment
+    reused.sent = let_go.sent = True
+    del second, third
+    assert arena.cut(600_000).segment is reused
+    assert list(arena.dropped) == [let_go.uid]
+
+
+def test_a_segment_holds_many_batches_and_reports_when_all_flags_are_raised():
+    segment = shm.Segment(shm.allocate(shm.Segment.HOLDS + 64), uid=0)
+    flags = [segment.hold() for _ in range(shm.Segment.HOLDS)]
+    assert sorted(flags) == list(range(shm.Segment.HOLDS)) and segment.hold() == -1
+    for flag in flags:
+        shm.release(segment.tensor, flag)
+    assert segment.idle()
+
+
+def test_shared_bytes_from_spans_and_bytes_round_trip(monkeypatch):
+    """In a worker: payloads already in the arena stay there, bytes are packed beside them;
+    the main process gets the same values, as bytes or as views, and releases the segment."""
+    monkeypatch.setattr(batching, "_in_worker", lambda: True)
+    arena = shm.Arena()
+    monkeypatch.setattr(batching, "arena", lambda: arena)
+    span = arena.cut(300_000)
+    span.memory()[:] = b"s" * 300_000
+    values = [b"a" * 1000, span, b"", b"bc" * 500]
+    expected = [b"a" * 1000, b"s" * 300_000, b"", b"bc" * 500]
     packed = batching._SharedBytes(values, pooled=True)
-    flags, slot = packed.flags, packed.slot
-    assert flags is not None and flags.numpy()[slot] == 1
-    assert packed.unpack() == values
-    assert flags.numpy()[slot] == 0  # copied out: the worker may refill it
-    views = batching._SharedBytes(values, pooled=True).views()
-    unpooled = batching._SharedBytes(values)  # the default: a fresh segment, nothing to release
-    assert unpooled.flags is None and unpooled.unpack() == values
-    assert [v.numpy().tobytes() for v in views] == values
+    segment = span.segment
+    del span, values
+    assert packed.kept and segment.array[: shm.Segment.HOLDS].sum() == 1
+    assert not segment.live  # the batch's spans are gone; its flag keeps the segment
+    # what the main process receives: the segment by number after its first crossing
+    received = _cross(packed)
+    assert received.unpack() == expected
+    assert segment.idle()  # copied out: the worker may use the memory again
+    again = batching._SharedBytes([b"xyz"], pooled=True)
+    state = again.__getstate__()
+    assert state["segments"] == [(segment.uid, None)]  # already sent: no tensor this time
+    views = _cross(again).views()
+    assert bytes(views[0].numpy()) == b"xyz" and not segment.idle()
+    del views
+    assert segment.idle()  # the last view went: released
+    shm.unmap_workers(list(shm._kept))
+    unpooled = batching._SharedBytes(expected)  # the default: a fresh buffer, no flags
+    assert unpooled.holds is None and unpooled.unpack() == expected

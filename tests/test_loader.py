@@ -243,6 +243,77 @@ def test_bytes_as_tensor_shares_memory_without_copies(tmp_path, single_rank, wor
         wdstream.DataLoader(wdstream.StreamingDataset(source), bytes_as="memoryview")
 
 
+def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path, single_rank,
+                                                                       monkeypatch):
+    """Under bytes_as="tensor", workers read large raw payloads straight into shared-memory
+    segments (small ones here, so that many are used) and reuse a segment once nothing cut
+    from it is alive in the worker and the loop has let go of its batches: batches held to
+    the end keep their values, every batch arrives intact,
+    members with a decoder are decoded, and the main process unmaps every segment at the
+    end."""
+    import hashlib
+    import io
+
+    import wdstream.shm as shm
+    from wdstream.shards.manifest import Manifest, ShardInfo
+    from wdstream.shards.tar import TarWriter
+
+    monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)  # the forked workers inherit these
+    monkeypatch.setattr(shm.Arena, "KEEP", 2 << 20)
+    samples = {f"k{i:03d}": (bytes([i]) * (150_000 + 1000 * i), f"t{i}" * 70_000)
+               for i in range(48)}
+    buffer = io.BytesIO()
+    writer = TarWriter(buffer)
+    for key, (raw, text) in samples.items():
+        writer.add(f"{key}.bin", raw)
+        writer.add(f"{key}.txt", text.encode())
+    writer.close()
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    data = buffer.getvalue()
+    (folder / "shard-000000.tar").write_bytes(data)
+    info = ShardInfo("shard-000000.tar", len(samples), len(data), hashlib.sha256(data).hexdigest())
+    (folder / "index.json").write_text(Manifest([info], ["bin", "txt"]).to_json())
+
+    # a shuffle window keeps 10 samples' spans alive in the worker while it yields them
+    dataset = wdstream.StreamingDataset(str(folder), shuffle=True, shuffle_window=10)
+    loader = wdstream.DataLoader(dataset, batch_size=3, num_workers=2, bytes_as="tensor")
+    held, segments_seen, keys = [], set(), []
+    for n, batch in enumerate(loader):
+        segments_seen.update((worker, uid) for worker, kept in shm._kept.items() for uid in kept)
+        for key, raw, text in zip(batch["__key__"], batch["bin"], batch["txt"], strict=True):
+            assert bytes(raw.numpy()) == samples[key][0] and text == samples[key][1]
+        keys += batch["__key__"]
+        if n % 4 == 0:
+            held.append(batch)  # the others are let go: their memory is used again
+    assert sorted(keys) == sorted(samples)
+    assert len(segments_seen) >= 6 and not shm._kept  # many segments, all unmapped now
+    for batch in held:
+        for key, raw in zip(batch["__key__"], batch["bin"], strict=True):
+            assert bytes(raw.numpy()) == samples[key][0]
+
+
+def test_payload_target_only_for_members_nothing_decodes(tmp_path, monkeypatch):
+    """The reader is given a target in a worker under bytes_as="tensor" (the loader sets
+    ``shared_payloads``), which takes members without a decoder, and none with a map."""
+    import torch.utils.data
+
+    from wdstream.dataset import IterationSpec
+    from wdstream.shm import SharedSpan
+
+    source = _binary_dataset(tmp_path, {"k": b"x"})
+    spec = IterationSpec(epoch=0, rank=0, world=1, workers=1, shared_payloads=True)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    target = wdstream.StreamingDataset(source)._payload_target(spec)
+    span, memory = target("dir/k.bin", 200_000)
+    assert isinstance(span, SharedSpan) and len(memory) == 200_000
+    assert target("k.json", 200_000) is None and target("k.Txt", 200_000) is None
+    assert wdstream.StreamingDataset(source, decode=False)._payload_target(spec)("k.json", 9)
+    assert wdstream.StreamingDataset(source, map=dict)._payload_target(spec) is None
+    unasked = IterationSpec(epoch=0, rank=0, world=1, workers=1)
+    assert wdstream.StreamingDataset(source)._payload_target(unasked) is None
+
+
 def test_elastic_resume_reads_each_shard_once(data, monkeypatch):
     """A shuffle window's leftovers are many short spans; they are read in one pass per
     shard, not one download per span."""

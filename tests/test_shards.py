@@ -351,6 +351,59 @@ def test_large_members_read_whole_or_joined(stream):
             next(members)
 
 
+class ReadOnly:
+    """A stream with only ``read``, which returns at most 5,000 bytes at a time."""
+
+    def __init__(self, data: bytes):
+        self._stream = io.BytesIO(data)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._stream.read(5000 if n < 0 else min(n, 5000))
+
+
+class Target:
+    """A payload target that takes ``.bin`` members into bytearrays it hands out."""
+
+    def __init__(self):
+        self.asked = []
+
+    def __call__(self, name: str, size: int):
+        self.asked.append((name, size))
+        if not name.endswith(".bin"):
+            return None
+        memory = bytearray(size)
+        return memory, memoryview(memory)
+
+
+@pytest.mark.parametrize("stream", [io.BytesIO, Unseekable, ReadOnly],
+                         ids=["seekable", "unseekable", "read-only"])
+def test_large_payloads_read_into_a_target(stream):
+    """Regular members from 128 KiB on are offered to the payload target; those it takes are
+    read into its memory (from the buffer, or straight from the stream), the others stay
+    bytes; offsets and truncation errors are the same as without a target."""
+    big = bytes(range(256)) * 1200 + b"tail"  # 307,204 bytes: not a multiple of 512
+    first = b"f" * 200_000  # lies within the reader's first large read
+    data = make_tar([("f.bin", first), ("a.bin", b"a" * 100), ("b.bin", big),
+                     ("c.txt", big[::-1]), ("d.bin", big[:150_000])])
+    target = Target()
+    members = iter_members(stream(data), "x", target)
+    got = list(members)
+    assert [name for name, _ in got] == ["f.bin", "a.bin", "b.bin", "c.txt", "d.bin"]
+    assert [bytes(payload) for _, payload in got] == [first, b"a" * 100, big, big[::-1],
+                                                      big[:150_000]]
+    assert [type(payload) for _, payload in got] == [bytearray, bytes, bytearray, bytes,
+                                                     bytearray]
+    assert target.asked == [("f.bin", len(first)), ("b.bin", len(big)), ("c.txt", len(big)),
+                            ("d.bin", 150_000)]
+    assert members.complete and members.offset == len(data)
+    b_start = 512 + 200_192 + 1024 + 512  # b.bin's payload
+    for cut in (b_start + 1000, b_start + len(big), b_start + len(big) + 10):
+        members = iter_members(stream(data[:cut]), "x", Target())
+        assert [next(members)[0], next(members)[0]] == ["f.bin", "a.bin"]
+        with pytest.raises(ShardError, match=f"truncated member .* at byte {b_start - 512}"):
+            next(members)
+
+
 def test_truncated_mid_header():
     data = make_tar([("a.txt", b"a" * 100), ("b.txt", b"b")])
     with pytest.raises(ShardError, match=r"shard.tar: truncated header at byte 1024"):

@@ -1,17 +1,27 @@
 """Making batches in DataLoader workers: the default collate, the shared-memory transfer of
 large ``bytes`` members (pickled bytes cross the worker pipe at a few hundred MB/s; a tensor in
-shared memory crosses it as a file descriptor) with its buffer pool for ``bytes_as="tensor"``,
-and the malloc settings of worker processes."""
+shared memory crosses it as a file descriptor), and the malloc settings of worker processes."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import weakref
 
 import torch
 import torch.utils.data
+
+from .shm import (
+    SharedSpan,
+    allocate,
+    arena,
+    keep_mapped,
+    linux_libc,
+    mapped,
+    populate,
+    release,
+    unmap,
+)
 
 
 def collate(samples: list[dict]) -> dict:
@@ -32,8 +42,8 @@ def collate(samples: list[dict]) -> dict:
         elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
                 type(v) is type(first) for v in values):
             batch[name] = torch.tensor(values)
-        elif isinstance(first, bytes) and _in_worker() and all(
-                isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
+        elif type(first) in _RAW and all(type(v) in _RAW for v in values) and _in_worker() \
+                and (pooling.enabled or sum(map(len, values)) >= _SHARE_BYTES):
             batch[name] = _SharedBytes(values, pooled=pooling.enabled)
         else:
             batch[name] = values
@@ -41,6 +51,7 @@ def collate(samples: list[dict]) -> dict:
 
 
 _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
+_RAW = (bytes, SharedSpan)  # a raw member: bytes, or (bytes_as="tensor") read into shared memory
 
 
 class _Pooling:
@@ -54,155 +65,142 @@ def _in_worker() -> bool:
     return torch.utils.data.get_worker_info() is not None
 
 
-class _BufferPool:
-    """A DataLoader worker's reusable shared-memory buffers. ``flags`` (itself in shared
-    memory, travelling with each batch) marks the buffers the main process still holds; a
-    buffer is filled again only once its flag is cleared, and when every buffer is in use, or
-    keeping one more would exceed ``BUDGET`` bytes, a fresh segment serves the batch instead
-    (nothing waits).
-
-    The budget trades memory for speed. Measured with 1 MiB samples in batches of 32 (2
-    workers), against no pool: with ``bytes_as="tensor"``, +40% MB/s and the same peak RSS
-    (one pooled buffer per worker), +48% and +10% (every buffer in flight pooled, 2-3 per
-    worker); copying out into ``bytes``, +17% MB/s for +5% peak RSS, which is why that path
-    does not pool."""
-
-    SLOTS = 8  # at most this many buffers per worker
-    BUDGET = 48 << 20  # at most this many bytes of them
-
-    def __init__(self, shared: bool):
-        self.shared = shared
-        self.flags = torch.zeros(self.SLOTS, dtype=torch.uint8)
-        if shared:
-            self.flags.share_memory_()
-        self._in_use = self.flags.numpy()
-        self.buffers: list[torch.Tensor | None] = [None] * self.SLOTS
-
-    def take(self, nbytes: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        """A uint8 tensor of ``nbytes``, its pool's flags and its slot (None, -1: unpooled)."""
-        if not self.shared:  # in the main process (num_workers=0): plain memory
-            return torch.empty(nbytes, dtype=torch.uint8), None, -1
-        for slot in range(self.SLOTS):
-            if self._in_use[slot]:
-                continue
-            buffer = self.buffers[slot]
-            if buffer is None or buffer.numel() < nbytes:
-                kept = sum(b.numel() for b in self.buffers if b is not None and b is not buffer)
-                if kept + nbytes > self.BUDGET:
-                    continue
-                buffer = self.buffers[slot] = _SharedBytes._allocate(nbytes)
-            self._in_use[slot] = 1
-            return buffer[:nbytes], self.flags, slot
-        return _SharedBytes._allocate(nbytes), None, -1
-
-
-_pools: dict[int, _BufferPool] = {}  # per process id: a forked worker starts its own
-
-
-def _pool() -> _BufferPool:
-    pool = _pools.get(os.getpid())
-    if pool is None:
-        pool = _pools[os.getpid()] = _BufferPool(shared=_in_worker())
-    return pool
-
-
-def _release_slot(flags: torch.Tensor, slot: int) -> None:
-    flags.numpy()[slot] = 0
-
-
 class _SharedBytes:
-    """A batch's ``bytes`` members packed into one uint8 tensor. A DataLoader worker hands
-    tensors over through shared memory, where pickled bytes go through a pipe at a few
-    hundred MB/s; the loader unpacks them back into ``bytes`` in the main process.
+    """A batch's raw members in shared memory: buffers, and each value's (buffer, start, end).
+    A DataLoader worker hands tensors over through shared memory, where pickled bytes go
+    through a pipe at a few hundred MB/s; the loader turns them back into ``bytes`` in the main
+    process, or (``bytes_as="tensor"``) into views of the buffers.
 
-    A fresh shared-memory segment costs more than the copy into it (the kernel zeroes and
-    maps every page: ~2.5 GB/s here, against ~10 GB/s to copy into memory already mapped).
-    With ``bytes_as="tensor"`` (``pooled``) a worker takes its buffers from a small pool
-    (``_BufferPool``), each released by the main process once no view of it is left; copied
-    out into ``bytes`` at once (the default), batches take fresh segments, which keeps peak
-    memory at its lowest (see the pool's measures). Fresh segments are allocated in shared memory
-    directly (``share_memory_()`` on a private tensor copies it once more), and each side maps
-    pages with one ``madvise`` call where the kernel can (Linux 5.14+), rather than taking a
-    fault per 4 KiB page."""
+    Copied out into ``bytes`` at once (the default), a batch is packed into a fresh segment,
+    which keeps peak memory at its lowest (pooling cost +5% peak RSS for +17% MB/s with 1 MiB
+    samples). With ``pooled`` (``bytes_as="tensor"``), payloads the reader put in the worker's
+    arena stay where they are, other ``bytes`` are packed into the arena, and a flag in each
+    segment used tells the worker when the main process no longer holds the batch. The main
+    process maps the pages it reads with one ``madvise`` call rather than a fault per page."""
 
-    _POPULATE_READ, _POPULATE_WRITE = 22, 23  # MADV_POPULATE_*; EINVAL on older kernels
-    _madvise = None  # libc's madvise once looked up; False where there is none
     single = False  # one value (a sample's member) rather than a batch's list
 
-    def __init__(self, values: list[bytes], pooled: bool = False):
-        self.ends = list(itertools.accumulate(map(len, values)))
-        if pooled:
-            self.tensor, self.flags, self.slot = _pool().take(self.ends[-1])
-        else:
-            self.tensor, self.flags, self.slot = self._allocate(self.ends[-1]), None, -1
-        view = self.tensor.numpy()
-        start = 0
-        for value, end in zip(values, self.ends, strict=True):
-            view[start:end] = memoryview(value)
-            start = end
+    def __init__(self, values: list, pooled: bool = False):
+        self.holds: list[int] | None = None  # per buffer: the flag raised in it
+        self.kept = False  # buffers the main process keeps mapped (arena segments)
+        if pooled and _in_worker():
+            spans = self._into_arena(values, arena())
+            segments = list({id(s.segment): s.segment for s in spans}.values())
+            holds = [segment.hold() for segment in segments]
+            if -1 not in holds:
+                index = {id(segment): k for k, segment in enumerate(segments)}
+                self._segments = segments
+                self.buffers = [segment.tensor for segment in segments]
+                self.parts = [(index[id(s.segment)], s.start, s.end) for s in spans]
+                self.holds = holds
+                self.kept = True
+                return
+            for segment, flag in zip(segments, holds, strict=True):
+                if flag >= 0:
+                    release(segment.tensor, flag)
+        self._pack(values)
 
-    def _bounds(self):
-        """(start, end) of each value in the tensor."""
-        return zip([0, *self.ends[:-1]], self.ends, strict=True)
+    def _pack(self, values: list) -> None:
+        """All values copied into one new buffer, back to back: shared memory in a worker."""
+        ends = list(itertools.accumulate(map(len, values)))
+        buffer = allocate(ends[-1]) if _in_worker() else torch.empty(ends[-1], dtype=torch.uint8)
+        view = buffer.numpy()
+        self.buffers = [buffer]
+        self.parts = [(0, start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+        for value, (_buffer, start, end) in zip(values, self.parts, strict=True):
+            view[start:end] = value.memory() if type(value) is SharedSpan else memoryview(value)
+
+    @staticmethod
+    def _into_arena(values: list, shared) -> list[SharedSpan]:
+        """A span per value: payloads already in the arena as they are, ``bytes`` packed into
+        one new span."""
+        packed = [len(v) for v in values if type(v) is not SharedSpan]
+        holder = shared.cut(sum(packed)) if packed else None
+        spans, offset = [], 0
+        for value in values:
+            if type(value) is SharedSpan:
+                spans.append(value)
+                continue
+            start = holder.start + offset
+            offset += len(value)
+            holder.segment.array[start : start + len(value)] = memoryview(value)
+            spans.append(SharedSpan(holder.segment, start, start + len(value)))
+        return spans
+
+    def __getstate__(self) -> dict:
+        """In the worker: arena segments go as numbers, with the tensor (a file descriptor)
+        only the first time, and the numbers of the segments the worker has let go since."""
+        state = dict(self.__dict__)
+        segments = state.pop("_segments", None)
+        if segments is not None:
+            state["buffers"] = None
+            state["worker"] = os.getpid()
+            state["segments"] = [(s.uid, None if s.sent else s.tensor) for s in segments]
+            for segment in segments:
+                segment.sent = True
+            dropped = arena().dropped
+            state["dropped"] = [dropped.popleft() for _ in range(len(dropped))]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        segments = state.pop("segments", None)
+        if segments is not None:  # in the main process
+            worker = state.pop("worker")
+            for uid, tensor in segments:
+                if tensor is not None:
+                    keep_mapped(worker, uid, tensor)
+            state["buffers"] = [mapped(worker, uid) for uid, _tensor in segments]
+            unmap(worker, state.pop("dropped"))
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(end - start for _buffer, start, end in self.parts)
+
+    def _mapped(self) -> list[torch.Tensor]:
+        """The buffers, with the pages this batch uses mapped in one call each (kept
+        segments were mapped whole when first received)."""
+        if self.kept:
+            return self.buffers
+        for k, buffer in enumerate(self.buffers):
+            ranges = [(start, end) for b, start, end in self.parts if b == k]
+            populate(buffer[min(r[0] for r in ranges) : max(r[1] for r in ranges)])
+        return self.buffers
 
     def unpack(self) -> list[bytes]:
-        self._populate(self.tensor, self._POPULATE_READ)
-        data = memoryview(self.tensor.numpy())
-        values = [bytes(data[a:b]) for a, b in self._bounds()]
-        del data
-        self._release()  # copied out: the worker may fill the buffer again
+        arrays = [memoryview(buffer.numpy()) for buffer in self._mapped()]
+        values = [bytes(arrays[b][start:end]) for b, start, end in self.parts]
+        del arrays
+        if self.holds is not None:  # copied out: the worker may use the memory again
+            for buffer, flag in zip(self.buffers, self.holds, strict=True):
+                release(buffer, flag)
+        self.holds = self.buffers = None
         return values
 
     def views(self) -> list[torch.Tensor]:
-        """The values as 1-D uint8 tensors sharing this batch's memory: no copy. The buffer
-        goes back to the worker's pool once no view of it (nor array made from one) is left."""
-        self._populate(self.tensor, self._POPULATE_READ)
-        tensor = self.tensor
-        values = [tensor[a:b] for a, b in self._bounds()]
-        if self.flags is not None:
-            # views keep their base tensor alive (``view._base``): release when it goes
-            weakref.finalize(tensor, _release_slot, self.flags, self.slot)
-            self.flags = None
-        self.tensor = None
+        """The values as 1-D uint8 tensors sharing this batch's memory: no copy. The memory
+        goes back to the worker once no view of it (nor array made from one) is left."""
+        buffers = self._mapped()
+        if self.holds is not None:
+            # views keep their base tensor alive (``view._base``): each batch gets bases of
+            # its own over the kept memory, and releases its flag when a base goes
+            bases = []
+            for buffer, flag in zip(buffers, self.holds, strict=True):
+                storage = buffer.untyped_storage()
+                bases.append(_over(storage, buffer.numel()))
+                weakref.finalize(bases[-1], release, _over(storage, flag + 1), flag)
+            buffers = bases
+        values = [buffers[b][start:end] for b, start, end in self.parts]
+        self.holds = self.buffers = None
         return values
 
-    def _release(self) -> None:
-        if self.flags is not None:
-            _release_slot(self.flags, self.slot)
-            self.flags = None
-        self.tensor = None
 
-    @classmethod
-    def _allocate(cls, nbytes: int) -> torch.Tensor:
-        """An uninitialised uint8 tensor in shared memory, its pages already mapped."""
-        try:
-            storage = torch.UntypedStorage._new_shared(nbytes)
-            tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
-        except (AttributeError, RuntimeError, TypeError):  # a torch without _new_shared
-            tensor = torch.empty(nbytes, dtype=torch.uint8)
-            if hasattr(tensor, "share_memory_"):
-                tensor.share_memory_()
-        cls._populate(tensor, cls._POPULATE_WRITE)
-        return tensor
-
-    @classmethod
-    def _populate(cls, tensor: torch.Tensor, advice: int) -> None:
-        """Map all the pages of ``tensor`` in one system call; best effort (errors ignored)."""
-        if cls._madvise is None:
-            cls._madvise = False
-            libc = _linux_libc()
-            if libc is not None and hasattr(libc, "madvise"):
-                import ctypes
-
-                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                libc.madvise.restype = ctypes.c_int
-                cls._madvise = libc.madvise
-        if cls._madvise and tensor.numel():
-            import mmap
-
-            address = tensor.data_ptr()
-            start = address - address % mmap.PAGESIZE
-            cls._madvise(start, tensor.numel() + address - start, advice)
+def _over(storage, nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over the first ``nbytes`` of ``storage`` that is not a view of another."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
 
 
 # glibc's malloc in a DataLoader worker: blocks under 4 MiB (a payload, a read chunk) come from
@@ -222,39 +220,24 @@ def tune_worker_allocator() -> None:
     if _tuned_pid == os.getpid():
         return
     _tuned_pid = os.getpid()
-    libc = _linux_libc()
+    libc = linux_libc()
     if libc is not None and hasattr(libc, "mallopt"):  # glibc's; musl has none
         for option, value in WORKER_MALLOC.items():
             libc.mallopt(option, value)
-
-
-@functools.cache
-def _linux_libc():
-    """The process's C library through ctypes on Linux (madvise, mallopt), else None."""
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
 
 
 BYTES_AS = ("bytes", "tensor")
 
 
 def share_all_bytes(batch):
-    """In the worker, for ``bytes_as="tensor"``: every list of ``bytes`` (or single ``bytes``
-    value) of a dict batch or sample goes into shared memory, whatever its size."""
+    """In the worker, for ``bytes_as="tensor"``: every list of raw members (or single raw
+    member) of a dict batch or sample goes into shared memory, whatever its size."""
     if isinstance(batch, dict):
         for name, value in batch.items():
-            if type(value) is bytes:
+            if type(value) in _RAW:
                 batch[name] = _SharedBytes([value], pooled=True)
                 batch[name].single = True
-            elif type(value) is list and value and all(type(v) is bytes for v in value):
+            elif type(value) is list and value and all(type(v) in _RAW for v in value):
                 batch[name] = _SharedBytes(value, pooled=True)
     return batch
 
@@ -276,8 +259,8 @@ def approximate_bytes(value, depth: int = 3) -> int:
     if isinstance(value, torch.Tensor):
         return value.nbytes
     if isinstance(value, _SharedBytes):
-        return value.ends[-1]
-    if isinstance(value, (bytes, bytearray, str, memoryview)):
+        return value.nbytes
+    if isinstance(value, (bytes, SharedSpan, bytearray, str, memoryview)):
         return len(value)
     nbytes = getattr(value, "nbytes", None)  # numpy arrays
     if isinstance(nbytes, int):

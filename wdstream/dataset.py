@@ -21,12 +21,14 @@ import torch.utils.data
 
 from .batching import tune_worker_allocator
 from .errors import ManifestError, ShardError, StateError, WdstreamError
-from .pipeline.decode import build_decoders, decode_sample
+from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
 from .shards.locate import find_shards
 from .shards.manifest import Manifest
+from .shards.samples import split_name
+from .shm import read_target
 from .sources.cache import ShardCache
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,9 @@ class IterationSpec:
     start: tuple[int, ...] = ()
     rotation: int = 0
     batch_size: int = 0
+    # bytes_as="tensor" with the default collate: a worker reads large raw payloads straight
+    # into the shared memory its batches travel in (wdstream.shm)
+    shared_payloads: bool = False
 
 
 def _cache_options(cache_dir, cache_limit) -> dict:
@@ -358,10 +363,11 @@ class StreamingDataset(PositionedDataset):
         sample skipped by ``on_error="skip"``)."""
         window = self.options.window
         first_window, skip = divmod(start, window)
+        target = self._payload_target(spec)
         if self.has_counts:
             plan = self.plan(spec.epoch, spec.world, spec.workers, spec.history)
             spans = drop_first(plan.stream_spans(spec.rank, stream), first_window * window)
-            samples = SpanReader(spans, self.shards, self.read_options, worker_stats)
+            samples = SpanReader(spans, self.shards, self.read_options, worker_stats, target)
 
             def order(index, size):
                 return plan.window_order(spec.rank, stream, index, size)
@@ -376,13 +382,34 @@ class StreamingDataset(PositionedDataset):
                     "unequal batches); run `wdstream index` on the shards' prefix")
             spans = shard_streams(len(self.shards.urls), o.seed, spec.epoch, o.shuffle,
                                   spec.world, spec.workers, spec.rank, stream)
-            samples = SpanReader(spans, self.shards, self.read_options, worker_stats)
+            samples = SpanReader(spans, self.shards, self.read_options, worker_stats, target)
             samples = islice(samples, first_window * window, None)
 
             def order(index, size):
                 return window_order(size, o.seed, spec.epoch, 0, spec.rank, stream, index,
                                     o.shuffle)
         return window_shuffle(samples, window, order, first_window, skip)
+
+    def _payload_target(self, spec: IterationSpec):
+        """Where large payloads are read (see ``iter_members``): into the worker's shared
+        memory when the loader asks for it, for members nothing in the worker needs as
+        ``bytes`` (those without a decoder, and none when there is a map)."""
+        if not spec.shared_payloads or self.map is not None \
+                or torch.utils.data.get_worker_info() is None:
+            return None
+        decoders = self.decoders
+
+        def target(name: str, size: int):
+            if decoders is not None:
+                try:
+                    extension = split_name(name)[1].lower()
+                except ShardError:
+                    return None  # reported when the sample is grouped
+                if find_decoder(decoders, extension) is not None:
+                    return None
+            return read_target(size)
+
+        return target
 
     # ---- torchdata's StatefulDataLoader protocol ----------------------------------------
     # StatefulDataLoader calls these on the dataset copy in each worker (or in the main

@@ -33,6 +33,7 @@ from .batching import (
 from .dataset import END_OF_STREAM, IterationSpec, worker_position, worker_stats, world_info
 from .errors import StateError, StreamError, WdstreamError
 from .plan import Segment, batches_in_stream
+from .shm import unmap_workers
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self.bytes_as = bytes_as
         self.user_collate = collate_fn if collate_fn is not None else (
             collate if batch_size is not None else _identity)
+        # the workers read large raw payloads into the shared memory of their batches
+        self._shared_payloads = bytes_as == "tensor" and num_workers > 0 and collate_fn is None
         self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers), batch_size,
                                       drop_last, share_bytes=bytes_as == "tensor")
         self._starting_workers = False
@@ -290,7 +293,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._tagger.rotation = rotation
         return IterationSpec(epoch=epoch, rank=rank, world=world, workers=self.streams,
                              history=history, start=tuple(positions), rotation=rotation,
-                             batch_size=self._batch)
+                             batch_size=self._batch, shared_payloads=self._shared_payloads)
 
     def __iter__(self):
         dataset: Trackable = self.dataset
@@ -301,6 +304,7 @@ class DataLoader(torch.utils.data.DataLoader):
             iterator = super().__iter__()
         finally:
             dataset.spec = None  # the workers have their copy; direct use stays unaffected
+        workers = [process.pid for process in getattr(iterator, "_workers", ())]
         delivered = 0
         try:
             for stream, position, batch in self._in_order(iterator):
@@ -310,6 +314,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 yield unpack_shared(batch, self.bytes_as)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None
+        finally:
+            unmap_workers(workers)  # the segments of this iteration's workers
         if resumed and delivered == 0:
             # A state taken after the last batch of an epoch whose end could not be told from
             # the state alone (positions that are not sample counts): go on with the next.

@@ -70,6 +70,11 @@ def build_decoders(decoders: Mapping[str, object] | None) -> dict[str, Callable]
     return table
 
 
+def find_decoder(table: Mapping[str, Callable], extension: str) -> Callable | None:
+    """The decoder of a member's (lowercased) extension, or of its last dotted part."""
+    return table.get(extension) or table.get(extension.rsplit(".", 1)[-1])
+
+
 def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
     """Decode each member whose extension (its last dotted part) has a decoder."""
     decoded = {}
@@ -77,7 +82,7 @@ def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
         if name.startswith("__"):
             decoded[name] = value
             continue
-        decoder = table.get(name) or table.get(name.rsplit(".", 1)[-1])
+        decoder = find_decoder(table, name)
         if decoder is None:
             decoded[name] = value
             continue

@@ -113,8 +113,9 @@ class SpanReader:
     under ``on_error="skip"``). Keeps one shard opened ahead."""
 
     def __init__(self, spans: Sequence[Span], shards: ShardTable, options: ReadOptions,
-                 stats: ReadStats | None = None):
+                 stats: ReadStats | None = None, payload_target=None):
         self.visits = _visits(spans)
+        self.payload_target = payload_target  # see wdstream.shards.tar.iter_members
         self.shards = shards
         self.options = options
         self.stats = stats if stats is not None else ReadStats()
@@ -215,7 +216,7 @@ class SpanReader:
         hashing = self.options.verify_digest and to_end and bool(
             self.shards.sha256 and self.shards.sha256[shard])
         source = HashingReader(stream) if hashing else stream
-        members = iter_members(source, url)
+        members = iter_members(source, url, self.payload_target)
         ranges = [(span.start, span.stop) for span in wanted]
         limit = None if to_end else last_stop  # where the rest belongs to another stream
         count = 0

@@ -25,6 +25,7 @@ _ZERO_BLOCK = bytes(BLOCK)
 _READ_SIZE = 1 << 20  # large reads: slicing from a buffer beats many small read() calls
 _MAX_READ = 1 << 26  # one read's cap, however large the member (or a corrupt size field)
 _EXACT_READ = 1 << 17  # payloads from this size on are read whole where the stream can seek
+_READ_AFTER_EXACT = 1 << 13  # the read after one: mostly the next header (the rest is re-read)
 
 _NAME_MAX = 100
 _PREFIX_MAX = 155
@@ -229,8 +230,12 @@ class TarMembers:
     seen (False: the stream ended cleanly at a member boundary without it).
     """
 
-    def __init__(self, stream: BinaryIO, url: str):
+    def __init__(self, stream: BinaryIO, url: str, payload_target=None):
         self.url = url
+        # payload_target(name, size) -> (payload, writable memoryview of size bytes) or None:
+        # where payloads of _EXACT_READ to _MAX_READ bytes are read straight from the stream
+        self._target = payload_target
+        self._readinto = getattr(stream, "readinto", None)
         self.complete = False
         # read1 where there is one: it hands over a stream's chunk as it is, without copying
         # or waiting for more (read(n) of a ByteStream joins chunks to give exactly n bytes).
@@ -241,6 +246,7 @@ class TarMembers:
         self._data = b""  # buffered bytes; _data[_pos:] not yet parsed
         self._pos = 0
         self._base = 0  # stream offset of _data[0]
+        self._read_size = _READ_SIZE  # of the next fill; small after an exact payload read
         self._gen = self._members()
 
     @property
@@ -257,8 +263,11 @@ class TarMembers:
         """Make at least ``need`` unparsed bytes available; False if the stream ends first."""
         rest = len(self._data) - self._pos
         read = self._read
+        read_size = self._read_size
+        if read_size < _READ_SIZE:  # grows back while members are small
+            self._read_size = read_size * 2
         if rest == 0:  # the common case: nothing left over, no join
-            chunk = read(min(max(_READ_SIZE, need), _MAX_READ))
+            chunk = read(min(max(read_size, need), _MAX_READ))
             if type(chunk) is not bytes:
                 chunk = bytes(chunk)  # payloads are bytes, whatever the stream returns
             self._base += self._pos
@@ -269,7 +278,7 @@ class TarMembers:
         parts = [memoryview(self._data)[self._pos :]]
         have = rest
         while have < need:
-            chunk = read(min(max(_READ_SIZE, need - have), _MAX_READ))
+            chunk = read(min(max(read_size, need - have), _MAX_READ))
             if not chunk:
                 break
             parts.append(chunk)
@@ -279,11 +288,14 @@ class TarMembers:
         self._pos = 0
         return have >= need
 
-    def _gather(self, start: int, size: int, padded: int) -> bytes | None:
+    def _gather(self, start: int, size: int, padded: int, into=None):
         """The payload of ``size`` bytes at ``_data[start:]``, which the buffer holds only
         part of, with its padding (``padded`` bytes in all) consumed; None if the stream ends
         first. The payload is joined once from the pieces as read (no join of the buffer with
-        each new read, no slicing afterwards), and the last piece becomes the buffer."""
+        each new read, no slicing afterwards), and the last piece becomes the buffer; or read
+        into the memory of ``into``, ``(payload, memory)`` from the payload target."""
+        if into is not None:
+            return self._read_into(start, size, padded, *into)
         if self._stream is not None and _EXACT_READ <= size <= _MAX_READ:
             return self._read_exact(start, size, padded)
         data = self._data
@@ -318,8 +330,10 @@ class TarMembers:
         return b"".join(parts)
 
     def _read_exact(self, start: int, size: int, padded: int) -> bytes | None:
-        """``_gather`` on a seekable stream: seek back to the payload and read it whole."""
+        """``_gather`` on a seekable stream: seek back to the payload and read it whole. The
+        next fill is then small: a large read would mostly fetch the next payload twice."""
         offset = self._base + start  # the payload's stream offset
+        self._read_size = _READ_AFTER_EXACT
         stream = self._stream
         stream.seek(offset)
         payload = stream.read(size)
@@ -330,6 +344,36 @@ class TarMembers:
             end = offset + len(payload)
         self._base, self._data, self._pos = end, b"", 0
         return payload if end == offset + padded else None
+
+    def _read_into(self, start: int, size: int, padded: int, payload, memory: memoryview):
+        """``_gather`` into ``memory``: the part already buffered is copied, the rest read
+        straight into it, then the padding is consumed; ``payload`` or None."""
+        data = self._data
+        have = min(max(len(data) - start, 0), size)
+        memory[:have] = memoryview(data)[start : start + have]
+        offset = self._base + start + have  # stream offset of the next byte to read
+        read, readinto = self._read, self._readinto
+        while have < size:
+            if readinto is not None:
+                count = readinto(memory[have:])
+            else:
+                chunk = read(min(size - have, _MAX_READ))
+                count = len(chunk)
+                memory[have : have + count] = chunk
+            if not count:
+                break
+            have += count
+            offset += count
+        padding = padded - max(size, len(data) - start)  # still to read
+        while have == size and padding > 0:
+            count = len(read(padding))
+            if not count:
+                break
+            padding -= count
+            offset += count
+        self._base, self._data, self._pos = offset, b"", 0
+        self._read_size = _READ_AFTER_EXACT
+        return payload if have == size and padding <= 0 else None
 
     def _error(self, message: str, at: int) -> ShardError:
         return ShardError(f"{self.url}: {message} at byte {at}")
@@ -395,14 +439,9 @@ class TarMembers:
                 continue
             end = pos + BLOCK + size
             padded = end + _padding(size)
-            if padded > len(data):
-                payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK)
-                if payload is None:
-                    raise self._error(f"truncated member ({size} bytes expected)", start)
-            else:
-                self._pos = padded
-                payload = None
-            if typeflag in _REGULAR:
+            regular = typeflag in _REGULAR
+            into = None  # (payload, memory) from the payload target
+            if regular:
                 if path is not None:
                     name = path
                 elif long_name is not None:
@@ -415,11 +454,27 @@ class TarMembers:
                     if header[257:263] == b"ustar\x00" and header[345]:
                         name = _cstr(header[345:500]) + b"/" + name
                 long_name = None
+                text = name.decode("utf-8", "surrogateescape")
+                if self._target is not None and _EXACT_READ <= size <= _MAX_READ \
+                        and not name.endswith(b"/"):
+                    into = self._target(text, size)
+            if padded > len(data):
+                payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK, into)
+                if payload is None:
+                    raise self._error(f"truncated member ({size} bytes expected)", start)
+            else:
+                self._pos = padded
+                payload = None
+            if regular:
                 if name.endswith(b"/"):  # an old-style directory entry
                     continue
                 if payload is None:
-                    payload = data[pos + BLOCK : end]
-                yield name.decode("utf-8", "surrogateescape"), payload
+                    if into is not None:
+                        payload, memory = into
+                        memory[:] = memoryview(data)[pos + BLOCK : end]
+                    else:
+                        payload = data[pos + BLOCK : end]
+                yield text, payload
             elif typeflag == 76 or typeflag == 75:  # 'L' longname, 'K' longlink
                 if typeflag == 76:
                     long_name = _cstr(data[pos + BLOCK : end] if payload is None else payload)
@@ -473,11 +528,15 @@ def _parse_pax(payload: bytes, members: TarMembers, at: int) -> dict[bytes, byte
     return records
 
 
-def iter_members(stream: BinaryIO, url: str) -> TarMembers:
+def iter_members(stream: BinaryIO, url: str, payload_target=None) -> TarMembers:
     """Iterate ``(name, payload)`` over the regular files of a tar read from ``stream``.
 
     ``stream`` needs only ``read(n)``. Raises ShardError naming ``url`` and the byte offset on a
     bad checksum or a stream that ends inside a member. The returned iterator's ``offset`` is the
     number of bytes consumed, ``complete`` whether the end-of-archive marker was seen.
+
+    Payloads are ``bytes``. ``payload_target(name, size)`` is asked about each regular file's
+    payload from 128 KiB to 64 MiB: when it returns ``(payload, memory)``, the payload is read
+    into ``memory`` (a writable memoryview of that size) and ``payload`` yielded instead.
     """
-    return TarMembers(stream, url)
+    return TarMembers(stream, url, payload_target)
