@@ -64,7 +64,7 @@ def test_shared_bytes_from_spans_and_bytes_round_trip(monkeypatch):
     packed = batching._SharedBytes(values, pooled=True)
     segment = span.segment
     del span, values
-    assert packed.kept and segment.array[: shm.Segment.HOLDS].sum() == 1
+    assert packed.holds == [0] and segment.array[: shm.Segment.HOLDS].sum() == 1
     assert not segment.live  # the batch's spans are gone; its flag keeps the segment
     # what the main process receives: the segment by number after its first crossing
     received = _cross(packed)
@@ -72,7 +72,7 @@ def test_shared_bytes_from_spans_and_bytes_round_trip(monkeypatch):
     assert segment.idle()  # copied out: the worker may use the memory again
     again = batching._SharedBytes([b"xyz"], pooled=True)
     state = again.__getstate__()
-    assert state["segments"] == [(segment.uid, None)]  # already sent: no tensor this time
+    assert state["sources"] == [("segment", segment.uid, None)]  # sent: no tensor this time
     views = _cross(again).views()
     assert bytes(views[0].numpy()) == b"xyz" and not segment.idle()
     del views

@@ -260,6 +260,8 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
 
     monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)  # the forked workers inherit these
     monkeypatch.setattr(shm.Arena, "KEEP", 2 << 20)
+    # read as from a remote stream: local files are otherwise mapped, not read (next test)
+    monkeypatch.setattr(wdstream.dataset, "CAN_MAP_FILES", False)
     samples = {f"k{i:03d}": (bytes([i]) * (150_000 + 1000 * i), f"t{i}" * 70_000)
                for i in range(48)}
     buffer = io.BytesIO()
@@ -293,22 +295,73 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
             assert bytes(raw.numpy()) == samples[key][0]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bytes_as_tensor_maps_large_payloads_of_local_files(tmp_path, single_rank, workers):
+    """Under bytes_as="tensor", a worker leaves large payloads of local shards in the file and
+    the main process maps them from the page cache: the tensors are views of the whole shard,
+    copy-on-write (writing to one leaves the file as it was). Without workers, nothing is
+    mapped (the reader reads them)."""
+    import torch
+
+    payloads = {f"k{i:02d}": bytes([i]) * (150_000 + i) for i in range(10)}
+    source = _binary_dataset(tmp_path, payloads)
+    shard = os.path.join(source, "shard-000000.tar")
+    before = open(shard, "rb").read()
+    loader = wdstream.DataLoader(wdstream.StreamingDataset(source, shuffle=False), batch_size=4,
+                                 num_workers=workers, bytes_as="tensor")
+    batches = list(loader)
+    values = [v for batch in batches for v in batch["bin"]]
+    keys = [k for batch in batches for k in batch["__key__"]]
+    assert [bytes(v.numpy()) for v in values] == [payloads[k] for k in keys]
+    mapped = [v.untyped_storage().nbytes() == len(before) for v in values]
+    assert all(mapped) if workers else not any(mapped)
+    values[0][:10] = 255
+    assert open(shard, "rb").read() == before
+    assert isinstance(values[0], torch.Tensor) and bytes(values[0][:10].numpy()) == b"\xff" * 10
+
+
+def test_a_mapped_file_must_be_the_one_the_worker_read(tmp_path):
+    from wdstream.errors import StreamError
+    from wdstream.shm import map_file
+
+    path = tmp_path / "shard.tar"
+    path.write_bytes(b"x" * 4096)
+    status = os.stat(path)
+    identity = (status.st_dev, status.st_ino)
+    assert bytes(map_file(str(path), identity, 4096)[:3].numpy()) == b"xxx"
+    with pytest.raises(StreamError, match="shard.tar: replaced or truncated"):
+        map_file(str(path), identity, 8192)
+    replacement = tmp_path / "new.tar"
+    replacement.write_bytes(b"y" * 4096)
+    os.replace(replacement, path)
+    with pytest.raises(StreamError, match="shard.tar: replaced or truncated"):
+        map_file(str(path), identity, 4096)
+    path.unlink()
+    with pytest.raises(StreamError, match="shard.tar: cannot map"):
+        map_file(str(path), identity, 4096)
+
+
 def test_payload_target_only_for_members_nothing_decodes(tmp_path, monkeypatch):
     """The reader is given a target in a worker under bytes_as="tensor" (the loader sets
     ``shared_payloads``), which takes members without a decoder, and none with a map."""
     import torch.utils.data
 
     from wdstream.dataset import IterationSpec
-    from wdstream.shm import SharedSpan
+    from wdstream.shm import FileSpan, SharedSpan
 
     source = _binary_dataset(tmp_path, {"k": b"x"})
     spec = IterationSpec(epoch=0, rank=0, world=1, workers=1, shared_payloads=True)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
     target = wdstream.StreamingDataset(source)._payload_target(spec)
-    span, memory = target("dir/k.bin", 200_000)
+    span, memory = target("dir/k.bin", 200_000, None)  # from a remote stream: shared memory
     assert isinstance(span, SharedSpan) and len(memory) == 200_000
-    assert target("k.json", 200_000) is None and target("k.Txt", 200_000) is None
-    assert wdstream.StreamingDataset(source, decode=False)._payload_target(spec)("k.json", 9)
+    region = ("/data/shard.tar", 1536, 10_000_000, 1, 2)  # in a local file: left there
+    file_span, no_memory = target("dir/k.bin", 200_000, region)
+    assert isinstance(file_span, FileSpan) and no_memory is None
+    assert (file_span.path, file_span.offset, len(file_span)) == ("/data/shard.tar", 1536, 200_000)
+    assert target("k.json", 200_000, None) is None and target("k.Txt", 200_000, region) is None
+    assert wdstream.StreamingDataset(source, decode=False)._payload_target(spec)("k.json", 9,
+                                                                               None)
     assert wdstream.StreamingDataset(source, map=dict)._payload_target(spec) is None
     unasked = IterationSpec(epoch=0, rank=0, world=1, workers=1)
     assert wdstream.StreamingDataset(source)._payload_target(unasked) is None

@@ -367,7 +367,8 @@ class Target:
     def __init__(self):
         self.asked = []
 
-    def __call__(self, name: str, size: int):
+    def __call__(self, name: str, size: int, region):
+        assert region is None  # not a local file
         self.asked.append((name, size))
         if not name.endswith(".bin"):
             return None
@@ -399,6 +400,38 @@ def test_large_payloads_read_into_a_target(stream):
     b_start = 512 + 200_192 + 1024 + 512  # b.bin's payload
     for cut in (b_start + 1000, b_start + len(big), b_start + len(big) + 10):
         members = iter_members(stream(data[:cut]), "x", Target())
+        assert [next(members)[0], next(members)[0]] == ["f.bin", "a.bin"]
+        with pytest.raises(ShardError, match=f"truncated member .* at byte {b_start - 512}"):
+            next(members)
+
+
+def test_large_payloads_left_in_a_local_file(tmp_path):
+    """A target may leave a payload where it lies in a local file: the reader seeks past it
+    and yields what the target gave, which knows the payload's place in the file; a file that
+    ends inside such a payload (or its padding) is truncated as with reads."""
+    from wdstream.sources.openers import open_read
+
+    big = bytes(range(256)) * 1200 + b"tail"
+    first = b"f" * 200_000  # lies within the reader's first large read
+    data = make_tar([("f.bin", first), ("a.bin", b"a" * 100), ("b.bin", big),
+                     ("c.txt", big[::-1])])
+    path = tmp_path / "shard.tar"
+    path.write_bytes(data)
+
+    def leave_in_file(name, size, region):
+        assert region is not None and region[0] == str(path)
+        return ((region[1], size), None) if name.endswith(".bin") else None
+
+    members = iter_members(open_read(str(path)), str(path), leave_in_file)
+    got = list(members)
+    assert [name for name, _ in got] == ["f.bin", "a.bin", "b.bin", "c.txt"]
+    assert [data[p[0] : p[0] + p[1]] for _, p in got[::2]] == [first, big]
+    assert got[1][1] == b"a" * 100 and got[3][1] == big[::-1]
+    assert members.complete and members.offset == len(data)
+    b_start = 512 + 200_192 + 1024 + 512
+    for cut in (b_start + 1000, b_start + len(big), b_start + len(big) + 10):
+        path.write_bytes(data[:cut])
+        members = iter_members(open_read(str(path)), str(path), leave_in_file)
         assert [next(members)[0], next(members)[0]] == ["f.bin", "a.bin"]
         with pytest.raises(ShardError, match=f"truncated member .* at byte {b_start - 512}"):
             next(members)

@@ -12,11 +12,14 @@ import torch
 import torch.utils.data
 
 from .shm import (
+    FileSpan,
+    Segment,
     SharedSpan,
     allocate,
     arena,
     keep_mapped,
     linux_libc,
+    map_file,
     mapped,
     populate,
     release,
@@ -51,7 +54,8 @@ def collate(samples: list[dict]) -> dict:
 
 
 _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
-_RAW = (bytes, SharedSpan)  # a raw member: bytes, or (bytes_as="tensor") read into shared memory
+# a raw member: bytes, or under bytes_as="tensor" read into shared memory or left in a local file
+_RAW = (bytes, SharedSpan, FileSpan)
 
 
 class _Pooling:
@@ -66,38 +70,38 @@ def _in_worker() -> bool:
 
 
 class _SharedBytes:
-    """A batch's raw members in shared memory: buffers, and each value's (buffer, start, end).
-    A DataLoader worker hands tensors over through shared memory, where pickled bytes go
-    through a pipe at a few hundred MB/s; the loader turns them back into ``bytes`` in the main
-    process, or (``bytes_as="tensor"``) into views of the buffers.
+    """A batch's raw members in memory the main process can map: buffers, and each value's
+    (buffer, start, end). A DataLoader worker hands tensors over through shared memory, where
+    pickled bytes go through a pipe at a few hundred MB/s; the loader turns them back into
+    ``bytes`` in the main process, or (``bytes_as="tensor"``) into views of the buffers.
 
     Copied out into ``bytes`` at once (the default), a batch is packed into a fresh segment,
     which keeps peak memory at its lowest (pooling cost +5% peak RSS for +17% MB/s with 1 MiB
     samples). With ``pooled`` (``bytes_as="tensor"``), payloads the reader put in the worker's
-    arena stay where they are, other ``bytes`` are packed into the arena, and a flag in each
-    segment used tells the worker when the main process no longer holds the batch. The main
-    process maps the pages it reads with one ``madvise`` call rather than a fault per page."""
+    arena stay where they are, payloads left in local files are mapped by the main process,
+    other ``bytes`` are packed into the arena, and a flag in each segment used tells the
+    worker when the main process no longer holds the batch. The main process maps the pages
+    it reads with one ``madvise`` call rather than a fault per page."""
 
     single = False  # one value (a sample's member) rather than a batch's list
 
     def __init__(self, values: list, pooled: bool = False):
-        self.holds: list[int] | None = None  # per buffer: the flag raised in it
-        self.kept = False  # buffers the main process keeps mapped (arena segments)
+        self.holds: list[int] | None = None  # per buffer: the flag raised in it, -1 for files
         if pooled and _in_worker():
             spans = self._into_arena(values, arena())
-            segments = list({id(s.segment): s.segment for s in spans}.values())
-            holds = [segment.hold() for segment in segments]
-            if -1 not in holds:
-                index = {id(segment): k for k, segment in enumerate(segments)}
-                self._segments = segments
-                self.buffers = [segment.tensor for segment in segments]
-                self.parts = [(index[id(s.segment)], s.start, s.end) for s in spans]
+            sources = list({_source_key(span): span for span in spans}.values())
+            holds = [s.segment.hold() if type(s) is SharedSpan else -1 for s in sources]
+            raised = [h for s, h in zip(sources, holds, strict=True) if type(s) is SharedSpan]
+            if -1 not in raised:
+                index = {_source_key(s): k for k, s in enumerate(sources)}
+                self._sources = [s.segment if type(s) is SharedSpan else s for s in sources]
+                self.buffers = None  # made in the main process
+                self.parts = [(index[_source_key(s)], *_bounds(s)) for s in spans]
                 self.holds = holds
-                self.kept = True
                 return
-            for segment, flag in zip(segments, holds, strict=True):
+            for source, flag in zip(sources, holds, strict=True):  # no flag left: copy
                 if flag >= 0:
-                    release(segment.tensor, flag)
+                    release(source.segment.tensor, flag)
         self._pack(values)
 
     def _pack(self, values: list) -> None:
@@ -108,17 +112,19 @@ class _SharedBytes:
         self.buffers = [buffer]
         self.parts = [(0, start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
         for value, (_buffer, start, end) in zip(values, self.parts, strict=True):
-            view[start:end] = value.memory() if type(value) is SharedSpan else memoryview(value)
+            kind = type(value)
+            view[start:end] = value.memory() if kind is SharedSpan else memoryview(
+                bytes(value) if kind is FileSpan else value)
 
     @staticmethod
-    def _into_arena(values: list, shared) -> list[SharedSpan]:
-        """A span per value: payloads already in the arena as they are, ``bytes`` packed into
-        one new span."""
-        packed = [len(v) for v in values if type(v) is not SharedSpan]
+    def _into_arena(values: list, shared) -> list:
+        """A span per value: payloads in the arena or in local files as they are, ``bytes``
+        packed into one new span."""
+        packed = [len(v) for v in values if type(v) is bytes]
         holder = shared.cut(sum(packed)) if packed else None
         spans, offset = [], 0
         for value in values:
-            if type(value) is SharedSpan:
+            if type(value) is not bytes:
                 spans.append(value)
                 continue
             start = holder.start + offset
@@ -129,27 +135,25 @@ class _SharedBytes:
 
     def __getstate__(self) -> dict:
         """In the worker: arena segments go as numbers, with the tensor (a file descriptor)
-        only the first time, and the numbers of the segments the worker has let go since."""
+        only the first time, with the numbers of the segments the worker has let go since;
+        files as their path and identity."""
         state = dict(self.__dict__)
-        segments = state.pop("_segments", None)
-        if segments is not None:
-            state["buffers"] = None
-            state["worker"] = os.getpid()
-            state["segments"] = [(s.uid, None if s.sent else s.tensor) for s in segments]
-            for segment in segments:
-                segment.sent = True
+        sources = state.pop("_sources", None)
+        if sources is not None:
+            state["sources"] = [_describe(source) for source in sources]
+            for source in sources:
+                if type(source) is Segment:
+                    source.sent = True
             dropped = arena().dropped
             state["dropped"] = [dropped.popleft() for _ in range(len(dropped))]
+            state["worker"] = os.getpid()
         return state
 
     def __setstate__(self, state: dict) -> None:
-        segments = state.pop("segments", None)
-        if segments is not None:  # in the main process
+        sources = state.pop("sources", None)
+        if sources is not None:  # in the main process
             worker = state.pop("worker")
-            for uid, tensor in segments:
-                if tensor is not None:
-                    keep_mapped(worker, uid, tensor)
-            state["buffers"] = [mapped(worker, uid) for uid, _tensor in segments]
+            state["buffers"] = [_buffer(worker, source) for source in sources]
             unmap(worker, state.pop("dropped"))
         self.__dict__.update(state)
 
@@ -161,11 +165,11 @@ class _SharedBytes:
         return sum(end - start for _buffer, start, end in self.parts)
 
     def _mapped(self) -> list[torch.Tensor]:
-        """The buffers, with the pages this batch uses mapped in one call each (kept
+        """The buffers, with the pages this batch uses mapped in one call each (arena
         segments were mapped whole when first received)."""
-        if self.kept:
-            return self.buffers
         for k, buffer in enumerate(self.buffers):
+            if self.holds is not None and self.holds[k] >= 0:
+                continue
             ranges = [(start, end) for b, start, end in self.parts if b == k]
             populate(buffer[min(r[0] for r in ranges) : max(r[1] for r in ranges)])
         return self.buffers
@@ -176,19 +180,23 @@ class _SharedBytes:
         del arrays
         if self.holds is not None:  # copied out: the worker may use the memory again
             for buffer, flag in zip(self.buffers, self.holds, strict=True):
-                release(buffer, flag)
+                if flag >= 0:
+                    release(buffer, flag)
         self.holds = self.buffers = None
         return values
 
     def views(self) -> list[torch.Tensor]:
-        """The values as 1-D uint8 tensors sharing this batch's memory: no copy. The memory
+        """The values as 1-D uint8 tensors sharing this batch's memory: no copy. Arena memory
         goes back to the worker once no view of it (nor array made from one) is left."""
         buffers = self._mapped()
         if self.holds is not None:
             # views keep their base tensor alive (``view._base``): each batch gets bases of
-            # its own over the kept memory, and releases its flag when a base goes
+            # its own over the kept segments, and releases its flag when a base goes
             bases = []
             for buffer, flag in zip(buffers, self.holds, strict=True):
+                if flag < 0:  # a file mapped for this batch alone
+                    bases.append(buffer)
+                    continue
                 storage = buffer.untyped_storage()
                 bases.append(_over(storage, buffer.numel()))
                 weakref.finalize(bases[-1], release, _over(storage, flag + 1), flag)
@@ -196,6 +204,36 @@ class _SharedBytes:
         values = [buffers[b][start:end] for b, start, end in self.parts]
         self.holds = self.buffers = None
         return values
+
+
+def _source_key(span) -> tuple:
+    if type(span) is SharedSpan:
+        return "segment", id(span.segment)
+    return "file", span.path, span.identity
+
+
+def _bounds(span) -> tuple[int, int]:
+    if type(span) is SharedSpan:
+        return span.start, span.end
+    return span.offset, span.offset + span.size
+
+
+def _describe(source) -> tuple:
+    """A batch's buffer as it crosses to the main process."""
+    if type(source) is Segment:
+        return "segment", source.uid, None if source.sent else source.tensor
+    return "file", source.path, source.identity, source.file_size
+
+
+def _buffer(worker: int, source: tuple) -> torch.Tensor:
+    """In the main process: the tensor a described buffer is."""
+    if source[0] == "segment":
+        _kind, uid, tensor = source
+        if tensor is not None:
+            keep_mapped(worker, uid, tensor)
+        return mapped(worker, uid)
+    _kind, path, identity, file_size = source
+    return map_file(path, identity, file_size)
 
 
 def _over(storage, nbytes: int) -> torch.Tensor:
@@ -260,7 +298,7 @@ def approximate_bytes(value, depth: int = 3) -> int:
         return value.nbytes
     if isinstance(value, _SharedBytes):
         return value.nbytes
-    if isinstance(value, (bytes, SharedSpan, bytearray, str, memoryview)):
+    if isinstance(value, (bytes, SharedSpan, FileSpan, bytearray, str, memoryview)):
         return len(value)
     nbytes = getattr(value, "nbytes", None)  # numpy arrays
     if isinstance(nbytes, int):

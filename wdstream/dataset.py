@@ -28,7 +28,7 @@ from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, wi
 from .shards.locate import find_shards
 from .shards.manifest import Manifest
 from .shards.samples import split_name
-from .shm import read_target
+from .shm import CAN_MAP_FILES, FileSpan, read_target
 from .sources.cache import ShardCache
 
 log = logging.getLogger(__name__)
@@ -391,15 +391,16 @@ class StreamingDataset(PositionedDataset):
         return window_shuffle(samples, window, order, first_window, skip)
 
     def _payload_target(self, spec: IterationSpec):
-        """Where large payloads are read (see ``iter_members``): into the worker's shared
-        memory when the loader asks for it, for members nothing in the worker needs as
-        ``bytes`` (those without a decoder, and none when there is a map)."""
+        """Where large payloads go (see ``iter_members``) when the loader asks for shared
+        payloads, for members nothing in the worker needs as ``bytes`` (those without a
+        decoder, and none when there is a map): from a local file, nowhere (the main process
+        maps them from the page cache); from other streams, into the worker's shared memory."""
         if not spec.shared_payloads or self.map is not None \
                 or torch.utils.data.get_worker_info() is None:
             return None
         decoders = self.decoders
 
-        def target(name: str, size: int):
+        def target(name: str, size: int, region):
             if decoders is not None:
                 try:
                     extension = split_name(name)[1].lower()
@@ -407,6 +408,8 @@ class StreamingDataset(PositionedDataset):
                     return None  # reported when the sample is grouped
                 if find_decoder(decoders, extension) is not None:
                     return None
+            if region is not None and CAN_MAP_FILES:  # a local file: mapped, never read
+                return FileSpan(region, size), None
             return read_target(size)
 
         return target

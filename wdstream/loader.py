@@ -115,9 +115,10 @@ class DataLoader(torch.utils.data.DataLoader):
 
     ``bytes_as``: how undecoded members reach the training loop. ``"bytes"`` (default):
     ``bytes`` objects. ``"tensor"``: 1-D ``torch.uint8`` tensors that share the memory the
-    worker filled, with no copy in the main process: the fast way to stream large binary
-    payloads (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies it into
-    ``bytes``).
+    worker filled, with no copy in the main process (and with the default ``collate_fn``, none
+    in the worker for members from 128 KiB that no decoder takes): the fast way to stream
+    large binary payloads (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies
+    it into ``bytes``).
     """
 
     def __init__(self, dataset: Trackable, batch_size: int | None = 1, *,

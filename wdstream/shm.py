@@ -1,12 +1,15 @@
-"""Shared memory that DataLoader workers fill and the main process reads without a copy.
+"""Memory that DataLoader workers fill (or leave in place) and the main process reads without
+a copy: shared-memory segments, and regions of local files mapped from the page cache.
 
 A tensor in shared memory crosses from a worker to the training process as a file descriptor,
 where pickled ``bytes`` go through a pipe at a few hundred MB/s. A fresh segment costs more than
 the copy into it, though (the kernel zeroes and maps every page: ~2.5 GB/s here, against ~10
 GB/s to copy into memory already mapped), so under ``bytes_as="tensor"`` each worker keeps an
 ``Arena``: segments mapped once, cut in order into payloads (the tar reader reads large ones
-straight into them) and packed batches, and reused once nothing cut from them is alive, in the
-worker or in the main process.
+from remote streams straight into them) and packed batches, and reused once nothing cut from
+them is alive, in the worker or in the main process. Large payloads of local files are not
+read at all: the worker sends where they lie (``FileSpan``) and the main process maps the
+file, copy-on-write, from the page cache.
 
 The main process tells a worker which batches it still holds through the first bytes of each
 segment (its ``holds``): the worker raises one of them for each batch it sends that uses the
@@ -142,6 +145,54 @@ class SharedSpan:
 
     def __repr__(self) -> str:
         return f"SharedSpan({len(self)} bytes)"
+
+
+CAN_MAP_FILES = hasattr(mmap, "MAP_PRIVATE")  # POSIX
+
+
+class FileSpan:
+    """``size`` bytes of a local file at ``offset``: a payload the worker leaves where it is,
+    which the main process maps from the page cache rather than anyone copying it. The file's
+    device and inode tell the main process that it opens the file the worker read."""
+
+    __slots__ = ("path", "offset", "size", "file_size", "identity")
+
+    def __init__(self, region: tuple[str, int, int, int, int], size: int):
+        self.path, self.offset, self.file_size = region[0], region[1], region[2]
+        self.identity = region[3:5]
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        with open(self.path, "rb") as file:
+            return os.pread(file.fileno(), self.size, self.offset)
+
+    def __repr__(self) -> str:
+        return f"FileSpan({self.path!r}, {self.offset}, {self.size})"
+
+
+def map_file(path: str, identity: tuple[int, int], file_size: int) -> torch.Tensor:
+    """In the main process: a uint8 tensor over the first ``file_size`` bytes of the file a
+    worker read, mapped copy-on-write (the tensors are writable; the file never changes).
+    Raises StreamError if the file was removed, replaced or truncated since."""
+    from .errors import StreamError
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as error:
+        raise StreamError(f"{path}: cannot map the shard read by a worker ({error.strerror})") \
+            from None
+    try:
+        status = os.fstat(fd)
+        if (status.st_dev, status.st_ino) != tuple(identity) or status.st_size < file_size:
+            raise StreamError(f"{path}: replaced or truncated while being read")
+        memory = mmap.mmap(fd, file_size, flags=mmap.MAP_PRIVATE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    return torch.frombuffer(memory, dtype=torch.uint8)
 
 
 class Arena:

@@ -232,10 +232,11 @@ class TarMembers:
 
     def __init__(self, stream: BinaryIO, url: str, payload_target=None):
         self.url = url
-        # payload_target(name, size) -> (payload, writable memoryview of size bytes) or None:
-        # where payloads of _EXACT_READ to _MAX_READ bytes are read straight from the stream
+        # payload_target(name, size, region) -> (payload, memory) or None: where payloads of
+        # _EXACT_READ to _MAX_READ bytes go (see iter_members)
         self._target = payload_target
         self._readinto = getattr(stream, "readinto", None)
+        self._region = getattr(stream, "region", None)  # a local file's: see _skip
         self.complete = False
         # read1 where there is one: it hands over a stream's chunk as it is, without copying
         # or waiting for more (read(n) of a ByteStream joins chunks to give exactly n bytes).
@@ -288,13 +289,16 @@ class TarMembers:
         self._pos = 0
         return have >= need
 
-    def _gather(self, start: int, size: int, padded: int, into=None):
+    def _gather(self, start: int, size: int, padded: int, into=None, region=None):
         """The payload of ``size`` bytes at ``_data[start:]``, which the buffer holds only
         part of, with its padding (``padded`` bytes in all) consumed; None if the stream ends
         first. The payload is joined once from the pieces as read (no join of the buffer with
         each new read, no slicing afterwards), and the last piece becomes the buffer; or read
-        into the memory of ``into``, ``(payload, memory)`` from the payload target."""
+        into the memory of ``into``, ``(payload, memory)`` from the payload target, or left
+        in the file (``memory`` None)."""
         if into is not None:
+            if into[1] is None:
+                return self._skip(start, padded, into[0], region)
             return self._read_into(start, size, padded, *into)
         if self._stream is not None and _EXACT_READ <= size <= _MAX_READ:
             return self._read_exact(start, size, padded)
@@ -343,6 +347,16 @@ class TarMembers:
         else:
             end = offset + len(payload)
         self._base, self._data, self._pos = end, b"", 0
+        return payload if end == offset + padded else None
+
+    def _skip(self, start: int, padded: int, payload, region):
+        """A payload the target takes where it lies in a local file (``region``, from the
+        stream's ``region``): seek past it and its padding; None when the file ends first."""
+        offset = self._base + start
+        end = offset + min(padded, region[2] - region[1])  # not past the end of the file
+        self._stream.seek(end)
+        self._base, self._data, self._pos = end, b"", 0
+        self._read_size = _READ_AFTER_EXACT
         return payload if end == offset + padded else None
 
     def _read_into(self, start: int, size: int, padded: int, payload, memory: memoryview):
@@ -440,7 +454,7 @@ class TarMembers:
             end = pos + BLOCK + size
             padded = end + _padding(size)
             regular = typeflag in _REGULAR
-            into = None  # (payload, memory) from the payload target
+            into = region = None  # (payload, memory) from the payload target; see _skip
             if regular:
                 if path is not None:
                     name = path
@@ -457,9 +471,11 @@ class TarMembers:
                 text = name.decode("utf-8", "surrogateescape")
                 if self._target is not None and _EXACT_READ <= size <= _MAX_READ \
                         and not name.endswith(b"/"):
-                    into = self._target(text, size)
+                    if self._region is not None and self._stream is not None:
+                        region = self._region(self._base + pos + BLOCK)
+                    into = self._target(text, size, region)
             if padded > len(data):
-                payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK, into)
+                payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK, into, region)
                 if payload is None:
                     raise self._error(f"truncated member ({size} bytes expected)", start)
             else:
@@ -471,7 +487,8 @@ class TarMembers:
                 if payload is None:
                     if into is not None:
                         payload, memory = into
-                        memory[:] = memoryview(data)[pos + BLOCK : end]
+                        if memory is not None:
+                            memory[:] = memoryview(data)[pos + BLOCK : end]
                     else:
                         payload = data[pos + BLOCK : end]
                 yield text, payload
@@ -535,8 +552,11 @@ def iter_members(stream: BinaryIO, url: str, payload_target=None) -> TarMembers:
     bad checksum or a stream that ends inside a member. The returned iterator's ``offset`` is the
     number of bytes consumed, ``complete`` whether the end-of-archive marker was seen.
 
-    Payloads are ``bytes``. ``payload_target(name, size)`` is asked about each regular file's
-    payload from 128 KiB to 64 MiB: when it returns ``(payload, memory)``, the payload is read
-    into ``memory`` (a writable memoryview of that size) and ``payload`` yielded instead.
+    Payloads are ``bytes``. ``payload_target(name, size, region)`` is asked about each regular
+    file's payload from 128 KiB to 64 MiB, with ``region`` the ``(path, offset, file size,
+    st_dev, st_ino)`` of the payload when ``stream`` is a local file (else None). When it
+    returns ``(payload, memory)``, the payload is read into ``memory`` (a writable memoryview
+    of that size) and ``payload`` yielded instead; ``(payload, None)``: the payload is left in
+    the file, unread (the reader seeks past it), and ``payload`` yielded.
     """
     return TarMembers(stream, url, payload_target)

@@ -243,6 +243,10 @@ def _alive(pid: int) -> bool:
 class CachedStream(LocalFile):
     """A cache hit: the cached file, with the attributes of a ``ByteStream``."""
 
+    # payloads are not left in a cached file for the main process to map: the cache may
+    # evict the file before the main process opens it
+    region = None
+
     def __init__(self, url: str, file, path: str):
         super().__init__(url, file)
         self.path = path

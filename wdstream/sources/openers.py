@@ -422,6 +422,17 @@ class LocalFile(io.BufferedIOBase):
     def seekable(self) -> bool:
         return self._file.seekable()
 
+    def region(self, position: int) -> tuple[str, int, int, int, int] | None:
+        """Where stream position ``position`` lies on disk, for a reader that maps the file
+        rather than reading it: ``(path, file offset, file size, st_dev, st_ino)``; None when
+        the file has no path."""
+        name = getattr(self._file, "name", None)
+        if not isinstance(name, str):
+            return None
+        status = self._call(os.fstat, self._file.fileno())
+        return (os.path.abspath(name), self._start + position, status.st_size,
+                status.st_dev, status.st_ino)
+
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         """Positions count from where the stream started (``start`` of ``open_read``)."""
         if whence == io.SEEK_SET:
