@@ -183,16 +183,34 @@ def test_without_manifest_still_streams(tmp_path, single_rank):
     assert len(list(brace)) == 15
 
 
-def test_large_binary_members_cross_workers_intact(tmp_path, single_rank):
-    """Batches of large bytes members travel through shared memory and arrive unchanged."""
+@pytest.mark.parametrize("map_files", [True, False], ids=["mapped", "read"])
+def test_large_binary_members_cross_workers_intact(tmp_path, single_rank, monkeypatch,
+                                                   map_files):
+    """Large bytes members reach the main process unchanged, as bytes, in batches and one
+    sample at a time: mapped from the local file, or read into the worker's shared memory (as
+    from a remote stream); small ones beside them (below 128 KiB) are read as they were."""
+    import wdstream.batching
+    import wdstream.dataset
+    import wdstream.shm as shm
+
+    monkeypatch.setattr(wdstream.dataset, "CAN_MAP_FILES", map_files)  # workers inherit it
+    mapped = []  # files the main process maps
+    monkeypatch.setattr(wdstream.batching, "map_file",
+                        lambda *args: mapped.append(args[0]) or shm.map_file(*args))
     payloads = {f"k{i:03d}": bytes([i]) * (300_000 + i) for i in range(40)}
-    loader = wdstream.DataLoader(wdstream.StreamingDataset(_binary_dataset(tmp_path, payloads)),
-                                 batch_size=4, num_workers=2)
-    got = {}
-    for batch in loader:
-        assert all(isinstance(v, bytes) for v in batch["bin"])
-        got.update(zip(batch["__key__"], batch["bin"], strict=True))
-    assert got == payloads
+    payloads.update({f"s{i}": bytes([i]) * 1000 for i in range(3)})
+    source = _binary_dataset(tmp_path, payloads)
+    for batch_size in (4, None):
+        loader = wdstream.DataLoader(wdstream.StreamingDataset(source), batch_size=batch_size,
+                                     num_workers=2)
+        got = {}
+        for batch in loader:
+            if batch_size is None:
+                batch = {name: [value] for name, value in batch.items()}
+            assert all(type(v) is bytes for v in batch["bin"])
+            got.update(zip(batch["__key__"], batch["bin"], strict=True))
+        assert got == payloads and not shm._kept
+    assert bool(mapped) == map_files
 
 
 def _binary_dataset(folder, payloads: dict[str, bytes]) -> str:
@@ -254,6 +272,7 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
     import hashlib
     import io
 
+    import wdstream.dataset
     import wdstream.shm as shm
     from wdstream.shards.manifest import Manifest, ShardInfo
     from wdstream.shards.tar import TarWriter

@@ -45,9 +45,12 @@ def collate(samples: list[dict]) -> dict:
         elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
                 type(v) is type(first) for v in values):
             batch[name] = torch.tensor(values)
-        elif type(first) in _RAW and all(type(v) in _RAW for v in values) and _in_worker() \
-                and (pooling.enabled or sum(map(len, values)) >= _SHARE_BYTES):
-            batch[name] = _SharedBytes(values, pooled=pooling.enabled)
+        elif type(first) in _RAW and all(type(v) in _RAW for v in values) and _in_worker():
+            placed = not all(type(v) is bytes for v in values)  # payloads the reader placed
+            if pooling.enabled or placed or sum(map(len, values)) >= _SHARE_BYTES:
+                batch[name] = _SharedBytes(values, pooled=pooling.enabled or placed)
+            else:
+                batch[name] = values
         else:
             batch[name] = values
     return batch
@@ -75,13 +78,14 @@ class _SharedBytes:
     pickled bytes go through a pipe at a few hundred MB/s; the loader turns them back into
     ``bytes`` in the main process, or (``bytes_as="tensor"``) into views of the buffers.
 
-    Copied out into ``bytes`` at once (the default), a batch is packed into a fresh segment,
-    which keeps peak memory at its lowest (pooling cost +5% peak RSS for +17% MB/s with 1 MiB
-    samples). With ``pooled`` (``bytes_as="tensor"``), payloads the reader put in the worker's
-    arena stay where they are, payloads left in local files are mapped by the main process,
-    other ``bytes`` are packed into the arena, and a flag in each segment used tells the
-    worker when the main process no longer holds the batch. The main process maps the pages
-    it reads with one ``madvise`` call rather than a fault per page."""
+    Payloads the reader put in the worker's arena stay where they are, payloads left in local
+    files are mapped by the main process, and a flag in each arena segment used tells the
+    worker when the main process no longer holds the batch (``pooled``; the other ``bytes``
+    of the batch are then packed into the arena too). A batch of only ``bytes`` copied out
+    into ``bytes`` at once (the default ``bytes_as``) is packed into a fresh segment, which
+    keeps peak memory at its lowest (pooling cost +5% peak RSS for +17% MB/s with 1 MiB
+    samples). The main process maps the pages it reads with one ``madvise`` call rather
+    than a fault per page."""
 
     single = False  # one value (a sample's member) rather than a batch's list
 
@@ -267,15 +271,19 @@ def tune_worker_allocator() -> None:
 BYTES_AS = ("bytes", "tensor")
 
 
-def share_all_bytes(batch):
-    """In the worker, for ``bytes_as="tensor"``: every list of raw members (or single raw
-    member) of a dict batch or sample goes into shared memory, whatever its size."""
+def share_raw(batch, all_bytes: bool):
+    """In the worker, after the collate: payloads the reader placed in shared memory or left
+    in a local file (a single one, or a list holding one) go as ``_SharedBytes``; with
+    ``all_bytes`` (``bytes_as="tensor"``) every raw member, or list of them, does, whatever
+    its size."""
     if isinstance(batch, dict):
         for name, value in batch.items():
-            if type(value) in _RAW:
+            kind = type(value)
+            if kind in _RAW and (all_bytes or kind is not bytes):
                 batch[name] = _SharedBytes([value], pooled=True)
                 batch[name].single = True
-            elif type(value) is list and value and all(type(v) in _RAW for v in value):
+            elif kind is list and value and all(type(v) in _RAW for v in value) and (
+                    all_bytes or not all(type(v) is bytes for v in value)):
                 batch[name] = _SharedBytes(value, pooled=True)
     return batch
 

@@ -95,8 +95,9 @@ class IterationSpec:
     start: tuple[int, ...] = ()
     rotation: int = 0
     batch_size: int = 0
-    # bytes_as="tensor" with the default collate: a worker reads large raw payloads straight
-    # into the shared memory its batches travel in (wdstream.shm)
+    # under wdstream.DataLoader with workers and the default collate: large raw payloads stay
+    # in local files for the main process to map, or go straight into the shared memory the
+    # batches travel in (wdstream.shm)
     shared_payloads: bool = False
 
 

@@ -27,7 +27,7 @@ from .batching import (
     approximate_bytes,
     collate,
     pooling,
-    share_all_bytes,
+    share_raw,
     unpack_shared,
 )
 from .dataset import END_OF_STREAM, IterationSpec, worker_position, worker_stats, world_info
@@ -82,7 +82,7 @@ class _TaggedCollate:
         info = torch.utils.data.get_worker_info()
         stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
         trail = worker_position.trail
-        collate_fn = self._collate_and_share if self.share_bytes else self.collate_fn
+        collate_fn = self._collate_and_share
         pooling.enabled = self.share_bytes
         if self.batch_size is None:  # one sample per fetch
             ended = samples is END_OF_STREAM
@@ -101,7 +101,7 @@ class _TaggedCollate:
         return stream, batches, worker_stats.take(), ended
 
     def _collate_and_share(self, samples):
-        return share_all_bytes(self.collate_fn(samples))
+        return share_raw(self.collate_fn(samples), self.share_bytes)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -116,8 +116,8 @@ class DataLoader(torch.utils.data.DataLoader):
     ``bytes_as``: how undecoded members reach the training loop. ``"bytes"`` (default):
     ``bytes`` objects. ``"tensor"``: 1-D ``torch.uint8`` tensors that share the memory the
     worker filled, with no copy in the main process (and with the default ``collate_fn``, none
-    in the worker for members from 128 KiB that no decoder takes): the fast way to stream
-    large binary payloads (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies
+    in the worker for members from 128 KiB that no decoder takes; those of local shards are
+    copy-on-write views of the file): the fast way to stream large binary payloads (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies
     it into ``bytes``).
     """
 
@@ -141,8 +141,9 @@ class DataLoader(torch.utils.data.DataLoader):
         self.bytes_as = bytes_as
         self.user_collate = collate_fn if collate_fn is not None else (
             collate if batch_size is not None else _identity)
-        # the workers read large raw payloads into the shared memory of their batches
-        self._shared_payloads = bytes_as == "tensor" and num_workers > 0 and collate_fn is None
+        # the workers leave large raw payloads of local files in place for the main process
+        # to map, and read those of other streams straight into shared memory
+        self._shared_payloads = num_workers > 0 and collate_fn is None
         self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers), batch_size,
                                       drop_last, share_bytes=bytes_as == "tensor")
         self._starting_workers = False
