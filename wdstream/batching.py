@@ -57,7 +57,8 @@ def collate(samples: list[dict]) -> dict:
 
 
 _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
-# a raw member: bytes, or under bytes_as="tensor" read into shared memory or left in a local file
+# a raw member: bytes, or (under wdstream.DataLoader) a large payload the reader read into
+# shared memory or left in a local file
 _RAW = (bytes, SharedSpan, FileSpan)
 
 

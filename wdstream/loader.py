@@ -83,7 +83,7 @@ class _TaggedCollate:
         stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
         trail = worker_position.trail
         collate_fn = self._collate_and_share
-        pooling.enabled = self.share_bytes
+        pooling.enabled = self.share_bytes  # for the default collate, which cannot be told
         if self.batch_size is None:  # one sample per fetch
             ended = samples is END_OF_STREAM
             batches = [] if ended else [(trail[-1], collate_fn(samples))]
@@ -117,8 +117,8 @@ class DataLoader(torch.utils.data.DataLoader):
     ``bytes`` objects. ``"tensor"``: 1-D ``torch.uint8`` tensors that share the memory the
     worker filled, with no copy in the main process (and with the default ``collate_fn``, none
     in the worker for members from 128 KiB that no decoder takes; those of local shards are
-    copy-on-write views of the file): the fast way to stream large binary payloads (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies
-    it into ``bytes``).
+    copy-on-write views of the file): the fast way to stream large binary payloads
+    (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies it into ``bytes``).
     """
 
     def __init__(self, dataset: Trackable, batch_size: int | None = 1, *,

@@ -261,8 +261,8 @@ def arena() -> Arena:
 
 
 def read_target(nbytes: int) -> tuple[SharedSpan, memoryview]:
-    """Where the tar reader puts a large payload in a worker under ``bytes_as="tensor"``: a
-    span of this process's arena and its writable memory."""
+    """Where the tar reader puts a large payload from a remote stream in a DataLoader worker:
+    a span of this process's arena and its writable memory."""
     span = arena().cut(nbytes)
     return span, span.memory()
 
