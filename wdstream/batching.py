@@ -45,13 +45,10 @@ def collate(samples: list[dict]) -> dict:
         elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
                 type(v) is type(first) for v in values):
             batch[name] = torch.tensor(values)
-        elif type(first) in _RAW and all(type(v) in _RAW for v in values) and _in_worker():
-            placed = not all(type(v) is bytes for v in values)  # payloads the reader placed
-            if pooling.enabled or placed or sum(map(len, values)) >= _SHARE_BYTES:
-                batch[name] = _SharedBytes(values, pooled=pooling.enabled or placed)
-            else:
-                batch[name] = values
-        else:
+        elif isinstance(first, bytes) and _in_worker() and all(
+                isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
+            batch[name] = _SharedBytes(values, pooled=pooling.enabled)
+        else:  # (payloads the reader placed go into shared memory in share_raw, after this)
             batch[name] = values
     return batch
 
@@ -91,22 +88,25 @@ class _SharedBytes:
     single = False  # one value (a sample's member) rather than a batch's list
 
     def __init__(self, values: list, pooled: bool = False):
-        self.holds: list[int] | None = None  # per buffer: the flag raised in it, -1 for files
+        # per buffer: the flag raised in its arena segment (None for a file); None: no flags
+        self.holds: list[int | None] | None = None
         if pooled and _in_worker():
-            spans = self._into_arena(values, arena())
-            sources = list({_source_key(span): span for span in spans}.values())
-            holds = [s.segment.hold() if type(s) is SharedSpan else -1 for s in sources]
-            raised = [h for s, h in zip(sources, holds, strict=True) if type(s) is SharedSpan]
-            if -1 not in raised:
-                index = {_source_key(s): k for k, s in enumerate(sources)}
-                self._sources = [s.segment if type(s) is SharedSpan else s for s in sources]
+            index: dict[tuple, int] = {}  # buffer key -> its number
+            sources, parts = [], []  # arena segments and FileSpans; (buffer, start, end)
+            for span in self._into_arena(values, arena()):
+                key = _source_key(span)
+                if key not in index:
+                    index[key] = len(sources)
+                    sources.append(span.segment if type(span) is SharedSpan else span)
+                parts.append((index[key], *_bounds(span)))
+            holds = [s.hold() if type(s) is Segment else None for s in sources]
+            if -1 not in holds:
+                self._sources, self.parts, self.holds = sources, parts, holds
                 self.buffers = None  # made in the main process
-                self.parts = [(index[_source_key(s)], *_bounds(s)) for s in spans]
-                self.holds = holds
                 return
             for source, flag in zip(sources, holds, strict=True):  # no flag left: copy
-                if flag >= 0:
-                    release(source.segment.tensor, flag)
+                if flag is not None and flag >= 0:
+                    release(source.tensor, flag)
         self._pack(values)
 
     def _pack(self, values: list) -> None:
@@ -173,7 +173,7 @@ class _SharedBytes:
         """The buffers, with the pages this batch uses mapped in one call each (arena
         segments were mapped whole when first received)."""
         for k, buffer in enumerate(self.buffers):
-            if self.holds is not None and self.holds[k] >= 0:
+            if self.holds is not None and self.holds[k] is not None:
                 continue
             ranges = [(start, end) for b, start, end in self.parts if b == k]
             populate(buffer[min(r[0] for r in ranges) : max(r[1] for r in ranges)])
@@ -185,7 +185,7 @@ class _SharedBytes:
         del arrays
         if self.holds is not None:  # copied out: the worker may use the memory again
             for buffer, flag in zip(self.buffers, self.holds, strict=True):
-                if flag >= 0:
+                if flag is not None:
                     release(buffer, flag)
         self.holds = self.buffers = None
         return values
@@ -199,7 +199,7 @@ class _SharedBytes:
             # its own over the kept segments, and releases its flag when a base goes
             bases = []
             for buffer, flag in zip(buffers, self.holds, strict=True):
-                if flag < 0:  # a file mapped for this batch alone
+                if flag is None:  # a file mapped for this batch alone
                     bases.append(buffer)
                     continue
                 storage = buffer.untyped_storage()

@@ -542,9 +542,9 @@ def benchmark(
     """Stream ``source`` through a real ``wdstream.DataLoader`` (one epoch, or the first
     ``batches`` batches) and time it: samples/s, MB/s, time to the first batch, and the
     loader's retry and skip counters. ``bytes_as`` is the loader's (``"tensor"``: undecoded
-    members as uint8 tensors, without a copy in this process). ``progress(1)`` is called after each batch;
-    ``on_length(n)`` once before the first, with the batches of an epoch (None when unknown:
-    no manifest).
+    members as uint8 tensors, without a copy in this process). ``progress(1)`` is called after
+    each batch; ``on_length(n)`` once before the first, with the batches of an epoch (None
+    when unknown: no manifest).
 
     Imports torch. A worker's error is raised as the wdstream error it was (ShardError,
     StreamError...), not wrapped in torch's worker traceback.
