@@ -76,3 +76,36 @@ def train_tokenizer(path, texts, vocab_size: int = 120):
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.save(str(path))
     return tokenizer
+
+
+def write_token_dataset(folder, counts, *, seed: int = 0, first_id: int = 1,
+                        max_tokens: int = 40) -> list[np.ndarray]:
+    """Shards of pre-tokenized documents, ``{key}.tokens.npy`` (uint32) and ``{key}.json``
+    ({"id": key}), with index.json. Every token id occurs once in the whole dataset (document
+    after document, from ``first_id``), so the sequences packed from it tell exactly which
+    tokens were trained on. Returns the documents' tokens in storage order."""
+    os.makedirs(folder, exist_ok=True)
+    rng = random.Random(seed)
+    docs, infos, next_id = [], [], first_id
+    for shard, count in enumerate(counts):
+        buffer = io.BytesIO()
+        writer = TarWriter(buffer)
+        for _ in range(count):
+            key = f"t{seed:02d}_{len(docs):06d}"
+            length = rng.randint(1, max_tokens)
+            ids = np.arange(next_id, next_id + length, dtype=np.uint32)
+            next_id += length
+            docs.append(ids)
+            npy = io.BytesIO()
+            np.save(npy, ids)
+            writer.add(f"{key}.json", json.dumps({"id": key}).encode())
+            writer.add(f"{key}.tokens.npy", npy.getvalue())
+        writer.close()
+        data = buffer.getvalue()
+        name = f"shard-{shard:06d}.tar"
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+        infos.append(ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()))
+    with open(os.path.join(folder, "index.json"), "w") as f:
+        f.write(Manifest(infos, extensions=["json", "tokens.npy"]).to_json())
+    return docs

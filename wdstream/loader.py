@@ -394,6 +394,10 @@ class DataLoader(torch.utils.data.DataLoader):
         else:
             epoch, history = self._epoch, self._history
             positions, batches = self._positions, self._batches
+        if getattr(dataset, "positions_per_rank", False):  # packing: every rank's, gathered
+            from .stage import gather_positions
+
+            positions = gather_positions(positions, self._rank, world)
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -425,7 +429,10 @@ class DataLoader(torch.utils.data.DataLoader):
             world_info()[1], self.streams, self._batch)
         if (state["history"] or layout_changed) and not dataset.has_counts:
             raise StateError(f"{dataset.source}: resuming on another layout needs a manifest")
-        if layout_changed and not all(isinstance(p, int) for p in state["positions"]):
+        elastic = getattr(dataset, "elastic", None)
+        if elastic is None:
+            elastic = all(isinstance(p, int) for p in state["positions"])
+        if layout_changed and not elastic:
             raise StateError("this pipeline's positions are not sample counts: resume it with "
                              f"the layout it was saved with ({state['world']} ranks x "
                              f"{state['workers']} workers, batch {state['batch_size']})")

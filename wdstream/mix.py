@@ -27,15 +27,17 @@ import numpy as np
 
 from .dataset import IterationSpec
 from .errors import InputError, StateError
-from .plan import Segment
+from .plan import STREAM_END, Segment
 from .stage import (
     Stage,
     StageOptions,
     StagePlan,
-    check_layout,
     cycle_epoch,
     fixed_plan,
     generator,
+    inner_history,
+    rank_position,
+    remaining_items,
 )
 
 STOP_RULES = ("first_exhausted", "cycle", "fixed")
@@ -57,16 +59,22 @@ def _block_counts(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return counts
 
 
-def block_counts(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int
-                 ) -> np.ndarray:
+def _block_generator(seed: int, epoch: int, stream: int, block: int, segment: int):
+    # segment 0 (no layout change yet) keeps the words it always had
+    words = (seed, epoch, stream, block) + ((segment,) if segment else ())
+    return generator(_MIX_CHOICES, *words)
+
+
+def block_counts(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int,
+                 segment: int = 0) -> np.ndarray:
     """The draws of each source in block ``block`` (without computing their order)."""
-    return _block_counts(weights, generator(_MIX_CHOICES, seed, epoch, stream, block))
+    return _block_counts(weights, _block_generator(seed, epoch, stream, block, segment))
 
 
-def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int
-                  ) -> np.ndarray:
+def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int,
+                  segment: int = 0) -> np.ndarray:
     """The source index of each of the ``BLOCK`` draws of block ``block``."""
-    rng = generator(_MIX_CHOICES, seed, epoch, stream, block)
+    rng = _block_generator(seed, epoch, stream, block, segment)
     choices = np.repeat(np.arange(len(weights)), _block_counts(weights, rng))
     rng.shuffle(choices)
     return choices
@@ -80,16 +88,20 @@ class _Sources:
     look-ahead so that the ``cycle`` rule can tell when a source has just been read to its
     end. Plain lists, read by ``Mix.positioned``'s loop directly: it runs once per sample."""
 
-    def __init__(self, datasets, spec: IterationSpec, stream: int, cycles: list[int], positions):
+    def __init__(self, datasets, spec: IterationSpec, stream: int, cycles: list[int], positions,
+                 histories):
         self.datasets, self.spec, self.stream = datasets, spec, stream
         self.cycles = list(cycles)
+        self.histories = histories  # per source: (pass, segments of it to leave out)
         self.iterators = [self._open(i, positions[i]) for i in range(len(datasets))]
         self.ahead: list = [None] * len(datasets)  # a looked-ahead (sample, position) or _END
 
     def _open(self, index: int, position):
         spec = self.spec
-        epoch = cycle_epoch(spec.epoch, self.cycles[index])
-        inner = IterationSpec(epoch, spec.rank, spec.world, spec.workers,
+        cycle = self.cycles[index]
+        base, history = self.histories[index]
+        inner = IterationSpec(cycle_epoch(spec.epoch, cycle), spec.rank, spec.world,
+                              spec.workers, history=history if cycle == base else (),
                               batch_size=spec.batch_size)
         return self.datasets[index].positioned(inner, self.stream, position)
 
@@ -162,39 +174,72 @@ class Mix(Stage):
         self.names = list(names)
         self.options = StageOptions(seed=int(seed))
         self.source = "Mix(" + ", ".join(str(d.source) for d in self.datasets) + ")"
-        self._plans: dict[tuple[int, int, int], StagePlan] = {}
+        self._plans: dict[tuple, StagePlan] = {}
 
     # ---- sizes ----------------------------------------------------------------------------
     @property
     def has_counts(self) -> bool:
         return self.stop == "fixed" or all(d.has_counts for d in self.datasets)
 
+    def inner(self) -> list:
+        return self.datasets
+
+    @property
+    def positions_per_rank(self) -> bool:
+        return any(getattr(d, "positions_per_rank", False) for d in self.datasets)
+
+    def source_histories(self, history: Sequence[Segment]) -> list[tuple[int, tuple]]:
+        """Per source, after the segments ``history`` of this epoch run on other layouts: the
+        pass in progress and the segments of it already read (see ``inner_history``)."""
+        def extractor(index):
+            def extract(position, base):
+                if position == 0:
+                    return base, 0
+                if position == STREAM_END:
+                    return None, STREAM_END
+                self._parse(position)
+                return position[1 + 2 * index], position[2 + 2 * index]
+            return extract
+        return [inner_history(history, extractor(i)) for i in range(len(self.datasets))]
+
+    def _quota(self, history: Sequence[Segment]) -> int:
+        """Under ``fixed``: the samples of the epoch not drawn in the segments ``history``."""
+        return remaining_items(self.samples_per_epoch, history,
+                               lambda position: self._parse(position)[0])
+
     def plan(self, epoch: int, world: int, workers: int,
              history: Sequence[Segment] = ()) -> StagePlan:
         """Samples per stream of every rank (equal on every rank) in epoch ``epoch``."""
-        check_layout(IterationSpec(epoch, 0, world, workers), history)
         if self.stop == "fixed":
-            return fixed_plan(self.samples_per_epoch, world, workers)
+            return fixed_plan(self._quota(history), world, workers)
         if not self.has_counts:
             raise TypeError(f"{self.source}: a source without a manifest has no known length")
-        key = (epoch, world, workers)
+        key = (epoch, world, workers, json.dumps([s.to_list() for s in history]))
         if key not in self._plans:
             # Streams have the same sizes on every rank, so rank 0 stands for all.
-            sizes = [d.plan(epoch, world, workers).stream_samples for d in self.datasets]
+            passes = self.source_histories(history)
+            sizes = [d.plan(cycle_epoch(epoch, base), world, workers, segments).stream_samples
+                     for d, (base, segments) in zip(self.datasets, passes, strict=True)]
+            bases = [base for base, _ in passes]
             self._plans[key] = StagePlan([
-                self._stream_length([s[k] for s in sizes], epoch, k) for k in range(workers)])
+                self._stream_length([s[k] for s in sizes], epoch, k, len(history), bases)
+                for k in range(workers)])
         return self._plans[key]
 
-    def _stream_length(self, source_sizes: list[int], epoch: int, stream: int) -> int:
+    def _stream_length(self, source_sizes: list[int], epoch: int, stream: int,
+                       segment: int = 0, bases: Sequence[int] | None = None) -> int:
         """Draws a stream makes before it stops, given each source's stream size: the rules
         of ``positioned`` computed from counts alone. Blocks before the one where the stream
-        stops need only their counts; that block's order then gives the exact draw."""
+        stops need only their counts; that block's order then gives the exact draw. Under
+        ``cycle``, a source whose first pass was read before this segment does not count."""
         sizes = np.asarray(source_sizes, dtype=np.int64)
         active = self.weights > 0
+        if bases is not None and self.stop == "cycle":
+            active &= np.asarray(bases) == 0
         before = np.zeros(len(sizes), dtype=np.int64)  # draws of each source in earlier blocks
         seed, block = self.options.seed, 0
         while True:
-            after = before + block_counts(self.weights, seed, epoch, stream, block)
+            after = before + block_counts(self.weights, seed, epoch, stream, block, segment)
             if self.stop == "first_exhausted":
                 # the draw that finds a source empty (its size + 1-th) ends the stream
                 ending = np.flatnonzero(active & (after > sizes))
@@ -203,7 +248,7 @@ class Mix(Stage):
                 if not np.all(after[active] >= sizes[active]):
                     ending = ending[:0]
             if len(ending):
-                choices = block_choices(self.weights, seed, epoch, stream, block)
+                choices = block_choices(self.weights, seed, epoch, stream, block, segment)
                 draws = [int(np.flatnonzero(choices == source)[sizes[source] - before[source]
                                                                - (self.stop == "cycle")])
                          for source in ending]
@@ -229,16 +274,21 @@ class Mix(Stage):
                    ) -> Iterator[tuple[dict, list]]:
         """Stream ``stream``'s samples from position ``start`` (0, or a position this method
         yielded), each with the position after it."""
-        check_layout(spec)
+        histories = self.source_histories(spec.history)
+        start = rank_position(start, spec.rank)
         draws, cycles, positions = self._parse(start)
-        sources = _Sources(self.datasets, spec, stream, cycles, positions)
+        if start == 0:  # a segment starts every source at its pass in progress
+            cycles = [base for base, _ in histories]
+        segment = len(spec.history)
+        sources = _Sources(self.datasets, spec, stream, cycles, positions, histories)
         iterators, ahead = sources.iterators, sources.ahead
         # The position, updated in place and copied for each sample: [draws, cycle_0,
         # position_0, cycle_1, position_1, ...].
         state = [draws] + [v for pair in zip(cycles, positions, strict=True) for v in pair]
         limit = math.inf
         if self.stop == "fixed":
-            limit = fixed_plan(self.samples_per_epoch, spec.world, spec.workers).stream_samples[stream]
+            limit = fixed_plan(self._quota(spec.history), spec.world,
+                               spec.workers).stream_samples[stream]
         # cycle: the sources not yet read to their end in this epoch; done when none is left
         cycling = self.stop == "cycle"
         pending = {i for i in range(len(self.datasets)) if self.weights[i] > 0
@@ -246,7 +296,8 @@ class Mix(Stage):
         labels = self.names
         while draws < limit and not (cycling and not pending):
             block, first = divmod(draws, BLOCK)
-            choices = block_choices(self.weights, self.options.seed, spec.epoch, stream, block)
+            choices = block_choices(self.weights, self.options.seed, spec.epoch, stream, block,
+                                    segment)
             for index in choices[first:].tolist():
                 item = ahead[index]
                 if item is None:

@@ -27,10 +27,19 @@ import numpy as np
 
 from .dataset import IterationSpec
 from .errors import InputError, StateError, WdstreamError
-from .plan import Segment
+from .plan import STREAM_END, Segment
 from .sources import urls
 from .sources.writers import read_bytes
-from .stage import Stage, StageOptions, StagePlan, check_layout, cycle_epoch, fixed_plan
+from .stage import (
+    Stage,
+    StageOptions,
+    StagePlan,
+    cycle_epoch,
+    fixed_plan,
+    inner_history,
+    rank_position,
+    remaining_items,
+)
 
 LONG_DOCUMENTS = ("split", "truncate", "drop")
 
@@ -178,18 +187,42 @@ class PackedSequences(Stage):
         self.source = f"PackedSequences({dataset.source})"
 
     # ---- sizes and identity ---------------------------------------------------------------
+    # the documents a stream has packed depend on their lengths, so on the rank
+    positions_per_rank = True
+
     @property
     def has_counts(self) -> bool:
         return self.sequences_per_epoch is not None
 
+    def inner(self) -> list:
+        return [self.dataset]
+
     def plan(self, epoch: int, world: int, workers: int,
              history: Sequence[Segment] = ()) -> StagePlan:
         """Sequences per stream of every rank: known only with ``sequences_per_epoch``."""
-        check_layout(IterationSpec(epoch, 0, world, workers), history)
         if self.sequences_per_epoch is None:
             raise TypeError(f"{self.source}: sequences per epoch depend on the text; set "
                             "sequences_per_epoch for a known length")
-        return fixed_plan(self.sequences_per_epoch, world, workers)
+        return fixed_plan(self._quota(history), world, workers)
+
+    def _quota(self, history: Sequence[Segment]) -> int:
+        """The sequences of the epoch not delivered in the segments ``history``."""
+        return remaining_items(self.sequences_per_epoch, history,
+                               lambda position: self._parse(position)[0])
+
+    def inner_history(self, history: Sequence[Segment]) -> tuple[int, tuple[Segment, ...]]:
+        """The inner pass in progress after the segments ``history`` run on other layouts,
+        and the inner segments of it already read. A stream's inner dataset counts as read
+        up to the document its next sequence starts in: on the new layout that document is
+        read again, whole (its first ``offset`` tokens, already trained on, come again)."""
+        def extract(position, base):
+            if position == 0:
+                return base, 0
+            if position == STREAM_END:
+                return None, STREAM_END
+            _sequences, cycle, before, _offset = self._parse(position)
+            return cycle, before
+        return inner_history(history, extract)
 
     def fingerprint(self) -> str:
         """The inner dataset's and everything that shapes the sequences."""
@@ -252,13 +285,17 @@ class PackedSequences(Stage):
                    ) -> Iterator[tuple[dict, list]]:
         """Stream ``stream``'s sequences from position ``start`` (0, or a position this method
         yielded), each with the position after it."""
-        check_layout(spec)
+        start = rank_position(start, spec.rank)
         sequences, cycle, inner_start, offset = self._parse(start)
+        base, inner_history = self.inner_history(spec.history)
+        if start == 0:
+            cycle = base
         quota = None
         if self.sequences_per_epoch is not None:
-            quota = fixed_plan(self.sequences_per_epoch, spec.world, spec.workers).stream_samples[stream]
+            quota = self.plan(spec.epoch, spec.world, spec.workers,
+                              spec.history).stream_samples[stream]
         documents = _DocumentReader(self, spec, stream, cycle, inner_start, offset,
-                                    restart=quota is not None)
+                                    restart=quota is not None, history=(base, inner_history))
         queue: deque[_Document] = deque()
         available = 0
         seq_len = self.seq_len
@@ -310,8 +347,9 @@ class _DocumentReader:
     next pass of the inner stream when one ends."""
 
     def __init__(self, stage: PackedSequences, spec: IterationSpec, stream: int, cycle: int,
-                 before, offset: int, restart: bool):
+                 before, offset: int, restart: bool, history: tuple[int, tuple] = (0, ())):
         self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
+        self.history = history  # (inner pass, its segments already read on other layouts)
         self.cycle = cycle
         self.before = before  # the inner position before the next document
         self._skip = offset
@@ -320,8 +358,10 @@ class _DocumentReader:
 
     def _open(self) -> None:
         spec = self.spec
+        base, history = self.history
         inner = IterationSpec(cycle_epoch(spec.epoch, self.cycle), spec.rank, spec.world,
-                              spec.workers, batch_size=spec.batch_size)
+                              spec.workers, history=history if self.cycle == base else (),
+                              batch_size=spec.batch_size)
         self._items = self.stage.dataset.positioned(inner, self.stream, self.before)
 
     def next(self) -> _Document | None:

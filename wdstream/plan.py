@@ -58,15 +58,19 @@ class Span:
         return self.stop - self.start
 
 
+STREAM_END = "end"  # a consumed entry: the stream was read to its end
+
+
 @dataclass(frozen=True)
 class Segment:
     """A part of an epoch run with one layout: ``consumed[k]`` samples of stream k were
-    delivered on every rank."""
+    delivered on every rank. Stages (``Mix``, ``PackedSequences``) store their own JSON
+    positions there, and ``{"ranks": [...]}`` when the ranks' positions differ."""
 
     world: int
     workers: int
     batch_size: int
-    consumed: tuple[int, ...]
+    consumed: tuple
 
     def to_list(self) -> list:
         return [self.world, self.workers, self.batch_size, list(self.consumed)]
@@ -74,7 +78,15 @@ class Segment:
     @classmethod
     def from_list(cls, value) -> Segment:
         world, workers, batch_size, consumed = value
-        return cls(int(world), int(workers), int(batch_size), tuple(int(c) for c in consumed))
+        return cls(int(world), int(workers), int(batch_size),
+                   tuple(c if isinstance(c, list | dict | str) else int(c) for c in consumed))
+
+
+def consumed_at(value, rank: int):
+    """A segment's entry for ``rank``: the same on every rank, or one of ``{"ranks": [...]}``."""
+    if isinstance(value, dict):
+        return value["ranks"][rank]
+    return value
 
 
 def _generator(*words: int) -> np.random.Generator:
@@ -270,7 +282,8 @@ class EpochPlan:
         yielded: its whole windows, and the first picks of the window it was in. Padding
         positions past the end repeat earlier ones and deliver nothing new: left out."""
         size = layout.stream_samples[stream]
-        consumed = min(consumed, size)
+        consumed = consumed_at(consumed, rank)
+        consumed = size if consumed == STREAM_END else min(int(consumed), size)
         start = layout.stream_start(rank, stream)
         window = self.options.window
         full = consumed - consumed % window

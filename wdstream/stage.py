@@ -7,20 +7,28 @@ own. Its positions are JSON values (lists of ints) from which it restarts exactl
 stores each stream's position in ``state_dict()`` and hands it back as ``spec.start[stream]``.
 A fresh stream starts at position ``0``.
 
+Elastic resume: the loader records the positions of a layout it leaves as a ``Segment`` of the
+epoch's history. A stage turns its own segments into those of the dataset(s) it reads
+(``inner_history``): how far each inner stream got, in the pass it was reading. The inner
+datasets then leave those samples out of their epoch plan and lay the rest over the new
+layout, as a ``StreamingDataset`` does for its own history. Packing's positions differ between
+ranks (they follow the documents' lengths), so the loader gathers every rank's into its state
+(``gather_positions``) and rank 0's state describes the whole job.
+
 The loader also needs, and a stage provides: ``plan()`` (when ``has_counts``), the epoch
 methods, ``fingerprint()``, ``options.seed``, ``options.remainder``, ``spec`` and ``source``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .dataset import IterationSpec, PositionedDataset
+from .dataset import PositionedDataset
 from .errors import StateError
-from .plan import Segment, stream_sizes
+from .plan import STREAM_END, Segment, stream_sizes
 
 # Epochs that cycled passes of an inner dataset read live above every real epoch number, so a
 # pass never replays the order of another epoch (see cycle_epoch).
@@ -73,12 +81,92 @@ def fixed_plan(per_epoch: int, world: int, workers: int) -> StagePlan:
     return StagePlan(stream_sizes(rank_items, workers), per_epoch - rank_items * world)
 
 
-def check_layout(spec: IterationSpec, history: Sequence[Segment] = ()) -> None:
-    """Stages resume on the layout they were saved with; the loader refuses another layout
-    for positions that are not sample counts, and this guards direct callers."""
-    if spec.history or history:
-        raise StateError("mixing and packing stages cannot resume on another layout (world "
-                         "size, workers or batch size): resume with the one they were saved with")
+RANKS = "ranks"  # key of a position that holds every rank's (see gather_positions)
+
+
+def rank_position(value, rank: int):
+    """This rank's start position: ``value`` itself, or its entry of a gathered position."""
+    if not isinstance(value, dict):
+        return value
+    ranks = value.get(RANKS)
+    if not isinstance(ranks, list) or not 0 <= rank < len(ranks) or ranks[rank] is None:
+        raise StateError(f"the state has no position for rank {rank}: save it with "
+                         "loader.state_dict() called on every rank (it gathers them)")
+    return ranks[rank]
+
+
+def gather_positions(positions: Sequence, rank: int, world: int) -> list:
+    """Every rank's positions, per stream, for a stage whose positions differ between ranks
+    (packing): ``{"ranks": [rank 0's, rank 1's, ...]}``, so that rank 0's state describes
+    the whole job. A collective under ``torch.distributed`` (every rank calls it, as it calls
+    ``state_dict()``); without a process group only this rank's entry is known."""
+    local = [rank_position(p, rank) for p in positions]
+    if world == 1:
+        return local
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, local)
+    else:
+        gathered = [local if r == rank else None for r in range(world)]
+    return [{RANKS: [g[k] if g is not None else None for g in gathered]}
+            for k in range(len(local))]
+
+
+def segment_entries(segment: Segment) -> list[list]:
+    """Per stream, the positions of every rank (one, if the same on every rank)."""
+    entries = []
+    for value in segment.consumed:
+        ranks = value.get(RANKS) if isinstance(value, dict) else [value]
+        if not isinstance(ranks, list) or any(r is None for r in ranks):
+            raise StateError("the state lacks some ranks' positions: save it with "
+                             "loader.state_dict() called on every rank")
+        entries.append(ranks)
+    return entries
+
+
+def inner_history(history: Sequence[Segment], extract: Callable[[object, int], tuple]
+                  ) -> tuple[int, tuple[Segment, ...]]:
+    """The pass of an inner dataset in progress after the segments ``history`` of a stage,
+    and the segments of that pass the inner dataset has to leave out (its own history).
+
+    ``extract(position, base)`` gives (pass, inner position consumed) for one stream's
+    position, ``base`` being the pass every stream started the segment at; a pass None means
+    read to its end. The new segment continues the pass furthest behind: streams already
+    past it count it as read to their end, and its earlier segments stay relevant only if
+    no stream left it."""
+    base, segments = 0, ()
+    for segment in history:
+        entries = [[extract(value, base) for value in ranks]
+                   for ranks in segment_entries(segment)]
+        passes = [p for ranks in entries for p, _ in ranks if p is not None]
+        current = min(passes, default=base)
+        consumed = []
+        for raw, ranks in zip(segment.consumed, entries, strict=True):
+            values = [c if p == current else STREAM_END for p, c in ranks]
+            consumed.append({RANKS: values} if isinstance(raw, dict) else values[0])
+        if current != base:
+            segments = ()
+        segments += (Segment(segment.world, segment.workers, segment.batch_size,
+                             tuple(consumed)),)
+        base = current
+    return base, segments
+
+
+def remaining_items(per_epoch: int, history: Sequence[Segment], count) -> int:
+    """Of a fixed ``per_epoch`` items, those not delivered in the segments ``history``;
+    ``count(position)`` is the items a stream's position stands for (STREAM_END: its whole
+    stream)."""
+    left = per_epoch
+    for segment in history:
+        sizes = fixed_plan(left, segment.world, segment.workers).stream_samples
+        delivered = 0
+        for k, ranks in enumerate(segment_entries(segment)):
+            done = [sizes[k] if v == STREAM_END else min(count(v), sizes[k]) for v in ranks]
+            delivered += sum(done) if len(ranks) > 1 else done[0] * segment.world
+        left -= delivered
+    return max(left, 0)
 
 
 class Stage(PositionedDataset):
@@ -88,3 +176,14 @@ class Stage(PositionedDataset):
 
     options: StageOptions
     source: str
+    # whether positions differ between ranks (then the loader gathers them into its state)
+    positions_per_rank = False
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a state resumes on another layout: every source has sample counts."""
+        return all(d.has_counts and getattr(d, "elastic", True) for d in self.inner())
+
+    def inner(self) -> list:
+        """The datasets this stage reads."""
+        raise NotImplementedError

@@ -1,0 +1,226 @@
+"""Elastic resume of Mix, PackedSequences and a packed mixture: a state saved on one layout
+(world size, workers, batch size) loads on another, the rest of the epoch reads every document
+not yet read exactly once, with equal batches on every rank.
+
+Ranks run one after the other in this process (RANK / WORLD_SIZE set per loader); a packing
+state of several ranks is put together as ``loader.state_dict()`` gathers it under
+torch.distributed (tests/test_ddp_llm.py runs that for real under torchrun)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from datasets import first_batches, write_dataset
+from llm_data import write_token_dataset
+
+import wdstream
+from wdstream.errors import StateError
+
+COUNTS = {"a": [50, 30, 40], "b": [20, 25, 17]}
+TOKEN_COUNTS = {"x": [30, 25, 41], "y": [22, 35]}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("elastic")
+    for name, counts in COUNTS.items():
+        write_dataset(root / name, counts)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    root = tmp_path_factory.mktemp("elastic-tokens")
+    docs = {}
+    first = 1
+    for seed, (name, counts) in enumerate(TOKEN_COUNTS.items()):
+        docs[name] = write_token_dataset(root / name, counts, seed=seed, first_id=first)
+        first = int(docs[name][-1][-1]) + 1
+    return root, docs
+
+
+@pytest.fixture(autouse=True)
+def single_rank(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def as_rank(monkeypatch, rank, world):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+
+
+def mix(data, weights=(0.7, 0.3), **kwargs):
+    sources = [wdstream.StreamingDataset(str(data / n), seed=i + 1, shuffle_window=7)
+               for i, n in enumerate(COUNTS)]
+    return wdstream.Mix(sources, list(weights), seed=5, names=list(COUNTS), **kwargs)
+
+
+def keys(batches):
+    return [(s, k) for b in batches for s, k in zip(b["__source__"], b["__key__"], strict=True)]
+
+
+def run_ranks(monkeypatch, make, world, workers, batch, state=None, n=None):
+    """Every rank's batches (the first ``n``, or the whole rest of the epoch) and rank 0's
+    state after them."""
+    out, states = [], []
+    for rank in range(world):
+        as_rank(monkeypatch, rank, world)
+        loader = wdstream.DataLoader(make(), batch_size=batch, num_workers=workers)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        out.append(first_batches(loader, n) if n is not None else list(loader))
+        states.append(loader.state_dict())
+    return out, states
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "cycle"])
+@pytest.mark.parametrize(("before", "after"), [((2, 2, 4), (1, 3, 3)), ((1, 2, 4), (3, 1, 2))])
+def test_mix_resumes_on_another_layout(data, monkeypatch, stop, before, after):
+    def make():
+        return mix(data, stop=stop)
+
+    first, states = run_ranks(monkeypatch, make, *before, n=4)
+    state = states[0]
+    assert all(isinstance(p, list) for p in state["positions"])
+    rest, _ = run_ranks(monkeypatch, make, *after, state=state)
+    lengths = {len(batches) for batches in rest}
+    assert len(lengths) == 1 and lengths != {0}  # equal batches on every rank
+    read = Counter(keys(b for batches in first + rest for b in batches))
+    if stop == "first_exhausted":
+        assert max(read.values()) == 1  # no document twice
+    else:  # every document at least once; a source restarts only once read to its end
+        everything = {(n, k) for n in COUNTS for k in _all_keys(data / n)}
+        remainder = before[0] + after[0]  # each segment leaves out fewer than world per source
+        assert len(everything - set(read)) < 2 * remainder
+
+
+def _all_keys(folder):
+    ds = wdstream.StreamingDataset(str(folder), shuffle=False)
+    return [s["__key__"] for s in ds]
+
+
+def test_single_active_source_is_read_exactly_once_across_layouts(data, monkeypatch):
+    def make():
+        return mix(data, weights=(1, 0))
+
+    first, states = run_ranks(monkeypatch, make, 2, 2, 4, n=5)
+    middle, states = run_ranks(monkeypatch, make, 3, 1, 2, state=states[0], n=3)
+    rest, _ = run_ranks(monkeypatch, make, 1, 3, 5, state=states[0])
+    read = Counter(keys(b for batches in first + middle + rest for b in batches))
+    assert max(read.values()) == 1
+    total = sum(COUNTS["a"])
+    # left out: fewer than `world` per segment, and a partial last batch of nothing
+    assert total - (2 + 3 + 1) < len(read) <= total
+
+
+def test_mix_same_layout_resume_stays_exact(data, monkeypatch):
+    def make():
+        return mix(data)
+
+    reference, _ = run_ranks(monkeypatch, make, 1, 2, 4)
+    head, states = run_ranks(monkeypatch, make, 1, 2, 4, n=3)
+    rest, _ = run_ranks(monkeypatch, make, 1, 2, 4, state=states[0])
+    assert keys(reference[0]) == keys(head[0] + rest[0])
+
+
+# ---- packing ------------------------------------------------------------------------------
+SEQ = 16
+
+
+def packed(tokens, mixed=False, per_epoch=40):
+    root, _docs = tokens
+    sources = [wdstream.StreamingDataset(str(root / n), seed=i + 3, shuffle_window=5)
+               for i, n in enumerate(TOKEN_COUNTS)]
+    inner = wdstream.Mix(sources, [0.6, 0.4], seed=2, names=list(TOKEN_COUNTS)) if mixed \
+        else sources[0]
+    return wdstream.PackedSequences(inner, None, SEQ, eos=0, text_field="tokens.npy",
+                                    sequences_per_epoch=per_epoch)
+
+
+def merged(states):
+    """Rank 0's state with every rank's positions, as state_dict() gathers them."""
+    state = json.loads(json.dumps(states[0]))
+    for k, position in enumerate(state["positions"]):
+        if isinstance(position, dict):
+            position["ranks"] = [s["positions"][k]["ranks"][r] for r, s in enumerate(states)]
+    return state
+
+
+def token_counts(batches):
+    ids = np.concatenate([b["input_ids"].numpy().ravel() for b in batches])
+    return Counter(ids[ids != 0].tolist())
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_packing_resumes_on_another_layout(tokens, monkeypatch, mixed):
+    def make():
+        return packed(tokens, mixed)
+
+    first, states = run_ranks(monkeypatch, make, 2, 2, 2, n=3)
+    state = merged(states)
+    assert all(len(p["ranks"]) == 2 for p in state["positions"])
+    rest, _ = run_ranks(monkeypatch, make, 1, 3, 3, state=state)
+    sequences = sum(len(b["input_ids"]) for batches in first + rest for b in batches)
+    assert sequences == 40 - 40 % 1  # the epoch's sequences, over both layouts
+    counts = token_counts(b for batches in first + rest for b in batches)
+    check_tokens(tokens, counts, state, streams_after=3)
+
+
+def check_tokens(tokens, counts, state, streams_after):
+    """No token trained on twice, but for the first ``offset`` tokens of the documents in
+    progress at the cut (read again whole on the new layout); every document read whole but
+    for those and the last one of each stream (its end cut by the epoch's)."""
+    assert max(counts.values()) <= 2
+    _root, docs = tokens
+    all_docs = [d for name in TOKEN_COUNTS for d in docs[name]]
+    cut = [p[3] for ranks in state["positions"] for p in ranks["ranks"] if p != 0 and p[3]]
+    doubled = [d for d in all_docs if any(counts.get(int(t)) == 2 for t in d)]
+    assert len(doubled) <= len(cut)
+    for d in doubled:  # a prefix of the document, the rest once
+        n = sum(counts.get(int(t)) == 2 for t in d)
+        assert all(counts.get(int(t)) == 2 for t in d[:n]) and n < len(d)
+    partial = [d for d in all_docs if 0 < sum(int(t) in counts for t in d) < len(d)]
+    assert len(partial) <= streams_after + len(cut)
+
+
+def test_packing_on_three_ranks_gets_equal_batches(tokens, monkeypatch):
+    def make():
+        return packed(tokens, True, per_epoch=60)
+
+    first, states = run_ranks(monkeypatch, make, 2, 2, 2, n=4)
+    rest, _ = run_ranks(monkeypatch, make, 3, 1, 2, state=merged(states))
+    assert len({len(batches) for batches in rest}) == 1
+    assert sum(len(b["input_ids"]) for batches in first + rest for b in batches) \
+        == 2 * 4 * 2 + 3 * len(rest[0]) * 2
+    counts = token_counts(b for batches in first + rest for b in batches)
+    check_tokens(tokens, counts, merged(states), streams_after=3)
+
+
+def test_packing_same_layout_resume_from_rank_0_state(tokens, monkeypatch):
+    """Every rank resumes from rank 0's (gathered) state on the same layout, token-exact."""
+    def make():
+        return packed(tokens, True)
+
+    reference, _ = run_ranks(monkeypatch, make, 2, 2, 2)
+    head, states = run_ranks(monkeypatch, make, 2, 2, 2, n=3)
+    rest, _ = run_ranks(monkeypatch, make, 2, 2, 2, state=merged(states))
+    for rank in range(2):
+        expected = [b["input_ids"] for b in reference[rank]]
+        got = [b["input_ids"] for b in head[rank] + rest[rank]]
+        assert all(a.equal(b) for a, b in zip(expected, got, strict=True))
+
+
+def test_a_state_without_other_ranks_positions_is_refused(tokens, monkeypatch):
+    def make():
+        return packed(tokens)
+
+    _first, states = run_ranks(monkeypatch, make, 2, 2, 2, n=2)
+    as_rank(monkeypatch, 1, 2)
+    loader = wdstream.DataLoader(make(), batch_size=2, num_workers=0)
+    loader.load_state_dict(states[0])  # rank 1's entries missing: not gathered
+    with pytest.raises(StateError, match="every rank"):
+        next(iter(loader))
