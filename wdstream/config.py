@@ -57,6 +57,8 @@ TOP_KEYS = {
     "eos": ((int, str), "a token id or a token string"),
     "sequences_per_epoch": _INT,
     "long_documents": _STR,
+    "schedule": ((list,), "a list of stages {start, weights}"),
+    "tokens_per_epoch": _INT,
 }
 
 DATASET_KEYS = {
@@ -74,7 +76,7 @@ DATASET_KEYS = {
 }
 
 DATASET_TYPES = ("pretrain",)  # documents of text (or token ids) packed for a causal LM
-_PACKING_KEYS = ("tokenizer", "eos", "sequences_per_epoch", "long_documents")
+_PACKING_KEYS = ("tokenizer", "eos", "sequences_per_epoch", "long_documents", "tokens_per_epoch")
 
 
 def from_config(config):
@@ -140,6 +142,7 @@ def _build(config, where: str, base: str | None):
     from .dataset import StreamingDataset
     from .mix import STOP_RULES, Mix
     from .packing import LONG_DOCUMENTS, PackedSequences
+    from .schedule import mixture_weights
 
     if not isinstance(config, Mapping):
         raise InputError(f"{where}: a config is a mapping with a 'datasets' list, not "
@@ -148,7 +151,8 @@ def _build(config, where: str, base: str | None):
     entries = config.get("datasets")
     if not entries:
         raise InputError(f"{where}: 'datasets' is missing or empty")
-    for key in ("samples_per_epoch", "shuffle_window", "seq_len", "sequences_per_epoch"):
+    for key in ("samples_per_epoch", "shuffle_window", "seq_len", "sequences_per_epoch",
+                "tokens_per_epoch"):
         _positive(config, key, where)
     stop = config.get("stop", "first_exhausted")
     if stop not in STOP_RULES:
@@ -214,8 +218,8 @@ def _build(config, where: str, base: str | None):
     if len(set(names)) != len(names):
         raise InputError(f"{where}: dataset names (default: the path) must be distinct; set "
                          f"'name' (names: {names})")
-    mix = Mix(datasets, weights, seed=seed, stop=stop,
-              samples_per_epoch=config.get("samples_per_epoch"), names=names)
+    mix = Mix(datasets, seed=seed, stop=stop, samples_per_epoch=config.get("samples_per_epoch"),
+              names=names, **mixture_weights(config, names, weights, where))
     if "seq_len" not in config:
         return mix
     text_field = fields[0] if len(set(fields)) == 1 else dict(zip(names, fields, strict=True))
@@ -224,4 +228,5 @@ def _build(config, where: str, base: str | None):
         mix, _resolve(tokenizer, base) if tokenizer else None, config["seq_len"],
         eos=config["eos"], text_field=text_field,
         long_documents=config.get("long_documents", "split"),
-        sequences_per_epoch=config.get("sequences_per_epoch"))
+        sequences_per_epoch=config.get("sequences_per_epoch"),
+        tokens_per_epoch=config.get("tokens_per_epoch"))

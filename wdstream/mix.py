@@ -28,6 +28,7 @@ import numpy as np
 from .dataset import IterationSpec
 from .errors import InputError, StateError
 from .plan import STREAM_END, Segment
+from .schedule import Schedule, normalise
 from .stage import (
     Stage,
     StageOptions,
@@ -142,7 +143,8 @@ class Mix(Stage):
 
     def __init__(self, datasets: Sequence, weights: Sequence[float] | None = None, *,
                  seed: int = 0, stop: str = "first_exhausted",
-                 samples_per_epoch: int | None = None, names: Sequence[str] | None = None):
+                 samples_per_epoch: int | None = None, names: Sequence[str] | None = None,
+                 schedule=None):
         super().__init__()
         self.datasets = list(datasets)
         if not self.datasets:
@@ -151,7 +153,17 @@ class Mix(Stage):
             if not hasattr(dataset, "positioned"):
                 raise InputError(f"Mix: dataset {index} is a {type(dataset).__name__}, not a "
                                  "wdstream.StreamingDataset or stage")
-        self.weights = _normalise(weights, len(self.datasets))
+        self.schedule = None
+        if schedule is not None:
+            if weights is not None:
+                raise InputError("Mix: give weights or a schedule, not both")
+            if stop == "cycle":
+                raise InputError("Mix: a schedule needs stop='fixed' or 'first_exhausted' "
+                                 "(under 'cycle' a source left out by a late stage never ends)")
+            self.schedule = Schedule(schedule, len(self.datasets))
+            self.weights = self.schedule.weights[0]
+        else:
+            self.weights = normalise(weights, len(self.datasets))
         if stop not in STOP_RULES:
             raise InputError(f"Mix: stop must be one of {STOP_RULES}, not {stop!r}")
         if (stop == "fixed") != (samples_per_epoch is not None):
@@ -207,6 +219,31 @@ class Mix(Stage):
         return remaining_items(self.samples_per_epoch, history,
                                lambda position: self._parse(position)[0])
 
+    def drawn(self, epoch: int, history: Sequence[Segment]) -> int:
+        """Samples drawn over every rank and stream in the segments ``history``: the progress
+        a schedule follows."""
+        total = 0
+        for index, segment in enumerate(history):
+            for k, value in enumerate(segment.consumed):
+                ranks = value["ranks"] if isinstance(value, dict) else [value] * segment.world
+                for position in ranks:
+                    if position == STREAM_END:
+                        total += self.plan(epoch, segment.world, segment.workers,
+                                           history[:index]).stream_samples[k]
+                    else:
+                        total += self._parse(position)[0]
+        return total
+
+    def _block_weights(self, epoch: int, world: int, workers: int,
+                       history: Sequence[Segment]):
+        """The weights of each block of a stream: the schedule's stage at the block's first
+        draw, counted over the whole job (see ``wdstream.schedule``)."""
+        if self.schedule is None:
+            return lambda _block: self.weights
+        schedule, before, step = self.schedule, self.drawn(epoch, history), BLOCK * world * workers
+        weights = schedule.weights
+        return lambda block: weights[schedule.stage_at(before + block * step)]
+
     def plan(self, epoch: int, world: int, workers: int,
              history: Sequence[Segment] = ()) -> StagePlan:
         """Samples per stream of every rank (equal on every rank) in epoch ``epoch``."""
@@ -221,25 +258,31 @@ class Mix(Stage):
             sizes = [d.plan(cycle_epoch(epoch, base), world, workers, segments).stream_samples
                      for d, (base, segments) in zip(self.datasets, passes, strict=True)]
             bases = [base for base, _ in passes]
+            weights = self._block_weights(epoch, world, workers, history)
             self._plans[key] = StagePlan([
-                self._stream_length([s[k] for s in sizes], epoch, k, len(history), bases)
-                for k in range(workers)])
+                self._stream_length([s[k] for s in sizes], epoch, k, len(history), bases,
+                                    weights) for k in range(workers)])
         return self._plans[key]
 
     def _stream_length(self, source_sizes: list[int], epoch: int, stream: int,
-                       segment: int = 0, bases: Sequence[int] | None = None) -> int:
+                       segment: int = 0, bases: Sequence[int] | None = None,
+                       block_weights=None) -> int:
         """Draws a stream makes before it stops, given each source's stream size: the rules
         of ``positioned`` computed from counts alone. Blocks before the one where the stream
         stops need only their counts; that block's order then gives the exact draw. Under
         ``cycle``, a source whose first pass was read before this segment does not count."""
         sizes = np.asarray(source_sizes, dtype=np.int64)
-        active = self.weights > 0
+        if block_weights is None:
+            def block_weights(_block):
+                return self.weights
+        active = self.weights > 0 if self.schedule is None else self.schedule.ever_positive()
         if bases is not None and self.stop == "cycle":
             active &= np.asarray(bases) == 0
         before = np.zeros(len(sizes), dtype=np.int64)  # draws of each source in earlier blocks
         seed, block = self.options.seed, 0
         while True:
-            after = before + block_counts(self.weights, seed, epoch, stream, block, segment)
+            weights = block_weights(block)
+            after = before + block_counts(weights, seed, epoch, stream, block, segment)
             if self.stop == "first_exhausted":
                 # the draw that finds a source empty (its size + 1-th) ends the stream
                 ending = np.flatnonzero(active & (after > sizes))
@@ -248,7 +291,7 @@ class Mix(Stage):
                 if not np.all(after[active] >= sizes[active]):
                     ending = ending[:0]
             if len(ending):
-                choices = block_choices(self.weights, seed, epoch, stream, block, segment)
+                choices = block_choices(weights, seed, epoch, stream, block, segment)
                 draws = [int(np.flatnonzero(choices == source)[sizes[source] - before[source]
                                                                - (self.stop == "cycle")])
                          for source in ending]
@@ -265,8 +308,9 @@ class Mix(Stage):
         """The sources (data, options, seeds), the weights and the stop rule: what decides the
         order (not the names, which default to URLs: data copied elsewhere still resumes)."""
         parts = [[d.fingerprint(), d.options.seed] for d in self.datasets]
-        text = json.dumps([parts, [float(w) for w in self.weights], self.stop,
-                           self.samples_per_epoch, BLOCK])
+        weights = [float(w) for w in self.weights] if self.schedule is None \
+            else self.schedule.identity()
+        text = json.dumps([parts, weights, self.stop, self.samples_per_epoch, BLOCK])
         return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # ---- iteration ------------------------------------------------------------------------
@@ -280,6 +324,7 @@ class Mix(Stage):
         if start == 0:  # a segment starts every source at its pass in progress
             cycles = [base for base, _ in histories]
         segment = len(spec.history)
+        block_weights = self._block_weights(spec.epoch, spec.world, spec.workers, spec.history)
         sources = _Sources(self.datasets, spec, stream, cycles, positions, histories)
         iterators, ahead = sources.iterators, sources.ahead
         # The position, updated in place and copied for each sample: [draws, cycle_0,
@@ -296,8 +341,8 @@ class Mix(Stage):
         labels = self.names
         while draws < limit and not (cycling and not pending):
             block, first = divmod(draws, BLOCK)
-            choices = block_choices(self.weights, self.options.seed, spec.epoch, stream, block,
-                                    segment)
+            choices = block_choices(block_weights(block), self.options.seed, spec.epoch,
+                                    stream, block, segment)
             for index in choices[first:].tolist():
                 item = ahead[index]
                 if item is None:
@@ -340,19 +385,3 @@ class Mix(Stage):
         if not valid:
             raise StateError(f"not a position of this mixture: {start!r:.200}")
         return start[0], start[1::2], start[2::2]
-
-
-def _normalise(weights: Sequence[float] | None, count: int) -> np.ndarray:
-    if weights is None:
-        return np.full(count, 1.0 / count)
-    values = list(weights)
-    if len(values) != count:
-        raise InputError(f"Mix: {len(values)} weights for {count} datasets")
-    for index, weight in enumerate(values):
-        if isinstance(weight, bool) or not isinstance(weight, int | float) \
-                or not math.isfinite(weight) or weight < 0:
-            raise InputError(f"Mix: weight {index} must be a finite number >= 0, not {weight!r}")
-    total = float(sum(values))
-    if total <= 0:
-        raise InputError("Mix: the weights must add up to a positive number")
-    return np.asarray(values, dtype=np.float64) / total

@@ -150,11 +150,13 @@ class PackedSequences(Stage):
     sequences an epoch gives depends on the text, so ``len()`` is unknown and ranks may get
     unequal counts, unless ``sequences_per_epoch`` fixes it (split over ranks and workers;
     the inner stream restarts, on a new order, when a pass runs out) -- set it under DDP.
+    ``tokens_per_epoch`` gives it as a token budget (``tokens_per_epoch // seq_len``
+    sequences).
     """
 
     def __init__(self, dataset, tokenizer=None, seq_len: int = 2048, *, eos: int | str,
                  text_field: str | Mapping[object, str] = "text", long_documents: str = "split",
-                 sequences_per_epoch: int | None = None):
+                 sequences_per_epoch: int | None = None, tokens_per_epoch: int | None = None):
         super().__init__()
         if not hasattr(dataset, "positioned"):
             raise InputError(f"PackedSequences: {type(dataset).__name__} is not a wdstream "
@@ -169,6 +171,15 @@ class PackedSequences(Stage):
                 or sequences_per_epoch < 1):
             raise InputError("PackedSequences: sequences_per_epoch must be a positive integer, "
                              f"not {sequences_per_epoch!r}")
+        if tokens_per_epoch is not None:
+            if sequences_per_epoch is not None:
+                raise InputError("PackedSequences: give sequences_per_epoch or "
+                                 "tokens_per_epoch, not both")
+            if isinstance(tokens_per_epoch, bool) or not isinstance(tokens_per_epoch, int) \
+                    or tokens_per_epoch < seq_len:
+                raise InputError("PackedSequences: tokens_per_epoch must be an integer of at "
+                                 f"least seq_len ({seq_len}), not {tokens_per_epoch!r}")
+            sequences_per_epoch = tokens_per_epoch // seq_len  # the budget, in whole sequences
         self.dataset = dataset
         self.tokenizer = Tokenizer(tokenizer) if tokenizer is not None else None
         if isinstance(eos, str):
