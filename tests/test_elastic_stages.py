@@ -224,3 +224,40 @@ def test_a_state_without_other_ranks_positions_is_refused(tokens, monkeypatch):
     loader.load_state_dict(states[0])  # rank 1's entries missing: not gathered
     with pytest.raises(StateError, match="every rank"):
         next(iter(loader))
+
+
+# ---- accounting -------------------------------------------------------------------------
+def test_per_source_tokens_and_documents_in_stats_and_state(tokens, monkeypatch):
+    root, docs = tokens
+    x_ids = {int(t) for d in docs["x"] for t in d}
+
+    def make():
+        return wdstream.DataLoader(packed(tokens, True, per_epoch=60), batch_size=4,
+                                   num_workers=2)
+
+    whole = make()
+    batches = list(whole)
+    stats = whole.stats["sources"]
+    ids = np.concatenate([b["input_ids"].numpy().ravel() for b in batches])
+    assert stats["x"]["tokens"] + stats["y"]["tokens"] == 60 * SEQ == len(ids)
+    assert stats["x"]["tokens"] >= int(np.isin(ids, list(x_ids)).sum())
+    assert stats["y"]["tokens"] >= int(((ids != 0) & ~np.isin(ids, list(x_ids))).sum())
+    # a document counts once its last token (EOS) is delivered
+    assert stats["x"]["documents"] + stats["y"]["documents"] == int((ids == 0).sum())
+
+    head = make()
+    first_batches(head, 5)
+    state = json.loads(json.dumps(head.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    list(resumed)
+    assert resumed.stats["sources"] == stats  # counts travel in the state
+
+
+def test_a_repeating_source_shows_its_pass(data):
+    small = mix(data, weights=(0.2, 0.8), stop="fixed", samples_per_epoch=400)
+    loader = wdstream.DataLoader(small, batch_size=10, num_workers=1)
+    drawn = Counter(s for b in loader for s in b["__source__"])
+    stats = loader.stats["sources"]
+    assert {name: stats[name]["documents"] for name in COUNTS} == drawn
+    assert stats["b"]["pass"] >= 4 and stats["a"]["pass"] == 0  # b (62 samples) restarted

@@ -308,11 +308,15 @@ class DataLoader(torch.utils.data.DataLoader):
             dataset.spec = None  # the workers have their copy; direct use stays unaffected
         workers = [process.pid for process in getattr(iterator, "_workers", ())]
         delivered = 0
+        accounting = getattr(dataset, "accounting", None)  # stages: per-source counts
         try:
             for stream, position, batch in self._in_order(iterator):
                 self._positions[stream] = position
                 self._batches[stream] += 1
                 delivered += 1
+                if accounting is not None:
+                    self.stats["sources"] = accounting(self._positions, self._history,
+                                                       self._rank)
                 yield unpack_shared(batch, self.bytes_as)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None

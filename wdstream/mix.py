@@ -330,6 +330,8 @@ class Mix(Stage):
         # The position, updated in place and copied for each sample: [draws, cycle_0,
         # position_0, cycle_1, position_1, ...].
         state = [draws] + [v for pair in zip(cycles, positions, strict=True) for v in pair]
+        state += self.documents(start)  # documents drawn from each source (this segment)
+        tally = 1 + 2 * len(self.datasets)
         limit = math.inf
         if self.stop == "fixed":
             limit = fixed_plan(self._quota(spec.history), spec.world,
@@ -367,6 +369,7 @@ class Mix(Stage):
                 sample["__source__"] = labels[index]
                 draws += 1
                 state[0] = draws
+                state[tally + index] += 1
                 yield sample, state.copy()
                 if draws >= limit:
                     return
@@ -380,8 +383,48 @@ class Mix(Stage):
         if start == 0:
             count = len(self.datasets)
             return 0, [0] * count, [0] * count
-        valid = (isinstance(start, list) and len(start) == 1 + 2 * len(self.datasets)
-                 and all(isinstance(v, int) and v >= 0 for v in [start[0], *start[1::2]]))
+        count = len(self.datasets)
+        valid = (isinstance(start, list) and len(start) in (1 + 2 * count, 1 + 3 * count)
+                 and all(isinstance(v, int) and v >= 0
+                         for v in [start[0], *start[1:1 + 2 * count:2], *start[1 + 2 * count:]]))
         if not valid:
             raise StateError(f"not a position of this mixture: {start!r:.200}")
-        return start[0], start[1::2], start[2::2]
+        return start[0], start[1:1 + 2 * count:2], start[2:1 + 2 * count:2]
+
+    def documents(self, position) -> list[int]:
+        """Documents drawn from each source in a stream's segment, from its position (0 for
+        the positions of older versions, which did not count them)."""
+        count = len(self.datasets)
+        if position == 0 or len(position) == 1 + 2 * count:
+            return [0] * count
+        return list(position[1 + 2 * count:])
+
+    def accounting(self, positions, history, rank: int) -> dict:
+        """Per source, this rank's documents drawn in the epoch (on earlier layouts: what
+        the rank of the same number drew) and the pass in progress (1 and up: the source
+        restarted, an epoch boundary of the source)."""
+        totals = [0] * len(self.datasets)
+        passes = [0] * len(self.datasets)
+        for segment in history:
+            for value in segment.consumed:
+                position = _rank_entry(value, rank)
+                for i, n in enumerate(self.documents(position) if position else []):
+                    totals[i] += n
+        for position in positions:
+            position = _rank_entry(position, rank)
+            if not position or position == STREAM_END:
+                continue
+            _draws, cycles, _ = self._parse(position)
+            for i, n in enumerate(self.documents(position)):
+                totals[i] += n
+                passes[i] = max(passes[i], cycles[i])
+        return {name: {"documents": totals[i], "pass": passes[i]}
+                for i, name in enumerate(self.names)}
+
+
+def _rank_entry(value, rank: int):
+    """A position of ``rank`` in a (possibly gathered) entry; None if it has none."""
+    if isinstance(value, dict):
+        ranks = value.get("ranks") or []
+        return ranks[rank] if rank < len(ranks) else None
+    return None if value == STREAM_END else value

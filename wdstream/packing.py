@@ -118,9 +118,10 @@ def _read_text(url: str) -> str:
 
 
 class _Document:
-    __slots__ = ("tokens", "taken", "cycle", "before")
+    __slots__ = ("tokens", "taken", "cycle", "before", "source")
 
-    def __init__(self, tokens: np.ndarray, taken: int, cycle: int, before):
+    def __init__(self, tokens: np.ndarray, taken: int, cycle: int, before, source: int = 0):
+        self.source = source  # 2 x the index of its source (its slot in the tally)
         self.tokens = tokens  # the document's tokens, EOS included
         self.taken = taken  # tokens already packed into earlier sequences
         self.cycle = cycle  # inner pass it was read in
@@ -298,6 +299,8 @@ class PackedSequences(Stage):
         yielded), each with the position after it."""
         start = rank_position(start, spec.rank)
         sequences, cycle, inner_start, offset = self._parse(start)
+        # per source: tokens delivered, documents delivered to their end (this segment)
+        tally = self.tally(start)
         base, inner_history = self.inner_history(spec.history)
         if start == 0:
             cycle = base
@@ -310,6 +313,7 @@ class PackedSequences(Stage):
         queue: deque[_Document] = deque()
         available = 0
         seq_len = self.seq_len
+        ramp = np.arange(seq_len, dtype=np.int64)
         while quota is None or sequences < quota:
             while available < seq_len:
                 document = documents.next()
@@ -324,18 +328,20 @@ class PackedSequences(Stage):
                 document = queue[0]
                 n = min(seq_len - filled, len(document.tokens) - document.taken)
                 input_ids[filled:filled + n] = document.tokens[document.taken:document.taken + n]
-                position_ids[filled:filled + n] = np.arange(n)
+                position_ids[filled:filled + n] = ramp[:n]
                 filled += n
                 document.taken += n
+                tally[document.source] += n
                 if document.taken == len(document.tokens):
+                    tally[document.source + 1] += 1
                     queue.popleft()
             available -= seq_len
             sequences += 1
             if queue:  # the next sequence starts inside a document already read
                 head = queue[0]
-                position = [sequences, head.cycle, head.before, head.taken]
+                position = [sequences, head.cycle, head.before, head.taken, *tally]
             else:  # ... or at the next document to be read
-                position = [sequences, documents.cycle, documents.before, 0]
+                position = [sequences, documents.cycle, documents.before, 0, *tally]
             yield ({"input_ids": input_ids, "labels": input_ids.copy(),
                     "position_ids": position_ids}, position)
 
@@ -343,13 +349,46 @@ class PackedSequences(Stage):
         if start == 0:
             return 0, 0, 0, 0
         try:
-            sequences, cycle, inner, offset = start
-            valid = all(isinstance(v, int) and v >= 0 for v in (sequences, cycle, offset))
+            sequences, cycle, inner, offset = start[:4]
+            valid = isinstance(start, list) and len(start) in (4, 4 + 2 * len(self.names)) \
+                and all(isinstance(v, int) and v >= 0
+                        for v in (sequences, cycle, offset, *start[4:]))
         except (TypeError, ValueError):
             valid = False
         if not valid:
             raise StateError(f"not a position of this packing stage: {start!r:.200}")
         return sequences, cycle, inner, offset
+
+    @property
+    def names(self) -> list[str]:
+        """The sources counted apart: a ``Mix``'s names, else the one dataset's."""
+        return list(getattr(self.dataset, "names", None) or [str(self.dataset.source)])
+
+    def tally(self, position) -> list[int]:
+        """[tokens, documents] of each source, from a position (zeros for positions of older
+        versions, which did not count them)."""
+        if position == 0 or len(position) == 4:
+            return [0] * (2 * len(self.names))
+        return list(position[4:])
+
+    def accounting(self, positions, history, rank: int) -> dict:
+        """Per source, this rank's tokens and documents (delivered to their end) in the
+        epoch's sequences (on earlier layouts: what the rank of the same number delivered),
+        and the pass of the inner stream in progress (1 and up: it restarted)."""
+        from .mix import _rank_entry
+
+        totals = [0] * (2 * len(self.names))
+        deepest = 0
+        entries = [_rank_entry(v, rank) for s in history for v in s.consumed]
+        current = [_rank_entry(p, rank) for p in positions]
+        for index, position in enumerate(entries + current):
+            if not position or position == STREAM_END:
+                continue
+            totals = [a + b for a, b in zip(totals, self.tally(position), strict=True)]
+            if index >= len(entries):
+                deepest = max(deepest, self._parse(position)[1])
+        return {name: {"tokens": totals[2 * i], "documents": totals[2 * i + 1],
+                       "pass": deepest} for i, name in enumerate(self.names)}
 
 
 class _DocumentReader:
@@ -365,6 +404,8 @@ class _DocumentReader:
         self.before = before  # the inner position before the next document
         self._skip = offset
         self._pass_is_empty = False  # a pass read from its start gave no document yet
+        names = stage.names
+        self._sources = {name: 2 * i for i, name in enumerate(names)} if len(names) > 1 else None
         self._open()
 
     def _open(self) -> None:
@@ -398,7 +439,8 @@ class _DocumentReader:
             if taken >= len(tokens):
                 raise StateError(f"resume offset {taken} is past the end of the document at "
                                  f"{_where(sample)} ({len(tokens)} tokens)")
-            return _Document(tokens, taken, self.cycle, before)
+            source = self._sources.get(sample.get("__source__"), 0) if self._sources else 0
+            return _Document(tokens, taken, self.cycle, before, source)
 
 
 def _where(sample) -> str:
