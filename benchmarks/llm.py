@@ -8,6 +8,11 @@
 - ``Mix`` overhead: the same number of ~1 KiB JSON samples read through a ``Mix`` (of one
   source, and of two sources 50/50) and straight from one ``StreamingDataset``, 2 workers,
   batch 64; the ratio of times is the mixture's overhead (goal ≤ 1.1).
+- The packing stage alone, one worker's work in one process (CPU time): pre-tokenized
+  documents (goal ≥ 10 M tokens/s per worker), the same as 5 sources through a ``Mix`` with
+  fixed weights and with a 5-stage schedule (with the per-source accounting; goal ≤ 1.05 ×
+  plain), and tokenize + pack.
+- The loader state of a packed 5-source scheduled mixture (goal < 4 KiB).
 
 Run alone: ``python -m benchmarks.llm [--quick]``.
 """
@@ -38,7 +43,9 @@ QUICK = {"documents": 4_000, "per_shard": 500, "samples": 40_000, "sample_shard"
 
 T_PACK = f"tokenize + pack into {SEQ_LEN}-token sequences, {WORKERS} workers, batch {PACK_BATCH}"
 T_MIX = f"mixing overhead, ~1 KiB JSON samples, {WORKERS} workers, batch {MIX_BATCH}"
-T_GOALS = "goals (issue 5)"
+T_STAGE = f"packing stage alone, {SEQ_LEN}-token sequences, batch {PACK_BATCH}, one worker's work"
+T_STATE = "loader state size (JSON)"
+T_GOALS = "goals (issues 5 and 19)"
 
 
 # =========================================================================== data
@@ -129,6 +136,68 @@ def case_pack(source: str, tokenizer: str | None, eos: int, field: str) -> dict:
             "cpu_s": _cpu_seconds() - cpu}
 
 
+SCHEDULE_SOURCES = 5
+
+
+def _five_stage_mix(source: str, documents: int, scheduled: bool = True):
+    """The documents as 5 sources (the same shards, 5 seeds) mixed by a 5-stage schedule
+    (or by the first stage's weights throughout) over one epoch of as many samples."""
+    import wdstream
+
+    parts = [wdstream.StreamingDataset(source, seed=1 + i) for i in range(SCHEDULE_SOURCES)]
+    step = documents // SCHEDULE_SOURCES
+    schedule = [{"start": k * step, "weights": [1 + (i + k) % SCHEDULE_SOURCES
+                                                for i in range(SCHEDULE_SOURCES)]}
+                for k in range(SCHEDULE_SOURCES)]
+    weights = {"schedule": schedule} if scheduled else {"weights": schedule[0]["weights"]}
+    return wdstream.Mix(parts, seed=2, stop="fixed", samples_per_epoch=documents,
+                        names=[f"s{i}" for i in range(5)], **weights)
+
+
+def case_stage(source: str, tokenizer: str | None, eos: int, field: str, mixture: str,
+               documents: int) -> dict:
+    """One worker's work, in this process: one stream of the whole epoch packed and cut into
+    batches by the default collate (no transfer to a main process), CPU time."""
+    quiet_logs()
+    import itertools
+
+    import wdstream
+    from wdstream.batching import collate
+    from wdstream.dataset import IterationSpec
+
+    inner = wdstream.StreamingDataset(source, seed=1) if mixture == "none" \
+        else _five_stage_mix(source, documents, mixture == "schedule")
+    packed = wdstream.PackedSequences(inner, tokenizer, SEQ_LEN, eos=eos, text_field=field)
+    started = time.process_time()
+    items = (item for item, _ in packed.positioned(IterationSpec(0, 0, 1, 1), 0, 0))
+    sequences = 0
+    while batch := list(itertools.islice(items, PACK_BATCH)):
+        collate(batch)
+        sequences += len(batch)
+    cpu = time.process_time() - started
+    return {"sequences": sequences, "tokens": sequences * SEQ_LEN, "cpu_s": cpu}
+
+
+def case_state(source: str, eos: int, documents: int) -> dict:
+    """The loader state of a packed 5-source scheduled mixture, 2 workers, mid-epoch; and
+    the same positions gathered from 8 ranks x 8 workers."""
+    quiet_logs()
+    import itertools
+
+    import wdstream
+
+    packed = wdstream.PackedSequences(_five_stage_mix(source, documents), None, SEQ_LEN,
+                                      eos=eos, text_field="tokens.npy",
+                                      tokens_per_epoch=documents * 100)
+    loader = wdstream.DataLoader(packed, batch_size=PACK_BATCH, num_workers=WORKERS)
+    list(itertools.islice(loader, 20))
+    state = loader.state_dict()
+    one = len(json.dumps(state))
+    state.update(world=8, workers=8, positions=[{"ranks": [state["positions"][0]] * 8}] * 8,
+                 batches=[20] * 8)
+    return {"bytes": one, "bytes_8x8": len(json.dumps(state))}
+
+
 def case_mix(sources: list[str] | None, single: str | None) -> dict:
     """One epoch straight from ``single``, or through a Mix of ``sources`` (equal weights,
     stop at the first exhausted: with equal sizes every sample is read once)."""
@@ -198,6 +267,21 @@ def run(quick: bool) -> list[dict]:
                 here + "case_mix", {"sources": parts, "single": None}),
         }
         mixes = common.repeat(mix_cases, progress=common.log)
+        stage = {"source": text["dir"], "eos": text["eos"], "documents": text["documents"]}
+        stage_cases = {
+            "pre-tokenized tokens.npy": (here + "case_stage", {
+                **stage, "tokenizer": None, "field": "tokens.npy", "mixture": "none"}),
+            "pre-tokenized, 5-source Mix, fixed weights": (here + "case_stage", {
+                **stage, "tokenizer": None, "field": "tokens.npy", "mixture": "weights"}),
+            "pre-tokenized, 5-source Mix, 5-stage schedule": (here + "case_stage", {
+                **stage, "tokenizer": None, "field": "tokens.npy", "mixture": "schedule"}),
+            "text through tokenizer.json (BPE 4096)": (here + "case_stage", {
+                **stage, "tokenizer": text["tokenizer"], "field": "text", "mixture": "none"}),
+        }
+        stages = common.repeat(stage_cases, progress=common.log)
+        state = common.repeat({"state": (here + "case_state", {
+            "source": text["dir"], "eos": text["eos"], "documents": text["documents"]})},
+            runs=1)["state"]
 
     for name, result in packs.items():
         rows.append({"table": T_PACK, "input": name, "tokens/s": ratio(result.get("tokens"),
@@ -210,6 +294,9 @@ def run(quick: bool) -> list[dict]:
                  "the dataset (after imports) to the last batch, worker start-up included; "
                  "CPU s adds the main process and both workers."})
     single = mixes["StreamingDataset"]
+
+    def per_sequence(result):
+        return ratio(result.get("cpu_s"), result.get("sequences"))
 
     def per_sample(result, key):
         return ratio(result.get(key), result.get("samples"))
@@ -236,7 +323,38 @@ def run(quick: bool) -> list[dict]:
         values = [ratio(per_sample(mixes[n], key), per_sample(single, key)) for n in mixed]
         return max(values) if None not in values else None
 
+    for name, result in stages.items():
+        rows.append({"table": T_STAGE, "input": name, "sequences": result.get("sequences"),
+                     "tokens/s per worker (CPU)": ratio(result.get("tokens"),
+                                                        result.get("cpu_s")),
+                     "CPU s": result.get("cpu_s"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    rows.append({"table": T_STAGE, "note":
+                 "One worker's work measured in one process: the stage reads the whole epoch "
+                 "as one stream and the default collate makes batches of 16 (what a "
+                 "DataLoader worker does before the transfer to the main process); CPU time "
+                 "of that process. The schedule case reads the documents as 5 sources (the "
+                 "same shards, 5 seeds) through a Mix with a 5-stage schedule: the schedule, "
+                 "the mixture and the per-source accounting together."})
+    plain = stages["pre-tokenized tokens.npy"]
+    scheduled = stages["pre-tokenized, 5-source Mix, 5-stage schedule"]
+    weighted = stages["pre-tokenized, 5-source Mix, fixed weights"]
+    schedule_ratio = ratio(per_sequence(scheduled), per_sequence(plain))
+    schedule_only = ratio(per_sequence(scheduled), per_sequence(weighted))
+    rows.append({"table": T_STATE, "state": "packed 5-source schedule, 1 rank x 2 workers",
+                 "bytes": state.get("bytes"), "error": state.get("error")})
+    rows.append({"table": T_STATE, "state": "the same, gathered from 8 ranks x 8 workers",
+                 "bytes": state.get("bytes_8x8"), "error": state.get("error")})
     goals = [
+        goal("pre-tokenized packing, tokens/s per worker (CPU, millions)",
+             None if ratio(plain.get("tokens"), plain.get("cpu_s")) is None
+             else ratio(plain.get("tokens"), plain.get("cpu_s")) / 1e6, 10, table=T_GOALS),
+        goal("schedule + accounting + 5-source Mix ÷ plain PackedSequences, CPU per sequence",
+             schedule_ratio, 1.05, higher_is_better=False, table=T_GOALS),
+        goal("5-stage schedule ÷ fixed weights (5-source Mix, packed), CPU per sequence",
+             schedule_only, 1.05, higher_is_better=False, table=T_GOALS),
+        goal("state size, 5-source schedule, 1 rank x 2 workers (bytes)", state.get("bytes"),
+             4096, higher_is_better=False, table=T_GOALS),
         goal("Mix CPU time ÷ one StreamingDataset (worse of 1 and 2 sources)", worst("cpu_s"),
              1.1, higher_is_better=False, table=T_GOALS),
         goal("Mix wall time ÷ one StreamingDataset (worse of 1 and 2 sources)",
