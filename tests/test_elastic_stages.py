@@ -261,3 +261,33 @@ def test_a_repeating_source_shows_its_pass(data):
     stats = loader.stats["sources"]
     assert {name: stats[name]["documents"] for name in COUNTS} == drawn
     assert stats["b"]["pass"] >= 4 and stats["a"]["pass"] == 0  # b (62 samples) restarted
+
+
+def test_long_documents_across_shard_boundaries(tmp_path, monkeypatch):
+    """Documents up to 6 sequences long, shards of 3 to 7 documents: the sequences are the
+    documents' tokens (each + EOS) in stream order, cut every SEQ tokens, whatever shard a
+    document ends or starts in; resuming inside a long document, on another layout, reads it
+    again whole and goes on."""
+    docs = write_token_dataset(tmp_path / "long", [3, 7, 4, 5], seed=9, max_tokens=100)
+
+    def make():
+        dataset = wdstream.StreamingDataset(str(tmp_path / "long"), shuffle=False)
+        return wdstream.PackedSequences(dataset, None, SEQ, eos=0, text_field="tokens.npy",
+                                        sequences_per_epoch=40)
+
+    stream = np.concatenate([np.append(d, 0) for d in docs]).astype(np.int64)
+    whole = list(wdstream.DataLoader(make(), batch_size=4))
+    got = np.concatenate([b["input_ids"].numpy().ravel() for b in whole])
+    assert np.array_equal(got, stream[:len(got)]) and len(got) == 40 * SEQ
+
+    head = wdstream.DataLoader(make(), batch_size=4)
+    first = first_batches(head, 3)
+    state = head.state_dict()
+    offset = state["positions"][0][3]
+    assert offset > 0  # the cut falls inside a document
+    resumed = wdstream.DataLoader(make(), batch_size=2, num_workers=2)  # another layout
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    counts = token_counts(first + rest)
+    assert sum(c == 2 for c in counts.values()) == offset  # that document's first tokens
+    assert max(counts.values()) == 2
