@@ -36,7 +36,8 @@ def single_rank(monkeypatch):
 def scheduled(data, schedule=((0, [1, 0]), (SWITCH, [0, 1])), **kwargs):
     sources = [wdstream.StreamingDataset(str(data / n), seed=i + 1, shuffle_window=7)
                for i, n in enumerate(COUNTS)]
-    return wdstream.Mix(sources, schedule=list(schedule), seed=5, names=list(COUNTS),
+    schedule = schedule if callable(schedule) else list(schedule)
+    return wdstream.Mix(sources, schedule=schedule, seed=5, names=list(COUNTS),
                         stop="fixed", samples_per_epoch=TOTAL, **kwargs)
 
 
@@ -135,3 +136,17 @@ def test_config_schedule_and_token_budget(data):
     with pytest.raises(InputError, match="not both"):
         wdstream.PackedSequences(mix, None, 8, eos=0, sequences_per_epoch=3,
                                  tokens_per_epoch=80)
+
+
+def annealing(drawn):
+    return [3, 1] if drawn < SWITCH else [1, 3]
+
+
+def test_a_function_of_progress_draws_as_the_same_stages(data):
+    stages = sources_of(wdstream.DataLoader(
+        scheduled(data, schedule=[(0, [3, 1]), (SWITCH, [1, 3])]), batch_size=64, num_workers=2))
+    function = scheduled(data, schedule=annealing)
+    assert sources_of(wdstream.DataLoader(function, batch_size=64, num_workers=2)) == stages
+    assert "annealing" in json.dumps(function.schedule.identity())
+    with pytest.raises(InputError, match="schedule"):
+        scheduled(data, schedule=lambda drawn: [0, 0])

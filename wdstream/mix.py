@@ -28,7 +28,7 @@ import numpy as np
 from .dataset import IterationSpec
 from .errors import InputError, StateError
 from .plan import STREAM_END, Segment
-from .schedule import Schedule, normalise
+from .schedule import make_schedule, normalise
 from .stage import (
     Stage,
     StageOptions,
@@ -136,6 +136,10 @@ class Mix(Stage):
     source's URL. A string, so that the default collate keeps a list (an int would become a
     tensor, and each tensor costs a shared-memory transfer per batch from the workers).
 
+    ``schedule`` (instead of ``weights``): weights changing over the epoch, a list of stages
+    ``{"start": samples drawn over the job, "weights": [...]}`` or a pure function
+    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.schedule``).
+
     ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
     ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
     epoch (where a stream stops depends on its draws) and ``len(mix)`` is for one worker.
@@ -160,7 +164,7 @@ class Mix(Stage):
             if stop == "cycle":
                 raise InputError("Mix: a schedule needs stop='fixed' or 'first_exhausted' "
                                  "(under 'cycle' a source left out by a late stage never ends)")
-            self.schedule = Schedule(schedule, len(self.datasets))
+            self.schedule = make_schedule(schedule, len(self.datasets))
             self.weights = self.schedule.weights[0]
         else:
             self.weights = normalise(weights, len(self.datasets))
@@ -241,8 +245,7 @@ class Mix(Stage):
         if self.schedule is None:
             return lambda _block: self.weights
         schedule, before, step = self.schedule, self.drawn(epoch, history), BLOCK * world * workers
-        weights = schedule.weights
-        return lambda block: weights[schedule.stage_at(before + block * step)]
+        return lambda block: schedule.weights_at(before + block * step)
 
     def plan(self, epoch: int, world: int, workers: int,
              history: Sequence[Segment] = ()) -> StagePlan:

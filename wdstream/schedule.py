@@ -23,6 +23,26 @@ import numpy as np
 from .errors import InputError
 
 
+class ProgressSchedule:
+    """Weights given by a function of progress (samples drawn over the job), called once per
+    block of draws: ``lambda drawn: [0.7, 0.3] if drawn < 10**6 else [0.5, 0.5]``. It must be
+    a pure function (every rank and worker calls it); the fingerprint records its name only."""
+
+    def __init__(self, function, count: int):
+        self.function, self.count = function, count
+        self.weights = [normalise(function(0), count, "schedule(0)")]
+
+    def weights_at(self, progress: int) -> np.ndarray:
+        return normalise(self.function(progress), self.count, f"schedule({progress})")
+
+    def identity(self) -> str:
+        f = self.function
+        return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(f).__name__)}"
+
+    def ever_positive(self) -> np.ndarray:
+        return np.ones(self.count, dtype=bool)  # unknown: any source may come
+
+
 class Schedule:
     """Stages ``(start, weights)`` (pairs, ``{"start", "weights"}`` mappings, or one mapping
     {start: weights}), the starts increasing from 0; weights normalised."""
@@ -62,12 +82,22 @@ class Schedule:
     def stage_at(self, progress: int) -> int:
         return bisect.bisect_right(self.starts, progress) - 1
 
+    def weights_at(self, progress: int) -> np.ndarray:
+        return self.weights[self.stage_at(progress)]
+
     def identity(self) -> list:
         """What the fingerprint records."""
         return [[s, w.tolist()] for s, w in zip(self.starts, self.weights, strict=True)]
 
     def ever_positive(self) -> np.ndarray:
         return np.any(np.stack(self.weights) > 0, axis=0)
+
+
+def make_schedule(schedule, count: int):
+    """A ``Schedule`` from stages, or a ``ProgressSchedule`` from a callable."""
+    if callable(schedule) and not isinstance(schedule, Schedule):
+        return ProgressSchedule(schedule, count)
+    return Schedule(schedule, count)
 
 
 def normalise(weights: Sequence[float] | None, count: int, what: str = "Mix") -> np.ndarray:
