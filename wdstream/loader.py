@@ -159,6 +159,23 @@ class DataLoader(torch.utils.data.DataLoader):
         self._positions: list = []  # per stream: where the loop is (samples received)
         self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
+        self._placement: Callable | None = None  # set by Accelerate's prepare(): to its device
+
+    # ---- Accelerate ---------------------------------------------------------------------
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """What ``Accelerator.prepare`` asks before rebuilding a loader as a plain torch
+        DataLoader (which would lose the plan, the state and the batches' tags): this loader
+        stays as it is, with its batches moved to the accelerator's device and its state
+        checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
+        from .integrations.accelerate import adopt
+
+        adopt(self, sys._getframe(1))
+        return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        pass  # Accelerate marks what it returns; this loader answers for itself
 
     # ---- fetches: several batches per transfer from a worker -----------------------------
     # A DataLoader moves a few thousand transfers per second from its workers at most, so
@@ -313,7 +330,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._positions[stream] = position
                 self._batches[stream] += 1
                 delivered += 1
-                yield unpack_shared(batch, self.bytes_as)
+                batch = unpack_shared(batch, self.bytes_as)
+                yield batch if self._placement is None else self._placement(batch)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None
         finally:
