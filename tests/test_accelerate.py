@@ -60,7 +60,7 @@ def test_prepare_keeps_the_loader_and_save_state_resumes_it(tmp_path, nproc):
     for before, after in zip(full, resumed, strict=True):
         assert after["keys"] == before["keys"][SAVE_AT:]  # exactly the rest of the epoch
     checkpoint = sorted(os.listdir(tmp_path / "a" / "ckpt"))
-    assert "custom_checkpoint_0.pkl" in checkpoint, checkpoint
+    assert [f"wdstream_loader-rank{r}.json" in checkpoint for r in range(nproc)] == [True] * nproc
 
 
 def test_split_batches_is_refused_with_a_way_out(tmp_path, monkeypatch):

@@ -6,10 +6,10 @@ rank-0-dispatched) copy of the dataset; for a wdstream loader that would lose th
 the state and the tags on each batch. A wdstream loader already gives each rank its own equal
 share of batches, so it tells Accelerate it is prepared (``_is_accelerate_prepared``) and
 Accelerate returns it as it is. When Accelerate asks, ``adopt`` sets it up the way ``prepare``
-would: batches moved to ``accelerator.device`` (unless device placement is off) and the
-loader registered for checkpointing, so that ``accelerator.save_state`` writes rank 0's loader
-state and ``accelerator.load_state`` loads it on every rank (the documented way to resume,
-also on another world size).
+would: batches moved to ``accelerator.device`` (unless device placement is off), and
+``accelerator.save_state`` / ``load_state`` hooks that write each rank's loader state into
+the checkpoint folder and load it back (rank 0's on another world size: elastic resume; see
+``wdstream.integrations.checkpoint``).
 
 ``split_batches=True`` is refused (a wdstream ``batch_size`` is per rank already);
 ``dispatch_batches`` does not apply (every rank reads its own share, which gives the same
@@ -19,6 +19,8 @@ batches per rank as dispatching would, without rank 0 reading all the data).
 from __future__ import annotations
 
 import logging
+
+from .checkpoint import load_loader_state, save_loader_state
 
 log = logging.getLogger(__name__)
 
@@ -58,5 +60,9 @@ def adopt(loader, frame=None) -> None:
         placement = accelerator.device_placement
     loader._placement = DevicePlacement(accelerator.device, accelerator.non_blocking) \
         if placement else None
-    if not any(obj is loader for obj in accelerator._custom_objects):
-        accelerator.register_for_checkpointing(loader)
+    if getattr(loader, "_accelerator_hooks", None) is not accelerator:
+        loader._accelerator_hooks = accelerator
+        accelerator.register_save_state_pre_hook(
+            lambda _models, _weights, folder: save_loader_state(loader, folder))
+        accelerator.register_load_state_pre_hook(
+            lambda _models, folder: load_loader_state(loader, folder))
