@@ -52,10 +52,10 @@ def main() -> None:
 
     def loader():
         dataset = wdstream.from_config({
-            "seed": 1, "seq_len": 16, "tokenizer": os.path.join(work, "tokenizer.json"),
+            "seed": 1, "sequence_len": 16, "tokenizer": os.path.join(work, "tokenizer.json"),
             "eos": "<eos>", "sequences_per_epoch": 24,
-            "datasets": [{"path": os.path.join(work, "web"), "type": "pretrain",
-                          "text_field": "text"}]})
+            "datasets": [{"path": os.path.join(work, "web"), "type": "completion",
+                          "field": "text"}]})
         return wdstream.DataLoader(dataset, batch_size=2, num_workers=args.workers)
 
     def trainer(model, data):
