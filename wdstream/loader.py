@@ -447,6 +447,12 @@ class DataLoader(torch.utils.data.DataLoader):
             raise StateError("this pipeline's positions are not sample counts: resume it with "
                              f"the layout it was saved with ({state['world']} ranks x "
                              f"{state['workers']} workers, batch {state['batch_size']})")
+        rank = world_info()[0]
+        if not layout_changed and state.get("rank", rank) != rank and \
+                not all(isinstance(p, int) for p in state["positions"]):
+            raise StateError(f"this is rank {state['rank']}'s state, and this pipeline's "
+                             "positions are each rank's own (not sample counts): load rank "
+                             f"{rank}'s own state here")
         self._pending = dict(state)
 
 

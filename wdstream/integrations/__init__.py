@@ -8,6 +8,9 @@ framework only when used, so ``import wdstream`` stays light.
   a ``datasets.IterableDataset`` with one shard per wdstream stream.
 - ``wdstream.integrations.hf_trainer``: ``use_loader`` makes a Hugging Face (or TRL) ``Trainer``
   train from a ``wdstream.DataLoader`` and checkpoint and resume its state.
-- ``wdstream.integrations.lightning``: ``lightning.Trainer`` checkpoints a ``wdstream.DataLoader``
-  on its own; this module checks the loader is given as it is.
+- ``wdstream.integrations.checkpoint``: the loader's state in a checkpoint folder, one file
+  per rank (used by the two above).
+
+``lightning.Trainer`` needs nothing: it checkpoints a ``wdstream.DataLoader``'s state and
+restores it from ``ckpt_path`` on its own (see docs/lightning.md).
 """
