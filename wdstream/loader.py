@@ -168,9 +168,11 @@ class DataLoader(torch.utils.data.DataLoader):
         DataLoader (which would lose the plan, the state and the batches' tags): this loader
         stays as it is, with its batches moved to the accelerator's device and its state
         checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
-        from .integrations.accelerate import adopt
+        caller = sys._getframe(1)
+        if caller.f_globals.get("__name__", "").startswith("accelerate."):
+            from .integrations.accelerate import adopt
 
-        adopt(self, sys._getframe(1))
+            adopt(self, caller)
         return True
 
     @_is_accelerate_prepared.setter
