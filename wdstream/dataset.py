@@ -241,6 +241,7 @@ class PositionedDataset(torch.utils.data.IterableDataset):
             start[worker] = resume["position"]
         return IterationSpec(epoch, rank, world, workers, start=tuple(start)), worker
 
+
 def _check_outer_dataset(info) -> None:
     """Iterated inside another dataset in a DataLoader worker, this dataset reads the worker's
     share of its streams: right for a wrapper that iterates it in every worker, a silent loss
