@@ -62,3 +62,36 @@ def test_trainer_checkpoints_and_resumes_the_loader(work, nproc, workers):
     if nproc == 2:  # the ranks read different sequences
         first_epoch = [tuple(s) for r in records for s in r["reference"][:len(r["reference"]) // 2]]
         assert len(set(first_epoch)) == len(first_epoch)
+
+
+def test_a_dataset_gets_a_loader_with_the_trainers_settings(tmp_path, monkeypatch):
+    import torch
+    import transformers
+    from datasets import write_dataset
+
+    import wdstream
+    from wdstream.integrations.hf_trainer import use_loader
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    write_dataset(tmp_path / "data", [10, 6])
+
+    def collator(samples):
+        return {"x": torch.ones(len(samples), 1)}
+
+    def trainer(**extra):
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, report_to=[],
+            use_cpu=True, **extra)
+        return transformers.Trainer(model=torch.nn.Linear(1, 1), args=args,
+                                    data_collator=collator)
+
+    made = use_loader(trainer(), wdstream.StreamingDataset(str(tmp_path / "data")))
+    loader = made.wdstream_loader
+    assert isinstance(loader, wdstream.DataLoader) and loader.batch_size == 4
+    assert loader.user_collate is collator and made.args.ignore_data_skip
+    assert made.get_train_dataloader() is loader  # prepared by the trainer's accelerator
+    unsized = wdstream.StreamingDataset(sorted(str(p) for p in (tmp_path / "data").glob("*.tar")))
+    with pytest.raises(ValueError, match="set max_steps"):
+        use_loader(trainer(), unsized)
+    use_loader(trainer(max_steps=3), unsized)  # with max_steps, fine
