@@ -120,9 +120,9 @@ def write_config(path: str, bucket: str, seq_len: int, sequences_per_epoch: int)
         "sequences_per_epoch": sequences_per_epoch,
         "shuffle_window": 50,
         "datasets": [
-            {"path": f"s3://{bucket}/web/", "name": "web", "weight": 0.7, "streaming": True,
+            {"path": f"s3://{bucket}/web/", "label": "web", "weight": 0.7, "streaming": True,
              "type": "pretrain", "text_field": "text"},
-            {"path": f"s3://{bucket}/code/", "name": "code", "weight": 0.3, "streaming": True,
+            {"path": f"s3://{bucket}/code/", "label": "code", "weight": 0.3, "streaming": True,
              "type": "pretrain", "text_field": "text"},
         ],
     }

@@ -42,7 +42,8 @@ from wdstream.shards.tar import TarWriter
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RUN_BY_DEFAULT = {"README.md", "index.md", "concepts.md", "packing.md", "cloud.md",
-                  "training.md", "resume.md", "troubleshooting.md", "benchmarks.md", "cli.md"}
+                  "training.md", "resume.md", "troubleshooting.md", "benchmarks.md", "cli.md",
+                  "accelerate.md", "hf-trainer.md", "hf-datasets.md", "lightning.md"}
 PAGE_TIMEOUT = 240
 
 _FENCE = re.compile(r"^```(\w*)\s*$")

@@ -121,8 +121,8 @@ def test_config_schedule_and_token_budget(data):
     config = {
         "seed": 5, "stop": "fixed", "samples_per_epoch": TOTAL,
         "schedule": [{"start": 0, "weights": {"a": 1}}, {"start": SWITCH, "weights": {"b": 1}}],
-        "datasets": [{"path": str(data / "a"), "name": "a"}, {"path": str(data / "b"),
-                                                             "name": "b"}],
+        "datasets": [{"path": str(data / "a"), "label": "a"}, {"path": str(data / "b"),
+                                                             "label": "b"}],
     }
     mix = wdstream.from_config(config)
     assert mix.schedule.starts == [0, SWITCH]

@@ -1,81 +1,137 @@
-"""A declarative dataset list, as training frameworks write them, turned into a dataset.
+"""A trainer's config file, or a declarative dataset list, turned into a dataset.
+
+The schema is that of LLM fine-tuning frameworks (axolotl's keys), so a whole trainer config
+can be given as it is; the keys wdstream does not use (``base_model``, ``learning_rate``...)
+are ignored with one warning that lists them:
 
 ```yaml
+base_model: my-org/tiny-llama      # a trainer key: ignored (listed in the warning)
 seed: 17
-stop: first_exhausted          # or cycle, or fixed (with samples_per_epoch)
-seq_len: 2048                  # optional: tokenize and pack (needs eos, and tokenizer for text)
-tokenizer: tokenizer.json
-eos: "</s>"
+sequence_len: 2048                 # optional: tokenize and pack into sequences of this length
+tokenizer: tokenizer.json          # for packing text (a tokenizer.json)
+special_tokens:
+  eos_token: "</s>"                # or eos: "</s>" (a token string or id)
+streaming: true
+shuffle_merged_datasets: true
 datasets:
   - path: s3://bucket/web/
     weight: 0.7
-    streaming: true
-    type: pretrain
-    text_field: text
-  - path: s3://bucket/code/
-    weight: 0.3
-    text_field: content
+    type: completion               # or pretrain: raw text
+    field: text                    # or text_column / text_field
+  - path: s3://bucket/corpus/
+    name: code                     # a subset: s3://bucket/corpus/code/
+    split: train                   # a split: .../code/train/
+    text_column: content
 ```
 
-``from_config`` returns a ``Mix`` of ``StreamingDataset``s, wrapped in ``PackedSequences``
-when ``seq_len`` is given. Unknown keys, wrong types and impossible values raise
-``InputError`` naming the key and the entry. Relative local paths in a config file resolve
-against the file's folder.
+``from_config`` returns a ``Mix`` of ``StreamingDataset``s (``pretraining_dataset:`` entries
+join ``datasets:``), wrapped in ``PackedSequences`` when ``sequence_len`` (or ``seq_len``) is
+given. Every mistake in the file is reported at once, in one ``InputError`` naming each entry
+and key. Relative local paths in a config file resolve against the file's folder.
+
+Each key is one row of ``TOP_KEYS`` or ``DATASET_KEYS`` (its type, limits, aliases); what it
+does is read in ``_build`` / ``_source``.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from .errors import InputError, ManifestError, StreamError, WdstreamError
+from .errors import InputError, StreamError, WdstreamError
 from .plan import REMAINDER_POLICIES
 from .sources import urls
 from .sources.openers import OPENERS
 from .sources.writers import read_bytes
 
-# key -> (accepted types, description for errors)
-_INT = ((int,), "an integer")
-_NUMBER = ((int, float), "a number")
-_STR = ((str,), "a string")
-_BOOL = ((bool,), "true or false")
+log = logging.getLogger(__name__)
 
-TOP_KEYS = {
-    "datasets": ((list,), "a list of datasets"),
-    "seed": _INT,
-    "stop": _STR,
-    "samples_per_epoch": _INT,
+
+@dataclass(frozen=True)
+class Key:
+    """A known key: the types it accepts (``description`` says them in errors), an optional
+    minimum (numbers) or list of choices (strings), and ``alias_of``: the key it is another
+    name for."""
+
+    kinds: tuple[type, ...]
+    description: str
+    minimum: float | None = None
+    choices: tuple[str, ...] | None = None
+    alias_of: str | None = None
+
+    def problem(self, value) -> str | None:
+        if isinstance(value, bool) and bool not in self.kinds or not isinstance(value, self.kinds):
+            return f"must be {self.description}, not {type(value).__name__} {value!r:.60}"
+        if self.minimum is not None and isinstance(value, int | float) and value < self.minimum:
+            return f"must be at least {self.minimum:g}, not {value}"
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}, not {value!r}"
+        return None
+
+
+def _int(minimum=None, alias_of=None):
+    return Key((int,), "an integer", minimum, alias_of=alias_of)
+
+
+def _str(choices=None, alias_of=None):
+    return Key((str,), "a string", choices=choices, alias_of=alias_of)
+
+
+_BOOL = Key((bool,), "true or false")
+_NUMBER = Key((int, float), "a number")
+_STOP_RULES = ("first_exhausted", "cycle", "fixed")  # wdstream.mix.STOP_RULES
+_LONG_DOCUMENTS = ("split", "truncate", "drop")  # wdstream.packing.LONG_DOCUMENTS
+_ENTRIES = Key((list, Mapping), "a list of datasets")
+
+TOP_KEYS: dict[str, Key] = {
+    "datasets": _ENTRIES,
+    "pretraining_dataset": _ENTRIES,
+    "seed": _int(),
+    "stop": _str(_STOP_RULES),
+    "samples_per_epoch": _int(1),
+    "streaming": _BOOL,
     "shuffle": _BOOL,
-    "shuffle_window": _INT,
-    "opener": _STR,
-    "text_field": _STR,
-    "seq_len": _INT,
-    "tokenizer": _STR,
-    "eos": ((int, str), "a token id or a token string"),
-    "sequences_per_epoch": _INT,
-    "long_documents": _STR,
-    "schedule": ((list,), "a list of stages {start, weights}"),
-    "tokens_per_epoch": _INT,
+    "shuffle_merged_datasets": Key((bool,), "true or false", alias_of="shuffle"),
+    "shuffle_window": _int(1),
+    "opener": _str(OPENERS),
+    "text_field": _str(),
+    "text_column": _str(alias_of="text_field"),
+    "seq_len": _int(1),
+    "sequence_len": _int(1, alias_of="seq_len"),
+    "tokenizer": _str(),
+    "eos": Key((int, str), "a token id or a token string"),
+    "special_tokens": Key((Mapping,), "a mapping of token names to tokens"),
+    "sequences_per_epoch": _int(1),
+    "tokens_per_epoch": _int(1),
+    "schedule": Key((list,), "a list of stages {start, weights}"),
+    "long_documents": _str(_LONG_DOCUMENTS),
 }
 
-DATASET_KEYS = {
-    "path": _STR,
-    "name": _STR,
+DATASET_KEYS: dict[str, Key] = {
+    "path": _str(),
+    "name": _str(),  # a subset: the folder ``path/name/``
+    "split": _str(),  # a split: the folder ``path[/name]/split/``
+    "data_files": Key((str, list), "a file name or a list of them"),
+    "label": _str(),  # the source's name in the mixture (``__source__``)
     "weight": _NUMBER,
     "streaming": _BOOL,
-    "type": _STR,
-    "text_field": _STR,
+    "type": Key((str, Mapping), "a dataset type"),
+    "text_field": _str(),
+    "field": _str(alias_of="text_field"),
+    "text_column": _str(alias_of="text_field"),
     "shuffle": _BOOL,
-    "shuffle_window": _INT,
-    "seed": _INT,
-    "opener": _STR,
-    "remainder": _STR,
+    "shuffle_window": _int(1),
+    "seed": _int(),
+    "opener": _str(OPENERS),
+    "remainder": _str(REMAINDER_POLICIES),
 }
 
-DATASET_TYPES = ("pretrain",)  # documents of text (or token ids) packed for a causal LM
+TEXT_TYPES = ("pretrain", "completion")  # raw documents of text (or token ids), packed as is
 _PACKING_KEYS = ("tokenizer", "eos", "sequences_per_epoch", "long_documents", "tokens_per_epoch")
 
 
@@ -114,21 +170,54 @@ def load_config_file(url: str) -> dict:
         raise InputError(f"{url}: not valid YAML: {error}") from error
 
 
-def _check_keys(entry: Mapping, known: Mapping, where: str) -> None:
+class _Report:
+    """Collects every error of a config, and the keys it ignores."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.errors: list[str] = []
+        self.ignored: list[str] = []
+
+    def error(self, label: str, message: str) -> None:
+        self.errors.append(f"{label}: {message}")
+
+    def raise_errors(self) -> None:
+        if len(self.errors) == 1:
+            raise InputError(self.errors[0])
+        if self.errors:
+            raise InputError(f"{self.where}: {len(self.errors)} errors:\n  - "
+                             + "\n  - ".join(self.errors))
+
+    def warn_ignored(self) -> None:
+        if self.ignored:
+            log.warning("%s: ignored keys (not used by wdstream): %s", self.where,
+                        ", ".join(self.ignored))
+
+
+def _read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str,
+               report: _Report) -> dict:
+    """The entry's known keys, under their canonical names, each checked against its row;
+    unknown keys are noted as ignored (with the known key they resemble)."""
+    values: dict = {}
+    given: dict[str, str] = {}  # canonical name -> the key it was given as
     for key, value in entry.items():
-        if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise InputError(f"{where}: unknown key {key!r}{hint} (known: {', '.join(known)})")
-        kinds, description = known[key]
-        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-            raise InputError(f"{where}: {key!r} must be {description}, not "
-                             f"{type(value).__name__} {value!r}")
-
-
-def _positive(entry: Mapping, key: str, where: str) -> None:
-    if key in entry and entry[key] < 1:
-        raise InputError(f"{where}: {key!r} must be at least 1, not {entry[key]}")
+        row = known.get(key)
+        if row is None:
+            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.8)
+            report.ignored.append(f"{prefix}{key}" + (f" (did you mean {close[0]!r}?)"
+                                                      if close else ""))
+            continue
+        problem = row.problem(value)
+        if problem is not None:
+            report.error(label, f"{key!r} {problem}")
+            continue
+        name = row.alias_of or key
+        if name in values and values[name] != value:
+            report.error(label, f"{given[name]!r} and {key!r} are the same setting with "
+                         f"different values ({values[name]!r}, {value!r})")
+            continue
+        values[name], given[name] = value, key
+    return values
 
 
 def _resolve(path: str, base: str | None) -> str:
@@ -138,95 +227,169 @@ def _resolve(path: str, base: str | None) -> str:
     return os.path.join(base, urls.to_local_path(path))
 
 
+def _subfolder(prefix: str, name: str) -> str:
+    return urls.join(prefix.rstrip("/") + "/", name.strip("/") + "/")
+
+
+def _entries(config: Mapping, top: dict, report: _Report) -> list[tuple[str, object]]:
+    """``(label, entry)`` of ``datasets:`` then ``pretraining_dataset:`` (a list or one
+    mapping each)."""
+    found = []
+    for key in ("datasets", "pretraining_dataset"):
+        value = top.get(key)
+        if value is None:
+            continue
+        items = [value] if isinstance(value, Mapping) else value
+        found += [(f"{report.where}: {key}[{i}]", entry) for i, entry in enumerate(items)]
+    malformed = any(key in config and key not in top for key in ("datasets", "pretraining_dataset"))
+    if not found and not malformed:
+        report.error(report.where, "'datasets' (or 'pretraining_dataset') is missing or empty")
+    return found
+
+
+def _type_problem(kind) -> str | None:
+    if kind in TEXT_TYPES:
+        return None
+    shown = kind if isinstance(kind, str) else "a custom format"
+    return (f"'type' {shown!r} is a prompt format: formatting prompts and chats is the "
+            "trainer's part, and wdstream streams raw text (type: pretrain or completion). "
+            "Render each record into one text field first (the trainer's prompt template "
+            "applied), pack those with `wdstream pack`, and give that field with "
+            "'type: completion' and 'field'")
+
+
+def _source(entry: dict, base: str | None):
+    """What ``StreamingDataset`` reads for an entry: the path, its subset and split folders,
+    or its data files; and the source's default name."""
+    path = _resolve(entry["path"], base)
+    for key in ("name", "split"):
+        if key in entry:
+            path = _subfolder(path, entry[key])
+    label = entry.get("label") or (path if ("name" in entry or "split" in entry)
+                                   else entry["path"])
+    files = entry.get("data_files")
+    if files is None:
+        return path, label
+    files = [files] if isinstance(files, str) else files
+    joined = [urls.join(path.rstrip("/") + "/", f) for f in files]
+    if len(joined) == 1 and joined[0].endswith(".json"):
+        return joined[0], label  # a manifest
+    return joined, label
+
+
+def _check_entry(entry: dict, label: str, report: _Report) -> bool:
+    ok = True
+
+    def error(message):
+        nonlocal ok
+        ok = False
+        report.error(label, message)
+
+    if not entry.get("path"):
+        error("'path' is missing")
+    weight = entry.get("weight", 1.0)
+    if not math.isfinite(weight) or weight < 0:
+        error(f"'weight' must be a finite number >= 0, not {weight!r}")
+    if entry.get("streaming", True) is not True:
+        error("'streaming: false' is not supported: wdstream streams")
+    problem = _type_problem(entry.get("type", "pretrain"))
+    if problem:
+        error(problem)
+    files = entry.get("data_files")
+    if isinstance(files, list) and (not files or not all(isinstance(f, str) for f in files)):
+        error("'data_files' must be a file name or a non-empty list of them")
+    return ok
+
+
+def _check_top(top: dict, report: _Report) -> None:
+    where = report.where
+    if top.get("streaming", True) is not True:
+        report.error(where, "'streaming: false' is not supported: wdstream streams")
+    if (top.get("stop", "first_exhausted") == "fixed") != ("samples_per_epoch" in top):
+        report.error(where, "'samples_per_epoch' goes with 'stop: fixed', and only with it")
+    if "seq_len" not in top:
+        stray = [key for key in _PACKING_KEYS if key in top]
+        if stray:
+            report.error(where, f"{stray[0]!r} is for packing, which needs 'seq_len' "
+                         "('sequence_len')")
+    elif _eos(top) is None:
+        report.error(where, "packing ('seq_len') needs 'eos' (or special_tokens.eos_token), "
+                     "the end-of-document token")
+
+
+def _eos(top: dict):
+    if "eos" in top:
+        return top["eos"]
+    token = top.get("special_tokens", {}).get("eos_token")
+    return token if isinstance(token, int | str) and not isinstance(token, bool) else None
+
+
 def _build(config, where: str, base: str | None):
     from .dataset import StreamingDataset
-    from .mix import STOP_RULES, Mix
-    from .packing import LONG_DOCUMENTS, PackedSequences
+    from .mix import Mix
+    from .packing import PackedSequences
     from .schedule import mixture_weights
 
     if not isinstance(config, Mapping):
         raise InputError(f"{where}: a config is a mapping with a 'datasets' list, not "
                          f"{type(config).__name__}")
-    _check_keys(config, TOP_KEYS, where)
-    entries = config.get("datasets")
-    if not entries:
-        raise InputError(f"{where}: 'datasets' is missing or empty")
-    for key in ("samples_per_epoch", "shuffle_window", "seq_len", "sequences_per_epoch",
-                "tokens_per_epoch"):
-        _positive(config, key, where)
-    stop = config.get("stop", "first_exhausted")
-    if stop not in STOP_RULES:
-        raise InputError(f"{where}: 'stop' must be one of {', '.join(STOP_RULES)}, not {stop!r}")
-    if (stop == "fixed") != ("samples_per_epoch" in config):
-        raise InputError(f"{where}: 'samples_per_epoch' goes with 'stop: fixed', and only "
-                         "with it")
-    if "seq_len" not in config:
-        stray = [key for key in _PACKING_KEYS if key in config]
-        if stray:
-            raise InputError(f"{where}: {stray[0]!r} is for packing, which needs 'seq_len'")
-    elif "eos" not in config:
-        raise InputError(f"{where}: packing ('seq_len') needs 'eos', the end-of-document token")
-    if config.get("long_documents", "split") not in LONG_DOCUMENTS:
-        raise InputError(f"{where}: 'long_documents' must be one of "
-                         f"{', '.join(LONG_DOCUMENTS)}, not {config['long_documents']!r}")
-
-    seed = config.get("seed", 0)
-    datasets, weights, names, fields = [], [], [], []
-    for index, entry in enumerate(entries):
-        label = f"{where}: datasets[{index}]"
+    report = _Report(where)
+    top = _read_keys(config, TOP_KEYS, where, "", report)
+    _check_top(top, report)
+    seed = top.get("seed", 0)
+    checked = []
+    for label, entry in _entries(config, top, report):
         if not isinstance(entry, Mapping):
-            raise InputError(f"{label}: a dataset is a mapping with a 'path', not "
-                             f"{type(entry).__name__}")
-        if "path" in entry and isinstance(entry["path"], str):
+            report.error(label, f"a dataset is a mapping with a 'path', not "
+                         f"{type(entry).__name__}")
+            continue
+        if isinstance(entry.get("path"), str):
             label += f" ({entry['path']})"
-        _check_keys(entry, DATASET_KEYS, label)
-        if not entry.get("path"):
-            raise InputError(f"{label}: 'path' is missing")
-        weight = entry.get("weight", 1.0)
-        if not math.isfinite(weight) or weight < 0:
-            raise InputError(f"{label}: 'weight' must be a finite number >= 0, not {weight!r}")
-        if entry.get("streaming", True) is not True:
-            raise InputError(f"{label}: 'streaming: false' is not supported: wdstream streams")
-        if entry.get("type", "pretrain") not in DATASET_TYPES:
-            raise InputError(f"{label}: 'type' {entry['type']!r} is not supported "
-                             f"(supported: {', '.join(DATASET_TYPES)})")
-        _positive(entry, "shuffle_window", label)
+        prefix = label.split(": ", 1)[1].split(" (")[0] + "."
+        values = _read_keys(entry, DATASET_KEYS, label, prefix, report)
+        if _check_entry(values, label, report):
+            checked.append((label, values))
+    report.raise_errors()
+    report.warn_ignored()
+
+    datasets, weights, names, fields = [], [], [], []
+    for label, entry in checked:
+        source, name = _source(entry, base)
         options = {
             "seed": entry.get("seed", seed),
-            "shuffle": entry.get("shuffle", config.get("shuffle", True)),
-            "shuffle_window": entry.get("shuffle_window", config.get("shuffle_window", 1000)),
-            "opener": entry.get("opener", config.get("opener", "auto")),
+            "shuffle": entry.get("shuffle", top.get("shuffle", True)),
+            "shuffle_window": entry.get("shuffle_window", top.get("shuffle_window", 1000)),
+            "opener": entry.get("opener", top.get("opener", "auto")),
             "remainder": entry.get("remainder", "drop"),
         }
-        for key, allowed in (("opener", OPENERS), ("remainder", REMAINDER_POLICIES)):
-            if options[key] not in allowed:
-                raise InputError(f"{label}: {key!r} must be one of {', '.join(allowed)}, not "
-                                 f"{options[key]!r}")
         try:
-            datasets.append(StreamingDataset(_resolve(entry["path"], base), **options))
-        except ManifestError as error:
-            raise ManifestError(f"{label}: {error}") from error
+            datasets.append(StreamingDataset(source, **options))
         except StreamError as error:
             if error.transient:
                 raise
-            raise InputError(f"{label}: {error}") from error  # a missing path, no access
-        weights.append(weight)
-        names.append(entry.get("name", entry["path"]))
-        fields.append(entry.get("text_field", config.get("text_field", "text")))
+            report.error(label, str(error))  # a missing path, no access
+        except WdstreamError as error:
+            report.error(label, str(error))
+        weights.append(entry.get("weight", 1.0))
+        names.append(name)
+        fields.append(entry.get("text_field", top.get("text_field", "text")))
     if sum(weights) <= 0:
-        raise InputError(f"{where}: the datasets' weights must add up to a positive number")
+        report.error(where, "the datasets' weights must add up to a positive number")
     if len(set(names)) != len(names):
-        raise InputError(f"{where}: dataset names (default: the path) must be distinct; set "
-                         f"'name' (names: {names})")
-    mix = Mix(datasets, seed=seed, stop=stop, samples_per_epoch=config.get("samples_per_epoch"),
-              names=names, **mixture_weights(config, names, weights, where))
-    if "seq_len" not in config:
+        report.error(where, "dataset names (default: the path) must be distinct; set 'label' "
+                     f"(names: {names})")
+    report.raise_errors()
+
+    mix = Mix(datasets, seed=seed, stop=top.get("stop", "first_exhausted"),
+              samples_per_epoch=top.get("samples_per_epoch"), names=names,
+              **mixture_weights(top, names, weights, where))
+    if "seq_len" not in top:
         return mix
     text_field = fields[0] if len(set(fields)) == 1 else dict(zip(names, fields, strict=True))
-    tokenizer = config.get("tokenizer")
+    tokenizer = top.get("tokenizer")
     return PackedSequences(
-        mix, _resolve(tokenizer, base) if tokenizer else None, config["seq_len"],
-        eos=config["eos"], text_field=text_field,
-        long_documents=config.get("long_documents", "split"),
-        sequences_per_epoch=config.get("sequences_per_epoch"),
-        tokens_per_epoch=config.get("tokens_per_epoch"))
+        mix, _resolve(tokenizer, base) if tokenizer else None, top["seq_len"],
+        eos=_eos(top), text_field=text_field,
+        long_documents=top.get("long_documents", "split"),
+        sequences_per_epoch=top.get("sequences_per_epoch"),
+        tokens_per_epoch=top.get("tokens_per_epoch"))

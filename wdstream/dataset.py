@@ -20,7 +20,7 @@ from itertools import islice
 import torch.utils.data
 
 from .batching import tune_worker_allocator
-from .errors import ManifestError, ShardError, StateError, WdstreamError
+from .errors import InputError, ManifestError, ShardError, StateError, WdstreamError
 from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
@@ -227,6 +227,8 @@ class PositionedDataset(torch.utils.data.IterableDataset):
             return self.spec, worker
         # Used without wdstream.DataLoader: a plain loop or a plain torch DataLoader. Only
         # the main process can advance the epoch; in workers call set_epoch() each epoch.
+        if info is not None and info.dataset is not self:
+            _check_outer_dataset(info)
         rank, world = world_info()
         workers = info.num_workers if info is not None else 1
         resume, self._stream_resume = self._stream_resume, None
@@ -238,6 +240,22 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         if resume is not None:
             start[worker] = resume["position"]
         return IterationSpec(epoch, rank, world, workers, start=tuple(start)), worker
+
+
+def _check_outer_dataset(info) -> None:
+    """Iterated inside another dataset in a DataLoader worker, this dataset reads the worker's
+    share of its streams: right for a wrapper that iterates it in every worker, a silent loss
+    under a Hugging Face ``datasets.IterableDataset``, which already gives each worker only
+    some of its shards (a one-shard ``from_generator`` runs in worker 0 alone)."""
+    outer = type(info.dataset)
+    if outer.__module__.split(".")[0] == "datasets":
+        raise InputError(
+            f"a wdstream dataset iterated inside a datasets.{outer.__name__} in DataLoader "
+            f"worker {info.id} of {info.num_workers} would read only that worker's share of "
+            "the shards datasets gave it, and lose the rest: convert it with "
+            "wdstream.integrations.hf_datasets.to_iterable_dataset(ds, num_workers="
+            f"{info.num_workers}) (one shard per wdstream stream), or use wdstream.DataLoader")
+
 
 class StreamingDataset(PositionedDataset):
     """Samples streamed from WebDataset shards, in an order fixed by (seed, epoch, layout).

@@ -159,6 +159,25 @@ class DataLoader(torch.utils.data.DataLoader):
         self._positions: list = []  # per stream: where the loop is (samples received)
         self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
+        self._placement: Callable | None = None  # set by Accelerate's prepare(): to its device
+
+    # ---- Accelerate ---------------------------------------------------------------------
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """What ``Accelerator.prepare`` asks before rebuilding a loader as a plain torch
+        DataLoader (which would lose the plan, the state and the batches' tags): this loader
+        stays as it is, with its batches moved to the accelerator's device and its state
+        checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
+        caller = sys._getframe(1)
+        if caller.f_globals.get("__name__", "").startswith("accelerate."):
+            from .integrations.accelerate import adopt
+
+            adopt(self, caller)
+        return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        pass  # Accelerate marks what it returns; this loader answers for itself
 
     # ---- fetches: several batches per transfer from a worker -----------------------------
     # A DataLoader moves a few thousand transfers per second from its workers at most, so
@@ -317,7 +336,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 if accounting is not None:
                     self.stats["sources"] = accounting(self._positions, self._history,
                                                        self._rank)
-                yield unpack_shared(batch, self.bytes_as)
+                batch = unpack_shared(batch, self.bytes_as)
+                yield batch if self._placement is None else self._placement(batch)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None
         finally:
@@ -440,7 +460,20 @@ class DataLoader(torch.utils.data.DataLoader):
             raise StateError("this pipeline's positions are not sample counts: resume it with "
                              f"the layout it was saved with ({state['world']} ranks x "
                              f"{state['workers']} workers, batch {state['batch_size']})")
+        rank = world_info()[0]
+        if not layout_changed and state.get("rank", rank) != rank and \
+                not all(isinstance(p, int) or _gathered(p) for p in state["positions"]):
+            raise StateError(f"this is rank {state['rank']}'s state, and this pipeline's "
+                             "positions are each rank's own (not sample counts): load rank "
+                             f"{rank}'s own state here")
         self._pending = dict(state)
+
+
+def _gathered(position) -> bool:
+    """A position that holds every rank's (a stage's, see ``stage.gather_positions``)."""
+    from .stage import RANKS
+
+    return isinstance(position, dict) and RANKS in position
 
 
 PIPE_BYTES = 1 << 20  # Linux's pipe-max-size default: what an unprivileged process may set

@@ -1,0 +1,97 @@
+"""``wdstream.integrations.hf_trainer.use_loader`` with the real Hugging Face ``Trainer``: the
+loader state in every checkpoint, restored by ``resume_from_checkpoint`` (no epoch replay),
+``max_steps`` from ``len(loader)`` and the epochs; on 1 process and under torchrun with 2 ranks.
+
+The job is tests/hf_trainer_job.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from servers import free_port
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.slow
+
+JOB = str(Path(__file__).with_name("hf_trainer_job.py"))
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@pytest.fixture
+def work(tmp_path):
+    from llm_data import documents, train_tokenizer, write_text_dataset
+
+    train_tokenizer(tmp_path / "tokenizer.json", documents(5, 200))
+    write_text_dataset(tmp_path / "web", [40, 40], seed=3)
+    return tmp_path
+
+
+def run(work, nproc, *args):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    job = [JOB, "--work", str(work), *args]
+    cmd = [sys.executable, *job] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--monitor_interval=0.1",
+        *job]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-6000:]
+    return [json.loads(Path(work, f"rank-{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.parametrize("nproc,workers", [(1, "1"), (2, "0")])
+def test_trainer_checkpoints_and_resumes_the_loader(work, nproc, workers):
+    records = run(work, nproc, "--workers", workers)
+    sequences = []
+    for record in records:
+        per_epoch = 24 // nproc // 2  # sequences per rank / batch size
+        assert record["len"] == per_epoch
+        assert record["max_steps"] == 2 * per_epoch  # from len(loader) and 2 epochs
+        assert len(record["reference"]) == 2 * per_epoch * 2
+        assert record["resumed"] == record["reference"][3 * 2:]  # after step 3, no replay
+        assert f"wdstream_loader-rank{nproc - 1}.json" in record["saved"]
+        sequences += record["reference"]
+    if nproc == 2:  # the ranks read different sequences
+        first_epoch = [tuple(s) for r in records for s in r["reference"][:len(r["reference"]) // 2]]
+        assert len(set(first_epoch)) == len(first_epoch)
+
+
+def test_a_dataset_gets_a_loader_with_the_trainers_settings(tmp_path, monkeypatch):
+    import torch
+    import transformers
+    from datasets import write_dataset
+
+    import wdstream
+    from wdstream.integrations.hf_trainer import use_loader
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    write_dataset(tmp_path / "data", [10, 6])
+
+    def collator(samples):
+        return {"x": torch.ones(len(samples), 1)}
+
+    def trainer(**extra):
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, report_to=[],
+            use_cpu=True, **extra)
+        return transformers.Trainer(model=torch.nn.Linear(1, 1), args=args,
+                                    data_collator=collator)
+
+    made = use_loader(trainer(), wdstream.StreamingDataset(str(tmp_path / "data")))
+    loader = made.wdstream_loader
+    assert isinstance(loader, wdstream.DataLoader) and loader.batch_size == 4
+    assert loader.user_collate is collator and made.args.ignore_data_skip
+    assert made.get_train_dataloader() is loader  # prepared by the trainer's accelerator
+    unsized = wdstream.StreamingDataset(sorted(str(p) for p in (tmp_path / "data").glob("*.tar")))
+    with pytest.raises(ValueError, match="set max_steps"):
+        use_loader(trainer(), unsized)
+    use_loader(trainer(max_steps=3), unsized)  # with max_steps, fine

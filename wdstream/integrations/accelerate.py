@@ -1,0 +1,68 @@
+"""Hugging Face Accelerate: ``accelerator.prepare(model, optimizer, loader)`` with a
+``wdstream.DataLoader``.
+
+Accelerate rebuilds the loaders it prepares as plain torch DataLoaders over a sharded (or
+rank-0-dispatched) copy of the dataset; for a wdstream loader that would lose the epoch plan,
+the state and the tags on each batch. A wdstream loader already gives each rank its own equal
+share of batches, so it tells Accelerate it is prepared (``_is_accelerate_prepared``) and
+Accelerate returns it as it is. When Accelerate asks, ``adopt`` sets it up the way ``prepare``
+would: batches moved to ``accelerator.device`` (unless device placement is off), and
+``accelerator.save_state`` / ``load_state`` hooks that write each rank's loader state into
+the checkpoint folder and load it back (rank 0's on another world size: elastic resume; see
+``wdstream.integrations.checkpoint``).
+
+``split_batches=True`` is refused (a wdstream ``batch_size`` is per rank already);
+``dispatch_batches`` does not apply (every rank reads its own share, which gives the same
+batches per rank as dispatching would, without rank 0 reading all the data).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .checkpoint import load_loader_state, save_loader_state
+
+log = logging.getLogger(__name__)
+
+
+class DevicePlacement:
+    """Moves a batch's tensors to ``device`` (other values pass through)."""
+
+    def __init__(self, device, non_blocking: bool = False):
+        self.device = device
+        self.non_blocking = non_blocking
+
+    def __call__(self, batch):
+        from accelerate.utils import send_to_device
+
+        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+
+
+def adopt(loader, frame=None) -> None:
+    """Set ``loader`` up for the ``Accelerator`` preparing it: the accelerator is found in the
+    calling frame of ``Accelerator.prepare_data_loader`` (``frame``); without one, the device
+    of Accelerate's process state is used."""
+    import accelerate
+
+    accelerator = frame.f_locals.get("self") if frame is not None else None
+    if not isinstance(accelerator, accelerate.Accelerator):
+        loader._placement = DevicePlacement(accelerate.PartialState().device)
+        return
+    if accelerator.split_batches:
+        raise ValueError("Accelerator(split_batches=True) cannot split a wdstream.DataLoader's "
+                         "batches: its batch_size is per rank already. Build it with "
+                         "batch_size=global_batch // num_processes and leave split_batches off")
+    if accelerator.dispatch_batches:
+        log.info("dispatch_batches: each rank reads its own share of the wdstream loader's "
+                 "batches, as many as dispatching would give it")
+    placement = frame.f_locals.get("device_placement")
+    if placement is None:
+        placement = accelerator.device_placement
+    loader._placement = DevicePlacement(accelerator.device, accelerator.non_blocking) \
+        if placement else None
+    if getattr(loader, "_accelerator_hooks", None) is not accelerator:
+        loader._accelerator_hooks = accelerator
+        accelerator.register_save_state_pre_hook(
+            lambda _models, _weights, folder: save_loader_state(loader, folder))
+        accelerator.register_load_state_pre_hook(
+            lambda _models, folder: load_loader_state(loader, folder))
