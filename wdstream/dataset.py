@@ -19,8 +19,9 @@ from itertools import islice
 
 import torch.utils.data
 
+from . import options
 from .batching import tune_worker_allocator
-from .errors import ManifestError, ShardError, StateError, WdstreamError
+from .errors import ManifestError, ShardError, StateError, UnsizedError, WdstreamError
 from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
@@ -59,15 +60,30 @@ def with_positions(items: Iterator[tuple[object, object]]) -> Iterator[object]:
         yield item
 
 
+class StreamFailure:
+    """Under wdstream.DataLoader, the WdstreamError that ended a stream, as the stream's last
+    item: it reaches the loader whole (its class and fields, not a worker's traceback text),
+    after the batches before it and with the reader's counters (retries made before it)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: WdstreamError):
+        self.error = error
+
+
 def with_trail(items: Iterator[tuple[object, object]]) -> Iterator[object]:
     """``with_positions`` for wdstream.DataLoader: keeps the position after each item instead
     (the loader's collate cuts a fetch into batches and tags each with its own position),
-    and ends with ``END_OF_STREAM``."""
+    and ends with ``END_OF_STREAM``, or a ``StreamFailure``."""
     trail = worker_position.trail = []
     append = trail.append
-    for item, position in items:
-        append(position)
-        yield item
+    try:
+        for item, position in items:
+            append(position)
+            yield item
+    except WdstreamError as error:
+        yield StreamFailure(error)
+        return
     yield END_OF_STREAM
 
 
@@ -99,6 +115,42 @@ class IterationSpec:
     # in local files for the main process to map, or go straight into the shared memory the
     # batches travel in (wdstream.shm)
     shared_payloads: bool = False
+
+
+def _check_options(given: dict) -> dict:
+    """StreamingDataset's options checked (``OptionError`` naming the accepted values), the
+    numbers among them normalised."""
+    owner = "StreamingDataset"
+    for name in ("opener", "remainder", "on_error", "decode"):
+        options.choice(owner, name, given[name])
+    options.mapping(owner, "decoders", given["decoders"])
+    options.function(owner, "map", given["map"])
+    return {
+        "opener": given["opener"],
+        "shuffle": options.boolean(owner, "shuffle", given["shuffle"]),
+        "verify_digest": options.boolean(owner, "verify_digest", given["verify_digest"]),
+        "seed": options.integer(owner, "seed", given["seed"], minimum=0),
+        "shuffle_window": options.integer(owner, "shuffle_window", given["shuffle_window"],
+                                          minimum=1),
+        "retries": options.integer(owner, "retries", given["retries"], minimum=0),
+        "timeout": options.number(owner, "timeout", given["timeout"], positive=True),
+        "retry_backoff": options.number(owner, "retry_backoff", given["retry_backoff"]),
+    }
+
+
+def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
+    """Whether the opener (and ``$WDSTREAM_OPENER`` under "auto") can read these shards: a
+    typo or an opener that cannot read a scheme fails now, not at the first read (where
+    ``on_error="skip"`` would never skip it either)."""
+    from .sources import urls
+    from .sources.openers import resolve_opener
+
+    seen = set()
+    for url in shard_urls:
+        kind = urls.scheme(url)
+        if kind not in seen:
+            seen.add(kind)
+            resolve_opener(opener, url)
 
 
 def _cache_options(cache_dir, cache_limit) -> dict:
@@ -202,8 +254,8 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         _rank, world = world_info()
         try:
             return self.plan(self.next_epoch(), world, 1).rank_samples
-        except WdstreamError as error:  # what len() of an unsized object raises
-            raise TypeError(str(error)) from None
+        except WdstreamError as error:  # a TypeError: what len() of an unsized object raises
+            raise UnsizedError(str(error)) from None
 
     # ---- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator:
@@ -295,18 +347,21 @@ class StreamingDataset(PositionedDataset):
         cache_limit: int | str | None = None,
     ):
         super().__init__()
+        checked = _check_options(locals())  # every option, before any I/O
         self.source = source
         resolved = _resolve_source(source)
         self.shards = resolved.table
         self.manifest = resolved.manifest
-        self.options = PlanOptions(seed=int(seed), shuffle=bool(shuffle),
-                                   window=int(shuffle_window) if shuffle else 1,
+        _check_opener(checked["opener"], self.shards.urls)
+        self.options = PlanOptions(seed=checked["seed"], shuffle=checked["shuffle"],
+                                   window=checked["shuffle_window"] if shuffle else 1,
                                    remainder=remainder)
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
-                                        timeout=timeout, retries=retries, backoff=retry_backoff,
-                                        on_error=on_error,
-                                        verify_digest=verify_digest,
+                                        timeout=checked["timeout"], retries=checked["retries"],
+                                        backoff=checked["retry_backoff"], on_error=on_error,
+                                        verify_digest=checked["verify_digest"],
                                         **_cache_options(cache_dir, cache_limit))
+        self.decode = decode
         self.decoders = build_decoders(decoders) if decode else None
         self.map = map
 

@@ -26,7 +26,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .dataset import IterationSpec
-from .errors import InputError, StateError
+from .errors import InputError, StateError, UnsizedError
+from .options import CHOICES, choice, integer
 from .plan import Segment
 from .stage import (
     Stage,
@@ -38,7 +39,7 @@ from .stage import (
     generator,
 )
 
-STOP_RULES = ("first_exhausted", "cycle", "fixed")
+STOP_RULES = CHOICES["stop"]
 BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
 _MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators
 
@@ -140,8 +141,8 @@ class Mix(Stage):
                 raise InputError(f"Mix: dataset {index} is a {type(dataset).__name__}, not a "
                                  "wdstream.StreamingDataset or stage")
         self.weights = _normalise(weights, len(self.datasets))
-        if stop not in STOP_RULES:
-            raise InputError(f"Mix: stop must be one of {STOP_RULES}, not {stop!r}")
+        choice("Mix", "stop", stop)
+        seed = integer("Mix", "seed", seed, minimum=0)
         if (stop == "fixed") != (samples_per_epoch is not None):
             raise InputError("Mix: samples_per_epoch is required with stop='fixed' and "
                              "only used with it")
@@ -176,7 +177,7 @@ class Mix(Stage):
         if self.stop == "fixed":
             return fixed_plan(self.samples_per_epoch, world, workers)
         if not self.has_counts:
-            raise TypeError(f"{self.source}: a source without a manifest has no known length")
+            raise UnsizedError(f"{self.source}: a source without a manifest has no known length")
         key = (epoch, world, workers)
         if key not in self._plans:
             # Streams have the same sizes on every rank, so rank 0 stands for all.
