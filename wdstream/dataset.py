@@ -21,7 +21,7 @@ import torch.utils.data
 
 from . import options
 from .batching import tune_worker_allocator
-from .errors import ManifestError, ShardError, StateError, UnsizedError, WdstreamError
+from .errors import ManifestError, OptionError, ShardError, StateError, UnsizedError, WdstreamError
 from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
@@ -30,6 +30,7 @@ from .shards.locate import find_shards
 from .shards.manifest import Manifest
 from .shards.samples import split_name
 from .shm import CAN_MAP_FILES, FileSpan, read_target
+from .sizes import parse_size
 from .sources.cache import ShardCache
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,10 @@ def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
 def _cache_options(cache_dir, cache_limit) -> dict:
     """Check the cache settings now (a bad size or folder fails here, not in a worker)."""
     if cache_dir is None:
+        if cache_limit is not None:
+            parse_size(cache_limit)
+            raise OptionError("StreamingDataset: cache_limit applies to a cache: give cache_dir "
+                              "too")
         return {}
     cache = ShardCache(cache_dir, cache_limit)
     return {"cache_dir": cache.directory, "cache_limit": cache.limit}

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
+from . import options
 from .batching import (
     approximate_bytes,
     collate,
@@ -37,8 +38,14 @@ from .dataset import (
     worker_stats,
     world_info,
 )
-from . import options
-from .errors import OptionError, OptionTypeError, StateError, UnsizedError, StreamError, WdstreamError
+from .errors import (
+    OptionError,
+    OptionTypeError,
+    StateError,
+    StreamError,
+    UnsizedError,
+    WdstreamError,
+)
 from .plan import Segment, batches_in_stream
 from .shm import unmap_workers
 
