@@ -61,7 +61,7 @@ from typing import NamedTuple
 
 from ..errors import InputError, WdstreamError
 from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
-from ..shards.samples import check_key
+from ..shards.samples import check_extension, check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
 from ..sizes import format_size, parse_size
 from .inputs import Batch, FolderSample, check_inputs, iter_batches
@@ -186,14 +186,30 @@ def _json_default(value):
 
 
 def _to_json(value, where: Callable[[], str]) -> bytes:
+    # allow_nan=False: NaN and Infinity are not JSON (strict readers, orjson among them,
+    # refuse them), so a record holding one is refused rather than packed unreadable
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                          default=_json_default, allow_nan=False)
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{where()}: holds text that is not valid Unicode (a lone "
+                         "surrogate)") from None
+    except RecursionError:
+        raise InputError(f"{where()}: nested too deeply to store as JSON") from None
     except (TypeError, ValueError) as error:
-        raise InputError(f"{where()}: {error}") from None
-    return text.encode("utf-8")
+        message = str(error)
+        if "Out of range float" in message:
+            message = "holds NaN or Infinity, which JSON cannot (they are refused)"
+        raise InputError(f"{where()}: {message}") from None
 
 
-_decode_json = json.JSONDecoder().decode  # json.loads minus its per-call checks on bytes
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON (NaN and Infinity are refused)")
+
+
+# json.loads minus its per-call checks on bytes; NaN and Infinity refused (see _to_json)
+_decode_json = json.JSONDecoder(parse_constant=_refuse_constant).decode
 
 
 def parse_json_line(line: bytes, source: str, number: int) -> dict:
@@ -202,13 +218,31 @@ def parse_json_line(line: bytes, source: str, number: int) -> dict:
         value = _decode_json(line.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise InputError(f"{source} line {number}: not UTF-8: {error}") from None
+    except RecursionError:
+        raise InputError(f"{source} line {number}: JSON nested too deeply for this "
+                         "reader") from None
     except ValueError as error:
         raise InputError(f"{source} line {number}: malformed JSON: {error}") from None
     if not isinstance(value, dict):
         raise InputError(
             f"{source} line {number}: expected a JSON object, got {type(value).__name__}"
         )
+    if not _valid_unicode(line, value):
+        raise InputError(f"{source} line {number}: holds a \\u escape of a lone surrogate, "
+                         "which is not text (strict JSON readers refuse it)")
     return value
+
+
+def _valid_unicode(line: bytes, value) -> bool:
+    """Whether a parsed line holds only real text: an escaped lone surrogate (``"\\udc80"``)
+    parses in Python but cannot be encoded, and strict readers (orjson) refuse it."""
+    if b"\\ud" not in line and b"\\uD" not in line:  # the common case: no surrogate escape
+        return True
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _not_text(value, column: str, option: str, where: str) -> InputError:
@@ -221,7 +255,11 @@ def _field_bytes(value, column: str, where: Callable[[], str]) -> bytes:
     if value is None:
         raise InputError(f"{where()}: column {column!r} is null")
     if isinstance(value, str):
-        return value.encode("utf-8")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"{where()}: column {column!r} holds text that is not valid "
+                             "Unicode (a lone surrogate)") from None
     if isinstance(value, bytes | bytearray):
         return bytes(value)
     return _to_json(value, lambda: f"{where()}: column {column!r}")
@@ -342,6 +380,8 @@ class SampleMaker:
             )
         check_key(sample.key, batch.where(0))
         exts = tuple(ext for ext, _, _ in sample.files)
+        for ext in exts:
+            check_extension(ext, batch.where(0))
         columns = tuple([LocalFile(path, size)] for _, path, size in sample.files)
         return self._batch([sample.key], exts, columns, False, batch)
 
@@ -611,9 +651,10 @@ def _check_json_lines(lines: list[bytes], source: str, numbers: Sequence[int]) -
     decode = _decode_json
     try:
         for line in lines:
-            if type(decode(line.decode("utf-8"))) is not dict:
+            value = decode(line.decode("utf-8"))
+            if type(value) is not dict or not _valid_unicode(line, value):
                 raise ValueError
-    except ValueError:  # also UnicodeDecodeError; find the line again, for the message
+    except (ValueError, RecursionError):  # also UnicodeDecodeError; find the line again
         for line, number in zip(lines, numbers, strict=True):
             parse_json_line(line, source, number)
         raise
@@ -784,6 +825,7 @@ def _check_options(fields, key, max_count, max_size, name, workers, part, via, t
                 example = "tokens.npy" if option == "--tokenize" else "txt"
                 raise InputError(f"{option} {column}={ext}: need COLUMN=EXT with an extension "
                                  f"like {example}")
+            check_extension(ext, f"{option} {column}={ext}")
             if option == "--tokenize" and ext.split(".")[-1].lower() != "npy":
                 raise InputError(f"--tokenize {column}={ext}: token ids are stored as .npy; "
                                  f"name the member like tokens.npy")
@@ -801,8 +843,10 @@ def _check_options(fields, key, max_count, max_size, name, workers, part, via, t
         raise InputError(f"--max-count must be at least 1, got {max_count}")
     if max_size is not None and max_size < 2 * 512 + END_SIZE:
         raise InputError(f"--max-size {max_size} is smaller than the smallest tar with one member")
-    if not name or "/" in name or name.startswith("."):
-        raise InputError(f"--name {name!r}: need a file name prefix without '/'")
+    if not name or "/" in name or name.startswith(".") \
+            or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InputError(f"--name {name!r}: need a file name prefix without '/' or control "
+                         "characters")
     if workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
     if part is not None:

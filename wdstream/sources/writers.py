@@ -316,15 +316,19 @@ def delete(url: str) -> None:
         raise stream_error(url, exc) from exc
 
 
-def size(url: str) -> int:
-    """The object's size in bytes; StreamError (not transient) if it does not exist."""
+def size(url: str) -> int | None:
+    """The object's size in bytes, None when the store does not tell (an HTTP server that
+    sends no Content-Length); StreamError (not transient) if it does not exist."""
     fs, path = _target(url)
     try:
         if fs is None:
             return os.stat(path).st_size
-        return int(fs.info(path)["size"])
+        found = fs.info(path).get("size")
     except Exception as exc:
         raise stream_error(url, exc) from exc
+    if isinstance(found, bool) or not isinstance(found, int | float) or found < 0:
+        return None
+    return int(found)
 
 
 def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
@@ -358,9 +362,16 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
     found = []
     for entry in entries:
         parent, _, name = entry["name"].rstrip("/").rpartition("/")
-        if entry["type"] == "file" and parent == folder and name.endswith(suffix):
-            found.append((urls.join(prefix, name), int(entry["size"])))
+        if entry.get("type") == "file" and parent == folder and name.endswith(suffix):
+            found.append((urls.join(prefix, name), _listed_size(entry)))
     return sorted(found)
+
+
+def _listed_size(entry: dict) -> int | None:
+    found = entry.get("size")
+    if isinstance(found, bool) or not isinstance(found, int | float) or found < 0:
+        return None
+    return int(found)
 
 
 def _check_bucket(url: str, fs) -> None:
