@@ -39,6 +39,10 @@ class LazyGroup(click.Group):
     def _available(name):
         return importlib.util.find_spec(COMMANDS[name][0]) is not None
 
+    def parse_args(self, ctx, args):
+        ctx.meta["wdstream.argv"] = list(args)  # for the last guard's message
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -83,7 +87,7 @@ def unexpected(error: BaseException) -> str:
 
 def _command_line(ctx) -> str:
     """``wdstream verify s3://b/ds/``: the command and its arguments, which name the input."""
-    words = ["wdstream", *(ctx.protected_args or []), *(ctx.args or [])]
+    words = ["wdstream", *ctx.meta.get("wdstream.argv", ())]
     return " ".join(words[:8]) + (" ..." if len(words) > 8 else "")
 
 
