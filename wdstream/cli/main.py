@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 
 import click
@@ -49,9 +50,10 @@ class LazyGroup(click.Group):
         except WdstreamError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(error.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or pack's Interrupted (SIGTERM too)
+            signum = getattr(interrupt, "signum", signal.SIGINT)
+            click.echo(f"interrupted ({signal.Signals(signum).name})", err=True)
+            sys.exit(128 + signum)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise  # usage errors: click prints them (exit 2)
         except BrokenPipeError:

@@ -708,12 +708,25 @@ def _init_worker(encoder: TokenEncoder | None) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
+def _interrupt_once(signum, frame):
+    """A worker's first SIGINT in a job aborts it; more (Ctrl-C pressed again, and the main
+    process passing its signal on) must not interrupt the abort itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
-    # Within a job, Ctrl-C aborts the upload (and the CLI child processes, which get the
-    # default handler back when they start, stop with it).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Within a job, Ctrl-C (or the main process stopping the pool) aborts the upload; the CLI
+    # child processes, which get the default handler back when they start, stop with it.
+    from ..sources.writers import settle_uploads
+
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         return write_shard(job, via, _worker_encoder)
+    except BaseException:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        settle_uploads()  # the main process deletes the shard once this job has returned
+        raise
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -804,8 +817,15 @@ class _PoolWriter:
             yield self._pending.pop(0).result()
 
     def close(self, failed: bool) -> None:
-        # On failure, queued jobs are cancelled and running ones finish or fail on their own;
-        # either way every worker has stopped writing before the caller deletes shards.
+        # On failure, queued jobs are cancelled and running ones are interrupted (a SIGINT
+        # aborts a job's upload, see _write_shard_in_worker); shutdown waits for every worker
+        # to end, so nothing is still writing when the caller deletes shards.
+        if failed:
+            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                try:
+                    os.kill(process.pid, signal.SIGINT)
+                except (ProcessLookupError, PermissionError, AttributeError):
+                    pass
         self._pool.shutdown(wait=True, cancel_futures=failed)
 
 
@@ -877,8 +897,11 @@ def _prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> 
 
 
 def _delete_quietly(urls_to_delete: Iterable[str]) -> None:
-    from ..sources.writers import delete
+    """Delete what a failed run wrote, once its uploads have ended (one interrupted in this
+    thread goes on in fsspec's I/O loop, and would land after the delete)."""
+    from ..sources.writers import delete, settle_uploads
 
+    settle_uploads()
     for url in urls_to_delete:
         try:
             delete(url)  # a shard that never appeared is fine
@@ -1043,7 +1066,7 @@ def pack(
     try:
         manifest.url = write_manifest(manifest, output, via=via, name=final_manifest)
     except BaseException:
-        _delete_quietly(started)
+        _delete_quietly([*started, urls.join(output, final_manifest)])
         raise
     return manifest
 

@@ -276,6 +276,32 @@ class _CliWriter(Writer):
 # --------------------------------------------------------------------------- whole objects
 
 
+def settle_uploads(timeout: float = 30.0) -> None:
+    """Wait, up to ``timeout`` seconds, for the requests still running in fsspec's I/O loop.
+
+    An upload interrupted in the caller's thread (Ctrl-C) goes on in that loop and may land
+    later; a clean-up that deletes what a run wrote calls this first, so that its delete comes
+    after every upload of the run. Does nothing when fsspec's loop never started."""
+    import sys
+
+    asyn = sys.modules.get("fsspec.asyn")
+    loop = asyn.loop[0] if asyn is not None else None
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+    import asyncio
+
+    async def others() -> None:
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    try:
+        asyncio.run_coroutine_threadsafe(others(), loop).result(timeout + 1)
+    except Exception:  # noqa: BLE001 - best effort: the delete follows either way
+        pass
+
+
 def write_bytes(url: str, data: bytes, *, via: str = "auto") -> None:
     """Write ``data`` as the whole object at ``url`` (atomically, as ``open_write``)."""
     with open_write(url, via=via) as out:
