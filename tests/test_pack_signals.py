@@ -73,13 +73,16 @@ def test_a_signal_stops_everything_and_leaves_nothing(records, s3, s3_bucket, cl
             os.kill(process.pid, signum)
         # the pipes reach EOF only when no process holds them: children included
         stdout, stderr = process.communicate(timeout=60)
+        survivors = session_processes(process.pid)
     finally:
-        if process.poll() is None:
+        try:  # whatever the outcome, nothing of the test's run outlives it
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        except ProcessLookupError:
+            pass
+        process.wait()
     assert process.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr.decode() and "Exception ignored" not in stderr.decode()
     assert stderr.decode().strip() == f"interrupted ({signal.Signals(signum).name})"
-    assert session_processes(process.pid) == []
+    assert survivors == []
     time.sleep(1)  # an upload that was still on its way would land by now
     assert keys(s3, s3_bucket) == []

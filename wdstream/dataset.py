@@ -21,6 +21,7 @@ import torch.utils.data
 
 from . import options
 from .batching import tune_worker_allocator
+from .lifetime import closed_at_exit
 from .errors import ManifestError, OptionError, ShardError, StateError, UnsizedError, WdstreamError
 from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
@@ -274,8 +275,8 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         if self.spec is not None:  # iterated by wdstream.DataLoader
             if torch.utils.data.get_worker_info() is not None:
                 tune_worker_allocator()
-            return with_trail(self.positioned(spec, stream, start))
-        return with_positions(self.positioned(spec, stream, start))
+            return closed_at_exit(with_trail(self.positioned(spec, stream, start)))
+        return closed_at_exit(with_positions(self.positioned(spec, stream, start)))
 
     def _current_spec(self) -> tuple[IterationSpec, int]:
         info = torch.utils.data.get_worker_info()

@@ -47,6 +47,7 @@ from .errors import (
     WdstreamError,
 )
 from .plan import Segment, batches_in_stream
+from .lifetime import closed_at_exit
 from .shm import unmap_workers
 
 log = logging.getLogger(__name__)
@@ -312,6 +313,9 @@ class DataLoader(torch.utils.data.DataLoader):
                              batch_size=self._batch, shared_payloads=self._shared_payloads)
 
     def __iter__(self):
+        return closed_at_exit(self._iterate())
+
+    def _iterate(self):
         dataset: Trackable = self.dataset
         resumed = self._pending is not None
         dataset.spec = self._begin()
