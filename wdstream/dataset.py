@@ -21,8 +21,8 @@ import torch.utils.data
 
 from . import options
 from .batching import tune_worker_allocator
-from .lifetime import closed_at_exit
 from .errors import ManifestError, OptionError, ShardError, StateError, UnsizedError, WdstreamError
+from .lifetime import closed_at_exit
 from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle

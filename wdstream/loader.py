@@ -46,8 +46,8 @@ from .errors import (
     UnsizedError,
     WdstreamError,
 )
-from .plan import Segment, batches_in_stream
 from .lifetime import closed_at_exit
+from .plan import Segment, batches_in_stream
 from .shm import unmap_workers
 
 log = logging.getLogger(__name__)
