@@ -174,3 +174,19 @@ def test_stats_count_the_retries_made_before_a_raise(tmp_path, workers):
     assert "Caught" not in str(caught.value)  # the error's own message, not a worker's trace
     assert loader.stats["retries"] == 2
     assert received >= 5 if workers == 0 else received >= 0
+
+
+@pytest.mark.parametrize(("kwargs", "expect"), [
+    ({"workers": "2"}, "workers must be an integer"),
+    ({"max_count": 1.5}, "max_count must be an integer"),
+    ({"part": (0,)}, "part must be"),
+    ({"via": "s3"}, "choose auto, cli or fsspec"),
+    ({"name": 3}, "name must be a string"),
+    ({"fields": {"text": 3}}, "strings"),
+    ({"max_size": "big"}, "not a size"),
+])
+def test_pack_arguments_are_checked_before_any_work(tmp_path, kwargs, expect):
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(InputError, match=expect):
+        wdstream.pack(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), **kwargs)
+    assert not (tmp_path / "out").exists()

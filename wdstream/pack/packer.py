@@ -59,7 +59,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..errors import InputError, WdstreamError
+from ..errors import InputError, OptionError, OptionTypeError, WdstreamError
+from ..options import CHOICES
 from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_extension, check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
@@ -841,6 +842,9 @@ def _check_options(fields, key, max_count, max_size, name, workers, part, via, t
         if not members:
             raise InputError(f"{option}: give at least one COLUMN=EXT")
         for column, ext in members.items():
+            if not isinstance(column, str) or not isinstance(ext, str):
+                raise OptionTypeError(f"{option}: columns and extensions are strings, not "
+                                      f"{column!r:.40}: {ext!r:.40}")
             if not column or not ext or "/" in ext or ext.startswith(".") or ext.endswith("."):
                 example = "tokens.npy" if option == "--tokenize" else "txt"
                 raise InputError(f"{option} {column}={ext}: need COLUMN=EXT with an extension "
@@ -857,6 +861,7 @@ def _check_options(fields, key, max_count, max_size, name, workers, part, via, t
     if tokenizer is not None and tokenize is None:
         raise InputError("--tokenizer: name the text columns to tokenize with --tokenize "
                          "COLUMN=EXT, e.g. --tokenize text=tokens.npy")
+    _check_types(key, max_count, name, workers, part)
     if key is not None and not key:
         raise InputError("--key: give a column name")
     if max_count is not None and max_count < 1:
@@ -873,8 +878,26 @@ def _check_options(fields, key, max_count, max_size, name, workers, part, via, t
         index, count = part
         if count < 1 or not 0 <= index < count:
             raise InputError(f"--part {index}/{count}: need 0 <= I < N")
-    if via not in ("auto", "cli", "fsspec"):
-        raise InputError(f"--via {via!r}: choose auto, cli or fsspec")
+    if via not in CHOICES["via"]:
+        raise OptionError(f"--via {via!r}: choose auto, cli or fsspec")
+
+
+def _check_types(key, max_count, name, workers, part) -> None:
+    """The Python API's arguments of the wrong type, as the options' errors (not a
+    TypeError from a comparison deep in the run)."""
+    from .. import options
+
+    options.integer("pack", "max_count", max_count, allow_none=True)
+    options.integer("pack", "workers", workers)
+    if key is not None and not isinstance(key, str):
+        raise OptionTypeError(f"pack: key must be a column name, not {key!r:.80}")
+    if not isinstance(name, str):
+        raise OptionTypeError(f"pack: name must be a string, not {name!r:.80}")
+    if part is not None and (not isinstance(part, tuple | list) or len(part) != 2):
+        raise OptionTypeError(f"pack: part must be (index, count), not {part!r:.80}")
+    if part is not None:
+        for value in part:
+            options.integer("pack", "part", value)
 
 
 def _prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> None:
