@@ -321,8 +321,10 @@ class StreamingDataset(PositionedDataset):
     for ``timeout`` seconds is a stall. Transient failures are retried ``retries`` times,
     waiting ``retry_backoff`` seconds and doubling, from the last sample delivered. When
     retries run out, or a sample cannot be decoded, ``on_error="raise"`` (default) raises
-    and ``"skip"`` leaves it out and counts it in ``loader.stats``. ``verify_digest`` checks
-    each shard's sha256 against the manifest when read whole.
+    and ``"skip"`` leaves it out and counts it in ``loader.stats`` (a configuration,
+    credentials or permission problem always raises). ``verify_digest`` checks each shard's
+    sha256 against the manifest when read whole. Every option is checked here, when the
+    dataset is built (``OptionError`` naming the accepted values; see ``wdstream.options``).
 
     ``cache_dir``: a local folder that keeps shards read once for later epochs (remote and
     ``pipe:`` shards; local files are read in place), at most ``cache_limit`` bytes of them
