@@ -147,17 +147,19 @@ def test_an_invalid_tokenizer_fails_when_built(data, tmp_path):
         wdstream.PackedSequences(wdstream.StreamingDataset(data), str(path), eos=0)
 
 
-def test_skip_never_hides_a_permission_problem(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_never_hides_a_permission_problem(tmp_path, workers):
     denied = "pipe:echo 'An error occurred (AccessDenied) when calling GetObject' >&2; exit 1"
     missing = "pipe:echo 'An error occurred (NoSuchKey): not found' >&2; exit 1"
     good = write_dataset(tmp_path, [4], manifest=False)[0]
     ds = wdstream.StreamingDataset([good, missing], shuffle=False, on_error="skip",
                                    retries=0)
-    loader = wdstream.DataLoader(ds, batch_size=None)
+    loader = wdstream.DataLoader(ds, batch_size=None, num_workers=workers)
     assert len(list(loader)) == 4 and loader.stats["skipped_shards"] == [missing]
     ds = wdstream.StreamingDataset([good, denied], shuffle=False, on_error="skip", retries=0)
-    with pytest.raises(AccessError, match="access denied"):
-        list(wdstream.DataLoader(ds, batch_size=None))
+    with pytest.raises(AccessError, match="access denied") as caught:
+        list(wdstream.DataLoader(ds, batch_size=None, num_workers=workers))
+    assert caught.value.url == denied and not caught.value.transient
 
 
 @pytest.mark.parametrize("workers", [0, 2])
