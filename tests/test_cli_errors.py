@@ -4,6 +4,7 @@ line or entry, exit status 2; and what ``wdstream pack`` refuses at pack time.""
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from datasets import shard_bytes
 
 def run(args, cli_env, cwd, **env):
     return subprocess.run(["wdstream", *args], capture_output=True, text=True, cwd=cwd,
+                          errors="replace",
                           env={**cli_env, **env}, timeout=120)
 
 
@@ -166,3 +168,25 @@ def test_an_unexpected_error_is_one_line_unless_debugging(tmp_path, cli_env, deb
         assert "Traceback" in result.stderr and "RecursionError" in result.stderr
         return
     assert_clean_error(result, "wdstream ls data", "nested too deeply", "WDSTREAM_DEBUG=1")
+
+
+def test_shards_and_members_named_outside_utf8(tmp_path, cli_env):
+    """A shard file name and a member name that are not UTF-8: read and listed (with a
+    replacement character), and ``index`` refuses to put such a name in a manifest."""
+    import tarfile
+
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    shard = bytes(folder) + b"/bad\xff.tar"
+    with tarfile.open(shard.decode("utf-8", "surrogateescape"), "w", format=tarfile.GNU_FORMAT,
+                      encoding="utf-8", errors="surrogateescape") as tar:
+        for name in (b"a\xffb.txt", b"ok.txt"):
+            info = tarfile.TarInfo(name.decode("utf-8", "surrogateescape"))
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    for command in (["ls", "odd"], ["verify", "odd", "--deep"], ["cat", "odd"]):
+        result = run(command, cli_env, tmp_path)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "\ufffd" in run(["cat", "odd"], cli_env, tmp_path).stdout
+    assert_clean_error(run(["index", "odd"], cli_env, tmp_path), "bad\\udcff.tar",
+                       "not valid UTF-8")
