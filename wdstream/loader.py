@@ -53,8 +53,8 @@ from .shm import unmap_workers
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = "wdstream.loader"
-_FAILED = object()  # in a stream's queue of (position, batch): the error that ended it
 STATE_VERSION = 1
+_FAILED = object()  # in a stream's queue of (position, batch): the error that ended it
 
 
 @runtime_checkable
