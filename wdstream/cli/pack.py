@@ -61,13 +61,16 @@ def stop_on_signals():
         raise Interrupted(signum)
 
     previous = {number: signal.signal(number, handler) for number in watched}
+    interrupted = False
     try:
         yield
     except Interrupted:
-        raise  # leave the signals ignored while the interpreter exits
-    else:
-        for number, action in previous.items():
-            signal.signal(number, action)
+        interrupted = True  # the signals stay ignored while the command exits
+        raise
+    finally:
+        if not interrupted:
+            for number, action in previous.items():
+                signal.signal(number, action)
 
 
 class ProgressBar:
