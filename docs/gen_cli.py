@@ -19,7 +19,9 @@ HEADER = """# CLI reference
 
 Every command prints its help with `-h` or `--help`. Exit codes are the same for all:
 0 success, 1 a problem found in the data (a damaged shard), 2 bad usage or input (including
-a dataset that cannot be reached). Errors are one line on stderr starting with `error:`.
+a dataset that cannot be reached), 130 or 143 when stopped by SIGINT (Ctrl-C) or SIGTERM.
+Errors are one line on stderr starting with `error:`, never a traceback; for an error that is
+not one of wdstream's own, `WDSTREAM_DEBUG=1` in the environment shows its traceback.
 """
 
 

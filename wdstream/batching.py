@@ -11,6 +11,7 @@ import weakref
 import torch
 import torch.utils.data
 
+from .options import CHOICES
 from .shm import (
     FileSpan,
     Segment,
@@ -269,7 +270,7 @@ def tune_worker_allocator() -> None:
             libc.mallopt(option, value)
 
 
-BYTES_AS = ("bytes", "tensor")
+BYTES_AS = CHOICES["bytes_as"]
 
 
 def share_raw(batch, all_bytes: bool):

@@ -19,8 +19,18 @@ from itertools import islice
 
 import torch.utils.data
 
+from . import options
 from .batching import tune_worker_allocator
-from .errors import InputError, ManifestError, ShardError, StateError, WdstreamError
+from .errors import (
+    InputError,
+    ManifestError,
+    OptionError,
+    ShardError,
+    StateError,
+    UnsizedError,
+    WdstreamError,
+)
+from .lifetime import closed_at_exit
 from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
@@ -29,6 +39,7 @@ from .shards.locate import find_shards
 from .shards.manifest import Manifest
 from .shards.samples import split_name
 from .shm import CAN_MAP_FILES, FileSpan, read_target
+from .sizes import parse_size
 from .sources.cache import ShardCache
 
 log = logging.getLogger(__name__)
@@ -59,15 +70,30 @@ def with_positions(items: Iterator[tuple[object, object]]) -> Iterator[object]:
         yield item
 
 
+class StreamFailure:
+    """Under wdstream.DataLoader, the WdstreamError that ended a stream, as the stream's last
+    item: it reaches the loader whole (its class and fields, not a worker's traceback text),
+    after the batches before it and with the reader's counters (retries made before it)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: WdstreamError):
+        self.error = error
+
+
 def with_trail(items: Iterator[tuple[object, object]]) -> Iterator[object]:
     """``with_positions`` for wdstream.DataLoader: keeps the position after each item instead
     (the loader's collate cuts a fetch into batches and tags each with its own position),
-    and ends with ``END_OF_STREAM``."""
+    and ends with ``END_OF_STREAM``, or a ``StreamFailure``."""
     trail = worker_position.trail = []
     append = trail.append
-    for item, position in items:
-        append(position)
-        yield item
+    try:
+        for item, position in items:
+            append(position)
+            yield item
+    except WdstreamError as error:
+        yield StreamFailure(error)
+        return
     yield END_OF_STREAM
 
 
@@ -101,9 +127,49 @@ class IterationSpec:
     shared_payloads: bool = False
 
 
+def _check_options(given: dict) -> dict:
+    """StreamingDataset's options checked (``OptionError`` naming the accepted values), the
+    numbers among them normalised."""
+    owner = "StreamingDataset"
+    for name in ("opener", "remainder", "on_error", "decode"):
+        options.choice(owner, name, given[name])
+    options.mapping(owner, "decoders", given["decoders"])
+    options.function(owner, "map", given["map"])
+    return {
+        "opener": given["opener"],
+        "shuffle": options.boolean(owner, "shuffle", given["shuffle"]),
+        "verify_digest": options.boolean(owner, "verify_digest", given["verify_digest"]),
+        "seed": options.integer(owner, "seed", given["seed"], minimum=0),
+        "shuffle_window": options.integer(owner, "shuffle_window", given["shuffle_window"],
+                                          minimum=1),
+        "retries": options.integer(owner, "retries", given["retries"], minimum=0),
+        "timeout": options.number(owner, "timeout", given["timeout"], positive=True),
+        "retry_backoff": options.number(owner, "retry_backoff", given["retry_backoff"]),
+    }
+
+
+def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
+    """Whether the opener (and ``$WDSTREAM_OPENER`` under "auto") can read these shards: a
+    typo or an opener that cannot read a scheme fails now, not at the first read (where
+    ``on_error="skip"`` would never skip it either)."""
+    from .sources import urls
+    from .sources.openers import resolve_opener
+
+    seen = set()
+    for url in shard_urls:
+        kind = urls.scheme(url)
+        if kind not in seen:
+            seen.add(kind)
+            resolve_opener(opener, url)
+
+
 def _cache_options(cache_dir, cache_limit) -> dict:
     """Check the cache settings now (a bad size or folder fails here, not in a worker)."""
     if cache_dir is None:
+        if cache_limit is not None:
+            parse_size(cache_limit)
+            raise OptionError("StreamingDataset: cache_limit applies to a cache: give cache_dir "
+                              "too")
         return {}
     cache = ShardCache(cache_dir, cache_limit)
     return {"cache_dir": cache.directory, "cache_limit": cache.limit}
@@ -202,8 +268,8 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         _rank, world = world_info()
         try:
             return self.plan(self.next_epoch(), world, 1).rank_samples
-        except WdstreamError as error:  # what len() of an unsized object raises
-            raise TypeError(str(error)) from None
+        except WdstreamError as error:  # a TypeError: what len() of an unsized object raises
+            raise UnsizedError(str(error)) from None
 
     # ---- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator:
@@ -217,8 +283,8 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         if self.spec is not None:  # iterated by wdstream.DataLoader
             if torch.utils.data.get_worker_info() is not None:
                 tune_worker_allocator()
-            return with_trail(self.positioned(spec, stream, start))
-        return with_positions(self.positioned(spec, stream, start))
+            return closed_at_exit(with_trail(self.positioned(spec, stream, start)))
+        return closed_at_exit(with_positions(self.positioned(spec, stream, start)))
 
     def _current_spec(self) -> tuple[IterationSpec, int]:
         info = torch.utils.data.get_worker_info()
@@ -281,8 +347,10 @@ class StreamingDataset(PositionedDataset):
     for ``timeout`` seconds is a stall. Transient failures are retried ``retries`` times,
     waiting ``retry_backoff`` seconds and doubling, from the last sample delivered. When
     retries run out, or a sample cannot be decoded, ``on_error="raise"`` (default) raises
-    and ``"skip"`` leaves it out and counts it in ``loader.stats``. ``verify_digest`` checks
-    each shard's sha256 against the manifest when read whole.
+    and ``"skip"`` leaves it out and counts it in ``loader.stats`` (a configuration,
+    credentials or permission problem always raises). ``verify_digest`` checks each shard's
+    sha256 against the manifest when read whole. Every option is checked here, when the
+    dataset is built (``OptionError`` naming the accepted values; see ``wdstream.options``).
 
     ``cache_dir``: a local folder that keeps shards read once for later epochs (remote and
     ``pipe:`` shards; local files are read in place), at most ``cache_limit`` bytes of them
@@ -313,18 +381,21 @@ class StreamingDataset(PositionedDataset):
         cache_limit: int | str | None = None,
     ):
         super().__init__()
+        checked = _check_options(locals())  # every option, before any I/O
         self.source = source
         resolved = _resolve_source(source)
         self.shards = resolved.table
         self.manifest = resolved.manifest
-        self.options = PlanOptions(seed=int(seed), shuffle=bool(shuffle),
-                                   window=int(shuffle_window) if shuffle else 1,
+        _check_opener(checked["opener"], self.shards.urls)
+        self.options = PlanOptions(seed=checked["seed"], shuffle=checked["shuffle"],
+                                   window=checked["shuffle_window"] if shuffle else 1,
                                    remainder=remainder)
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
-                                        timeout=timeout, retries=retries, backoff=retry_backoff,
-                                        on_error=on_error,
-                                        verify_digest=verify_digest,
+                                        timeout=checked["timeout"], retries=checked["retries"],
+                                        backoff=checked["retry_backoff"], on_error=on_error,
+                                        verify_digest=checked["verify_digest"],
                                         **_cache_options(cache_dir, cache_limit))
+        self.decode = decode
         self.decoders = build_decoders(decoders) if decode else None
         self.map = map
 

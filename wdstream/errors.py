@@ -17,6 +17,20 @@ class InputError(WdstreamError):
     """Bad user input: a malformed record, a missing field, an unknown file type, a bad option."""
 
 
+class OptionError(InputError, ValueError):
+    """An argument or option with a value that is not accepted; the message lists those that
+    are. Also a ``ValueError``, for callers that catch that."""
+
+
+class OptionTypeError(OptionError, TypeError):
+    """An argument of the wrong type (also a ``TypeError``)."""
+
+
+class UnsizedError(InputError, TypeError):
+    """``len()`` of a dataset or stage whose length is unknown (a ``TypeError``, as ``len()``
+    of an unsized object raises)."""
+
+
 class ManifestError(WdstreamError):
     """A manifest that is missing, unreadable or inconsistent."""
 
@@ -46,12 +60,18 @@ class StreamError(WdstreamError):
             text += f"\n{self.stderr}"
         super().__init__(text)
 
-    def __reduce__(self):  # keep the fields across DataLoader worker pickling
-        return (_rebuild_stream_error, (self.url, self.args[0], self.stderr, self.transient))
+    def __reduce__(self):  # keep the class and fields across DataLoader worker pickling
+        return (_rebuild_stream_error,
+                (self.url, self.args[0], self.stderr, self.transient, type(self)))
 
 
-def _rebuild_stream_error(url, text, stderr, transient):
-    error = StreamError.__new__(StreamError)
+class AccessError(StreamError):
+    """Missing or refused credentials, or a permission problem: never transient, and never
+    skipped by ``on_error="skip"`` (it is not a problem of the data)."""
+
+
+def _rebuild_stream_error(url, text, stderr, transient, kind=StreamError):
+    error = kind.__new__(kind)
     Exception.__init__(error, text)
     error.url, error.stderr, error.transient = url, stderr, transient
     return error

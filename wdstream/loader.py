@@ -22,16 +22,31 @@ from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
+from . import options
 from .batching import (
-    BYTES_AS,
     approximate_bytes,
     collate,
     pooling,
     share_raw,
     unpack_shared,
 )
-from .dataset import END_OF_STREAM, IterationSpec, worker_position, worker_stats, world_info
-from .errors import StateError, StreamError, WdstreamError
+from .dataset import (
+    END_OF_STREAM,
+    IterationSpec,
+    StreamFailure,
+    worker_position,
+    worker_stats,
+    world_info,
+)
+from .errors import (
+    OptionError,
+    OptionTypeError,
+    StateError,
+    StreamError,
+    UnsizedError,
+    WdstreamError,
+)
+from .lifetime import closed_at_exit
 from .plan import Segment, batches_in_stream
 from .shm import unmap_workers
 
@@ -39,6 +54,7 @@ log = logging.getLogger(__name__)
 
 STATE_FORMAT = "wdstream.loader"
 STATE_VERSION = 1
+_FAILED = object()  # in a stream's queue of (position, batch): the error that ended it
 
 
 @runtime_checkable
@@ -84,21 +100,26 @@ class _TaggedCollate:
         trail = worker_position.trail
         collate_fn = self._collate_and_share
         pooling.enabled = self.share_bytes  # for the default collate, which cannot be told
+        failure = None
         if self.batch_size is None:  # one sample per fetch
+            if isinstance(samples, StreamFailure):
+                failure, samples = samples.error, END_OF_STREAM
             ended = samples is END_OF_STREAM
             batches = [] if ended else [(trail[-1], collate_fn(samples))]
         else:
+            if samples and isinstance(samples[-1], StreamFailure):
+                failure, samples = samples[-1].error, samples[:-1] + [END_OF_STREAM]
             ended = bool(samples) and samples[-1] is END_OF_STREAM
             if ended:
                 samples = samples[:-1]
             size = self.batch_size
             stop = len(samples)
-            if self.drop_last:
+            if self.drop_last or failure is not None:
                 stop -= stop % size  # only a stream's last batch can be short
             batches = [(trail[min(start + size, stop) - 1],
                         collate_fn(samples[start:start + size])) for start in range(0, stop, size)]
         trail.clear()
-        return stream, batches, worker_stats.take(), ended
+        return stream, batches, worker_stats.take(), ended, failure
 
     def _collate_and_share(self, samples):
         return share_raw(self.collate_fn(samples), self.share_bytes)
@@ -125,19 +146,8 @@ class DataLoader(torch.utils.data.DataLoader):
                  num_workers: int = 0, collate_fn: Callable | None = None,
                  drop_last: bool = False, persistent_workers: bool = False,
                  bytes_as: str = "bytes", **kwargs):
-        if not isinstance(dataset, Trackable):
-            raise TypeError("wdstream.DataLoader needs a wdstream.StreamingDataset or a stage "
-                            f"built on one (Mix, PackedSequences), not {type(dataset).__name__}")
-        if persistent_workers:
-            raise ValueError("persistent_workers=True is not supported: every epoch's plan "
-                             "and resume position are handed to freshly started workers")
-        if kwargs.get("in_order") is False:
-            raise ValueError("in_order=False would make the batch order, and so resume, "
-                             "non-deterministic")
-        if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
-            raise ValueError("the epoch plan decides the order; samplers do not apply")
-        if bytes_as not in BYTES_AS:
-            raise ValueError(f"bytes_as must be one of {BYTES_AS}, not {bytes_as!r}")
+        _check_options(dataset, batch_size, num_workers, collate_fn, drop_last,
+                       persistent_workers, bytes_as, kwargs)
         self.bytes_as = bytes_as
         self.user_collate = collate_fn if collate_fn is not None else (
             collate if batch_size is not None else _identity)
@@ -150,8 +160,13 @@ class DataLoader(torch.utils.data.DataLoader):
         self._sample_bytes = 0.0  # estimated bytes per sample, sizes the fetches
         # torch's default prefetch_factor (2 fetches per worker), raised for small fetches
         self._default_prefetch = num_workers > 0 and kwargs.get("prefetch_factor") is None
-        super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
-                         collate_fn=self._tagger, drop_last=drop_last, **kwargs)
+        try:  # torch's own checks of its arguments, as wdstream's errors
+            super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
+                             collate_fn=self._tagger, drop_last=drop_last, **kwargs)
+        except TypeError as error:
+            raise OptionTypeError(f"DataLoader: {error}") from None
+        except ValueError as error:
+            raise OptionError(f"DataLoader: {error}") from None
         self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0}
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         self._epoch: int | None = None  # the epoch being read, None before the first
@@ -256,8 +271,8 @@ class DataLoader(torch.utils.data.DataLoader):
         _rank, world = world_info()
         try:
             plan = dataset.plan(dataset.next_epoch(), world, self.streams)
-        except WdstreamError as error:  # TypeError: what len() of an unsized object raises
-            raise TypeError(str(error)) from None
+        except WdstreamError as error:  # a TypeError: what len() of an unsized object raises
+            raise UnsizedError(str(error)) from None
         return sum(self._stream_batches(plan.stream_samples))
 
     # ---- iteration ----------------------------------------------------------------------
@@ -317,6 +332,9 @@ class DataLoader(torch.utils.data.DataLoader):
                              batch_size=self._batch, shared_payloads=self._shared_payloads)
 
     def __iter__(self):
+        return closed_at_exit(self._iterate())
+
+    def _iterate(self):
         dataset: Trackable = self.dataset
         resumed = self._pending is not None
         dataset.spec = self._begin()
@@ -363,11 +381,13 @@ class DataLoader(torch.utils.data.DataLoader):
                 return
             while not queues[stream] and not ended[stream]:
                 try:
-                    source, batches, stats, last = next(iterator)
+                    source, batches, stats, last, failure = next(iterator)
                 except StopIteration:
                     ended = [True] * streams
                     break
                 queues[source].extend(batches)
+                if failure is not None:  # raised where the stream's next batch would be
+                    queues[source].append((_FAILED, failure))
                 ended[source] = ended[source] or last
                 self._add_stats(stats)
                 if batches:
@@ -377,6 +397,8 @@ class DataLoader(torch.utils.data.DataLoader):
                         self._prefetch_small_fetches(iterator)
             if queues[stream]:
                 position, batch = queues[stream].popleft()
+                if position is _FAILED:
+                    raise batch
                 yield stream, position, batch
 
     SMALL_FETCH_PREFETCH = 4  # fetches in flight per worker when a full fetch is <= 1 MiB
@@ -474,6 +496,36 @@ def _gathered(position) -> bool:
     from .stage import RANKS
 
     return isinstance(position, dict) and RANKS in position
+
+
+def _check_options(dataset, batch_size, num_workers, collate_fn, drop_last,
+                   persistent_workers, bytes_as, kwargs) -> None:
+    owner = "DataLoader"
+    if not isinstance(dataset, Trackable):
+        raise OptionTypeError("DataLoader: needs a wdstream.StreamingDataset or a stage built "
+                              f"on one (Mix, PackedSequences), not {type(dataset).__name__}")
+    options.integer(owner, "batch_size", batch_size, minimum=1, allow_none=True)
+    options.integer(owner, "num_workers", num_workers, minimum=0)
+    options.function(owner, "collate_fn", collate_fn)
+    options.boolean(owner, "drop_last", drop_last)
+    options.choice(owner, "bytes_as", bytes_as)
+    if persistent_workers:
+        raise OptionError("DataLoader: persistent_workers=True is not supported: every epoch's "
+                          "plan and resume position are handed to freshly started workers")
+    if kwargs.get("in_order") is False:
+        raise OptionError("DataLoader: in_order=False would make the batch order, and so "
+                          "resume, non-deterministic")
+    if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
+        raise OptionError("DataLoader: the epoch plan decides the order; samplers do not apply")
+    if kwargs.get("shuffle"):
+        raise OptionError("DataLoader: shuffle=True does not apply; the dataset's shuffle and "
+                          "seed decide the order")
+    if kwargs.get("prefetch_factor") is not None:
+        options.integer(owner, "prefetch_factor", kwargs["prefetch_factor"], minimum=1)
+        if num_workers == 0:
+            raise OptionError("DataLoader: prefetch_factor needs num_workers > 0")
+    if "timeout" in kwargs:
+        options.number(owner, "timeout", kwargs["timeout"])
 
 
 PIPE_BYTES = 1 << 20  # Linux's pipe-max-size default: what an unprivileged process may set

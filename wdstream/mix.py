@@ -26,7 +26,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .dataset import IterationSpec
-from .errors import InputError, StateError
+from .errors import InputError, StateError, UnsizedError
+from .options import CHOICES, choice, integer
 from .plan import STREAM_END, Segment
 from .schedule import make_schedule, normalise
 from .stage import (
@@ -41,7 +42,7 @@ from .stage import (
     remaining_items,
 )
 
-STOP_RULES = ("first_exhausted", "cycle", "fixed")
+STOP_RULES = CHOICES["stop"]
 BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
 _MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators
 
@@ -157,6 +158,8 @@ class Mix(Stage):
             if not hasattr(dataset, "positioned"):
                 raise InputError(f"Mix: dataset {index} is a {type(dataset).__name__}, not a "
                                  "wdstream.StreamingDataset or stage")
+        choice("Mix", "stop", stop)
+        seed = integer("Mix", "seed", seed, minimum=0)
         self.schedule = None
         if schedule is not None:
             if weights is not None:
@@ -168,8 +171,6 @@ class Mix(Stage):
             self.weights = self.schedule.weights[0]
         else:
             self.weights = normalise(weights, len(self.datasets))
-        if stop not in STOP_RULES:
-            raise InputError(f"Mix: stop must be one of {STOP_RULES}, not {stop!r}")
         if (stop == "fixed") != (samples_per_epoch is not None):
             raise InputError("Mix: samples_per_epoch is required with stop='fixed' and "
                              "only used with it")
@@ -253,7 +254,7 @@ class Mix(Stage):
         if self.stop == "fixed":
             return fixed_plan(self._quota(history), world, workers)
         if not self.has_counts:
-            raise TypeError(f"{self.source}: a source without a manifest has no known length")
+            raise UnsizedError(f"{self.source}: a source without a manifest has no known length")
         key = (epoch, world, workers, json.dumps([s.to_list() for s in history]))
         if key not in self._plans:
             # Streams have the same sizes on every rank, so rank 0 stands for all.

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .dataset import IterationSpec
-from .errors import InputError, StateError, WdstreamError
+from .errors import InputError, OptionTypeError, StateError, UnsizedError, WdstreamError
+from .options import CHOICES, choice
 from .plan import STREAM_END, Segment
 from .sources import urls
 from .sources.writers import read_bytes
@@ -41,7 +42,7 @@ from .stage import (
     remaining_items,
 )
 
-LONG_DOCUMENTS = ("split", "truncate", "drop")
+LONG_DOCUMENTS = CHOICES["long_documents"]
 
 
 class Tokenizer:
@@ -63,6 +64,8 @@ class Tokenizer:
                              f"Tokenizer or a callable, not {type(tokenizer).__name__}")
         self._hf = None
         self.identity = self._identity()
+        if self._json is not None:
+            self._loaded()  # a broken tokenizer.json fails now, not at the first next()
 
     def _identity(self) -> str:
         """What the fingerprint records: the tokenizer's JSON digest, or the callable's name
@@ -83,7 +86,10 @@ class Tokenizer:
             except ImportError as error:
                 raise InputError("a tokenizer.json needs the 'tokenizers' package: "
                                  "pip install 'wdstream[llm]'") from error
-            self._hf = HFTokenizer.from_str(self._json)
+            try:
+                self._hf = HFTokenizer.from_str(self._json)
+            except Exception as error:  # tokenizers raises a bare Exception ("Model missing")
+                raise InputError(f"tokenizer: not a usable tokenizer.json: {error}") from None
         return self._hf
 
     def token_id(self, token: str) -> int:
@@ -164,9 +170,12 @@ class PackedSequences(Stage):
                              "dataset or stage")
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
             raise InputError(f"PackedSequences: seq_len must be an integer >= 2, not {seq_len!r}")
-        if long_documents not in LONG_DOCUMENTS:
-            raise InputError(f"PackedSequences: long_documents must be one of {LONG_DOCUMENTS}, "
-                             f"not {long_documents!r}")
+        choice("PackedSequences", "long_documents", long_documents)
+        if not isinstance(text_field, str | Mapping) or (
+                isinstance(text_field, Mapping)
+                and not all(isinstance(v, str) for v in text_field.values())):
+            raise OptionTypeError("PackedSequences: text_field must be a field name or a "
+                                  f"mapping {{source: field name}}, not {text_field!r:.80}")
         if sequences_per_epoch is not None and (
                 isinstance(sequences_per_epoch, bool) or not isinstance(sequences_per_epoch, int)
                 or sequences_per_epoch < 1):
@@ -213,8 +222,8 @@ class PackedSequences(Stage):
              history: Sequence[Segment] = ()) -> StagePlan:
         """Sequences per stream of every rank: known only with ``sequences_per_epoch``."""
         if self.sequences_per_epoch is None:
-            raise TypeError(f"{self.source}: sequences per epoch depend on the text; set "
-                            "sequences_per_epoch for a known length")
+            raise UnsizedError(f"{self.source}: sequences per epoch depend on the text; set "
+                               "sequences_per_epoch for a known length")
         return fixed_plan(self._quota(history), world, workers)
 
     def _quota(self, history: Sequence[Segment]) -> int:

@@ -39,7 +39,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-REMAINDER_POLICIES = ("drop", "pad")
+from .errors import OptionError
+from .options import CHOICES
+
+REMAINDER_POLICIES = CHOICES["remainder"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class Span:
     @property
     def length(self) -> int:
         if self.stop is None:
-            raise ValueError("the length of an open-ended span is unknown")
+            raise OptionError("the length of an open-ended span is unknown")
         return self.stop - self.start
 
 
@@ -114,7 +117,7 @@ def window_order(size: int, seed: int, epoch: int, segment: int, rank: int, stre
 
 def samples_per_rank(total: int, world: int, remainder: str) -> int:
     if remainder not in REMAINDER_POLICIES:
-        raise ValueError(f"remainder must be one of {REMAINDER_POLICIES}, not {remainder!r}")
+        raise OptionError(f"remainder must be one of {REMAINDER_POLICIES}, not {remainder!r}")
     if remainder == "pad":
         return -(-total // world)
     return total // world
@@ -197,7 +200,7 @@ class PlanOptions:
 
     def __post_init__(self):
         if self.window < 1:
-            raise ValueError(f"shuffle window must be at least 1 sample, not {self.window}")
+            raise OptionError(f"shuffle window must be at least 1 sample, not {self.window}")
         samples_per_rank(0, 1, self.remainder)  # validates the policy
 
 
@@ -206,7 +209,7 @@ class Layout:
 
     def __init__(self, total: int, world: int, workers: int, remainder: str):
         if world < 1 or workers < 1:
-            raise ValueError(f"world size and workers must be at least 1, not {world}, {workers}")
+            raise OptionError(f"world size and workers must be at least 1, not {world}, {workers}")
         self.total, self.world, self.workers = total, world, workers
         self.rank_samples = samples_per_rank(total, world, remainder)
         self.stream_samples = stream_sizes(self.rank_samples, workers)
@@ -235,7 +238,7 @@ class EpochPlan:
         sequence = Positions([Span(s, 0, n) for s, n in zip(order.tolist(), sizes, strict=True)])
         for index, done in enumerate(history):
             if len(done.consumed) != done.workers:
-                raise ValueError("a segment needs one consumed count per worker stream")
+                raise OptionError("a segment needs one consumed count per worker stream")
             layout = Layout(len(sequence), done.world, done.workers, options.remainder)
             taken = [
                 interval

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import signal
 import sys
 
 import click
@@ -38,15 +40,65 @@ class LazyGroup(click.Group):
     def _available(name):
         return importlib.util.find_spec(COMMANDS[name][0]) is not None
 
+    def parse_args(self, ctx, args):
+        ctx.meta["wdstream.argv"] = list(args)  # for the last guard's message
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except WdstreamError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(error.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or pack's Interrupted (SIGTERM too)
+            signum = getattr(interrupt, "signum", signal.SIGINT)
+            click.echo(f"interrupted ({signal.Signals(signum).name})", err=True)
+            sys.exit(128 + signum)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # usage errors: click prints them (exit 2)
+        except BrokenPipeError:
+            _quiet_stdout()  # the reader of our output went away (`| head`): not an error
+            sys.exit(1)
+        except Exception as error:  # noqa: BLE001 - the last guard: no traceback for users
+            if debugging():
+                raise
+            click.echo(f"error: {_command_line(ctx)}: {unexpected(error)} "
+                       f"(set {DEBUG_VARIABLE}=1 for the traceback)", err=True)
+            sys.exit(2)
+
+
+DEBUG_VARIABLE = "WDSTREAM_DEBUG"
+
+
+def debugging() -> bool:
+    """Whether ``WDSTREAM_DEBUG`` asks for tracebacks (read at each call, not at import)."""
+    return os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def unexpected(error: BaseException) -> str:
+    """A one-line description of an exception that is not wdstream's own."""
+    if isinstance(error, RecursionError):
+        return "the input is nested too deeply (RecursionError)"
+    if isinstance(error, UnicodeError):
+        return f"text that is not valid Unicode ({type(error).__name__}: {error})"
+    if isinstance(error, MemoryError):
+        return "out of memory (MemoryError)"
+    text = str(error).splitlines()[0][:300] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _command_line(ctx) -> str:
+    """``wdstream verify s3://b/ds/``: the command and its arguments, which name the input."""
+    words = ["wdstream", *ctx.meta.get("wdstream.argv", ())]
+    return " ".join(words[:8]) + (" ..." if len(words) > 8 else "")
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

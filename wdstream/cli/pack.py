@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import time
 
@@ -35,6 +37,40 @@ def parse_part(value: str | None) -> tuple[int, int] | None:
     if not slash or not index.strip().isdigit() or not count.strip().isdigit():
         raise InputError(f"--part {value!r}: expected I/N with 0 <= I < N, e.g. --part 0/4")
     return int(index), int(count)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during ``wdstream pack``: unwinds ``pack`` like Ctrl-C (the pool is
+    stopped, uploads end, what the run wrote is deleted); the command then exits with
+    128 + the signal's number (130, 143)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread, once: later ones are
+    ignored, so that a second Ctrl-C cannot cut the clean-up short and leave shards behind."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+
+    def handler(signum, frame):
+        for number in watched:
+            signal.signal(number, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {number: signal.signal(number, handler) for number in watched}
+    interrupted = False
+    try:
+        yield
+    except Interrupted:
+        interrupted = True  # the signals stay ignored while the command exits
+        raise
+    finally:
+        if not interrupted:
+            for number, action in previous.items():
+                signal.signal(number, action)
 
 
 class ProgressBar:
@@ -158,11 +194,12 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         tokenize=parse_fields(tokenize, "--tokenize", "text=tokens.npy"), tokenizer=tokenizer,
     )
     start = time.monotonic()
-    if quiet or not sys.stderr.isatty():
-        manifest = pack(inputs, output, **options)
-    else:
-        with ProgressBar() as bar:
-            manifest = pack(inputs, output, progress=bar, **options)
+    with stop_on_signals():
+        if quiet or not sys.stderr.isatty():
+            manifest = pack(inputs, output, **options)
+        else:
+            with ProgressBar() as bar:
+                manifest = pack(inputs, output, progress=bar, **options)
     if quiet:
         return
     seconds = max(time.monotonic() - start, 1e-9)

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 
-from ..errors import ShardError
+from ..errors import OptionError, OptionTypeError, ShardError
 
 
 def _json(data: bytes):
@@ -72,17 +72,21 @@ def build_decoders(decoders: Mapping[str, object] | None) -> dict[str, Callable]
     None removes a default (the member stays bytes)."""
     table = dict(DEFAULT_DECODERS)
     for ext, decoder in (decoders or {}).items():
+        if not isinstance(ext, str) or not ext:
+            raise OptionTypeError(f"decoders: keys are extensions such as 'json', not {ext!r}")
         if decoder is None:
             table.pop(ext, None)
         elif isinstance(decoder, str):
             if decoder not in OPT_IN_DECODERS:
-                raise ValueError(f"unknown decoder {decoder!r} for .{ext}; "
-                                 f"named decoders: {sorted(OPT_IN_DECODERS)}")
+                raise OptionError(f"decoders: unknown decoder {decoder!r} for .{ext}; "
+                                  f"named decoders: {sorted(OPT_IN_DECODERS)}")
             table[ext] = OPT_IN_DECODERS[decoder]
         elif callable(decoder):
             table[ext] = decoder
         else:
-            raise TypeError(f"decoder for .{ext} must be callable, a name or None")
+            raise OptionTypeError(f"decoders: the decoder for .{ext} must be a callable, a "
+                                  f"name ({sorted(OPT_IN_DECODERS)}) or None, not "
+                                  f"{type(decoder).__name__}")
     return table
 
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import ShardError, StreamError, WdstreamError
+from ..errors import AccessError, ShardError, StreamError, WdstreamError
+from ..options import CHOICES, choice
 from ..plan import Span
 from ..shards.index import HashingReader
 from ..shards.samples import iter_samples
@@ -26,7 +27,7 @@ from ..sources.openers import open_read
 
 log = logging.getLogger(__name__)
 
-ERROR_POLICIES = ("raise", "skip")
+ERROR_POLICIES = CHOICES["on_error"]
 _NOTHING = object()
 
 
@@ -53,8 +54,7 @@ class ReadOptions:
     cache_limit: int | str | None = None  # its size bound; None: cache.DEFAULT_LIMIT
 
     def __post_init__(self):
-        if self.on_error not in ERROR_POLICIES:
-            raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {self.on_error!r}")
+        choice("ReadOptions", "on_error", self.on_error)
 
 
 @dataclass
@@ -71,6 +71,14 @@ class ReadStats:
                  "skipped_samples": self.skipped_samples}
         self.retries, self.skipped_shards, self.skipped_samples = 0, [], 0
         return delta
+
+
+def is_data_failure(error: WdstreamError) -> bool:
+    """What ``on_error="skip"`` may skip: a shard that is corrupt, short, missing or cannot
+    be fetched. A configuration, credentials or permission problem (``InputError``,
+    ``AccessError``) is never the data's fault and always raises."""
+    return isinstance(error, ShardError) or (
+        isinstance(error, StreamError) and not isinstance(error, AccessError))
 
 
 def _is_transient(error: WdstreamError) -> bool:
@@ -194,7 +202,7 @@ class SpanReader:
     def _give_up(self, url, visit, delivered, error, attempts) -> Iterator[None]:
         """Raise, or (``on_error="skip"``) record the shard and yield one None per sample
         not delivered, so stream positions stay exact for resume."""
-        if self.options.on_error == "raise":
+        if self.options.on_error == "raise" or not is_data_failure(error):
             raise error
         known = all(span.stop is not None for span in visit)
         missing = sum(span.length for span in visit) - delivered if known else 0

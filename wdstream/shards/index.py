@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import ManifestError, ShardError
+from ..errors import InputError, ManifestError, ShardError
 from ..sources import urls as urlmod
 from .manifest import Manifest, ShardInfo
 from .samples import iter_samples
@@ -89,6 +89,12 @@ def index_shards(
     appears in two samples of a shard a ShardError (WebDataset readers would yield both).
     ``progress(nbytes)`` is called as bytes are read, from the worker threads.
     """
+    for url in urls:  # a manifest is UTF-8 JSON: it cannot name a file whose name is not
+        try:
+            url.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"{url!r}: the file name is not valid UTF-8, so no manifest can "
+                             "list it; rename the shard") from None
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
             pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress)

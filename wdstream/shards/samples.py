@@ -36,10 +36,39 @@ def check_key(key: str, where: str) -> None:
         problem = "contains '/'"
     elif any(ord(c) < 32 or ord(c) == 127 for c in key):
         problem = "contains a control character"
-    elif len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+    elif not _is_unicode(key):
+        problem = "is not valid Unicode (a lone surrogate, or a file name not in UTF-8)"
+    elif len(key.encode("utf-8")) > MAX_KEY_BYTES:
         problem = f"is longer than {MAX_KEY_BYTES} bytes"
     if problem:
         raise InputError(f"{where}: key {key!r} {problem}")
+
+
+def check_extension(ext: str, where: str) -> None:
+    """Raise InputError naming ``where`` if a member extension would clash with a sample's
+    own entries (``__key__``, ``__url__``: any name starting with ``__``), hold a control
+    character or not be text a tar name can hold."""
+    problem = None
+    lowered = ext.lower()
+    if not ext or ext.isspace():
+        problem = "is empty or only whitespace"
+    elif lowered in _RESERVED or lowered.startswith("__"):
+        problem = ("is reserved: samples hold __key__, __url__ and other names starting with "
+                   "'__' themselves")
+    elif any(ord(c) < 32 or ord(c) == 127 for c in ext):
+        problem = "contains a control character"
+    elif not _is_unicode(ext):
+        problem = "is not valid Unicode (a lone surrogate, or a file name not in UTF-8)"
+    if problem:
+        raise InputError(f"{where}: member name {ext!r} {problem}")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def iter_samples(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[dict]:

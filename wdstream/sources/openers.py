@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import InputError, StreamError, WdstreamError
+from ..errors import AccessError, InputError, StreamError, WdstreamError
 from . import urls
 
 log = logging.getLogger(__name__)
@@ -577,8 +577,9 @@ def command_failed(url: str, message: str, stderr: str) -> StreamError:
     """The error for a command that exited non-zero: permanent when its stderr says why
     (not found, access denied...), else transient."""
     what = permanent_failure(stderr)
-    return StreamError(url, f"{what} ({message})" if what else message, stderr=stderr,
-                       transient=what is None)
+    kind = AccessError if what in _ACCESS_PROBLEMS else StreamError
+    return kind(url, f"{what} ({message})" if what else message, stderr=stderr,
+                transient=what is None)
 
 
 def permanent_failure(stderr: str) -> str | None:
@@ -759,11 +760,13 @@ def stream_error(url: str, exc: BaseException) -> WdstreamError:
         return exc
     transient, what = _classify(exc)
     detail = str(exc) or type(exc).__name__
-    error = StreamError(url, f"{what} ({detail})" if what else detail, transient=transient)
+    kind = AccessError if what in _ACCESS_PROBLEMS else StreamError
+    error = kind(url, f"{what} ({detail})" if what else detail, transient=transient)
     error.__cause__ = exc
     return error
 
 
+_ACCESS_PROBLEMS = ("access denied", "no usable AWS credentials")
 _TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException",
                     "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
 

@@ -276,6 +276,32 @@ class _CliWriter(Writer):
 # --------------------------------------------------------------------------- whole objects
 
 
+def settle_uploads(timeout: float = 30.0) -> None:
+    """Wait, up to ``timeout`` seconds, for the requests still running in fsspec's I/O loop.
+
+    An upload interrupted in the caller's thread (Ctrl-C) goes on in that loop and may land
+    later; a clean-up that deletes what a run wrote calls this first, so that its delete comes
+    after every upload of the run. Does nothing when fsspec's loop never started."""
+    import sys
+
+    asyn = sys.modules.get("fsspec.asyn")
+    loop = asyn.loop[0] if asyn is not None else None
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+    import asyncio
+
+    async def others() -> None:
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    try:
+        asyncio.run_coroutine_threadsafe(others(), loop).result(timeout + 1)
+    except Exception:  # noqa: BLE001 - best effort: the delete follows either way
+        pass
+
+
 def write_bytes(url: str, data: bytes, *, via: str = "auto") -> None:
     """Write ``data`` as the whole object at ``url`` (atomically, as ``open_write``)."""
     with open_write(url, via=via) as out:
@@ -316,15 +342,19 @@ def delete(url: str) -> None:
         raise stream_error(url, exc) from exc
 
 
-def size(url: str) -> int:
-    """The object's size in bytes; StreamError (not transient) if it does not exist."""
+def size(url: str) -> int | None:
+    """The object's size in bytes, None when the store does not tell (an HTTP server that
+    sends no Content-Length); StreamError (not transient) if it does not exist."""
     fs, path = _target(url)
     try:
         if fs is None:
             return os.stat(path).st_size
-        return int(fs.info(path)["size"])
+        found = fs.info(path).get("size")
     except Exception as exc:
         raise stream_error(url, exc) from exc
+    if isinstance(found, bool) or not isinstance(found, int | float) or found < 0:
+        return None
+    return int(found)
 
 
 def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
@@ -358,9 +388,16 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
     found = []
     for entry in entries:
         parent, _, name = entry["name"].rstrip("/").rpartition("/")
-        if entry["type"] == "file" and parent == folder and name.endswith(suffix):
-            found.append((urls.join(prefix, name), int(entry["size"])))
+        if entry.get("type") == "file" and parent == folder and name.endswith(suffix):
+            found.append((urls.join(prefix, name), _listed_size(entry)))
     return sorted(found)
+
+
+def _listed_size(entry: dict) -> int | None:
+    found = entry.get("size")
+    if isinstance(found, bool) or not isinstance(found, int | float) or found < 0:
+        return None
+    return int(found)
 
 
 def _check_bucket(url: str, fs) -> None:

@@ -1,0 +1,95 @@
+"""Checks of the options a user passes to ``StreamingDataset``, ``DataLoader``, ``Mix``,
+``PackedSequences`` and ``wdstream pack``: every value is checked when the object is built,
+and a refused value raises ``OptionError`` (or ``OptionTypeError``) naming the option and
+what it accepts.
+
+``CHOICES`` is the one table of options that take one of a few values; a new mode (a new
+opener, a named decode mode) is a new entry there, and the check and its message follow.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+
+from .errors import OptionError, OptionTypeError
+
+# option -> accepted values, in the order the message lists them
+CHOICES: dict[str, tuple] = {
+    "opener": ("auto", "cli", "fsspec", "sdk"),
+    "on_error": ("raise", "skip"),
+    "remainder": ("drop", "pad"),
+    "decode": (True, False),
+    "bytes_as": ("bytes", "tensor"),
+    "stop": ("first_exhausted", "cycle", "fixed"),
+    "long_documents": ("split", "truncate", "drop"),
+    "via": ("auto", "cli", "fsspec"),
+}
+
+
+def _same(value, accepted) -> bool:
+    # True == 1 and "1" != 1: a value matches only one of its own type
+    return type(value) is type(accepted) and value == accepted
+
+
+def choice(owner: str, name: str, value, accepted: tuple | None = None):
+    """``value`` if it is one of ``accepted`` (default: ``CHOICES[name]``)."""
+    accepted = CHOICES[name] if accepted is None else accepted
+    try:
+        if any(_same(value, item) for item in accepted):
+            return value
+    except Exception:  # noqa: BLE001 - a value whose == fails is not one of them
+        pass
+    listed = ", ".join(repr(item) for item in accepted)
+    raise OptionError(f"{owner}: {name}={value!r:.80} is not accepted; use one of {listed}")
+
+
+def integer(owner: str, name: str, value, minimum: int | None = None,
+            allow_none: bool = False) -> int | None:
+    """``value`` as an int (not a bool, not a float), at least ``minimum``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise OptionTypeError(f"{owner}: {name} must be an integer"
+                              f"{'' if minimum is None else f' >= {minimum}'}"
+                              f"{' or None' if allow_none else ''}, not {value!r:.80}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise OptionError(f"{owner}: {name} must be >= {minimum}, not {value}")
+    return value
+
+
+def number(owner: str, name: str, value, minimum: float = 0.0, positive: bool = False) -> float:
+    """``value`` as a finite float, at least ``minimum`` (above it when ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise OptionTypeError(f"{owner}: {name} must be a number, not {value!r:.80}")
+    value = float(value)
+    low = value <= minimum if positive else value < minimum
+    if not math.isfinite(value) or low:
+        bound = f"> {minimum:g}" if positive else f">= {minimum:g}"
+        raise OptionError(f"{owner}: {name} must be a finite number {bound}, not {value!r}")
+    return value
+
+
+def boolean(owner: str, name: str, value) -> bool:
+    """``value`` if it is True or False (numpy's bools too)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise OptionTypeError(f"{owner}: {name} must be True or False, not {value!r:.80}")
+
+
+def function(owner: str, name: str, value) -> Callable | None:
+    """``value`` if it is callable or None."""
+    if value is None or callable(value):
+        return value
+    raise OptionTypeError(f"{owner}: {name} must be a callable or None, not "
+                          f"{type(value).__name__}")
+
+
+def mapping(owner: str, name: str, value) -> Mapping | None:
+    """``value`` if it is a mapping or None."""
+    if value is None or isinstance(value, Mapping):
+        return value
+    raise OptionTypeError(f"{owner}: {name} must be a dict or None, not "
+                          f"{type(value).__name__}")
