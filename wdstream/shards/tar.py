@@ -484,6 +484,8 @@ class TarMembers:
                         raise self._error("two GNU long names for one member", start)
                     if pax is not None and b"path" in pax:
                         raise self._error("a GNU long name and a PAX path for one member", start)
+                    if 0 not in record:  # GNU tar counts the NUL; tarfile would read on
+                        raise self._error("GNU long name without its NUL", start)
                     long_name = _cstr(record)
                 elif typeflag == 120 or typeflag == 88:  # 'x' (and Solaris 'X'): PAX, per file
                     if pax is not None:
