@@ -137,6 +137,8 @@ def _from_manifest(manifest: Manifest) -> _Source:
         samples=[s.samples for s in shards],
         bytes=[s.bytes for s in shards],
         sha256=[s.sha256 for s in shards],
+        heads=[s.head for s in shards],
+        last_keys=[s.last_key for s in shards],
     )
     return _Source(table, manifest)
 
