@@ -169,7 +169,8 @@ class SpanReader:
         if retry:
             self._cache.forget(url, size, sha256)
         return self._cache.open(url, source, size=size, sha256=sha256,
-                                verify_digest=self.options.verify_digest)
+                                verify_digest=self.options.verify_digest,
+                                head=self.shards.get("heads", shard))
 
     def _read_visit(self, index: int, visit: list[Span]) -> Iterator[dict]:
         url = self.shards.urls[visit[0].shard]
