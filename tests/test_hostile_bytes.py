@@ -444,3 +444,92 @@ def test_manifest_identity_keys_round_trip_and_are_validated(tmp_path):
         Manifest.from_json(json.dumps(doc))
     old = Manifest([dataclasses.replace(info, head=None, last_key=None)], ["json"]).to_json()
     assert "head" not in old and "last_key" not in old
+
+
+# --------------------------------------------------------------------------- policies, CLI
+
+
+def _local_table(tmp_path, **changes):
+    folder = tmp_path / "data"
+    paths = write_dataset(folder, [4, 4])
+    infos = [info_of(os.path.basename(p), open(p, "rb").read(), 4) for p in paths]
+    table = ShardTable(paths, samples=[4, 4], bytes=[i.bytes for i in infos],
+                       heads=[i.head for i in infos], last_keys=[i.last_key for i in infos])
+    return dataclasses.replace(table, **changes)
+
+
+def test_mismatch_before_delivery_is_skipped_under_skip(tmp_path):
+    table = _local_table(tmp_path)
+    table = dataclasses.replace(table, heads=[table.heads[1], table.heads[1]])
+    reader = SpanReader([Span(0, 0, 4), Span(1, 0, 4)], table,
+                        ReadOptions(retries=2, on_error="skip"))
+    samples = list(reader)
+    assert samples[:4] == [None] * 4 and [s["__key__"] for s in samples[4:]] == [
+        sample_key(1, i) for i in range(4)]
+    assert reader.stats.retries == 0 and reader.stats.skipped_samples == 4
+
+
+def test_mismatch_after_delivery_raises_even_under_skip(tmp_path):
+    table = _local_table(tmp_path)
+    table = dataclasses.replace(table, last_keys=["other", table.last_keys[1]])
+    reader = SpanReader([Span(0, 0, 4), Span(1, 0, 4)], table,
+                        ReadOptions(retries=2, on_error="skip"))
+    with pytest.raises(ShardMismatchError, match="the last sample is 's000_00003'"):
+        list(reader)
+    assert reader.stats.retries == 0
+
+
+def test_packed_and_indexed_shards_swapped_on_disk(tmp_path, cli_env):
+    """Through the real CLI: `pack` and `index` record the same identity keys, and two shards
+    of the same size swapped on disk are refused before any of their samples."""
+    import subprocess
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": f"record {i:04d}"}) + "\n" for i in range(40)))
+    out = tmp_path / "out"
+    subprocess.run(["wdstream", "pack", str(source), "--output", str(out), "--max-count", "20"],
+                   env=cli_env, check=True, capture_output=True)
+    packed = json.loads((out / "index.json").read_text())["shards"]
+    subprocess.run(["wdstream", "index", str(out), "--overwrite", "-q"], env=cli_env, check=True,
+                   capture_output=True)
+    indexed = json.loads((out / "index.json").read_text())["shards"]
+    assert [(s["head"], s["last_key"]) for s in packed] == [
+        (s["head"], s["last_key"]) for s in indexed]
+    assert packed[0]["bytes"] == packed[1]["bytes"] and packed[0]["head"] != packed[1]["head"]
+    first, second = out / packed[0]["url"], out / packed[1]["url"]
+    data = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(data)
+    with pytest.raises(ShardMismatchError, match="not the shard the manifest describes"):
+        next(iter(dataset(str(out))))
+    loader = wdstream.DataLoader(dataset(str(out)), batch_size=4, num_workers=1)
+    with pytest.raises(ShardMismatchError, match="not the shard the manifest describes"):
+        next(iter(loader))
+    result = subprocess.run(["wdstream", "cat", str(out), "-n", "1"], env=cli_env,
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "not the shard the manifest describes" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cache_does_not_keep_a_download_with_another_head(cached_dataset):
+    table, shards, cache_dir = cached_dataset
+    cache = ShardCache(cache_dir)
+    wrong = f"pipe:cat '{table.urls[1][len('pipe:cat '):].strip(chr(39))}'"
+
+    def opener():
+        from wdstream.sources.openers import open_read
+        return open_read(wrong)
+
+    stream = cache.open(table.urls[0], opener, size=table.bytes[0], sha256=table.sha256[0],
+                        head=table.heads[0])
+    while stream.read(1 << 16):
+        pass
+    stream.close()
+    assert cache.stored == 0 and cache.entries() == []
+    stream = cache.open(table.urls[1], opener, size=table.bytes[1], sha256=table.sha256[1],
+                        head=table.heads[1])
+    while stream.read(1 << 16):
+        pass
+    stream.close()
+    assert cache.stored == 1

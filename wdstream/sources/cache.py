@@ -60,6 +60,8 @@ import time
 from collections.abc import Callable
 
 from ..errors import InputError
+from ..shards.identity import HEAD_BYTES as _HEAD_BYTES
+from ..shards.identity import head_digest
 from ..sizes import parse_size
 from . import urls
 from .openers import LocalFile
@@ -124,7 +126,7 @@ class ShardCache:
             return cached
         self.misses += 1
         return TeeStream(self, url, opener(), path, size=size,
-                         sha256=sha256 if verify_digest else None)
+                         sha256=sha256 if verify_digest else None, head=head)
 
     def _open_hit(self, url: str, path: str, size: int | None, head: str | None = None,
                   sha256: str | None = None) -> CachedStream | None:
@@ -258,8 +260,6 @@ def _entry_problem(fd: int, stat: os.stat_result, size: int | None, head: str | 
                    sha256: str | None) -> str | None:
     """Why the entry open at ``fd`` must not be served, or None. Costs two small reads (the
     head and the end marker), and a read of the whole entry when ``sha256`` is given."""
-    from ..shards.identity import HEAD_BYTES, head_digest
-
     if not stat_mode.S_ISREG(stat.st_mode):
         return "is not a regular file"
     if size and stat.st_size != size:
@@ -267,7 +267,7 @@ def _entry_problem(fd: int, stat: os.stat_result, size: int | None, head: str | 
     if stat.st_size < len(_TAR_END) or \
             os.pread(fd, len(_TAR_END), stat.st_size - len(_TAR_END)) != _TAR_END:
         return "does not end with a tar end-of-archive marker"
-    if head and head_digest(os.pread(fd, HEAD_BYTES, 0)) != head:
+    if head and head_digest(os.pread(fd, _HEAD_BYTES, 0)) != head:
         return "does not start as the manifest's head says"
     if sha256:
         digest, offset = hashlib.sha256(), 0
@@ -309,7 +309,7 @@ class TeeStream(io.BufferedIOBase):
     published by ``close()`` when the whole shard was read and ended cleanly."""
 
     def __init__(self, cache: ShardCache, url: str, source, path: str, *,
-                 size: int | None = None, sha256: str | None = None):
+                 size: int | None = None, sha256: str | None = None, head: str | None = None):
         super().__init__()
         self.url, self.path = url, path
         self._cache, self._source = cache, source
@@ -319,6 +319,7 @@ class TeeStream(io.BufferedIOBase):
         self._temporary: str | None = None
         self._written = 0
         self._tail = b""  # the last len(_TAR_END) bytes
+        self._head, self._first = head or None, b""  # the manifest's head; the first bytes
         self._ended = False  # the source said b"": its end
         self._short = False  # the last read returned less than asked (the end, for a ByteStream)
         self._failed = False  # a read raised: this copy is never published
@@ -358,6 +359,8 @@ class TeeStream(io.BufferedIOBase):
             return data
         if self._hash is not None:
             self._hash.update(data)
+        if self._head is not None and len(self._first) < _HEAD_BYTES:
+            self._first += data[: _HEAD_BYTES - len(self._first)]
         self._tail = (self._tail + data[-len(_TAR_END):])[-len(_TAR_END):]
         return data
 
@@ -423,6 +426,8 @@ class TeeStream(io.BufferedIOBase):
             return f"{self._written} bytes, the manifest says {self._size}"
         if self._hash is not None and self._hash.hexdigest() != self._sha256:
             return "sha256 differs from the manifest's"
+        if self._head is not None and head_digest(self._first) != self._head:
+            return "its first bytes differ from the manifest's head"
         if self._tail != _TAR_END:
             return "no tar end-of-archive marker at the end"
         return None
