@@ -259,6 +259,9 @@ class SpanReader:
                 if count == limit:
                     _close_quietly(stream)
                     return
+        except ShardMismatchError:  # the content is wrong, however the stream ends
+            _close_quietly(stream)
+            raise
         except ShardError:
             _raise_stream_failure_first(stream)
             raise
