@@ -4,7 +4,8 @@ PAX and GNU headers, read by our reader and by Python's tarfile.
 Every mutated shard must be either refused with wdstream's own error, or read exactly as
 tarfile reads it, or (where tarfile refuses it or stops early) read as the unmutated shard.
 Anything else -- above all a payload yielded under another member's name -- fails.
-``WDSTREAM_FUZZ_CASES`` sets the number of mutations (default 3000, a few seconds).
+``WDSTREAM_FUZZ_CASES`` sets the number of mutations (default 3000, a few seconds),
+``WDSTREAM_FUZZ_SEED`` the seed (default 12).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from wdstream.shards.tar import TarWriter, iter_members
 
 BLOCK = 512
 CASES = int(os.environ.get("WDSTREAM_FUZZ_CASES", "3000"))
+SEED = int(os.environ.get("WDSTREAM_FUZZ_SEED", "12"))
 
 
 def _payload(rng: random.Random, i: int) -> bytes:
@@ -156,7 +158,8 @@ def tarfile_view(data: bytes):
         with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tf:
             found = []
             for info in tf:
-                if info.isreg():
+                if info.isreg() and not (info.name.endswith("/") and not info.size):
+                    # (an empty regular member named like a directory is a directory to us)
                     found.append((info.name, tf.extractfile(info).read()))
             stopped = tf.offset
     except Exception:  # noqa: BLE001 - any refusal of tarfile's counts as one
@@ -186,7 +189,7 @@ def ours(data: bytes, seekable: bool, limit: int | None):
 
 
 def test_fuzzed_headers_never_misattribute_payloads():
-    rng = random.Random(12)
+    rng = random.Random(SEED)
     bases = [our_shard(rng), tarfile_shard(rng, tarfile.PAX_FORMAT),
              tarfile_shard(rng, tarfile.GNU_FORMAT)]
     views = [tarfile_view(base) for base in bases]

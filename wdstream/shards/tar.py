@@ -557,6 +557,8 @@ class TarMembers:
                 self._pos = padded
                 payload = None
             if regular:
+                if not size and name.endswith(b"/"):  # a directory entry another way
+                    continue
                 if payload is None:
                     if into is not None:
                         payload, memory = into
