@@ -221,7 +221,7 @@ def test_member_larger_than_the_manifest_says_is_refused_before_reading():
     writer = TarWriter(out)
     writer.add("a.bin", bytes(5000))
     writer.close()
-    with pytest.raises(ShardError, match="runs past the 2048 bytes"):
+    with pytest.raises(ShardError, match="runs past the 2048 bytes recorded"):
         list(iter_members(io.BytesIO(out.getvalue()[:2048]), "x.tar", limit=2048))
     with pytest.raises(ShardMismatchError, match="goes on past the 2048 bytes"):
         list(iter_members(io.BytesIO(out.getvalue()), "x.tar", limit=2048))
@@ -533,3 +533,16 @@ def test_cache_does_not_keep_a_download_with_another_head(cached_dataset):
         pass
     stream.close()
     assert cache.stored == 1
+
+
+def test_listing_sizes_bound_a_dataset_without_manifest(tmp_path):
+    """Without a manifest the listed object sizes bound the reads: a shard that grew after
+    the listing is an error, not a longer read."""
+    folder = tmp_path / "data"
+    paths = write_dataset(folder, [3, 3], manifest=False)
+    ds = dataset(str(folder))
+    with open(paths[1], "ab") as file:  # appended to after the listing
+        file.write(shard_bytes(9, 3))
+    with pytest.raises(ShardMismatchError, match="goes on past the") as info:
+        list(ds)
+    assert paths[1] in str(info.value)

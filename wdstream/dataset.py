@@ -127,7 +127,8 @@ def _resolve_source(source) -> _Source:
         log.warning("%s: no index.json; streaming %d shards found there without sample counts "
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
                     found.source, len(found.urls), found.source)
-    return _Source(ShardTable(found.urls), None)
+    sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
+    return _Source(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
 
 def _from_manifest(manifest: Manifest) -> _Source:

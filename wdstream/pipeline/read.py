@@ -283,8 +283,8 @@ class SpanReader:
             raise ShardMismatchError(f"{url}: ended after {count} samples; the manifest says "
                                      f"{table.samples[shard]} (truncated or replaced shard)")
         if table.bytes is not None and table.bytes[shard] and nbytes != table.bytes[shard]:
-            raise ShardMismatchError(f"{url}: {nbytes} bytes read; the manifest says "
-                                     f"{table.bytes[shard]}")
+            raise ShardMismatchError(f"{url}: {nbytes} bytes read; {table.bytes[shard]} "
+                                     f"recorded for it (manifest or listing)")
         last_key = table.get("last_keys", shard)
         if last_key is not None and key != last_key:
             raise ShardMismatchError(f"{url}: the last sample is {key!r}; the manifest says "

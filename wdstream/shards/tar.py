@@ -287,7 +287,7 @@ class TarMembers:
         self._end += len(chunk)
         if self._end > self._limit:
             raise ShardMismatchError(f"{self.url}: the stream goes on past the {self._limit} "
-                                     f"bytes the manifest records")
+                                     f"bytes recorded for it")
         return chunk
 
     def _fill(self, need: int) -> bool:
@@ -526,8 +526,8 @@ class TarMembers:
             end = pos + BLOCK + size
             padded = end + _padding(size)
             if limit is not None and start + BLOCK + size > limit:
-                raise self._error(f"member of {size} bytes runs past the {limit} bytes the "
-                                  f"manifest records", start)
+                raise self._error(f"member of {size} bytes runs past the {limit} bytes "
+                                  f"recorded for the shard", start)
             regular = typeflag in _REGULAR
             into = region = None  # (payload, memory) from the payload target; see _skip
             if regular:
@@ -575,8 +575,8 @@ class TarMembers:
         if size > cap:
             raise self._error(f"extended header of {size} bytes (more than {cap})", start)
         if self._limit is not None and start + BLOCK + size > self._limit:
-            raise self._error(f"member of {size} bytes runs past the {self._limit} bytes the "
-                              f"manifest records", start)
+            raise self._error(f"member of {size} bytes runs past the {self._limit} bytes "
+                              f"recorded for the shard", start)
         end = pos + BLOCK + size
         padded = end + _padding(size)
         if padded <= len(self._data):
