@@ -283,11 +283,15 @@ def test_planted_lock_symlink_creates_nothing_outside(cached_dataset, tmp_path):
     outside = tmp_path / "outside" / "created-by-wdstream"
     outside.parent.mkdir()
     os.symlink(outside, cache_dir / ".lock")
-    assert read_table(table, cache_dir) == expected_keys(table)
+    limit = table.bytes[0] + 100  # room for one shard: eviction must still run
+    assert read_table(table, cache_dir, cache_limit=limit) == expected_keys(table)
     assert not outside.exists() and os.listdir(outside.parent) == []
+    assert ShardCache(cache_dir).total_bytes() <= limit
+    assert (cache_dir / ".lock").is_file() and not (cache_dir / ".lock").is_symlink()
     os.unlink(cache_dir / ".lock")
     os.mkfifo(cache_dir / ".lock")  # a FIFO there: no hang either
     assert read_table(table, cache_dir) == expected_keys(table)
+    assert (cache_dir / ".lock").is_file()
 
 
 @pytest.mark.parametrize("verify_digest", [False, True])

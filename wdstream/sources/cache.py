@@ -192,16 +192,35 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _locked(self):
-        path = os.path.join(self.directory, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     0o644)
+        fd = self._open_lock()
         try:
-            if not stat_mode.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(errno.EINVAL, f"{path} is not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    def _open_lock(self) -> int:
+        """The lock file, never through a link nor anything but a regular file: one planted
+        there is removed (once) rather than followed, so that eviction goes on."""
+        path = os.path.join(self.directory, LOCK_NAME)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for attempt in range(2):
+            try:
+                fd = os.open(path, flags, 0o644)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP or attempt:
+                    raise
+            else:
+                if stat_mode.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+                if attempt:
+                    raise OSError(errno.EINVAL, f"{path} is not a regular file")
+            log.warning("%s: %s is not a regular file; replaced", self.directory, LOCK_NAME)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            flags |= os.O_EXCL
+        raise AssertionError("unreachable")
 
     def evict(self) -> int:
         """Delete least recently used entries until the total is within the limit, and
