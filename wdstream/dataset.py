@@ -193,7 +193,8 @@ def _resolve_source(source) -> _Source:
         log.warning("%s: no index.json; streaming %d shards found there without sample counts "
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
                     found.source, len(found.urls), found.source)
-    return _Source(ShardTable(found.urls), None)
+    sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
+    return _Source(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
 
 def _from_manifest(manifest: Manifest) -> _Source:
@@ -203,6 +204,8 @@ def _from_manifest(manifest: Manifest) -> _Source:
         samples=[s.samples for s in shards],
         bytes=[s.bytes for s in shards],
         sha256=[s.sha256 for s in shards],
+        heads=[s.head for s in shards],
+        last_keys=[s.last_key for s in shards],
     )
     return _Source(table, manifest)
 

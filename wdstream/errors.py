@@ -82,3 +82,11 @@ class ShardError(WdstreamError):
     a digest or size mismatch, an undecodable member. Exit code 1 in ``wdstream verify``."""
 
     exit_code = 1
+
+
+class ShardMismatchError(ShardError):
+    """A shard that is not the one the manifest describes: another object at its URL, a shard
+    re-packed in place, a stream that goes on past the recorded length. Never retried: a retry
+    that skips the samples already delivered would deliver some twice and others never."""
+
+    transient = False

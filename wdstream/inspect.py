@@ -417,6 +417,7 @@ def read_samples(
     ``key`` yields only the first sample with that key, and raises InputError if no shard
     holds it; ``limit`` stops after that many samples. A corrupt shard raises ShardError.
     """
+    from .shards.identity import head_check
     from .shards.samples import iter_samples
     from .shards.tar import iter_members
     from .sources.openers import open_read
@@ -426,11 +427,16 @@ def read_samples(
     found = find_shards(source)
     yielded = 0
     scanned = 0
-    for url in found.urls:
+    shards = found.manifest.shards if found.manifest is not None else None
+    for index, url in enumerate(found.urls):
         if limit is not None and yielded >= limit:
             return
+        info = shards[index] if shards is not None else None  # bound and identity, if known
+        checks = {} if info is None else {
+            "limit": info.bytes or None,
+            "on_head": head_check(url, info.head) if info.head else None}
         with open_read(url, opener=opener) as stream:
-            for sample in iter_samples(iter_members(stream, url), url):
+            for sample in iter_samples(iter_members(stream, url, **checks), url):
                 scanned += 1
                 if key is not None and sample["__key__"] != key:
                     continue

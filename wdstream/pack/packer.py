@@ -61,6 +61,7 @@ from typing import NamedTuple
 
 from ..errors import InputError, OptionError, OptionTypeError, WdstreamError
 from ..options import CHOICES
+from ..shards.identity import HEAD_BYTES, head_digest
 from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_extension, check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
@@ -630,12 +631,15 @@ class _ShardSink:
         self.write = self._buffer.write
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self.first = b""  # the shard's first HEAD_BYTES, for its manifest ``head``
 
     def flush(self, at_least: int = 1) -> None:
         if self._buffer.tell() >= at_least:
             chunk = self._buffer.getvalue()
             self._buffer = io.BytesIO()
             self.write = self._buffer.write
+            if self.size < HEAD_BYTES:
+                self.first += chunk[: HEAD_BYTES - self.size]
             self.sha256.update(chunk)
             self.size += len(chunk)
             self._out.write(chunk)
@@ -694,7 +698,9 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
         sink.flush()
         if job.size is not None and sink.size != job.size:  # boundaries rely on exact sizes
             raise AssertionError(f"{job.url}: wrote {sink.size} bytes, expected {job.size}")
-    return ShardInfo(job.name, job.samples, sink.size, sink.sha256.hexdigest())
+    last = job.pieces[-1][0] if job.pieces else ()
+    return ShardInfo(job.name, job.samples, sink.size, sink.sha256.hexdigest(),
+                     head_digest(sink.first), last[len(last) - 1] if len(last) else None)
 
 
 _worker_encoder: TokenEncoder | None = None  # a pool worker's, set by _init_worker

@@ -16,9 +16,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import AccessError, ShardError, StreamError, WdstreamError
+from ..errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
 from ..options import CHOICES, choice
 from ..plan import Span
+from ..shards.identity import head_check
 from ..shards.index import HashingReader
 from ..shards.samples import iter_samples
 from ..shards.tar import iter_members
@@ -34,12 +35,18 @@ _NOTHING = object()
 @dataclass(frozen=True)
 class ShardTable:
     """What the reader knows of the shards: URLs, and from a manifest their sample counts,
-    bytes and digests (None where unknown)."""
+    bytes, digests and identity keys (None where unknown; see wdstream.shards.identity)."""
 
     urls: Sequence[str]
     samples: Sequence[int] | None = None
     bytes: Sequence[int] | None = None
     sha256: Sequence[str | None] | None = None
+    heads: Sequence[str | None] | None = None
+    last_keys: Sequence[str | None] | None = None
+
+    def get(self, column: str, shard: int):
+        values = getattr(self, column)
+        return values[shard] if values is not None else None
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,9 @@ def is_data_failure(error: WdstreamError) -> bool:
 
 def _is_transient(error: WdstreamError) -> bool:
     # A shard that ends early or parses badly may be a connection cut short; retrying a truly
-    # corrupt shard costs a few seconds and then fails with the same clear error.
-    return isinstance(error, ShardError) or getattr(error, "transient", False)
+    # corrupt shard costs a few seconds and then fails with the same clear error. A shard that
+    # is not the one the manifest describes is not retried (ShardMismatchError).
+    return getattr(error, "transient", isinstance(error, ShardError))
 
 
 def _visits(spans: Sequence[Span]) -> list[list[Span]]:
@@ -129,6 +137,7 @@ class SpanReader:
         self.stats = stats if stats is not None else ReadStats()
         self._ahead: dict[int, object] = {}  # visit index -> stream opened early
         self._delivered = 0  # samples of the current visit yielded so far
+        self._last: tuple[int, str] | None = None  # and the last one's position and key
         self._cache = ShardCache(options.cache_dir, options.cache_limit) \
             if options.cache_dir else None
 
@@ -168,17 +177,19 @@ class SpanReader:
         if retry:
             self._cache.forget(url, size, sha256)
         return self._cache.open(url, source, size=size, sha256=sha256,
-                                verify_digest=self.options.verify_digest)
+                                verify_digest=self.options.verify_digest,
+                                head=self.shards.get("heads", shard))
 
     def _read_visit(self, index: int, visit: list[Span]) -> Iterator[dict]:
         url = self.shards.urls[visit[0].shard]
         delivered = 0
         attempt = 0
+        self._last = None  # (shard position, key) of the last sample yielded
         while True:
             try:
                 stream = self._open(index, retry=attempt > 0)
                 self._delivered = delivered  # _samples counts what it yields
-                samples = self._samples(stream, visit, _skip(visit, delivered))
+                samples = self._samples(stream, visit, _skip(visit, delivered), self._last)
                 # Open the next shard once this one flows: its first bytes do not then share
                 # the link (or the server) with the next shard's start.
                 first = next(samples, _NOTHING)
@@ -201,8 +212,11 @@ class SpanReader:
 
     def _give_up(self, url, visit, delivered, error, attempts) -> Iterator[None]:
         """Raise, or (``on_error="skip"``) record the shard and yield one None per sample
-        not delivered, so stream positions stay exact for resume."""
-        if self.options.on_error == "raise" or not is_data_failure(error):
+        not delivered, so stream positions stay exact for resume. A shard found not to be the
+        manifest's after some of its samples were delivered always raises: those samples
+        were wrong, and skipping the rest would hide it."""
+        if self.options.on_error == "raise" or not is_data_failure(error) or (
+                isinstance(error, ShardMismatchError) and delivered):
             raise error
         known = all(span.stop is not None for span in visit)
         missing = sum(span.length for span in visit) - delivered if known else 0
@@ -212,35 +226,50 @@ class SpanReader:
         self.stats.skipped_samples += missing
         yield from [None] * missing
 
-    def _samples(self, stream, visit: list[Span], wanted: list[Span]) -> Iterator[dict]:
+    def _samples(self, stream, visit: list[Span], wanted: list[Span],
+                 last: tuple[int, str] | None = None) -> Iterator[dict]:
         """The ``wanted`` samples of one shard (ranges in increasing order). Reads up to the
         visit's last sample; checks the shard's end when the visit reaches it (or when the
-        shard ends before the visit does)."""
+        shard ends before the visit does). ``last``: the position and key of the last sample
+        an earlier attempt delivered, which this attempt must find again."""
         shard = visit[0].shard
-        url = self.shards.urls[shard]
-        expected = self.shards.samples[shard] if self.shards.samples is not None else None
+        table = self.shards
+        url = table.urls[shard]
+        expected = table.get("samples", shard)
         last_stop = visit[-1].stop
         to_end = last_stop is None or (expected is not None and last_stop >= expected)
-        hashing = self.options.verify_digest and to_end and bool(
-            self.shards.sha256 and self.shards.sha256[shard])
+        hashing = self.options.verify_digest and to_end and bool(table.get("sha256", shard))
         source = HashingReader(stream) if hashing else stream
-        members = iter_members(source, url, self.payload_target)
+        head = table.get("heads", shard)
+        members = iter_members(source, url, self.payload_target,
+                               limit=table.get("bytes", shard) or None,
+                               on_head=head_check(url, head) if head else None)
         ranges = [(span.start, span.stop) for span in wanted]
         limit = None if to_end else last_stop  # where the rest belongs to another stream
         count = 0
+        key = None
         try:
             current = 0  # the range the next sample may fall in
             for sample in iter_samples(members, url):
+                key = sample["__key__"]
+                if last is not None and count == last[0] and key != last[1]:
+                    raise ShardMismatchError(
+                        f"{url}: sample {count} is {key!r} on this attempt, {last[1]!r} on "
+                        f"the one before: the shard changed between reads")
                 while current < len(ranges) and ranges[current][1] is not None \
                         and count >= ranges[current][1]:
                     current += 1
                 if current < len(ranges) and count >= ranges[current][0]:
                     self._delivered += 1
+                    self._last = (count, key)
                     yield sample
                 count += 1
                 if count == limit:
                     _close_quietly(stream)
                     return
+        except ShardMismatchError:  # the content is wrong, however the stream ends
+            _close_quietly(stream)
+            raise
         except ShardError:
             _raise_stream_failure_first(stream)
             raise
@@ -248,24 +277,31 @@ class SpanReader:
             _close_quietly(stream)
             raise
         stream.close()  # a pipe's exit status, a fetch that failed after the last byte
-        self._check_end(shard, url, count, members, source if hashing else None)
+        self._check_end(shard, url, count, key, members, source if hashing else None)
 
-    def _check_end(self, shard: int, url: str, count: int, members, hashing) -> None:
+    def _check_end(self, shard: int, url: str, count: int, key, members, hashing) -> None:
+        """The end of a complete tar that differs from the manifest is a ShardMismatchError:
+        the samples delivered came from another shard than the one described."""
         table = self.shards
         if not members.complete:
             raise ShardError(f"{url}: ended without the tar end-of-archive marker after "
                              f"{count} samples (truncated)")
         nbytes = members.offset
         if table.samples is not None and count != table.samples[shard]:
-            raise ShardError(f"{url}: ended after {count} samples; the manifest says "
-                             f"{table.samples[shard]} (truncated or replaced shard)")
+            raise ShardMismatchError(f"{url}: ended after {count} samples; the manifest says "
+                                     f"{table.samples[shard]} (truncated or replaced shard)")
         if table.bytes is not None and table.bytes[shard] and nbytes != table.bytes[shard]:
-            raise ShardError(f"{url}: {nbytes} bytes read; the manifest says {table.bytes[shard]}")
+            raise ShardMismatchError(f"{url}: {nbytes} bytes read; {table.bytes[shard]} "
+                                     f"recorded for it (manifest or listing)")
+        last_key = table.get("last_keys", shard)
+        if last_key is not None and key != last_key:
+            raise ShardMismatchError(f"{url}: the last sample is {key!r}; the manifest says "
+                                     f"{last_key!r} (replaced shard)")
         if hashing is not None:
             expected = table.sha256[shard]
             if expected and hashing.sha256.hexdigest() != expected:
-                raise ShardError(f"{url}: sha256 {hashing.sha256.hexdigest()} does not match "
-                                 f"the manifest's {expected}")
+                raise ShardMismatchError(f"{url}: sha256 {hashing.sha256.hexdigest()} does "
+                                         f"not match the manifest's {expected}")
 
 
 def _raise_stream_failure_first(stream) -> None:

@@ -3,6 +3,7 @@ merging manifests."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError, ManifestError, ShardError
 from ..sources import urls as urlmod
+from .identity import HeadRecorder
 from .manifest import Manifest, ShardInfo
 from .samples import iter_samples
 from .tar import iter_members
@@ -55,11 +57,13 @@ def index_shard(
     samples = 0
     extensions: set[str] = set()
     seen: set[str] = set()
+    head, key = HeadRecorder(), None
     with open_read(url) as stream:
         reader = HashingReader(stream, progress)
-        members = iter_members(reader, url)
+        members = iter_members(reader, url, on_head=head)
         for sample in iter_samples(members, url):
             samples += 1
+            key = sample["__key__"]
             extensions.update(sample)
             if unique_keys:
                 key = sample["__key__"]
@@ -72,7 +76,8 @@ def index_shard(
             f"{url}: no end-of-archive marker after byte {members.offset} (truncated?)"
         )
     extensions -= {"__key__", "__url__"}
-    return ShardInfo(url, samples, members.offset, reader.sha256.hexdigest()), extensions
+    info = ShardInfo(url, samples, members.offset, reader.sha256.hexdigest(), head.head, key)
+    return info, extensions
 
 
 def index_shards(
@@ -108,9 +113,7 @@ def index_shards(
             raise
     shards, extensions = [], set()
     for info, exts in results:
-        shards.append(
-            ShardInfo(relative_url(info.url, base), info.samples, info.bytes, info.sha256)
-        )
+        shards.append(dataclasses.replace(info, url=relative_url(info.url, base)))
         extensions |= exts
     return Manifest(shards=shards, extensions=sorted(extensions), base=base)
 
@@ -134,7 +137,7 @@ def merge_manifests(manifests: list[Manifest], output_prefix: str) -> Manifest:
             if url in seen:
                 raise ManifestError(f"{where}: shard {shard.url!r} is also listed in {seen[url]}")
             seen[url] = where
-            shards.append(ShardInfo(url, shard.samples, shard.bytes, shard.sha256))
+            shards.append(dataclasses.replace(shard, url=url))
         extensions.update(m.extensions)
         sources.append(m.url or m.base)
     return Manifest(

@@ -6,7 +6,8 @@ Required keys (extra keys are kept in ``Manifest.extra``)::
      "extensions": ["json"],
      "shards": [{"url": "shard-000000.tar", "samples": 500, "bytes": 1234567, "sha256": "..."}]}
 
-Shard URLs are relative to the manifest's prefix unless absolute, so a dataset can be copied to
+Optional per-shard keys ``head`` and ``last_key`` identify the shard's content cheaply (see
+``wdstream.shards.identity``). Shard URLs are relative to the manifest's prefix unless absolute, so a dataset can be copied to
 another bucket as it is. The top-level ``samples`` and ``bytes`` are the sums over the shards.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ManifestError, StreamError
 from ..sources import urls
+from .identity import HEAD_DIGITS, HEAD_PATTERN
 
 MANIFEST_NAME = "index.json"
 FORMAT = "wdstream"
@@ -39,6 +41,8 @@ class ShardInfo:
     samples: int
     bytes: int
     sha256: str | None = None
+    head: str | None = None  # wdstream.shards.identity: digest of the first bytes
+    last_key: str | None = None  # the key of the shard's last sample
 
 
 @dataclass
@@ -75,13 +79,8 @@ class Manifest:
             if key not in _REQUIRED:
                 head[key] = self.extra[key]
         text = json.dumps(head, ensure_ascii=False)[:-1]  # without the closing brace
-        shards = ",\n ".join(
-            json.dumps(
-                {"url": s.url, "samples": s.samples, "bytes": s.bytes, "sha256": s.sha256},
-                ensure_ascii=False,
-            )
-            for s in self.shards
-        )
+        shards = ",\n ".join(json.dumps(_shard_entry(s), ensure_ascii=False)
+                              for s in self.shards)
         return f'{text}, "shards": [\n {shards}\n]}}\n' if shards else f'{text}, "shards": []}}\n'
 
     def fingerprint(self) -> str:
@@ -140,7 +139,13 @@ class Manifest:
             sha256 = entry.get("sha256")
             if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
                 raise bad(f"{name}.sha256", "64 lowercase hex digits or null", sha256)
-            shards.append(ShardInfo(url, entry["samples"], entry["bytes"], sha256))
+            head, last_key = entry.get("head"), entry.get("last_key")
+            if head is not None and not (isinstance(head, str) and HEAD_PATTERN.fullmatch(head)):
+                raise bad(f"{name}.head", f"{HEAD_DIGITS} lowercase hex digits or null", head)
+            if last_key is not None and not isinstance(last_key, str):
+                raise bad(f"{name}.last_key", "a string or null", last_key)
+            shards.append(ShardInfo(url, entry["samples"], entry["bytes"], sha256, head,
+                                    last_key))
 
         manifest = cls(
             shards=shards,
@@ -155,6 +160,16 @@ class Manifest:
 
 
 _MISSING = object()
+
+
+def _shard_entry(shard: ShardInfo) -> dict:
+    entry = {"url": shard.url, "samples": shard.samples, "bytes": shard.bytes,
+             "sha256": shard.sha256}
+    if shard.head is not None:  # identity keys: only where known (older manifests have none)
+        entry["head"] = shard.head
+    if shard.last_key is not None:
+        entry["last_key"] = shard.last_key
+    return entry
 
 
 def _is_count(value) -> bool:

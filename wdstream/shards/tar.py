@@ -8,7 +8,11 @@ GNU longname ('L') entry. Members are written in the order given.
 
 Reader: ``iter_members`` parses 512-byte headers itself and slices payloads out of large reads,
 which is several times faster than ``tarfile`` in streaming mode on small members. It reads what
-GNU tar, ``tarfile`` and webdataset write: ustar, GNU longname/longlink, PAX extended headers.
+GNU tar, ``tarfile`` and webdataset write: ustar, GNU longname/longlink, PAX extended headers;
+what it cannot read as POSIX and GNU define it (sparse members, a global header that names
+files, two long names for one member, an extended header with no member after it) is a
+ShardError, never a payload under another member's name. Extended records are capped
+(``LONG_NAME_MAX``, ``PAX_MAX``), and so is what is read after the end-of-archive marker.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 from zlib import adler32
 
-from ..errors import InputError, ShardError
+from ..errors import InputError, ShardError, ShardMismatchError
 
 BLOCK = 512
 END_SIZE = 2 * BLOCK  # the end-of-archive marker: two zero blocks
@@ -33,6 +37,10 @@ _LONGLINK = b"././@LongLink"
 _USTAR_MAGIC = b"ustar\x0000"  # magic + version of POSIX ustar
 _GNU_MAGIC = b"ustar  \x00"  # magic + version of GNU tar, used around a longname entry
 _OCTAL_SIZE_MAX = 8**11 - 1  # the largest size that fits 11 octal digits (8 GiB - 1)
+LONG_NAME_MAX = 1 << 16  # a GNU long name or link: far above any file system's PATH_MAX
+PAX_MAX = 1 << 20  # a PAX extended header: names, times and a few attributes
+DRAIN_MAX = 1 << 20  # read after the end marker when the shard's length is unknown (GNU tar
+# pads to 10 KiB records)
 
 
 def _padding(n: int) -> int:
@@ -210,10 +218,16 @@ class TarWriter:
 
 # --- reading ---------------------------------------------------------------------------------
 
-# Type flags. Regular files yield a member; these others carry no payload (tarfile agrees);
-# any other unknown type is skipped together with its payload.
+# Type flags. Regular files yield a member; links, devices, directories and FIFOs carry no
+# payload whatever their size field says; extended headers (GNU long name/link, PAX per-file
+# and global) describe the next member; sparse files are refused; any other type is skipped
+# with its payload (as tarfile and GNU tar do), taking the pending extended headers with it.
 _REGULAR = frozenset(b"07\x00")
 _NO_PAYLOAD = frozenset(b"123456")
+_EXTENDED = frozenset(b"LKxXg")
+_SPARSE = 83  # 'S'
+_AREGTYPE = 0  # the old regular type; a name ending in "/" makes it a directory
+HEAD_BYTES = 4096  # what ``on_head`` is given: the shard's first header(s) and payload bytes
 
 
 def _cstr(field: bytes) -> bytes:
@@ -225,13 +239,17 @@ class TarMembers:
     """Iterator over the regular-file members of a tar stream, as ``(name, payload)`` pairs.
 
     ``offset`` is the number of bytes consumed from the stream so far. After the end-of-archive
-    marker the rest of the stream is read (GNU tar pads to 10 KiB records), so once iteration is
-    exhausted ``offset`` is the stream's total length and ``complete`` says whether the marker was
-    seen (False: the stream ended cleanly at a member boundary without it).
+    marker the rest of the stream is read (GNU tar pads to 10 KiB records) up to ``limit`` or
+    ``DRAIN_MAX`` bytes, so once iteration is exhausted ``offset`` is the stream's total length
+    and ``complete`` says whether the marker was seen (False: the stream ended cleanly at a
+    member boundary without it).
     """
 
-    def __init__(self, stream: BinaryIO, url: str, payload_target=None):
+    def __init__(self, stream: BinaryIO, url: str, payload_target=None, *,
+                 limit: int | None = None, on_head=None):
         self.url = url
+        self._limit = limit  # the stream's length when known: a byte beyond it is an error
+        self._on_head = on_head
         # payload_target(name, size, region) -> (payload, memory) or None: where payloads of
         # _EXACT_READ to _MAX_READ bytes go (see iter_members)
         self._target = payload_target
@@ -241,6 +259,9 @@ class TarMembers:
         # read1 where there is one: it hands over a stream's chunk as it is, without copying
         # or waiting for more (read(n) of a ByteStream joins chunks to give exactly n bytes).
         self._read = getattr(stream, "read1", None) or stream.read
+        self._end = 0  # stream position after the last byte read
+        if limit is not None:
+            self._raw_read, self._read = self._read, self._bounded_read
         # A seekable stream (a local file) gives a large payload in one exact read.
         seekable = getattr(stream, "seekable", None)
         self._stream = stream if seekable is not None and seekable() else None
@@ -259,6 +280,15 @@ class TarMembers:
 
     def __next__(self) -> tuple[str, bytes]:
         return next(self._gen)
+
+    def _bounded_read(self, n: int) -> bytes:
+        """``read`` when the stream's length is known: never asks beyond one byte past it."""
+        chunk = self._raw_read(max(1, min(n, self._limit + 1 - self._end)))
+        self._end += len(chunk)
+        if self._end > self._limit:
+            raise ShardMismatchError(f"{self.url}: the stream goes on past the {self._limit} "
+                                     f"bytes recorded for it")
+        return chunk
 
     def _fill(self, need: int) -> bool:
         """Make at least ``need`` unparsed bytes available; False if the stream ends first."""
@@ -347,6 +377,7 @@ class TarMembers:
         else:
             end = offset + len(payload)
         self._base, self._data, self._pos = end, b"", 0
+        self._end = end
         return payload if end == offset + padded else None
 
     def _skip(self, start: int, padded: int, payload, region):
@@ -356,6 +387,7 @@ class TarMembers:
         end = offset + min(padded, region[2] - region[1])  # not past the end of the file
         self._stream.seek(end)
         self._base, self._data, self._pos = end, b"", 0
+        self._end = end
         self._read_size = _READ_AFTER_EXACT
         return payload if end == offset + padded else None
 
@@ -379,6 +411,7 @@ class TarMembers:
             have += count
             offset += count
         padding = padded - max(size, len(data) - start)  # still to read
+        self._end = max(self._end, offset)
         while have == size and padding > 0:
             count = len(read(padding))
             if not count:
@@ -394,18 +427,25 @@ class TarMembers:
 
     def _members(self) -> Iterator[tuple[str, bytes]]:
         long_name: bytes | None = None  # from a GNU 'L' entry, for the next member
-        pax: dict[bytes, bytes] = {}  # from a PAX 'x' header, for the next member
+        pax: dict[bytes, bytes] | None = None  # from a PAX 'x' header, for the next member
         zero = _ZERO_BLOCK
+        limit = self._limit
+        if self._on_head is not None:
+            self._fill(HEAD_BYTES if limit is None else min(HEAD_BYTES, limit))
+            self._on_head(self._data[:HEAD_BYTES])
         while True:
             if len(self._data) - self._pos < BLOCK and not self._fill(BLOCK):
                 if self._pos == len(self._data):  # clean end at a member boundary
-                    if long_name is not None or pax:
+                    if long_name is not None or pax is not None:
                         raise self._error("stream ends after an extended header", self.offset)
                     return
                 raise self._error("truncated header", self.offset)
             data, pos = self._data, self._pos
             header = data[pos : pos + BLOCK]
             if not header[0] and header == zero:  # a member's name never starts with NUL
+                if long_name is not None or pax is not None:
+                    raise self._error("end-of-archive marker after an extended header",
+                                      self.offset)
                 self._pos = pos + BLOCK
                 self.complete = True
                 self._drain()
@@ -434,43 +474,78 @@ class TarMembers:
                     size = _number(header[124:136])
                 except ValueError:
                     size = -1
-            typeflag = header[156]
-            if pax:
-                if b"size" in pax:
-                    try:
-                        size = int(pax[b"size"])
-                    except ValueError:
-                        size = -1
-                path = pax.get(b"path")
-                pax = {}
-            else:
-                path = None
             if size < 0:
                 raise self._error("bad size field", start)
-            if typeflag in _NO_PAYLOAD:
-                self._pos = pos + BLOCK
-                long_name = None
+            typeflag = header[156]
+            if typeflag in _EXTENDED:
+                record = self._extended(pos, start, size, typeflag)
+                if typeflag == 76:  # 'L': the next member's name
+                    if long_name is not None:
+                        raise self._error("two GNU long names for one member", start)
+                    if pax is not None and b"path" in pax:
+                        raise self._error("a GNU long name and a PAX path for one member", start)
+                    if 0 not in record:  # GNU tar counts the NUL; tarfile would read on
+                        raise self._error("GNU long name without its NUL", start)
+                    long_name = _cstr(record)
+                elif typeflag == 120 or typeflag == 88:  # 'x' (and Solaris 'X'): PAX, per file
+                    if pax is not None:
+                        raise self._error("two PAX headers for one member", start)
+                    pax = _parse_pax(record, self, start)
+                    if b"path" in pax and long_name is not None:
+                        raise self._error("a GNU long name and a PAX path for one member", start)
+                    if any(key.startswith(b"GNU.sparse.") for key in pax):
+                        raise self._error("sparse member (not supported)", start)
+                elif typeflag == 103:  # 'g': global PAX header
+                    records = _parse_pax(record, self, start)
+                    if b"path" in records or b"size" in records or \
+                            any(key.startswith(b"GNU.sparse.") for key in records):
+                        raise self._error("a global PAX header sets path, size or sparse "
+                                          "records (not supported)", start)
+                # 'K' (the next member's link target) means nothing for a regular file
                 continue
+            if pax is not None:
+                if b"size" in pax:
+                    value = pax[b"size"]
+                    if not value.isdigit():
+                        raise self._error("bad PAX size record", start)
+                    size = int(value)
+                path = pax.get(b"path")
+                if path is not None:
+                    path = path.rstrip(b"/")  # as tarfile does
+                pax = None
+            else:
+                path = None
+            named = long_name
+            long_name = None  # extended headers describe the next member only, whatever it is
+            if typeflag in _NO_PAYLOAD or (typeflag == _AREGTYPE and header[:100].split(
+                    b"\x00", 1)[0].endswith(b"/")):  # the last: an old-style directory
+                self._pos = pos + BLOCK
+                continue
+            if typeflag == _SPARSE:
+                raise self._error("sparse member (not supported)", start)
             end = pos + BLOCK + size
             padded = end + _padding(size)
+            if limit is not None and start + BLOCK + size > limit:
+                raise self._error(f"member of {size} bytes runs past the {limit} bytes "
+                                  f"recorded for the shard", start)
             regular = typeflag in _REGULAR
             into = region = None  # (payload, memory) from the payload target; see _skip
             if regular:
                 if path is not None:
                     name = path
-                elif long_name is not None:
-                    name = long_name
+                elif named is not None:
+                    name = named
                 else:
                     name = header[:100]
                     nul = name.find(0)
                     if nul >= 0:
                         name = name[:nul]
-                    if header[257:263] == b"ustar\x00" and header[345]:
+                    if header[345]:
+                        if header[257:263] != b"ustar\x00":
+                            raise self._error("prefix field set in a non-POSIX header", start)
                         name = _cstr(header[345:500]) + b"/" + name
-                long_name = None
                 text = name.decode("utf-8", "surrogateescape")
-                if self._target is not None and _EXACT_READ <= size <= _MAX_READ \
-                        and not name.endswith(b"/"):
+                if self._target is not None and _EXACT_READ <= size <= _MAX_READ:
                     if self._region is not None and self._stream is not None:
                         region = self._region(self._base + pos + BLOCK)
                     into = self._target(text, size, region)
@@ -482,7 +557,7 @@ class TarMembers:
                 self._pos = padded
                 payload = None
             if regular:
-                if name.endswith(b"/"):  # an old-style directory entry
+                if not size and name.endswith(b"/"):  # a directory entry another way
                     continue
                 if payload is None:
                     if into is not None:
@@ -492,21 +567,40 @@ class TarMembers:
                     else:
                         payload = data[pos + BLOCK : end]
                 yield text, payload
-            elif typeflag == 76 or typeflag == 75:  # 'L' longname, 'K' longlink
-                if typeflag == 76:
-                    long_name = _cstr(data[pos + BLOCK : end] if payload is None else payload)
-            elif typeflag == 120:  # 'x': PAX extended header for the next member
-                pax = _parse_pax(data[pos + BLOCK : end] if payload is None else payload,
-                                 self, start)
-            # else: 'g' (global PAX header) or an unknown type, skipped with its payload
+            # else: an unknown type, skipped with its payload
+
+    def _extended(self, pos: int, start: int, size: int, typeflag: int) -> bytes:
+        """The payload of an extended header at ``_data[pos:]``, within its cap."""
+        cap = PAX_MAX if typeflag in (120, 88, 103) else LONG_NAME_MAX
+        if size > cap:
+            raise self._error(f"extended header of {size} bytes (more than {cap})", start)
+        if self._limit is not None and start + BLOCK + size > self._limit:
+            raise self._error(f"member of {size} bytes runs past the {self._limit} bytes "
+                              f"recorded for the shard", start)
+        end = pos + BLOCK + size
+        padded = end + _padding(size)
+        if padded <= len(self._data):
+            self._pos = padded
+            return self._data[pos + BLOCK : end]
+        payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK)
+        if payload is None:
+            raise self._error(f"truncated member ({size} bytes expected)", start)
+        return payload
 
     def _drain(self) -> None:
-        """Read the rest of the stream so that ``offset`` counts every byte."""
+        """Read the rest of the stream so that ``offset`` counts every byte: up to the known
+        length (a byte more is an error), else at most ``DRAIN_MAX`` bytes."""
         self._base += len(self._data)
         self._data, self._pos = b"", 0
         read = self._read
-        while chunk := read(_READ_SIZE):
+        budget = DRAIN_MAX if self._limit is None else None
+        while chunk := read(_READ_SIZE if budget is None else min(_READ_SIZE, budget + 1)):
             self._base += len(chunk)
+            if budget is not None:
+                budget -= len(chunk)
+                if budget < 0:
+                    raise ShardMismatchError(f"{self.url}: the stream goes on for more than "
+                                             f"{DRAIN_MAX} bytes after the end-of-archive marker")
 
 
 def _signed_sum(header: bytes) -> int:
@@ -520,7 +614,7 @@ def _signed_sum(header: bytes) -> int:
 
 def _number(field: bytes) -> int:
     """A numeric header field: octal text, or GNU base-256 when the high bit is set."""
-    if field[0] & 0x80:
+    if field[0] == 0x80 or field[0] == 0xFF:
         value = int.from_bytes(field[1:], "big")
         return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
     return int(_cstr(field).strip() or b"0", 8)
@@ -531,13 +625,12 @@ def _parse_pax(payload: bytes, members: TarMembers, at: int) -> dict[bytes, byte
     records: dict[bytes, bytes] = {}
     pos = 0
     while pos < len(payload) and payload[pos]:
-        space = payload.find(b" ", pos)
-        try:
-            length = int(payload[pos:space])
-        except ValueError:
-            raise members._error("bad PAX header", at) from None
+        space = payload.find(b" ", pos, pos + 21)
+        digits = payload[pos:space] if space > pos else b""
+        length = int(digits) if digits.isdigit() else 0
         record = payload[space + 1 : pos + length]
-        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+        if length <= space + 1 - pos or pos + length > len(payload) \
+                or not record.endswith(b"\n") or record.find(b"=") <= 0:
             raise members._error("bad PAX header", at)
         key, value = record[:-1].split(b"=", 1)
         records[key] = value
@@ -545,7 +638,8 @@ def _parse_pax(payload: bytes, members: TarMembers, at: int) -> dict[bytes, byte
     return records
 
 
-def iter_members(stream: BinaryIO, url: str, payload_target=None) -> TarMembers:
+def iter_members(stream: BinaryIO, url: str, payload_target=None, *, limit: int | None = None,
+                 on_head=None) -> TarMembers:
     """Iterate ``(name, payload)`` over the regular files of a tar read from ``stream``.
 
     ``stream`` needs only ``read(n)``. Raises ShardError naming ``url`` and the byte offset on a
@@ -558,5 +652,10 @@ def iter_members(stream: BinaryIO, url: str, payload_target=None) -> TarMembers:
     returns ``(payload, memory)``, the payload is read into ``memory`` (a writable memoryview
     of that size) and ``payload`` yielded instead; ``(payload, None)``: the payload is left in
     the file, unread (the reader seeks past it), and ``payload`` yielded.
+
+    ``limit``: the stream's length when known (a manifest's byte count): a member that runs past
+    it, or a byte beyond it, is a ShardError (``ShardMismatchError`` for the byte), so a stream
+    that goes on is never read further. ``on_head(first)`` is called with the first
+    ``HEAD_BYTES`` bytes (fewer if the stream is shorter) before any member is parsed.
     """
-    return TarMembers(stream, url, payload_target)
+    return TarMembers(stream, url, payload_target, limit=limit, on_head=on_head)

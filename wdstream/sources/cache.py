@@ -19,6 +19,15 @@ Keys: the sha256 of the full URL, plus the manifest's byte count and sha256 when
 shard replaced under the same URL (with a new manifest) is fetched again, never served stale.
 Without a manifest a cached shard is served until evicted.
 
+A directory others can write: nothing is opened through a symbolic link (``O_NOFOLLOW``, the
+lock file too) and nothing that is not a regular file is read (``O_NONBLOCK``, then ``fstat``:
+a FIFO planted at an entry's path never blocks), so no file outside the directory is read,
+created or touched. Before a hit is served its size, its tar end marker and (when the
+manifest records it) its ``head`` are checked against the manifest; with ``verify_digest``
+the whole entry's sha256 too. An entry that fails is deleted and the shard read from its
+source. A download's temporary file never grows past the manifest's byte count (or, unknown,
+the cache's limit): the copy is given up, the read goes on.
+
 Sharing: several DataLoader workers, ranks and jobs may use one directory. Each miss writes
 its own uniquely named temporary file and publishes it with an atomic ``os.replace``; racing
 readers of the same shard write identical bytes, and the last rename wins. Eviction runs after
@@ -45,11 +54,14 @@ import logging
 import os
 import re
 import socket
+import stat as stat_mode
 import tempfile
 import time
 from collections.abc import Callable
 
 from ..errors import InputError
+from ..shards.identity import HEAD_BYTES as _HEAD_BYTES
+from ..shards.identity import head_digest
 from ..sizes import parse_size
 from . import urls
 from .openers import LocalFile
@@ -100,39 +112,48 @@ class ShardCache:
 
     # ---- reading ------------------------------------------------------------------------
     def open(self, url: str, opener: Callable[[], io.IOBase], *, size: int | None = None,
-             sha256: str | None = None, verify_digest: bool = False):
+             sha256: str | None = None, verify_digest: bool = False, head: str | None = None):
         """A stream of ``url``: the cached copy, or ``opener()`` copied into the cache as it is
-        read. ``size``/``sha256`` are the manifest's (part of the key, and checked before the
-        copy is kept; the digest only with ``verify_digest``)."""
+        read. ``size``/``sha256``/``head`` are the manifest's (size and digest are part of the
+        key; all are checked before a copy is kept or served, the digest only with
+        ``verify_digest``)."""
         if not self.cacheable(url):
             return opener()
         path = self.path_for(url, size, sha256)
-        cached = self._open_hit(url, path, size)
+        cached = self._open_hit(url, path, size, head, sha256 if verify_digest else None)
         if cached is not None:
             self.hits += 1
             return cached
         self.misses += 1
         return TeeStream(self, url, opener(), path, size=size,
-                         sha256=sha256 if verify_digest else None)
+                         sha256=sha256 if verify_digest else None, head=head)
 
-    def _open_hit(self, url: str, path: str, size: int | None) -> CachedStream | None:
+    def _open_hit(self, url: str, path: str, size: int | None, head: str | None = None,
+                  sha256: str | None = None) -> CachedStream | None:
         try:
-            file = open(path, "rb", buffering=0)  # noqa: SIM115 - owned by the stream
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
-        except OSError as exc:
+        except OSError as exc:  # ELOOP: a symbolic link planted there
             log.warning("%s: cannot read the cached copy %s (%s); reading the source", url,
                         path, exc)
+            with contextlib.suppress(OSError):
+                if stat_mode.S_ISLNK(os.lstat(path).st_mode):
+                    os.unlink(path)
             return None
-        stat = os.fstat(file.fileno())
-        if size and stat.st_size != size:  # not written by us; drop it
+        file = open(fd, "rb", buffering=0, closefd=True)  # noqa: SIM115 - owned by the stream
+        try:
+            stat = os.fstat(fd)
+            problem = _entry_problem(fd, stat, size, head, sha256)
+        except OSError as exc:
+            problem = str(exc)
+        if problem is not None:  # not written by us, or damaged since; drop it
             file.close()
-            log.warning("%s: cached copy %s has %d bytes, the manifest says %d; dropped", url,
-                        path, stat.st_size, size)
+            log.warning("%s: cached copy %s %s; dropped", url, path, problem)
             self._remove_if_same(path, stat)
             return None
         with contextlib.suppress(OSError):  # evicted meanwhile: our open file still reads
-            os.utime(path)
+            os.utime(fd)
         return CachedStream(url, file, path)
 
     def forget(self, url: str, size: int | None = None, sha256: str | None = None) -> None:
@@ -144,7 +165,7 @@ class ShardCache:
     @staticmethod
     def _remove_if_same(path: str, stat: os.stat_result) -> None:
         try:
-            if os.path.samestat(os.stat(path), stat):
+            if os.path.samestat(os.lstat(path), stat):
                 os.unlink(path)
         except OSError:
             pass
@@ -171,12 +192,35 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _locked(self):
-        fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    def _open_lock(self) -> int:
+        """The lock file, never through a link nor anything but a regular file: one planted
+        there is removed (once) rather than followed, so that eviction goes on."""
+        path = os.path.join(self.directory, LOCK_NAME)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for attempt in range(2):
+            try:
+                fd = os.open(path, flags, 0o644)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP or attempt:
+                    raise
+            else:
+                if stat_mode.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+                if attempt:
+                    raise OSError(errno.EINVAL, f"{path} is not a regular file")
+            log.warning("%s: %s is not a regular file; replaced", self.directory, LOCK_NAME)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            flags |= os.O_EXCL
+        raise AssertionError("unreachable")
 
     def evict(self) -> int:
         """Delete least recently used entries until the total is within the limit, and
@@ -205,7 +249,8 @@ class ShardCache:
                     continue
                 parts = entry.name[len(TEMP_PREFIX):].split("-")
                 try:
-                    abandoned = now - entry.stat().st_mtime > STALE_TEMP_SECONDS
+                    abandoned = now - entry.stat(follow_symlinks=False).st_mtime \
+                        > STALE_TEMP_SECONDS
                     if not abandoned and len(parts) >= 3 and parts[0] == host:
                         abandoned = not _alive(int(parts[1]))
                 except (FileNotFoundError, ValueError):
@@ -224,10 +269,33 @@ class ShardCache:
         """A shard was published at ``path``: it is the most recently used; evict."""
         self.stored += 1
         try:
-            os.utime(path)
+            os.utime(path, follow_symlinks=False)
             self.evict()
         except OSError as exc:
             log.warning("%s: eviction failed: %s", self.directory, exc)
+
+
+def _entry_problem(fd: int, stat: os.stat_result, size: int | None, head: str | None,
+                   sha256: str | None) -> str | None:
+    """Why the entry open at ``fd`` must not be served, or None. Costs two small reads (the
+    head and the end marker), and a read of the whole entry when ``sha256`` is given."""
+    if not stat_mode.S_ISREG(stat.st_mode):
+        return "is not a regular file"
+    if size and stat.st_size != size:
+        return f"has {stat.st_size} bytes, the manifest says {size}"
+    if stat.st_size < len(_TAR_END) or \
+            os.pread(fd, len(_TAR_END), stat.st_size - len(_TAR_END)) != _TAR_END:
+        return "does not end with a tar end-of-archive marker"
+    if head and head_digest(os.pread(fd, _HEAD_BYTES, 0)) != head:
+        return "does not start as the manifest's head says"
+    if sha256:
+        digest, offset = hashlib.sha256(), 0
+        while chunk := os.pread(fd, 1 << 20, offset):
+            digest.update(chunk)
+            offset += len(chunk)
+        if digest.hexdigest() != sha256:
+            return "has another sha256 than the manifest's"
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -260,7 +328,7 @@ class TeeStream(io.BufferedIOBase):
     published by ``close()`` when the whole shard was read and ended cleanly."""
 
     def __init__(self, cache: ShardCache, url: str, source, path: str, *,
-                 size: int | None = None, sha256: str | None = None):
+                 size: int | None = None, sha256: str | None = None, head: str | None = None):
         super().__init__()
         self.url, self.path = url, path
         self._cache, self._source = cache, source
@@ -270,6 +338,7 @@ class TeeStream(io.BufferedIOBase):
         self._temporary: str | None = None
         self._written = 0
         self._tail = b""  # the last len(_TAR_END) bytes
+        self._head, self._first = head or None, b""  # the manifest's head; the first bytes
         self._ended = False  # the source said b"": its end
         self._short = False  # the last read returned less than asked (the end, for a ByteStream)
         self._failed = False  # a read raised: this copy is never published
@@ -291,6 +360,12 @@ class TeeStream(io.BufferedIOBase):
         self._written += len(data)
         if self._uncached:
             return data
+        bound = self._size if self._size is not None else self._cache.limit
+        if self._written > bound:  # longer than the shard can be: never kept, stop copying
+            log.warning("%s: not cached: more than the %d bytes it can have", self.url, bound)
+            self._uncached = True
+            self._discard()
+            return data
         try:
             if self._file is None:
                 self._file, self._temporary = self._cache._temporary()
@@ -303,6 +378,8 @@ class TeeStream(io.BufferedIOBase):
             return data
         if self._hash is not None:
             self._hash.update(data)
+        if self._head is not None and len(self._first) < _HEAD_BYTES:
+            self._first += data[: _HEAD_BYTES - len(self._first)]
         self._tail = (self._tail + data[-len(_TAR_END):])[-len(_TAR_END):]
         return data
 
@@ -368,6 +445,8 @@ class TeeStream(io.BufferedIOBase):
             return f"{self._written} bytes, the manifest says {self._size}"
         if self._hash is not None and self._hash.hexdigest() != self._sha256:
             return "sha256 differs from the manifest's"
+        if self._head is not None and head_digest(self._first) != self._head:
+            return "its first bytes differ from the manifest's head"
         if self._tail != _TAR_END:
             return "no tar end-of-archive marker at the end"
         return None
