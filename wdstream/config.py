@@ -21,6 +21,11 @@ datasets:
 when ``seq_len`` is given. Unknown keys, wrong types and impossible values raise
 ``InputError`` naming the key and the entry. Relative local paths in a config file resolve
 against the file's folder.
+
+A config file is read from storage, so its ``path:`` and ``tokenizer:`` values are data: a
+``pipe:`` command there is refused (write it in a dict passed from code), and in a config read
+from a URL (``s3://…/mix.yaml``) they are names under that URL's prefix unless
+``allow_external_paths=True``. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .errors import InputError, ManifestError, StreamError, WdstreamError
 from .plan import REMAINDER_POLICIES
+from .printable import printable
+from .shards.names import outside_prefix
 from .sources import urls
 from .sources.openers import OPENERS
 from .sources.writers import read_bytes
@@ -77,17 +85,38 @@ DATASET_TYPES = ("pretrain",)  # documents of text (or token ids) packed for a c
 _PACKING_KEYS = ("tokenizer", "eos", "sequences_per_epoch", "long_documents")
 
 
-def from_config(config):
-    """A ready dataset from ``config``: a dict, or the path or URL of a YAML or JSON file."""
-    base = None
+def from_config(config, *, allow_external_paths: bool = False,
+                allow_external_shards: bool = False):
+    """A ready dataset from ``config``: a dict, or the path or URL of a YAML or JSON file.
+
+    ``allow_external_paths``: a config read from a URL may name datasets and a tokenizer
+    outside its prefix. ``allow_external_shards`` is passed to each ``StreamingDataset``."""
+    origin = None
     if isinstance(config, str | os.PathLike):
         where = os.fspath(config)
         config = load_config_file(where)
-        local = urls.to_local_path(where)
-        base = os.path.dirname(os.path.abspath(local)) if local is not None else None
+        origin = _Origin.of(where, bool(allow_external_paths))
     else:
         where = "config"
-    return _build(config, where, base)
+    return _build(config, where, origin, bool(allow_external_shards))
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where a config file was read from: ``folder``, a local folder or a URL's prefix, is
+    where its paths resolve."""
+
+    url: str
+    folder: str
+    remote: bool
+    allow_external: bool
+
+    @classmethod
+    def of(cls, url: str, allow_external: bool) -> _Origin:
+        local = urls.to_local_path(url)
+        if local is not None:
+            return cls(url, os.path.dirname(os.path.abspath(local)), False, allow_external)
+        return cls(url, urls.parent(url), True, allow_external)
 
 
 def load_config_file(url: str) -> dict:
@@ -129,14 +158,30 @@ def _positive(entry: Mapping, key: str, where: str) -> None:
         raise InputError(f"{where}: {key!r} must be at least 1, not {entry[key]}")
 
 
-def _resolve(path: str, base: str | None) -> str:
-    """A relative local path in a config file is relative to the file's folder."""
-    if base is None or urls.scheme(path) != "file" or os.path.isabs(urls.to_local_path(path)):
+def _resolve(path: str, origin: _Origin | None, where: str) -> str:
+    """A path read from a config file (``where`` names the key): a relative local path is
+    relative to the file's folder; in a file read from a URL, a name under its prefix. A
+    ``pipe:`` command from a file is refused. A dict from code is taken as it is."""
+    if origin is None:
         return path
-    return os.path.join(base, urls.to_local_path(path))
+    shown = printable(repr(path))
+    if urls.scheme(path) == "pipe":
+        raise InputError(f"{where} {shown}: a pipe: command; commands are never taken from a "
+                         "config file (pass the config as a dict from code to use one)")
+    if not origin.remote:
+        if urls.scheme(path) != "file" or os.path.isabs(urls.to_local_path(path)):
+            return path
+        return os.path.join(origin.folder, urls.to_local_path(path))
+    problem = outside_prefix(path, f"the config's prefix {origin.folder}")
+    if problem is None:
+        return urls.join(origin.folder, path)
+    if origin.allow_external:
+        return path
+    raise InputError(f"{where} {shown}: {problem} (pass allow_external_paths=True to "
+                     "from_config to allow it)")
 
 
-def _build(config, where: str, base: str | None):
+def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
     from .dataset import StreamingDataset
     from .mix import STOP_RULES, Mix
     from .packing import LONG_DOCUMENTS, PackedSequences
@@ -174,7 +219,7 @@ def _build(config, where: str, base: str | None):
             raise InputError(f"{label}: a dataset is a mapping with a 'path', not "
                              f"{type(entry).__name__}")
         if "path" in entry and isinstance(entry["path"], str):
-            label += f" ({entry['path']})"
+            label += f" ({printable(entry['path'])})"
         _check_keys(entry, DATASET_KEYS, label)
         if not entry.get("path"):
             raise InputError(f"{label}: 'path' is missing")
@@ -199,7 +244,9 @@ def _build(config, where: str, base: str | None):
                 raise InputError(f"{label}: {key!r} must be one of {', '.join(allowed)}, not "
                                  f"{options[key]!r}")
         try:
-            datasets.append(StreamingDataset(_resolve(entry["path"], base), **options))
+            path = _resolve(entry["path"], origin, f"{label}: 'path'")
+            datasets.append(StreamingDataset(path, allow_external_shards=allow_external_shards,
+                                             **options))
         except ManifestError as error:
             raise ManifestError(f"{label}: {error}") from error
         except StreamError as error:
@@ -221,7 +268,8 @@ def _build(config, where: str, base: str | None):
     text_field = fields[0] if len(set(fields)) == 1 else dict(zip(names, fields, strict=True))
     tokenizer = config.get("tokenizer")
     return PackedSequences(
-        mix, _resolve(tokenizer, base) if tokenizer else None, config["seq_len"],
+        mix, _resolve(tokenizer, origin, f"{where}: 'tokenizer'") if tokenizer else None,
+        config["seq_len"],
         eos=config["eos"], text_field=text_field,
         long_documents=config.get("long_documents", "split"),
         sequences_per_epoch=config.get("sequences_per_epoch"))

@@ -42,11 +42,24 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except WdstreamError as error:
-            click.echo(f"error: {error}", err=True)
+            click.echo(f"error: {_shown(error)}", err=True)
             sys.exit(error.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+
+
+def _shown(error: WdstreamError) -> str:
+    """An error's message safe for a terminal: names from storage may hold control characters.
+    One line, but for the stderr of a failed command (a StreamError), which keeps its lines."""
+    from ..printable import printable
+
+    text = str(error).rstrip("\n")
+    tail = getattr(error, "stderr", "")
+    if tail and text.endswith("\n" + tail):
+        head = text[: -len(tail) - 1]
+        return printable(head) + "\n" + printable(tail, keep_newlines=True)
+    return printable(text)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,9 +8,11 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import ManifestError, ShardError
+from ..errors import InputError, ManifestError, ShardError
+from ..printable import printable
 from ..sources import urls as urlmod
-from .manifest import Manifest, ShardInfo
+from .manifest import Manifest, ShardInfo, count_problem
+from .names import outside_prefix
 from .samples import iter_samples
 from .tar import iter_members
 
@@ -102,9 +104,19 @@ def index_shards(
             raise
     shards, extensions = [], set()
     for info, exts in results:
-        shards.append(
-            ShardInfo(relative_url(info.url, base), info.samples, info.bytes, info.sha256)
-        )
+        name = relative_url(info.url, base)
+        under_base = name != info.url and not os.path.isabs(name) and "://" not in name
+        if under_base and outside_prefix(name) is not None:
+            # a listed file named like a URL or a command: a manifest could not name it
+            raise InputError(f"{printable(info.url)}: a shard named {printable(repr(name))} "
+                             "cannot be listed in a manifest (it reads as a URL or a command); "
+                             "rename it")
+        problem = count_problem(info.samples, info.bytes)
+        if problem is not None:
+            raise ShardError(f"{printable(info.url)}: {info.samples:,} samples in "
+                             f"{info.bytes:,} bytes: a manifest could not list it (bytes "
+                             f"{problem})")
+        shards.append(ShardInfo(name, info.samples, info.bytes, info.sha256))
         extensions |= exts
     return Manifest(shards=shards, extensions=sorted(extensions), base=base)
 

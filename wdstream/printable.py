@@ -1,0 +1,44 @@
+"""Text from storage made safe to show on a terminal.
+
+Names and values read from storage (object names, manifest entries, config values) may hold
+control characters: an ANSI escape could recolour or rewrite what a terminal shows, a ``\\r`` or
+a newline could forge a line of output. ``printable`` spells every such character as an escape
+(``\\x1b``, ``\\r``, ``\\n``, ``\\u202e``), the way ``repr`` does, and leaves all other text as it is.
+"""
+
+from __future__ import annotations
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every non-printable character escaped (``keep_newlines``: except ``\\n``,
+    for messages that are several lines on purpose)."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char.isprintable() or char == " " or (keep_newlines and char == "\n"):
+            out.append(char)
+        elif char in _NAMED:
+            out.append(_NAMED[char])
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100
+                       else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def printable_json(text: str) -> str:
+    """A JSON document with the characters JSON leaves raw (DEL, C1 controls, Unicode format
+    characters such as bidirectional overrides) written as ``\\uXXXX`` escapes: the same
+    document, safe to print."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() or char in " \n" else f"\\u{ord(char):04x}"
+                   if ord(char) < 0x10000 else _surrogates(char) for char in text)
+
+
+def _surrogates(char: str) -> str:
+    code = ord(char) - 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
