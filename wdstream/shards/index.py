@@ -91,6 +91,8 @@ def index_shards(
     appears in two samples of a shard a ShardError (WebDataset readers would yield both).
     ``progress(nbytes)`` is called as bytes are read, from the worker threads.
     """
+    for url in urls:  # before reading anything
+        _check_listable(url, relative_url(url, base))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
             pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress)
@@ -105,12 +107,6 @@ def index_shards(
     shards, extensions = [], set()
     for info, exts in results:
         name = relative_url(info.url, base)
-        under_base = name != info.url and not os.path.isabs(name) and "://" not in name
-        if under_base and outside_prefix(name) is not None:
-            # a listed file named like a URL or a command: a manifest could not name it
-            raise InputError(f"{printable(info.url)}: a shard named {printable(repr(name))} "
-                             "cannot be listed in a manifest (it reads as a URL or a command); "
-                             "rename it")
         problem = count_problem(info.samples, info.bytes)
         if problem is not None:
             raise ShardError(f"{printable(info.url)}: {info.samples:,} samples in "
@@ -119,6 +115,16 @@ def index_shards(
         shards.append(ShardInfo(name, info.samples, info.bytes, info.sha256))
         extensions |= exts
     return Manifest(shards=shards, extensions=sorted(extensions), base=base)
+
+
+def _check_listable(url: str, name: str) -> None:
+    """InputError if a manifest could not name the shard ``url`` as ``name``: a listed file
+    named like a URL or a command, or with control characters, would be refused when read."""
+    under_base = name != url and not os.path.isabs(name) and "://" not in name
+    if not name.isprintable() or under_base and outside_prefix(name) is not None:
+        raise InputError(f"{printable(url)}: a shard named {printable(repr(name))} cannot be "
+                         "listed in a manifest (it reads as a URL or a command, or holds "
+                         "control characters); rename it")
 
 
 def merge_manifests(manifests: list[Manifest], output_prefix: str) -> Manifest:
