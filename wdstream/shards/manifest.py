@@ -126,7 +126,8 @@ class Manifest:
             raise ManifestError(f"{where}: not valid JSON ({e})") from None
         if not isinstance(doc, dict):
             raise ManifestError(f"{where}: expected a JSON object, got {type(doc).__name__}")
-        if _too_deep(doc, MAX_DEPTH):
+        extra = {k: v for k, v in doc.items() if k not in _REQUIRED}
+        if _too_deep(extra, MAX_DEPTH):  # kept and shown; the shards' own keys are checked below
             raise ManifestError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; no "
                                 "manifest is")
 
@@ -183,7 +184,7 @@ class Manifest:
         manifest = cls(
             shards=shards,
             extensions=list(extensions),
-            extra={k: v for k, v in doc.items() if k not in _REQUIRED},
+            extra=extra,
             base=base,
         )
         for key in ("samples", "bytes"):

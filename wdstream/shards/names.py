@@ -54,6 +54,6 @@ def shard_name_problem(name: str, *, allow_external: bool = False) -> str | None
 def same_shard_key(name: str) -> str:
     """A spelling of a shard name under which two names for the same object compare equal
     (``a.tar`` and ``./a.tar``)."""
-    if "://" in name or urls.scheme(name) == "pipe":
+    if "/" not in name or "://" in name or name.startswith("pipe:"):
         return name
     return posixpath.normpath(name)
