@@ -161,6 +161,15 @@ def test_a_listed_file_named_like_a_command_is_read_as_a_file(tmp_path, monkeypa
     assert not (folder / "index.json").exists() and not (folder / "PWNED.tar").exists()
 
 
+def test_a_listed_name_with_braces_is_one_object(tmp_path):
+    folder = tmp_path / "listed"
+    write_dataset(folder, [2], manifest=False)
+    (folder / "{shard-000000,shard-000000}.tar").write_bytes(shard_bytes(7, 3))
+    assert len(list(wds.StreamingDataset(str(folder)))) == 5
+    assert benchmark(str(folder), workers=0).samples == 5  # not expanded as a pattern
+    assert wdstream("cat", folder).stdout.count('"__key__"') == 5
+
+
 @pytest.mark.slow
 def test_an_s3_object_named_like_a_command_is_read_as_an_object(s3, s3_bucket, tmp_path,
                                                                  monkeypatch, cli_env):

@@ -568,7 +568,8 @@ def benchmark(
     from .dataset import StreamingDataset
     from .loader import DataLoader
 
-    dataset = StreamingDataset(found.manifest or found.urls, shuffle=shuffle, opener=opener,
+    # the resolved shards as they are: listed names are names, not patterns to expand again
+    dataset = StreamingDataset(found.manifest or found, shuffle=shuffle, opener=opener,
                                decode=decode, on_error=on_error,
                                allow_external_shards=allow_external_shards)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, bytes_as=bytes_as)

@@ -27,6 +27,9 @@ class Shards:
     manifest: Manifest | None = None
     how: str = "manifest"
 
+    def __str__(self) -> str:  # what messages about the source show
+        return self.source
+
 
 def find_shards(source: str | Sequence[str] | Shards, *,
                 allow_external_shards: bool = False) -> Shards:

@@ -168,13 +168,13 @@ class Manifest:
                 if not _is_count(entry.get(key, _MISSING)):
                     raise bad(f"{name}.{key}", "a non-negative integer", entry.get(key, _MISSING))
             samples, nbytes = entry["samples"], entry["bytes"]
-            problem = count_problem(samples, nbytes)
-            if problem is not None:
-                raise bad(f"{name}.bytes", problem, nbytes)
+            if (nbytes < samples * MIN_SAMPLE_BYTES or nbytes > MAX_SHARD_BYTES
+                    or not samples and nbytes > EMPTY_TAR_BYTES):  # count_problem, inlined
+                raise bad(f"{name}.bytes", count_problem(samples, nbytes), nbytes)
             sha256 = entry.get("sha256")
             if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
                 raise bad(f"{name}.sha256", "64 lowercase hex digits or null", sha256)
-            key = names.same_shard_key(url)
+            key = names.same_shard_key(url) if "/" in url else url
             if key in seen:
                 raise bad(f"{name}.url", f"a shard not already listed (shards[{seen[key]}] is "
                           "the same)", url)
