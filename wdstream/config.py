@@ -114,6 +114,8 @@ class _Origin:
     @classmethod
     def of(cls, url: str, allow_external: bool) -> _Origin:
         local = urls.to_local_path(url)
+        if urls.scheme(url) == "pipe":  # a command the user wrote: its paths as a local file's
+            return cls(url, os.getcwd(), False, allow_external)
         if local is not None:
             return cls(url, os.path.dirname(os.path.abspath(local)), False, allow_external)
         return cls(url, urls.parent(url), True, allow_external)
