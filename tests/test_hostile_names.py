@@ -170,6 +170,17 @@ def test_a_listed_name_with_braces_is_one_object(tmp_path):
     assert wdstream("cat", folder).stdout.count('"__key__"') == 5
 
 
+def test_a_listed_fsspec_name_that_would_chain_urls_is_refused():
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"/hostile-{os.getpid()}/shard.tar", shard_bytes(0, 2))
+    fs.pipe_file(f"/hostile-{os.getpid()}/x::secret.tar", shard_bytes(1, 2))
+    with pytest.raises(InputError, match=r"'x::secret.tar' cannot be read by name through"):
+        wds.StreamingDataset(f"memory://hostile-{os.getpid()}/")
+    fs.rm(f"/hostile-{os.getpid()}", recursive=True)
+
+
 @pytest.mark.slow
 def test_an_s3_object_named_like_a_command_is_read_as_an_object(s3, s3_bucket, tmp_path,
                                                                  monkeypatch, cli_env):
