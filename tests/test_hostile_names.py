@@ -41,6 +41,7 @@ HOSTILE_ENTRIES = {
     "fsspec-chain": lambda s: f"simplecache::file://{s.outside}",
     "home": lambda s: "~/shard.tar",
     "dev-zero": lambda s: "/dev/zero",
+    "percent-encoded-dotdot": lambda s: "%2e%2E/outside/shard.tar",
 }
 
 

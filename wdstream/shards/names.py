@@ -18,6 +18,7 @@ from ..sources import urls
 
 # "pipe:", "s3:", "file:", "http:", "C:" ...: the start of a URL, a command or a drive
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+_ENCODED_DOT_OR_SLASH = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
 
 
 def outside_prefix(name: str, prefix: str = "the manifest's prefix") -> str | None:
@@ -32,6 +33,8 @@ def outside_prefix(name: str, prefix: str = "the manifest's prefix") -> str | No
         return f"'..' would leave {prefix}"
     if "::" in name:
         return "'::' would chain another fsspec URL"
+    if _ENCODED_DOT_OR_SLASH.search(name):  # an HTTP server decodes them: '%2e%2e' is '..'
+        return f"a percent-encoded '.', '/' or '\\' could leave {prefix}"
     return None
 
 
