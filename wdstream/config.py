@@ -29,6 +29,12 @@ join ``datasets:``), wrapped in ``PackedSequences`` when ``sequence_len`` (or ``
 given. Every mistake in the file is reported at once, in one ``InputError`` naming each entry
 and key. Relative local paths in a config file resolve against the file's folder.
 
+A config file is read from storage, so its ``path:`` and ``tokenizer:`` values (and the
+``name``, ``split`` and ``data_files`` joined to a path) are data: a ``pipe:`` command there is
+refused (write it in a dict passed from code), and in a config read from a URL
+(``s3://…/mix.yaml``) they are names under that URL's prefix unless
+``allow_external_paths=True``. See docs/security.md.
+
 Each key is one row of ``TOP_KEYS`` or ``DATASET_KEYS`` (its type, limits, aliases); what it
 does is read in ``_build`` / ``_source``.
 """
@@ -43,8 +49,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import InputError, StreamError, WdstreamError
+from .errors import InputError, ManifestError, StreamError, WdstreamError
 from .plan import REMAINDER_POLICIES
+from .printable import printable
+from .shards.names import outside_prefix
 from .sources import urls
 from .sources.openers import OPENERS
 from .sources.writers import read_bytes
@@ -135,17 +143,40 @@ TEXT_TYPES = ("pretrain", "completion")  # raw documents of text (or token ids),
 _PACKING_KEYS = ("tokenizer", "eos", "sequences_per_epoch", "long_documents", "tokens_per_epoch")
 
 
-def from_config(config):
-    """A ready dataset from ``config``: a dict, or the path or URL of a YAML or JSON file."""
-    base = None
+def from_config(config, *, allow_external_paths: bool = False,
+                allow_external_shards: bool = False):
+    """A ready dataset from ``config``: a dict, or the path or URL of a YAML or JSON file.
+
+    ``allow_external_paths``: a config read from a URL may name datasets and a tokenizer
+    outside its prefix. ``allow_external_shards`` is passed to each ``StreamingDataset``."""
+    origin = None
     if isinstance(config, str | os.PathLike):
         where = os.fspath(config)
         config = load_config_file(where)
-        local = urls.to_local_path(where)
-        base = os.path.dirname(os.path.abspath(local)) if local is not None else None
+        origin = _Origin.of(where, bool(allow_external_paths))
     else:
         where = "config"
-    return _build(config, where, base)
+    return _build(config, where, origin, bool(allow_external_shards))
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where a config file was read from: ``folder``, a local folder or a URL's prefix, is
+    where its paths resolve."""
+
+    url: str
+    folder: str
+    remote: bool
+    allow_external: bool
+
+    @classmethod
+    def of(cls, url: str, allow_external: bool) -> _Origin:
+        local = urls.to_local_path(url)
+        if urls.scheme(url) == "pipe":  # a command the user wrote: its paths as a local file's
+            return cls(url, os.getcwd(), False, allow_external)
+        if local is not None:
+            return cls(url, os.path.dirname(os.path.abspath(local)), False, allow_external)
+        return cls(url, urls.parent(url), True, allow_external)
 
 
 def load_config_file(url: str) -> dict:
@@ -177,13 +208,15 @@ class _Report:
         self.where = where
         self.errors: list[str] = []
         self.ignored: list[str] = []
+        self.manifest_errors = 0
 
-    def error(self, label: str, message: str) -> None:
+    def error(self, label: str, message: str, kind: type = InputError) -> None:
         self.errors.append(f"{label}: {message}")
+        self.manifest_errors += kind is ManifestError
 
     def raise_errors(self) -> None:
-        if len(self.errors) == 1:
-            raise InputError(self.errors[0])
+        if len(self.errors) == 1:  # a bad manifest stays a ManifestError
+            raise (ManifestError if self.manifest_errors else InputError)(self.errors[0])
         if self.errors:
             raise InputError(f"{self.where}: {len(self.errors)} errors:\n  - "
                              + "\n  - ".join(self.errors))
@@ -220,11 +253,37 @@ def _read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str
     return values
 
 
-def _resolve(path: str, base: str | None) -> str:
-    """A relative local path in a config file is relative to the file's folder."""
-    if base is None or urls.scheme(path) != "file" or os.path.isabs(urls.to_local_path(path)):
+def _resolve(path: str, origin: _Origin | None, where: str) -> str:
+    """A path read from a config file (``where`` names the key): a relative local path is
+    relative to the file's folder; in a file read from a URL, a name under its prefix. A
+    ``pipe:`` command from a file is refused. A dict from code is taken as it is."""
+    if origin is None:
         return path
-    return os.path.join(base, urls.to_local_path(path))
+    shown = printable(repr(path))
+    if urls.scheme(path) == "pipe":
+        raise InputError(f"{where} {shown}: a pipe: command; commands are never taken from a "
+                         "config file (pass the config as a dict from code to use one)")
+    if not origin.remote:
+        if urls.scheme(path) != "file" or os.path.isabs(urls.to_local_path(path)):
+            return path
+        return os.path.join(origin.folder, urls.to_local_path(path))
+    problem = outside_prefix(path, f"the config's prefix {origin.folder}")
+    if problem is None:
+        return urls.join(origin.folder, path)
+    if origin.allow_external:
+        return path
+    raise InputError(f"{where} {shown}: {problem} (pass allow_external_paths=True to "
+                     "from_config to allow it)")
+
+
+def _below(name: str, origin: _Origin | None, where: str) -> str:
+    """A ``name``/``split``/``data_files`` value from a config file: joined to a dataset's
+    path, so it must stay below it (unless the user opted in)."""
+    if origin is not None and not origin.allow_external:
+        problem = outside_prefix(name, "the dataset's path")
+        if problem is not None:
+            raise InputError(f"{where} {printable(repr(name))}: {problem}")
+    return name
 
 
 def _subfolder(prefix: str, name: str) -> str:
@@ -258,19 +317,20 @@ def _type_problem(kind) -> str | None:
             "'type: completion' and 'field'")
 
 
-def _source(entry: dict, base: str | None):
+def _source(entry: dict, origin: _Origin | None, label: str):
     """What ``StreamingDataset`` reads for an entry: the path, its subset and split folders,
     or its data files; and the source's default name."""
-    path = _resolve(entry["path"], base)
+    path = _resolve(entry["path"], origin, f"{label}: 'path'")
     for key in ("name", "split"):
         if key in entry:
-            path = _subfolder(path, entry[key])
+            path = _subfolder(path, _below(entry[key], origin, f"{label}: {key!r}"))
     label = entry.get("label") or (path if ("name" in entry or "split" in entry)
                                    else entry["path"])
     files = entry.get("data_files")
     if files is None:
         return path, label
-    files = [files] if isinstance(files, str) else files
+    files = [_below(f, origin, f"{label}: 'data_files'")
+             for f in ([files] if isinstance(files, str) else files)]
     joined = [urls.join(path.rstrip("/") + "/", f) for f in files]
     if len(joined) == 1 and joined[0].endswith(".json"):
         return joined[0], label  # a manifest
@@ -324,7 +384,7 @@ def _eos(top: dict):
     return token if isinstance(token, int | str) and not isinstance(token, bool) else None
 
 
-def _build(config, where: str, base: str | None):
+def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
     from .dataset import StreamingDataset
     from .mix import Mix
     from .packing import PackedSequences
@@ -344,7 +404,7 @@ def _build(config, where: str, base: str | None):
                          f"{type(entry).__name__}")
             continue
         if isinstance(entry.get("path"), str):
-            label += f" ({entry['path']})"
+            label += f" ({printable(entry['path'])})"
         prefix = label.split(": ", 1)[1].split(" (")[0] + "."
         values = _read_keys(entry, DATASET_KEYS, label, prefix, report)
         if _check_entry(values, label, report):
@@ -354,7 +414,11 @@ def _build(config, where: str, base: str | None):
 
     datasets, weights, names, fields = [], [], [], []
     for label, entry in checked:
-        source, name = _source(entry, base)
+        try:
+            source, name = _source(entry, origin, label)
+        except InputError as error:
+            report.error(label, str(error).removeprefix(f"{label}: "))
+            continue
         options = {
             "seed": entry.get("seed", seed),
             "shuffle": entry.get("shuffle", top.get("shuffle", True)),
@@ -363,13 +427,14 @@ def _build(config, where: str, base: str | None):
             "remainder": entry.get("remainder", "drop"),
         }
         try:
-            datasets.append(StreamingDataset(source, **options))
+            datasets.append(StreamingDataset(source, allow_external_shards=allow_external_shards,
+                                             **options))
         except StreamError as error:
             if error.transient:
                 raise
             report.error(label, str(error))  # a missing path, no access
         except WdstreamError as error:
-            report.error(label, str(error))
+            report.error(label, str(error), type(error))
         weights.append(entry.get("weight", 1.0))
         names.append(name)
         fields.append(entry.get("text_field", top.get("text_field", "text")))
@@ -388,7 +453,8 @@ def _build(config, where: str, base: str | None):
     text_field = fields[0] if len(set(fields)) == 1 else dict(zip(names, fields, strict=True))
     tokenizer = top.get("tokenizer")
     return PackedSequences(
-        mix, _resolve(tokenizer, base) if tokenizer else None, top["seq_len"],
+        mix, _resolve(tokenizer, origin, f"{where}: 'tokenizer'") if tokenizer else None,
+        top["seq_len"],
         eos=_eos(top), text_field=text_field,
         long_documents=top.get("long_documents", "split"),
         sequences_per_epoch=top.get("sequences_per_epoch"),

@@ -36,7 +36,7 @@ from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
 from .shards.locate import find_shards
-from .shards.manifest import Manifest
+from .shards.manifest import Manifest, check_shard_names
 from .shards.samples import split_name
 from .shm import CAN_MAP_FILES, FileSpan, read_target
 from .sizes import parse_size
@@ -181,12 +181,14 @@ class _Source:
     manifest: Manifest | None
 
 
-def _resolve_source(source) -> _Source:
+def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
     """A manifest URL, a prefix (with ``index.json``, or else its ``*.tar`` files), a brace
     pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
+        if source.url is not None:  # read from storage (load_manifest): its names are data
+            check_shard_names(source, allow_external=allow_external_shards)
         return _from_manifest(source)
-    found = find_shards(source)
+    found = find_shards(source, allow_external_shards=allow_external_shards)
     if found.manifest is not None:
         return _from_manifest(found.manifest)
     if found.how == "listing":
@@ -361,6 +363,11 @@ class StreamingDataset(PositionedDataset):
     first. Keyed by the full URL (and the manifest's size and digest), filled while reading
     (the first sample never waits for the whole shard), and safe to share between workers,
     ranks and jobs on one machine. See ``wdstream.sources.cache``.
+
+    Names read from storage are data: a manifest's shards must be names under its prefix
+    unless ``allow_external_shards=True`` (for one manifest over several buckets or prefixes:
+    then any URL or path it names is read), and a ``pipe:`` command is never taken from a
+    manifest or a listing. ``pipe:`` sources given here in code work. See docs/security.md.
     """
 
     def __init__(
@@ -382,11 +389,12 @@ class StreamingDataset(PositionedDataset):
         verify_digest: bool = False,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
+        allow_external_shards: bool = False,
     ):
         super().__init__()
         checked = _check_options(locals())  # every option, before any I/O
         self.source = source
-        resolved = _resolve_source(source)
+        resolved = _resolve_source(source, bool(allow_external_shards))
         self.shards = resolved.table
         self.manifest = resolved.manifest
         _check_opener(checked["opener"], self.shards.urls)

@@ -6,6 +6,8 @@ Messages always name the file, line, record or URL concerned.
 
 from __future__ import annotations
 
+from .printable import printable
+
 
 class WdstreamError(Exception):
     """Base class. ``exit_code`` is what the CLI exits with."""
@@ -55,7 +57,7 @@ class StreamError(WdstreamError):
         self.url = url
         self.stderr = stderr.strip()
         self.transient = transient
-        text = f"{url}: {message}"
+        text = f"{printable(url)}: {message}"  # a name from storage may hold control chars
         if self.stderr:
             text += f"\n{self.stderr}"
         super().__init__(text)

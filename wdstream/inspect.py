@@ -12,6 +12,8 @@ The ``wdstream ls``, ``verify`` and ``cat`` commands are thin wrappers over thes
 A *source* is what ``StreamingDataset`` accepts: a dataset prefix (with ``index.json``, or else
 the ``*.tar`` files directly under it), a manifest URL ending in ``.json``, a brace pattern
 (``s3://b/shard-{000000..000009}.tar``), a single ``.tar`` URL, or a list of shard URLs.
+``allow_external_shards`` is ``StreamingDataset``'s: a manifest may then name shards outside
+its prefix (never a ``pipe:`` command).
 Only ``benchmark`` imports torch, when it is called.
 """
 
@@ -132,6 +134,7 @@ def describe(
     scan: bool = True,
     workers: int = 8,
     progress: Progress | None = None,
+    allow_external_shards: bool = False,
 ) -> DatasetSummary:
     """Shards, sample counts, sizes, member extensions and the manifest's extra keys (how the
     dataset was packed).
@@ -141,7 +144,7 @@ def describe(
     cannot be read gets a ``problem`` instead of failing the whole call.
     ``progress(nbytes)`` is called as shard bytes are read.
     """
-    found = find_shards(source)
+    found = find_shards(source, allow_external_shards=allow_external_shards)
     manifest = found.manifest
     if manifest is not None:
         shards = [
@@ -349,6 +352,7 @@ def verify(
     workers: int = 8,
     opener: str | None = None,
     progress: Progress | None = None,
+    allow_external_shards: bool = False,
 ) -> VerifyReport:
     """Check every shard against the manifest: it exists, its size and sha256 match; with
     ``deep`` also that it parses as a complete tar with the stated number of samples.
@@ -358,7 +362,7 @@ def verify(
     ``problems``); a source that cannot be resolved raises (ManifestError, StreamError,
     InputError). ``progress(nbytes)`` is called as bytes are read, from ``workers`` threads.
     """
-    found = find_shards(source)
+    found = find_shards(source, allow_external_shards=allow_external_shards)
     manifest = found.manifest
     notes: list[str] = []
     if manifest is None:
@@ -410,6 +414,7 @@ def read_samples(
     key: str | None = None,
     limit: int | None = None,
     opener: str | None = None,
+    allow_external_shards: bool = False,
 ) -> Iterator[dict]:
     """Raw samples (``{"__key__", "__url__", ext: bytes}``) in file order: shard by shard as
     listed, members as stored, no shuffling.
@@ -424,7 +429,7 @@ def read_samples(
 
     if limit is not None and limit < 0:
         raise InputError(f"limit must be >= 0, got {limit}")
-    found = find_shards(source)
+    found = find_shards(source, allow_external_shards=allow_external_shards)
     yielded = 0
     scanned = 0
     shards = found.manifest.shards if found.manifest is not None else None
@@ -544,6 +549,7 @@ def benchmark(
     bytes_as: str = "bytes",
     progress: Callable[[int], object] | None = None,
     on_length: Callable[[int | None], object] | None = None,
+    allow_external_shards: bool = False,
 ) -> BenchResult:
     """Stream ``source`` through a real ``wdstream.DataLoader`` (one epoch, or the first
     ``batches`` batches) and time it: samples/s, MB/s, time to the first batch, and the
@@ -563,12 +569,15 @@ def benchmark(
         raise InputError(f"batch size must be >= 1, got {batch_size}")
     if batches is not None and batches < 1:
         raise InputError(f"batches must be >= 1, got {batches}")
-    found = find_shards(source)  # before importing torch: a bad source fails fast
+    # before importing torch: a bad source fails fast
+    found = find_shards(source, allow_external_shards=allow_external_shards)
     from .dataset import StreamingDataset
     from .loader import DataLoader
 
-    dataset = StreamingDataset(found.manifest or found.urls, shuffle=shuffle, opener=opener,
-                               decode=decode, on_error=on_error)
+    # the resolved shards as they are: listed names are names, not patterns to expand again
+    dataset = StreamingDataset(found.manifest or found, shuffle=shuffle, opener=opener,
+                               decode=decode, on_error=on_error,
+                               allow_external_shards=allow_external_shards)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, bytes_as=bytes_as)
     manifest = dataset.manifest
     bytes_per_sample = (manifest.bytes / manifest.samples

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from ..printable import printable
 from .output import (
     epilog,
+    external_option,
     json_option,
     print_json,
     print_pairs,
@@ -42,10 +44,11 @@ from .output import (
               show_default=True,
               help="How undecoded members reach the loop: bytes, or uint8 tensors sharing the "
                    "workers' memory (no copy; the fast way for large binary members).")
+@external_option
 @json_option
 @quiet_option
 def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on_error, bytes_as,
-                  as_json, quiet):
+                  allow_external_shards, as_json, quiet):
     """Stream URL through wdstream.DataLoader and report samples/s, MB/s and the time to the
     first batch (worker start-up included), with the loader's retries and skipped shards.
 
@@ -60,7 +63,8 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on
         result = benchmark(url, workers=workers, batch_size=batch_size or None, batches=batches,
                            opener=opener, shuffle=shuffle, decode=decode, on_error=on_error,
                            bytes_as=bytes_as, progress=bar,
-                           on_length=bar.set_total if batches is None else None)
+                           on_length=bar.set_total if batches is None else None,
+                           allow_external_shards=allow_external_shards)
     if as_json:
         print_json(result.to_dict())
         return
@@ -89,4 +93,4 @@ def _print_result(result) -> None:
     ]
     print_pairs(rows)
     for shard in result.skipped_shards:
-        click.echo(f"skipped: {shard}", err=True)
+        click.echo(printable(f"skipped: {shard}"), err=True)

@@ -8,6 +8,7 @@ import time
 import click
 
 from ..errors import InputError
+from .output import external_option
 
 EXAMPLES = """
 \b
@@ -67,7 +68,8 @@ class _BytesProgress:
               help="Shards read at a time.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
-def index_command(sources, merge, output, workers, overwrite, quiet):
+@external_option
+def index_command(sources, merge, output, workers, overwrite, quiet, allow_external_shards):
     """Write PREFIX/index.json for the *.tar shards under PREFIX (from wdstream, webdataset's
     ShardWriter, GNU tar...), or with --merge join manifests, such as the parts of a
     'wdstream pack --part' run, into OUTPUT/index.json."""
@@ -81,7 +83,8 @@ def index_command(sources, merge, output, workers, overwrite, quiet):
         if not output:
             raise InputError("--merge needs --output PREFIX")
         _refuse_existing(output, overwrite)
-        manifest = merge_parts([load_manifest(source) for source in sources], output)
+        manifest = merge_parts([load_manifest(source, allow_external_shards=allow_external_shards)
+                                for source in sources], output)
         prefix = output
     else:
         from ..shards.index import index_shards

@@ -9,8 +9,10 @@ import sys
 
 import click
 
+from ..printable import printable, printable_json
 from .output import (
     epilog,
+    external_option,
     flatten,
     json_option,
     opener_option,
@@ -55,10 +57,11 @@ def _count(value: int | None) -> str:
               help="Without a manifest, read the shards to count samples (--no-scan: names "
                    "and sizes only).")
 @workers_option(8, "Shards scanned at a time (without a manifest).")
+@external_option
 @json_option
 @quiet_option
 @click.pass_context
-def ls_command(ctx, url, scan, workers, as_json, quiet):
+def ls_command(ctx, url, scan, workers, allow_external_shards, as_json, quiet):
     """List a dataset's shards with their samples and sizes, the totals, the member
     extensions and what the manifest records about how it was packed.
 
@@ -68,7 +71,8 @@ def ls_command(ctx, url, scan, workers, as_json, quiet):
     """
     from ..inspect import describe, find_shards
 
-    found = find_shards(url)  # the manifest, or a listing; no shard is read yet
+    # the manifest, or a listing; no shard is read yet
+    found = find_shards(url, allow_external_shards=allow_external_shards)
     enabled = scan and found.manifest is None and show_progress(quiet)
     with progress_bar(_known_total(found.sizes), description="scanning",
                       enabled=enabled) as advance:
@@ -79,7 +83,7 @@ def ls_command(ctx, url, scan, workers, as_json, quiet):
         _print_summary(summary)
     if summary.problems:
         for shard in summary.problems:
-            click.echo(f"{shard.name}: {shard.problem}", err=True)
+            click.echo(printable(f"{shard.name}: {shard.problem}"), err=True)
         ctx.exit(1)
 
 
@@ -138,10 +142,11 @@ def _print_summary(summary) -> None:
               help="Also parse every tar and check its sample count against the manifest.")
 @workers_option(8, "Shards checked at a time.")
 @opener_option
+@external_option
 @json_option
 @quiet_option
 @click.pass_context
-def verify_command(ctx, url, deep, workers, opener, as_json, quiet):
+def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_json, quiet):
     """Check every shard against the manifest: it exists, its size and its sha256 match, and
     with --deep that it parses as a complete tar holding the stated number of samples.
 
@@ -151,7 +156,7 @@ def verify_command(ctx, url, deep, workers, opener, as_json, quiet):
     """
     from ..inspect import find_shards, verify
 
-    found = find_shards(url)
+    found = find_shards(url, allow_external_shards=allow_external_shards)
     with progress_bar(_known_total(found.sizes), description="verifying",
                       enabled=show_progress(quiet)) as advance:
         report = verify(found, deep=deep, workers=workers, opener=opener, progress=advance)
@@ -169,9 +174,9 @@ def _print_report(report) -> None:
         checks += ["tar parses", "sample count"] if report.manifest_url else ["tar parses"]
     for shard in report.problems:
         for problem in shard.problems:
-            click.echo(f"{shard.name}: {problem}")
+            click.echo(printable(f"{shard.name}: {problem}"))
     for note in report.notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(printable(f"note: {note}"), err=True)
     checked = ", ".join(checks)
     if report.ok:
         nbytes = sum(s.size or 0 for s in report.shards)
@@ -203,7 +208,8 @@ def _print_report(report) -> None:
               help="Show .json as JSON, .txt as text, .cls as a number, .npy as its shape; "
                    "--no-decode treats every member as binary.")
 @opener_option
-def cat_command(url, count, key, fields, base64_bytes, decode, opener):
+@external_option
+def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_external_shards):
     """Print samples as JSON Lines on stdout, in file order (shard by shard, no shuffling).
 
     Each line holds __key__, __url__ and one entry per member: decoded .json/.txt/.cls, and
@@ -218,10 +224,12 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener):
             raise click.BadParameter("give at least one extension, e.g. json,txt",
                                      param_hint="--fields")
     try:
-        for sample in read_samples(url, key=key, limit=count, opener=opener):
-            line = json.dumps(sample_to_json(sample, fields=field_list, decode=decode,
-                                             base64_bytes=base64_bytes),
-                              ensure_ascii=False, default=str)
+        for sample in read_samples(url, key=key, limit=count, opener=opener,
+                                   allow_external_shards=allow_external_shards):
+            line = printable_json(json.dumps(
+                sample_to_json(sample, fields=field_list, decode=decode,
+                               base64_bytes=base64_bytes),
+                ensure_ascii=False, default=str))
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
     except BrokenPipeError:

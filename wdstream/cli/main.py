@@ -48,7 +48,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except WdstreamError as error:
-            click.echo(f"error: {error}", err=True)
+            click.echo(f"error: {_shown(error)}", err=True)
             sys.exit(error.exit_code)
         except KeyboardInterrupt as interrupt:  # Ctrl-C, or pack's Interrupted (SIGTERM too)
             signum = getattr(interrupt, "signum", signal.SIGINT)
@@ -99,6 +99,19 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
+
+
+def _shown(error: WdstreamError) -> str:
+    """An error's message safe for a terminal: names from storage may hold control characters.
+    One line, but for the stderr of a failed command (a StreamError), which keeps its lines."""
+    from ..printable import printable
+
+    text = str(error).rstrip("\n")
+    tail = getattr(error, "stderr", "")
+    if tail and text.endswith("\n" + tail):
+        head = text[: -len(tail) - 1]
+        return printable(head) + "\n" + printable(tail, keep_newlines=True)
+    return printable(text)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

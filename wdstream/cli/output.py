@@ -34,6 +34,12 @@ opener_option = click.option(
          "as a pipe), fsspec, sdk (botocore, s3:// only).")
 
 
+external_option = click.option(
+    "--allow-external-shards", "allow_external_shards", is_flag=True,
+    help="Let the manifest name shards outside its prefix (other buckets, prefixes, hosts, "
+         "local paths). Never a pipe: command. See docs/security.md.")
+
+
 def workers_option(default: int, help_text: str):
     return click.option("--workers", "-w", type=click.IntRange(min=1), default=default,
                         show_default=True, metavar="N", help=help_text)
@@ -55,8 +61,19 @@ def stderr_console():
 
 
 def print_json(document) -> None:
-    """One JSON document on stdout."""
-    click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+    """One JSON document on stdout (characters that would act on a terminal escaped)."""
+    from ..printable import printable_json
+
+    click.echo(printable_json(json.dumps(document, indent=2, ensure_ascii=False)))
+
+
+def _cell(value):
+    """A table cell as plain text: neither rich markup nor control characters act."""
+    from rich.text import Text
+
+    from ..printable import printable
+
+    return Text(printable(value)) if isinstance(value, str) else value
 
 
 def print_pairs(rows: Sequence[tuple[str, str]], title: str | None = None) -> None:
@@ -68,7 +85,7 @@ def print_pairs(rows: Sequence[tuple[str, str]], title: str | None = None) -> No
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(_cell(name), _cell(value))
     stdout_console().print(table)
 
 
@@ -80,16 +97,18 @@ def print_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]
 
     table = Table(box=box.SIMPLE_HEAD, show_footer=footer is not None, pad_edge=False)
     for i, (header, justify) in enumerate(columns):
-        table.add_column(header, justify=justify, footer=footer[i] if footer else "",
-                         overflow="fold")
+        table.add_column(header, justify=justify,
+                         footer=_cell(footer[i]) if footer else "", overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(_cell(cell) for cell in row))
     stdout_console().print(table)
 
 
 def warn(message: str) -> None:
     """A line on stderr."""
-    click.echo(message, err=True)
+    from ..printable import printable
+
+    click.echo(printable(message), err=True)
 
 
 def show_progress(quiet: bool) -> bool:

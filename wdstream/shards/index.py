@@ -10,9 +10,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError, ManifestError, ShardError
+from ..printable import printable
 from ..sources import urls as urlmod
 from .identity import HeadRecorder
-from .manifest import Manifest, ShardInfo
+from .manifest import Manifest, ShardInfo, count_problem
+from .names import outside_prefix
 from .samples import iter_samples
 from .tar import iter_members
 
@@ -94,12 +96,13 @@ def index_shards(
     appears in two samples of a shard a ShardError (WebDataset readers would yield both).
     ``progress(nbytes)`` is called as bytes are read, from the worker threads.
     """
-    for url in urls:  # a manifest is UTF-8 JSON: it cannot name a file whose name is not
-        try:
+    for url in urls:  # before reading anything
+        try:  # a manifest is UTF-8 JSON: it cannot name a file whose name is not
             url.encode("utf-8")
         except UnicodeEncodeError:
             raise InputError(f"{url!r}: the file name is not valid UTF-8, so no manifest can "
                              "list it; rename the shard") from None
+        _check_listable(url, relative_url(url, base))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
             pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress)
@@ -113,9 +116,25 @@ def index_shards(
             raise
     shards, extensions = [], set()
     for info, exts in results:
-        shards.append(dataclasses.replace(info, url=relative_url(info.url, base)))
+        name = relative_url(info.url, base)
+        problem = count_problem(info.samples, info.bytes)
+        if problem is not None:
+            raise ShardError(f"{printable(info.url)}: {info.samples:,} samples in "
+                             f"{info.bytes:,} bytes: a manifest could not list it (bytes "
+                             f"{problem})")
+        shards.append(dataclasses.replace(info, url=name))
         extensions |= exts
     return Manifest(shards=shards, extensions=sorted(extensions), base=base)
+
+
+def _check_listable(url: str, name: str) -> None:
+    """InputError if a manifest could not name the shard ``url`` as ``name``: a listed file
+    named like a URL or a command, or with control characters, would be refused when read."""
+    under_base = name != url and not os.path.isabs(name) and "://" not in name
+    if not name.isprintable() or under_base and outside_prefix(name) is not None:
+        raise InputError(f"{printable(url)}: a shard named {printable(repr(name))} cannot be "
+                         "listed in a manifest (it reads as a URL or a command, or holds "
+                         "control characters); rename it")
 
 
 def merge_manifests(manifests: list[Manifest], output_prefix: str) -> Manifest:

@@ -27,13 +27,20 @@ class Shards:
     manifest: Manifest | None = None
     how: str = "manifest"
 
+    def __str__(self) -> str:  # what messages about the source show
+        return self.source
 
-def find_shards(source: str | Sequence[str] | Shards) -> Shards:
+
+def find_shards(source: str | Sequence[str] | Shards, *,
+                allow_external_shards: bool = False) -> Shards:
     """Resolve ``source`` the way ``StreamingDataset`` does (a ``Shards`` is returned as is,
     so callers can resolve once and pass the result on).
 
-    Raises ManifestError for a missing or invalid manifest URL (``….json``), and for a prefix
-    with neither ``index.json`` nor ``*.tar`` files; StreamError when storage is unreachable.
+    Raises ManifestError for a missing or invalid manifest URL (``….json``), for a manifest
+    naming a shard outside its prefix (unless ``allow_external_shards``) or a ``pipe:``
+    command, and for a prefix with neither ``index.json`` nor ``*.tar`` files; StreamError
+    when storage is unreachable. Listed objects are names under the prefix, whatever they
+    are called.
     """
     if isinstance(source, Shards):
         return source
@@ -48,7 +55,7 @@ def find_shards(source: str | Sequence[str] | Shards) -> Shards:
         found = urlmod.expand(source)
         return Shards(source, found, _short_names(found), [None] * len(found), how="pattern")
     try:
-        manifest = load_manifest(source)
+        manifest = load_manifest(source, allow_external_shards=allow_external_shards)
     except ManifestNotFoundError as error:
         if source.endswith(".json"):
             raise

@@ -7,8 +7,14 @@ Required keys (extra keys are kept in ``Manifest.extra``)::
      "shards": [{"url": "shard-000000.tar", "samples": 500, "bytes": 1234567, "sha256": "..."}]}
 
 Optional per-shard keys ``head`` and ``last_key`` identify the shard's content cheaply (see
-``wdstream.shards.identity``). Shard URLs are relative to the manifest's prefix unless absolute, so a dataset can be copied to
-another bucket as it is. The top-level ``samples`` and ``bytes`` are the sums over the shards.
+``wdstream.shards.identity``). Shard URLs are relative to the manifest's prefix, so a dataset can be copied to another bucket as
+it is; a manifest read from storage may name shards elsewhere only when the reader opts in
+(``allow_external_shards``, see ``wdstream.shards.names``). The top-level ``samples`` and
+``bytes`` are the sums over the shards.
+
+A manifest is read from storage, so it is checked as hostile input: duplicate keys, wrong
+types, counts no tar can hold, the same shard twice or JSON nested deeper than a manifest
+ever is are a ``ManifestError`` naming the manifest and the entry.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import ManifestError, StreamError
+from ..printable import printable
 from ..sources import urls
+from . import names
 from .identity import HEAD_DIGITS, HEAD_PATTERN
 
 MANIFEST_NAME = "index.json"
@@ -29,6 +37,15 @@ VERSION = 1
 _REQUIRED = ("format", "version", "samples", "bytes", "extensions", "shards")
 _SHARD_KEYS = ("url", "samples", "bytes", "sha256")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# Every sample has at least one member, and every member a 512-byte header.
+MIN_SAMPLE_BYTES = 512
+# An empty tar: the end-of-archive marker, padded to tar's default 10 KiB record.
+EMPTY_TAR_BYTES = 10240
+# Larger than any shard anyone writes (16 TiB), and small enough that sums over millions of
+# shards stay far inside int64 (the epoch plan's arithmetic).
+MAX_SHARD_BYTES = 1 << 44
+# Deeper than any manifest's extra keys; refused before anything walks the structure.
+MAX_DEPTH = 32
 
 
 class ManifestNotFoundError(ManifestError):
@@ -96,15 +113,25 @@ class Manifest:
         cls, text: str | bytes, base: str | None = None, where: str = "manifest"
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key."""
+        where = printable(where)
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as e:
+            raise ManifestError(f"{where}: key {printable(repr(e.args[0]))} appears twice in "
+                                "one object") from None
+        except RecursionError:
+            raise ManifestError(f"{where}: JSON nested too deeply for a manifest") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise ManifestError(f"{where}: not valid JSON ({e})") from None
         if not isinstance(doc, dict):
             raise ManifestError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+        extra = {k: v for k, v in doc.items() if k not in _REQUIRED}
+        if _too_deep(extra, MAX_DEPTH):  # kept and shown; the shards' own keys are checked below
+            raise ManifestError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; no "
+                                "manifest is")
 
         def bad(key: str, expected: str, value=None) -> ManifestError:
-            got = "missing" if value is _MISSING else f"got {value!r}"
+            got = "missing" if value is _MISSING else f"got {_short_repr(value)}"
             return ManifestError(f"{where}: key {key!r}: expected {expected}, {got}")
 
         for key in _REQUIRED:
@@ -126,6 +153,7 @@ class Manifest:
             raise bad("shards", "a list", doc["shards"])
 
         shards = []
+        seen: dict[str, int] = {}
         for i, entry in enumerate(doc["shards"]):
             name = f"shards[{i}]"
             if not isinstance(entry, dict):
@@ -133,9 +161,15 @@ class Manifest:
             url = entry.get("url", _MISSING)
             if not isinstance(url, str) or not url:
                 raise bad(f"{name}.url", "a non-empty string", url)
+            if not url.isprintable():
+                raise bad(f"{name}.url", "a name without control characters", url)
             for key in ("samples", "bytes"):
                 if not _is_count(entry.get(key, _MISSING)):
                     raise bad(f"{name}.{key}", "a non-negative integer", entry.get(key, _MISSING))
+            samples, nbytes = entry["samples"], entry["bytes"]
+            if (nbytes < samples * MIN_SAMPLE_BYTES or nbytes > MAX_SHARD_BYTES
+                    or not samples and nbytes > EMPTY_TAR_BYTES):  # count_problem, inlined
+                raise bad(f"{name}.bytes", count_problem(samples, nbytes), nbytes)
             sha256 = entry.get("sha256")
             if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
                 raise bad(f"{name}.sha256", "64 lowercase hex digits or null", sha256)
@@ -144,18 +178,25 @@ class Manifest:
                 raise bad(f"{name}.head", f"{HEAD_DIGITS} lowercase hex digits or null", head)
             if last_key is not None and not isinstance(last_key, str):
                 raise bad(f"{name}.last_key", "a string or null", last_key)
-            shards.append(ShardInfo(url, entry["samples"], entry["bytes"], sha256, head,
-                                    last_key))
+            key = names.same_shard_key(url) if "/" in url else url
+            if key in seen:
+                raise bad(f"{name}.url", f"a shard not already listed (shards[{seen[key]}] is "
+                          "the same)", url)
+            seen[key] = i
+            shards.append(ShardInfo(url, samples, nbytes, sha256, head, last_key))
 
         manifest = cls(
             shards=shards,
             extensions=list(extensions),
-            extra={k: v for k, v in doc.items() if k not in _REQUIRED},
+            extra=extra,
             base=base,
         )
         for key in ("samples", "bytes"):
             if doc[key] != getattr(manifest, key):
                 raise bad(key, f"the sum over the shards ({getattr(manifest, key)})", doc[key])
+        if manifest.samples < 1:
+            raise bad("samples", "at least 1 (a dataset without samples cannot be read)",
+                      doc["samples"])
         return manifest
 
 
@@ -172,6 +213,55 @@ def _shard_entry(shard: ShardInfo) -> dict:
     return entry
 
 
+def count_problem(samples: int, nbytes: int) -> str | None:
+    """What is impossible about a shard of ``samples`` samples in ``nbytes`` bytes, or None."""
+    if nbytes > MAX_SHARD_BYTES:
+        return f"at most {MAX_SHARD_BYTES:,} (16 TiB)"
+    if samples == 0 and nbytes > EMPTY_TAR_BYTES:
+        return (f"at most {EMPTY_TAR_BYTES:,} for a shard without samples (an empty tar); "
+                "'samples' is 0")
+    if nbytes < samples * MIN_SAMPLE_BYTES:
+        return (f"at least {MIN_SAMPLE_BYTES} per sample ({samples:,} samples need "
+                f"{samples * MIN_SAMPLE_BYTES:,})")
+    return None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``' object_pairs_hook: a key twice in one object is an error (JSON parsers
+    disagree on which value wins)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return doc
+
+
+def _too_deep(doc, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` deep (without recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return False
+
+
+def _short_repr(value) -> str:
+    """A value for an error message: escaped, and cut short."""
+    text = printable(repr(value))
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -183,11 +273,12 @@ def manifest_location(source: str) -> tuple[str, str]:
     return urls.join(source, MANIFEST_NAME), source
 
 
-def load_manifest(source: str) -> Manifest:
+def load_manifest(source: str, *, allow_external_shards: bool = False) -> Manifest:
     """Read a manifest from a URL ending in .json, or ``prefix/index.json`` for a prefix.
 
     Raises ManifestNotFoundError (a ManifestError) when there is none, ManifestError when it is
-    invalid; other read failures propagate as StreamError.
+    invalid or names a shard it may not (``check_shard_names``); other read failures propagate
+    as StreamError.
     """
     from ..sources.writers import exists, read_bytes
 
@@ -201,7 +292,18 @@ def load_manifest(source: str) -> Manifest:
         raise ManifestNotFoundError(f"{url}: no manifest found") from None
     manifest = Manifest.from_json(text, base=base, where=url)
     manifest.url = url
+    check_shard_names(manifest, allow_external=allow_external_shards)
     return manifest
+
+
+def check_shard_names(manifest: Manifest, *, allow_external: bool = False) -> None:
+    """ManifestError naming the manifest and the entry if a shard URL is not a name under the
+    manifest's prefix (unless ``allow_external``) or is a ``pipe:`` command (always)."""
+    where = manifest.url or manifest.base or "manifest"
+    for i, shard in enumerate(manifest.shards):
+        problem = names.shard_name_problem(shard.url, allow_external=allow_external)
+        if problem is not None:
+            raise ManifestError(f"{where}: shards[{i}].url {_short_repr(shard.url)}: {problem}")
 
 
 def write_manifest(

@@ -53,6 +53,19 @@ def join(prefix: str, name: str) -> str:
     return prefix.rstrip("/") + "/" + name
 
 
+def child(prefix: str, name: str) -> str:
+    """The URL of the object ``name``, as a listing returned it, directly under ``prefix``.
+
+    Unlike ``join`` the name is never taken as a URL, a command or an absolute path of its own
+    (listings are read from storage): a file named ``pipe:cmd.tar`` in the current folder is
+    ``./pipe:cmd.tar``, under ``s3://b/p/`` it is ``s3://b/p/pipe:cmd.tar``."""
+    if scheme(prefix) == "file" and "://" not in prefix:
+        if not prefix:
+            return "./" + name if is_absolute(name) else name
+        return (prefix if prefix.endswith("/") else prefix + "/") + name
+    return prefix.rstrip("/") + "/" + name
+
+
 def parent(url: str) -> str:
     """The prefix, with its trailing slash, that names next to ``url`` resolve against:
     ``parent("s3://b/p/index.json") -> "s3://b/p/"``, ``parent("/d/index.json") -> "/d/"``,

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable
 
 from ..errors import InputError, StreamError, WdstreamError
+from ..printable import printable
 from . import urls
 from .openers import ChildProcess, cli_url, command_failed, filesystem, open_read, stream_error
 
@@ -359,7 +360,9 @@ def size(url: str) -> int | None:
 
 def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
     """``(url, size)`` of the files directly in the folder ``prefix`` whose names end with
-    ``suffix``, sorted by URL. URLs are spelled like ``prefix`` (``urls.join(prefix, name)``).
+    ``suffix``, sorted by URL. URLs are spelled like ``prefix`` (``urls.child(prefix, name)``):
+    a listed name is only ever a name under ``prefix``, never a URL, a path or a ``pipe:``
+    command of its own.
 
     A missing local folder or bucket raises StreamError; on s3/gs a prefix without objects is
     simply empty.
@@ -368,7 +371,7 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
     if fs is None:
         try:
             with os.scandir(path or ".") as entries:
-                found = [(urls.join(prefix, entry.name), entry.stat().st_size)
+                found = [(urls.child(prefix, entry.name), entry.stat().st_size)
                          for entry in entries
                          if entry.name.endswith(suffix) and entry.is_file()]
         except OSError as exc:
@@ -389,7 +392,11 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
     for entry in entries:
         parent, _, name = entry["name"].rstrip("/").rpartition("/")
         if entry.get("type") == "file" and parent == folder and name.endswith(suffix):
-            found.append((urls.join(prefix, name), _listed_size(entry)))
+            if "::" in name and urls.scheme(prefix) not in ("s3", "gs"):
+                # generic fsspec URLs chain at "::": the name would become another URL
+                raise InputError(f"{prefix}: object {printable(repr(name))} cannot be read "
+                                 "by name through fsspec ('::' chains URLs); rename it")
+            found.append((urls.child(prefix, name), _listed_size(entry)))
     return sorted(found)
 
 
