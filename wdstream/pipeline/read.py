@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from ..errors import ShardError, StreamError, WdstreamError
 from ..plan import Span
+from ..shards.compression import open_tar, stored_bytes
 from ..shards.index import HashingReader
-from ..shards.samples import iter_samples
+from ..shards.samples import StrayCount, iter_samples
 from ..shards.tar import iter_members
 from ..sources.cache import ShardCache
 from ..sources.openers import open_read
@@ -64,12 +65,14 @@ class ReadStats:
     retries: int = 0
     skipped_shards: list[str] = field(default_factory=list)
     skipped_samples: int = 0
+    strays: StrayCount = field(default_factory=StrayCount)  # members of no sample, skipped
 
     def take(self) -> dict:
         """Return the counts since the last call and reset them."""
         delta = {"retries": self.retries, "skipped_shards": list(self.skipped_shards),
-                 "skipped_samples": self.skipped_samples}
+                 "skipped_samples": self.skipped_samples, "stray_members": self.strays.count}
         self.retries, self.skipped_shards, self.skipped_samples = 0, [], 0
+        self.strays = StrayCount()
         return delta
 
 
@@ -216,13 +219,16 @@ class SpanReader:
         hashing = self.options.verify_digest and to_end and bool(
             self.shards.sha256 and self.shards.sha256[shard])
         source = HashingReader(stream) if hashing else stream
-        members = iter_members(source, url, self.payload_target)
         ranges = [(span.start, span.stop) for span in wanted]
         limit = None if to_end else last_stop  # where the rest belongs to another stream
         count = 0
         try:
+            # a compressed shard is decompressed here, in the reading process; closing the
+            # tar stream closes ``stream``
+            stream = open_tar(stream, url, source=source if hashing else None)
+            members = iter_members(stream, url, self.payload_target)
             current = 0  # the range the next sample may fall in
-            for sample in iter_samples(members, url):
+            for sample in iter_samples(members, url, self.stats.strays):
                 while current < len(ranges) and ranges[current][1] is not None \
                         and count >= ranges[current][1]:
                     current += 1
@@ -240,14 +246,15 @@ class SpanReader:
             _close_quietly(stream)
             raise
         stream.close()  # a pipe's exit status, a fetch that failed after the last byte
-        self._check_end(shard, url, count, members, source if hashing else None)
+        self._check_end(shard, url, count, members, source if hashing else None,
+                        stored_bytes(stream, members))
 
-    def _check_end(self, shard: int, url: str, count: int, members, hashing) -> None:
+    def _check_end(self, shard: int, url: str, count: int, members, hashing,
+                   nbytes: int) -> None:
         table = self.shards
         if not members.complete:
             raise ShardError(f"{url}: ended without the tar end-of-archive marker after "
                              f"{count} samples (truncated)")
-        nbytes = members.offset
         if table.samples is not None and count != table.samples[shard]:
             raise ShardError(f"{url}: ended after {count} samples; the manifest says "
                              f"{table.samples[shard]} (truncated or replaced shard)")

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ManifestError, ShardError
 from ..sources import urls as urlmod
+from .compression import open_tar, stored_bytes
 from .manifest import Manifest, ShardInfo
-from .samples import iter_samples
+from .samples import StrayCount, iter_samples
 from .tar import iter_members
 
 
@@ -44,12 +45,15 @@ def relative_url(url: str, prefix: str) -> str:
 
 
 def index_shard(
-    url: str, *, unique_keys: bool = False, progress: Callable[[int], object] | None = None
+    url: str, *, unique_keys: bool = False, progress: Callable[[int], object] | None = None,
+    strays: StrayCount | None = None,
 ) -> tuple[ShardInfo, set[str]]:
-    """Read one shard: (ShardInfo with ``url`` as given, set of extensions).
+    """Read one shard: (ShardInfo with ``url`` as given, set of extensions). A compressed
+    shard's ``bytes`` and ``sha256`` are those of the stored (compressed) file. Members that
+    belong to no sample are counted in ``strays``.
 
-    A corrupt or truncated tar (including one that lacks the end-of-archive marker) raises
-    ShardError naming ``url``."""
+    A corrupt or truncated tar (including one that lacks the end-of-archive marker, and a cut
+    compressed stream) raises ShardError naming ``url``."""
     from ..sources.openers import open_read
 
     samples = 0
@@ -57,8 +61,9 @@ def index_shard(
     seen: set[str] = set()
     with open_read(url) as stream:
         reader = HashingReader(stream, progress)
-        members = iter_members(reader, url)
-        for sample in iter_samples(members, url):
+        tar = open_tar(stream, url, source=reader)
+        members = iter_members(tar, url)
+        for sample in iter_samples(members, url, strays):
             samples += 1
             extensions.update(sample)
             if unique_keys:
@@ -72,7 +77,8 @@ def index_shard(
             f"{url}: no end-of-archive marker after byte {members.offset} (truncated?)"
         )
     extensions -= {"__key__", "__url__"}
-    return ShardInfo(url, samples, members.offset, reader.sha256.hexdigest()), extensions
+    info = ShardInfo(url, samples, stored_bytes(tar, members), reader.sha256.hexdigest())
+    return info, extensions
 
 
 def index_shards(
@@ -82,17 +88,21 @@ def index_shards(
     workers: int = 4,
     unique_keys: bool = False,
     progress: Callable[[int], object] | None = None,
+    strays: StrayCount | None = None,
 ) -> Manifest:
-    """Build a manifest for existing shards, reading each once (in ``workers`` threads).
+    """Build a manifest for existing shards, reading each once (in ``workers`` threads);
+    ``strays`` counts the members that belong to no sample (skipped).
 
     Shard URLs are stored relative to ``base`` when under it. ``unique_keys`` makes a key that
     appears in two samples of a shard a ShardError (WebDataset readers would yield both).
     ``progress(nbytes)`` is called as bytes are read, from the worker threads.
     """
+    counts = [StrayCount() for _ in urls]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
-            pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress)
-            for url in urls
+            pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress,
+                        strays=count)
+            for url, count in zip(urls, counts, strict=True)
         ]
         try:
             results = [f.result() for f in futures]
@@ -100,6 +110,11 @@ def index_shards(
             for f in futures:
                 f.cancel()
             raise
+    if strays is not None:
+        for count in counts:
+            for name in count.names:
+                strays.add(name)
+            strays.count += count.count - len(count.names)
     shards, extensions = [], set()
     for info, exts in results:
         shards.append(
