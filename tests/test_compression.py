@@ -11,6 +11,7 @@ import hashlib
 import json
 import lzma
 import os
+import subprocess
 from collections import Counter
 
 import pytest
@@ -275,3 +276,76 @@ def test_digest_mismatch_is_about_stored_bytes(mixed, tmp_path, single_rank):
     with pytest.raises(ShardError, match="shard-000001.tar.gz"):
         list(wds.DataLoader(ds, batch_size=None, num_workers=0))
     assert manifest["shards"][1]["url"] == name
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    path = tmp_path_factory.mktemp("records") / "r.jsonl"
+    with open(path, "w") as f:
+        for i in range(3000):
+            f.write(json.dumps({"id": i, "text": f"record {i} " + "lorem ipsum dolor " * 40,
+                                "noise": os.urandom(60).hex()}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("codec, suffix", [("zstd", ".tar.zst"), ("gzip", ".tar.gz")])
+def test_pack_compressed_is_the_same_for_any_workers(records, tmp_path, codec, suffix):
+    outputs = []
+    for workers in (1, 3):
+        out = tmp_path / f"w{workers}"
+        wdstream("pack", records, "-o", out, "--compress", codec, "--max-size", "400kB",
+                 "--workers", workers, "-q")
+        outputs.append(out)
+    names = sorted(p.name for p in outputs[0].iterdir())
+    assert names == sorted(p.name for p in outputs[1].iterdir())
+    assert len(names) > 3 and all(n.endswith(suffix) for n in names if n != "index.json")
+    for name in names:
+        assert (outputs[0] / name).read_bytes() == (outputs[1] / name).read_bytes()
+    manifest = json.loads((outputs[0] / "index.json").read_text())
+    assert manifest["compression"]["codec"] == codec and manifest["samples"] == 3000
+    for entry in manifest["shards"]:
+        stored = (outputs[0] / entry["url"]).read_bytes()
+        assert entry["bytes"] == len(stored) <= 400_000
+        assert entry["sha256"] == hashlib.sha256(stored).hexdigest()
+    first = outputs[0] / manifest["shards"][0]["url"]
+    flag = "--zstd" if codec == "zstd" else "--gzip"
+    listed = subprocess.run(["tar", flag, "-tf", first], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert len(listed) == manifest["shards"][0]["samples"]
+    if codec == "gzip":
+        import webdataset
+
+        read = webdataset.WebDataset(str(first), shardshuffle=False, empty_check=False)
+        assert [s["__key__"] for s in read] == listed_keys(listed)
+    wdstream("verify", outputs[0], "--deep")
+    loader = wds.DataLoader(wds.StreamingDataset(str(outputs[0]), shuffle=False),
+                            batch_size=None, num_workers=0)
+    assert [s["json"]["id"] for s in loader] == list(range(3000))
+
+
+def listed_keys(names):
+    return [name.split(".")[0] for name in names]
+
+
+def test_max_size_bounds_the_stored_bytes_of_incompressible_data(tmp_path):
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"f{i:03d}.bin").write_bytes(os.urandom(90_000))
+    for codec in ("zstd", "gzip"):
+        out = tmp_path / codec
+        wdstream("pack", folder, "-o", out, "--compress", codec, "--level", "1",
+                 "--max-size", "200kB", "-q")
+        sizes = [p.stat().st_size for p in out.glob("shard-*")]
+        assert len(sizes) >= 6 and max(sizes) <= 200_000
+
+
+def test_bad_compression_options(records, tmp_path):
+    result = wdstream("pack", records, "-o", tmp_path / "x", "--compress", "gzip",
+                      "--level", "12", code=2)
+    assert "--level 12" in result.stderr
+    result = wdstream("pack", records, "-o", tmp_path / "y", "--level", "3", code=2)
+    assert "--compress" in result.stderr
