@@ -21,7 +21,7 @@ import torch.utils.data
 
 from .batching import tune_worker_allocator
 from .errors import ManifestError, ShardError, StateError, WdstreamError
-from .pipeline.decode import build_decoders, decode_sample, find_decoder
+from .pipeline.decode import build_decoders, decode_option, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
@@ -247,10 +247,14 @@ class StreamingDataset(PositionedDataset):
     ``s3://``, ``gs://``, ``pipe:COMMAND`` and other fsspec URLs.
 
     A sample is a dict with ``__key__``, ``__url__`` and one entry per member keyed by
-    extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``npy`` -> array,
-    others bytes; ``{ext: callable}`` adds or replaces, ``{ext: None}`` keeps bytes,
-    ``{"pyd": "pickle"}`` opts in to unpickling) unless ``decode=False``; ``map`` is applied
-    last.
+    extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``cls``/``index``
+    -> int, ``npy`` -> array, ``mp`` -> object with msgpack, ``NAME.gz`` gunzipped and
+    decoded as ``NAME``, others bytes; ``{ext: callable}`` adds or replaces, ``{ext: None}``
+    keeps bytes, ``{"pyd": "pickle"}`` / ``{"pth": "torch"}`` opt in to unpickling) unless
+    ``decode=False``. Images stay bytes unless ``decode`` names how to decode them (Pillow,
+    in the workers): ``"pil"``, ``"rgb8"`` (uint8 HxWx3 arrays), ``"torchrgb8"`` (uint8
+    3xHxW tensors), ``"torchrgb"`` (float tensors in [0, 1]) and the other names of
+    ``wdstream.pipeline.decode.IMAGE_MODES``. ``map`` is applied last, in the workers.
 
     Order: ``shuffle`` permutes shards per epoch and samples within windows of
     ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch; a
@@ -283,7 +287,7 @@ class StreamingDataset(PositionedDataset):
         opener: str = "auto",
         shuffle_window: int = 1000,
         remainder: str = "drop",
-        decode: bool = True,
+        decode: bool | str = True,
         decoders: Mapping[str, object] | None = None,
         map: Callable[[dict], object] | None = None,  # noqa: A002 - the usual pipeline name
         timeout: float = 60.0,
@@ -307,7 +311,8 @@ class StreamingDataset(PositionedDataset):
                                         on_error=on_error,
                                         verify_digest=verify_digest,
                                         **_cache_options(cache_dir, cache_limit))
-        self.decoders = build_decoders(decoders) if decode else None
+        images = decode_option(decode)
+        self.decoders = build_decoders(decoders, images) if decode else None
         self.map = map
 
     # ---- sizes --------------------------------------------------------------------------

@@ -482,19 +482,18 @@ def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
     ``npy`` as ``{"npy": {"shape", "dtype"}}``; anything else (or everything when not
     ``decode``) as ``{"bytes": size}`` or ``{"base64": ...}``. A member that fails to decode
     is shown as binary with a ``decode_error``."""
-    last = ext.rsplit(".", 1)[-1]
     if decode:
-        from .pipeline.decode import DEFAULT_DECODERS
+        from .pipeline.decode import build_decoders, decode_member
 
-        decoder = DEFAULT_DECODERS.get(ext) or DEFAULT_DECODERS.get(last)
-        if decoder is not None:
-            try:
-                value = decoder(payload)
-            except Exception as error:  # noqa: BLE001 - shown, not raised: cat is for looking
-                return _binary(payload, base64_bytes) | {"decode_error": str(error)}
-            if last == "npy":
-                return {"npy": {"shape": list(value.shape), "dtype": str(value.dtype)}}
-            return value
+        try:
+            value = decode_member(build_decoders(None), ext, payload)
+        except Exception as error:  # noqa: BLE001 - shown, not raised: cat is for looking
+            return _binary(payload, base64_bytes) | {"decode_error": str(error)}
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            return {"npy": {"shape": list(value.shape), "dtype": str(value.dtype)}}
+        if isinstance(value, bytes):
+            return _binary(value, base64_bytes)
+        return value
     return _binary(payload, base64_bytes)
 
 
