@@ -349,3 +349,30 @@ def test_bad_compression_options(records, tmp_path):
     assert "--level 12" in result.stderr
     result = wdstream("pack", records, "-o", tmp_path / "y", "--level", "3", code=2)
     assert "--compress" in result.stderr
+
+
+@pytest.mark.parametrize("bytes_as", ["bytes", "tensor"])
+def test_large_payloads_of_compressed_shards_through_workers(tmp_path, single_rank, bytes_as):
+    from wdstream.shards.tar import TarWriter
+
+    payloads = {f"k{i:02d}": os.urandom(200_000 + i * 1000) for i in range(10)}
+    import io
+
+    buffer = io.BytesIO()
+    writer = TarWriter(buffer)
+    for key, data in payloads.items():
+        writer.add(f"{key}.bin", data)
+        writer.add(f"{key}.txt", key.encode())
+    writer.close()
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "a.tar.zst").write_bytes(COMPRESS[".tar.zst"](buffer.getvalue()))
+    (folder / "b.tar.gz").write_bytes(COMPRESS[".tar.gz"](buffer.getvalue()))
+    wdstream("index", folder, "--quiet")
+    ds = wds.StreamingDataset(str(folder), shuffle=False)
+    got = {}
+    for sample in wds.DataLoader(ds, batch_size=None, num_workers=2, bytes_as=bytes_as):
+        value = sample["bin"]
+        got.setdefault(sample["__key__"], []).append(
+            bytes(value) if isinstance(value, bytes) else value.numpy().tobytes())
+    assert got == {key: [data, data] for key, data in payloads.items()}

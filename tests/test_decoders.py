@@ -163,3 +163,16 @@ def test_vision_batches_collate_into_one_tensor_in_the_workers(vision, mode):
 def test_cat_shows_gzip_members_decoded(vision):
     line = json.loads(wdstream("cat", vision, "-n", "1").stdout)
     assert line["txt.gz"] == "caption 0" and line["cls"] == 0 and line["jpg"]["bytes"] > 100
+
+
+def test_bench_decodes_images(vision, tmp_path):
+    import shutil
+
+    folder = tmp_path / "v"
+    folder.mkdir()
+    shutil.copy(vision, folder / "v.tar")
+    wdstream("index", folder, "--quiet")
+    result = json.loads(wdstream("bench", folder, "--images", "torchrgb8", "--json",
+                                 "--workers", "1", "-b", "4").stdout)
+    assert result["samples"] == 12 and result["decode"] == "torchrgb8"
+    assert "--images" in wdstream("bench", folder, "--images", "nope", code=2).stderr

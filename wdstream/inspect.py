@@ -535,7 +535,7 @@ class BenchResult:
     batch_size: int | None
     opener: str
     shuffle: bool
-    decode: bool
+    decode: bool | str  # a string: the image mode (decode="rgb8"...)
     bytes_as: str
     batches: int
     samples: int
@@ -561,7 +561,7 @@ def benchmark(
     batches: int | None = None,
     opener: str = "auto",
     shuffle: bool = True,
-    decode: bool = True,
+    decode: bool | str = True,
     on_error: str = "raise",
     bytes_as: str = "bytes",
     progress: Callable[[int], object] | None = None,
