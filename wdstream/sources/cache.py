@@ -10,10 +10,11 @@
   never waits for the whole shard. The copy is renamed into place only when the stream ended
   cleanly: the consumer read it to the end, ``close()`` of the source succeeded (a pipe's exit
   status), the size (and, with ``verify_digest``, the sha256) matches the manifest's when
-  known, and the data ends with the tar end-of-archive marker. Anything else -- an error, an
-  early close, a short or corrupt shard -- deletes the temporary file. A consumer that stops
-  before the end (a span that ends inside a shard) therefore leaves no entry; the worker that
-  reads that shard to its end stores it.
+  known, and the data ends with the tar end-of-archive marker (for a compressed shard: the
+  reader decompressed it to its clean end and said so, ``end_verified``). Anything else --
+  an error, an early close, a short or corrupt shard -- deletes the temporary file. A
+  consumer that stops before the end (a span that ends inside a shard) therefore leaves no
+  entry; the worker that reads that shard to its end stores it.
 
 Keys: the sha256 of the full URL, plus the manifest's byte count and sha256 when known, so a
 shard replaced under the same URL (with a new manifest) is fetched again, never served stale.
