@@ -116,8 +116,8 @@ class _Source:
 
 
 def _resolve_source(source) -> _Source:
-    """A manifest URL, a prefix (with ``index.json``, or else its ``*.tar`` files), a brace
-    pattern, or a list of shard URLs."""
+    """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
+    compressed tars), a brace pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
         return _from_manifest(source)
     found = find_shards(source)
@@ -127,6 +127,10 @@ def _resolve_source(source) -> _Source:
         log.warning("%s: no index.json; streaming %d shards found there without sample counts "
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
                     found.source, len(found.urls), found.source)
+        if found.not_shards:
+            from .shards.compression import not_shards_note
+
+            log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
     return _Source(ShardTable(found.urls), None)
 
 

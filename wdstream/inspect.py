@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from .errors import InputError, ShardError, StreamError, WdstreamError
+from .shards.compression import not_shards_note
 from .shards.locate import Shards, find_shards
 from .shards.manifest import Manifest
 from .sources import urls as urlmod
@@ -399,13 +400,6 @@ def verify(
         notes.append(f"{strays:,} member(s) that belong to no sample were skipped, as "
                      f"webdataset skips them: {', '.join(names)}{', ...' if strays > 5 else ''}")
     return VerifyReport(found.source, manifest.url if manifest else None, deep, checked, notes)
-
-
-def not_shards_note(not_shards: dict[str, int]) -> str:
-    """``"2 listed file(s) are not shards and were not read: 1 .tar.lz4, 1 .zip"``."""
-    total = sum(not_shards.values())
-    kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(not_shards.items()))
-    return f"{total} listed file(s) are not shards wdstream reads and were left out: {kinds}"
 
 
 def _unlisted_note(manifest: Manifest, listed_urls: list[str]) -> list[str]:

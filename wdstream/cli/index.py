@@ -86,8 +86,7 @@ def index_command(sources, merge, output, workers, overwrite, quiet):
         manifest = merge_parts([load_manifest(source) for source in sources], output)
         prefix = output
     else:
-        from ..inspect import not_shards_note
-        from ..shards.compression import is_shard_name, not_shard_kinds
+        from ..shards.compression import is_shard_name, not_shard_kinds, not_shards_note
         from ..shards.index import index_shards
         from ..shards.samples import StrayCount
         from ..sources.writers import list_files

@@ -112,7 +112,7 @@ def _print_summary(summary) -> None:
                                       "or __meta__: webdataset skips them too)"))
     print_pairs(rows)
     if summary.not_shards:
-        from ..inspect import not_shards_note
+        from ..shards.compression import not_shards_note
 
         click.echo(f"note: {not_shards_note(summary.not_shards)}", err=True)
     extra = flatten(summary.extra)

@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import InputError, WdstreamError
-from ..shards.compression import WRITE_SUFFIXES, check_compression, tar_limit
+from ..shards.compress import check_compression, tar_limit
+from ..shards.compression import WRITE_SUFFIXES
 from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
@@ -585,7 +586,7 @@ class _ShardSink:
     sends on in chunks. ``size`` and ``sha256`` are the stored bytes', ``tar_size`` the tar's."""
 
     def __init__(self, out, compress: tuple[str, int] | None = None):
-        from ..shards.compression import ShardCompressor
+        from ..shards.compress import ShardCompressor
 
         self._out = out
         self._buffer = io.BytesIO()

@@ -37,7 +37,8 @@ def find_shards(source: str | Sequence[str] | Shards) -> Shards:
     so callers can resolve once and pass the result on).
 
     Raises ManifestError for a missing or invalid manifest URL (``….json``), and for a prefix
-    with neither ``index.json`` nor shard files (``*.tar``, ``*.tar.gz``...); StreamError when storage is unreachable.
+    with neither ``index.json`` nor shard files (``*.tar``, ``*.tar.gz``...); StreamError when
+    storage is unreachable.
     """
     if isinstance(source, Shards):
         return source
