@@ -251,7 +251,7 @@ def test_from_s3(s3, s3_bucket, mixed, single_rank, tmp_path):
     for path in mixed.iterdir():
         client.put_object(Bucket=s3_bucket, Key=f"ds/{path.name}", Body=path.read_bytes())
     url = f"s3://{s3_bucket}/ds/"
-    for opener in ("sdk", "fsspec"):
+    for opener in ("sdk", "fsspec", "cli"):
         ds = wds.StreamingDataset(url, opener=opener, verify_digest=True, seed=1)
         assert Counter(keys(wds.DataLoader(ds, batch_size=4, num_workers=2))) == \
             Counter(all_keys(COUNTS))
@@ -376,3 +376,30 @@ def test_large_payloads_of_compressed_shards_through_workers(tmp_path, single_ra
         got.setdefault(sample["__key__"], []).append(
             bytes(value) if isinstance(value, bytes) else value.numpy().tobytes())
     assert got == {key: [data, data] for key, data in payloads.items()}
+
+
+def test_stray_members_are_reported_everywhere(tmp_path, single_rank):
+    from wdstream.shards.tar import TarWriter
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    with open(folder / "a.tar.gz", "wb") as f:
+        buffer = __import__("io").BytesIO()
+        writer = TarWriter(buffer)
+        writer.add("README", b"read me")
+        for i in range(5):
+            writer.add(f"k{i}.txt", b"x")
+        writer.add("__meta__", b"{}")
+        writer.add(".hidden", b"")
+        writer.close()
+        f.write(gzip.compress(buffer.getvalue()))
+    listed = wdstream("ls", folder, "--json")
+    assert json.loads(listed.stdout)["shards"][0]["stray_members"] == 3
+    assert "stray members" in wdstream("ls", folder).stdout
+    verified = wdstream("verify", folder, "--deep")
+    assert "3 member(s) that belong to no sample were skipped" in verified.stderr
+    indexed = wdstream("index", folder)
+    assert "stray members" in indexed.stdout and "README" in indexed.stdout
+    loader = wds.DataLoader(wds.StreamingDataset(str(folder)), batch_size=2, num_workers=2)
+    assert sum(len(b["__key__"]) for b in loader) == 5
+    assert loader.stats["stray_members"] == 3

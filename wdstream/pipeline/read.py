@@ -65,7 +65,8 @@ class ReadStats:
     retries: int = 0
     skipped_shards: list[str] = field(default_factory=list)
     skipped_samples: int = 0
-    strays: StrayCount = field(default_factory=StrayCount)  # members of no sample, skipped
+    # members of no sample, skipped: counted by the stream that reads a shard to its end
+    strays: StrayCount = field(default_factory=StrayCount)
 
     def take(self) -> dict:
         """Return the counts since the last call and reset them."""
@@ -228,7 +229,8 @@ class SpanReader:
             stream = open_tar(stream, url, source=source if hashing else None)
             members = iter_members(stream, url, self.payload_target)
             current = 0  # the range the next sample may fall in
-            for sample in iter_samples(members, url, self.stats.strays):
+            strays = StrayCount()  # counted once the shard was read to its end, cleanly
+            for sample in iter_samples(members, url, strays):
                 while current < len(ranges) and ranges[current][1] is not None \
                         and count >= ranges[current][1]:
                     current += 1
@@ -248,6 +250,7 @@ class SpanReader:
         stream.close()  # a pipe's exit status, a fetch that failed after the last byte
         self._check_end(shard, url, count, members, source if hashing else None,
                         stored_bytes(stream, members))
+        self.stats.strays.merge(strays)
 
     def _check_end(self, shard: int, url: str, count: int, members, hashing,
                    nbytes: int) -> None:

@@ -112,9 +112,7 @@ def index_shards(
             raise
     if strays is not None:
         for count in counts:
-            for name in count.names:
-                strays.add(name)
-            strays.count += count.count - len(count.names)
+            strays.merge(count)
     shards, extensions = [], set()
     for info, exts in results:
         shards.append(

@@ -64,6 +64,11 @@ class StrayCount:
         if len(self.names) < self.SHOWN:
             self.names.append(name)
 
+    def merge(self, other: StrayCount) -> None:
+        """Add ``other``'s count and names to this one."""
+        self.names.extend(other.names[: self.SHOWN - len(self.names)])
+        self.count += other.count
+
     def describe(self) -> str:
         """``"3 (README, .hidden, __meta__)"``."""
         more = ", ..." if self.count > len(self.names) else ""
