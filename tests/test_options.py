@@ -33,7 +33,7 @@ def single_rank(monkeypatch):
 
 @pytest.mark.parametrize(("option", "value", "listed"), [
     ("opener", "bogus", "'auto', 'cli', 'fsspec', 'sdk'"),
-    ("decode", "pil", "True, False"),
+    ("decode", "rgb9", "True, False, 'pil'"),
     ("on_error", "ignore", "'raise', 'skip'"),
     ("remainder", "keep", "'drop', 'pad'"),
 ])
@@ -69,7 +69,8 @@ def test_the_opener_variable_and_scheme_are_checked_when_built(data, monkeypatch
 
 def test_choices_are_one_table():
     # new modes (decoders named like webdataset's, openers) are entries of this table
-    assert CHOICES["decode"] == (True, False)
+    from wdstream.pipeline.decode import IMAGE_MODES
+    assert CHOICES["decode"] == (True, False, *IMAGE_MODES)
     from wdstream.plan import REMAINDER_POLICIES
     from wdstream.sources.openers import OPENERS
     assert REMAINDER_POLICIES == CHOICES["remainder"] and OPENERS == CHOICES["opener"]

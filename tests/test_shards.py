@@ -23,7 +23,7 @@ from wdstream.shards.manifest import (
     load_manifest,
     write_manifest,
 )
-from wdstream.shards.samples import check_key, iter_samples, split_name
+from wdstream.shards.samples import StrayCount, check_key, iter_samples, split_name
 from wdstream.shards.tar import END_SIZE, TarWriter, iter_members, member_size
 
 LONG_DIR_NAME = "d" * 90 + "/" + "e" * 60 + "/" + "f" * 95 + ".txt"  # > 100 bytes, splits at "/"
@@ -527,8 +527,15 @@ def test_iter_samples_groups_consecutive_members():
         list(iter_samples([("a.__key__", b"")], "shard.tar"))
     with pytest.raises(ShardError, match="sample 'a' has a reserved extension '__url__'"):
         list(iter_samples([("a.json", b""), ("a.__URL__", b"")], "shard.tar"))
-    with pytest.raises(ShardError, match="shard.tar"):
-        list(iter_samples([("noext", b"")], "shard.tar"))
+    # members webdataset skips are skipped and counted, never fatal
+    strays = StrayCount()
+    members = [("README", b""), (".hidden", b""), ("__meta__", b""), ("a.txt", b"1"),
+               ("__x__/a.txt", b""), ("a/.b.txt", b"2"), ("d.e/f", b"")]
+    got = list(iter_samples(members, "shard.tar", strays))
+    assert [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in got] == [
+        ("a", ["txt"]), ("a/", ["b.txt"])]
+    assert strays.count == 5 and strays.names == ["README", ".hidden", "__meta__",
+                                                  "__x__/a.txt", "d.e/f"]
 
 
 # --- manifest --------------------------------------------------------------------------------

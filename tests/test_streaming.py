@@ -208,7 +208,8 @@ def test_dataloader_workers_read_s3(s3, s3_data, workers):
     keys = [k for batch in batches for k in batch["__key__"]]
     assert Counter(keys) == Counter(all_keys(COUNTS))
     assert len(batches) == len(loader)
-    assert loader.stats == {"retries": 0, "skipped_shards": [], "skipped_samples": 0}
+    assert loader.stats == {"retries": 0, "skipped_shards": [], "skipped_samples": 0,
+                            "stray_members": 0}
 
 
 # --------------------------------------------------------------------------- missing, truncated
@@ -232,7 +233,7 @@ def test_missing_object_fails_at_once_or_is_skipped(s3, s3_bucket, local_data):
     keys = keys_of(loader)
     assert Counter(keys) == Counter(k for k in all_keys(COUNTS) if not k.startswith("s001"))
     assert loader.stats == {"retries": 0, "skipped_shards": [missing],
-                            "skipped_samples": COUNTS[1]}
+                            "skipped_samples": COUNTS[1], "stray_members": 0}
 
 
 @pytest.fixture

@@ -39,10 +39,10 @@ def collate(samples: list[dict]) -> dict:
         values = [sample[name] for sample in samples]
         first = values[0]
         if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
-            batch[name] = torch.stack(values)
+            batch[name] = _stack(values)
         elif isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
                 v.shape == first.shape for v in values):
-            batch[name] = torch.from_numpy(np.stack(values))
+            batch[name] = _stack([torch.from_numpy(v) for v in values])
         elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
                 type(v) is type(first) for v in values):
             batch[name] = torch.tensor(values)
@@ -52,6 +52,18 @@ def collate(samples: list[dict]) -> dict:
         else:  # (payloads the reader placed go into shared memory in share_raw, after this)
             batch[name] = values
     return batch
+
+
+def _stack(tensors: list) -> torch.Tensor:
+    """One tensor of the batch; in a worker stacked straight into shared memory (as torch's
+    default collate does), so that it crosses to the main process without another copy."""
+    first = tensors[0]
+    if not _in_worker() or first.device.type != "cpu":
+        return torch.stack(tensors)
+    numel = first.numel() * len(tensors)
+    storage = first.untyped_storage()._new_shared(numel * first.element_size())
+    out = first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
+    return torch.stack(tensors, out=out)
 
 
 _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap

@@ -31,7 +31,7 @@ from .errors import (
     WdstreamError,
 )
 from .lifetime import closed_at_exit
-from .pipeline.decode import build_decoders, decode_sample, find_decoder
+from .pipeline.decode import build_decoders, decode_option, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
@@ -182,8 +182,8 @@ class _Source:
 
 
 def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
-    """A manifest URL, a prefix (with ``index.json``, or else its ``*.tar`` files), a brace
-    pattern, or a list of shard URLs."""
+    """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
+    compressed tars), a brace pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
         if source.url is not None:  # read from storage (load_manifest): its names are data
             check_shard_names(source, allow_external=allow_external_shards)
@@ -195,6 +195,10 @@ def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
         log.warning("%s: no index.json; streaming %d shards found there without sample counts "
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
                     found.source, len(found.urls), found.source)
+        if found.not_shards:
+            from .shards.compression import not_shards_note
+
+            log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
     sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
     return _Source(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
@@ -336,10 +340,14 @@ class StreamingDataset(PositionedDataset):
     ``s3://``, ``gs://``, ``pipe:COMMAND`` and other fsspec URLs.
 
     A sample is a dict with ``__key__``, ``__url__`` and one entry per member keyed by
-    extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``npy`` -> array,
-    others bytes; ``{ext: callable}`` adds or replaces, ``{ext: None}`` keeps bytes,
-    ``{"pyd": "pickle"}`` opts in to unpickling) unless ``decode=False``; ``map`` is applied
-    last.
+    extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``cls``/``index``
+    -> int, ``npy`` -> array, ``mp`` -> object with msgpack, ``NAME.gz`` gunzipped and
+    decoded as ``NAME``, others bytes; ``{ext: callable}`` adds or replaces, ``{ext: None}``
+    keeps bytes, ``{"pyd": "pickle"}`` / ``{"pth": "torch"}`` opt in to unpickling) unless
+    ``decode=False``. Images stay bytes unless ``decode`` names how to decode them (Pillow,
+    in the workers): ``"pil"``, ``"rgb8"`` (uint8 HxWx3 arrays), ``"torchrgb8"`` (uint8
+    3xHxW tensors), ``"torchrgb"`` (float tensors in [0, 1]) and the other names of
+    ``wdstream.pipeline.decode.IMAGE_MODES``. ``map`` is applied last, in the workers.
 
     Order: ``shuffle`` permutes shards per epoch and samples within windows of
     ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch; a
@@ -379,7 +387,7 @@ class StreamingDataset(PositionedDataset):
         opener: str = "auto",
         shuffle_window: int = 1000,
         remainder: str = "drop",
-        decode: bool = True,
+        decode: bool | str = True,
         decoders: Mapping[str, object] | None = None,
         map: Callable[[dict], object] | None = None,  # noqa: A002 - the usual pipeline name
         timeout: float = 60.0,
@@ -407,7 +415,8 @@ class StreamingDataset(PositionedDataset):
                                         verify_digest=checked["verify_digest"],
                                         **_cache_options(cache_dir, cache_limit))
         self.decode = decode
-        self.decoders = build_decoders(decoders) if decode else None
+        images = decode_option(decode)
+        self.decoders = build_decoders(decoders, images) if decode else None
         self.map = map
 
     # ---- sizes --------------------------------------------------------------------------

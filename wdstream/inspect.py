@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from .errors import InputError, ShardError, StreamError, WdstreamError
+from .shards.compression import not_shards_note
 from .shards.locate import Shards, find_shards
 from .shards.manifest import Manifest
 from .sources import urls as urlmod
@@ -84,6 +85,7 @@ class ShardSummary:
     bytes: int | None
     sha256: str | None = None
     problem: str | None = None  # set when a scan could not read the shard
+    stray_members: int | None = None  # members of no sample, skipped (counted by a scan)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class DatasetSummary:
     shards: list[ShardSummary]
     extensions: list[str]
     extra: dict = field(default_factory=dict)
+    not_shards: dict[str, int] = field(default_factory=dict)  # listed files not read, by kind
 
     @property
     def samples(self) -> int | None:
@@ -125,6 +128,7 @@ class DatasetSummary:
             "bytes": self.bytes,
             "extensions": self.extensions,
             "extra": self.extra,
+            "not_shards": self.not_shards,
         }
 
 
@@ -156,26 +160,30 @@ def describe(
     if not scan:
         shards = [ShardSummary(name, url, None, size)
                   for name, url, size in zip(found.names, found.urls, found.sizes, strict=True)]
-        return DatasetSummary(found.source, None, found.how, False, shards, [])
+        return DatasetSummary(found.source, None, found.how, False, shards, [],
+                              not_shards=dict(found.not_shards))
 
     from .shards.index import index_shard
+    from .shards.samples import StrayCount
 
     stop = threading.Event()
     report = _reporter(progress, stop)
 
     def scan_one(item: tuple[str, str, int | None]) -> tuple[ShardSummary, set[str]]:
         name, url, size = item
+        strays = StrayCount()
         try:
-            info, extensions = index_shard(url, progress=report)
+            info, extensions = index_shard(url, progress=report, strays=strays)
         except (ShardError, StreamError) as error:
             return ShardSummary(name, url, None, size, problem=_problem_text(error, url)), set()
-        return ShardSummary(name, url, info.samples, info.bytes, info.sha256), extensions
+        return ShardSummary(name, url, info.samples, info.bytes, info.sha256,
+                            stray_members=strays.count), extensions
 
     results = _parallel(scan_one, list(zip(found.names, found.urls, found.sizes, strict=True)),
                         workers, stop)
     extensions = sorted(set().union(*(exts for _, exts in results)))
     return DatasetSummary(found.source, None, found.how, True, [s for s, _ in results],
-                          extensions)
+                          extensions, not_shards=dict(found.not_shards))
 
 
 def _problem_text(error: WdstreamError, url: str) -> str:
@@ -201,6 +209,8 @@ class ShardCheck:
     sha256: str | None = None
     samples: int | None = None
     problems: list[str] = field(default_factory=list)
+    stray_members: int | None = None  # members of no sample, skipped (deep checks)
+    stray_names: list[str] = field(default_factory=list)  # the first few of them
 
     @property
     def ok(self) -> bool:
@@ -275,20 +285,23 @@ def _check_size(check: ShardCheck, size: int) -> bool:
 
 
 def _parse(check: ShardCheck, reader: _Hashing, url: str) -> None:
-    """Count the samples of a tar read from ``reader``; record a parse failure or a missing
-    end-of-archive marker as a problem."""
-    from .shards.samples import iter_samples
+    """Count the samples of a tar (or compressed tar) read from ``reader``; record a parse
+    failure, a cut compressed stream or a missing end-of-archive marker as a problem."""
+    from .shards.compression import open_tar
+    from .shards.samples import StrayCount, iter_samples
     from .shards.tar import iter_members
 
-    members = iter_members(reader, url)
+    strays = StrayCount()
     count = 0
     try:
-        for _sample in iter_samples(members, url):
+        members = iter_members(open_tar(reader, url), url)
+        for _sample in iter_samples(members, url, strays):
             count += 1
     except ShardError as error:
         check.problems.append(_problem_text(error, url))
         return
     check.samples = count
+    check.stray_members, check.stray_names = strays.count, strays.names
     if not members.complete:
         check.problems.append(f"no end-of-archive marker after byte {members.offset:,} "
                               "(truncated at a member boundary?)")
@@ -379,10 +392,17 @@ def verify(
             notes.append("the manifest has no sha256 for some shards: their digests were not "
                          "compared")
         notes.extend(_unlisted_note(manifest, found.urls))
+    if found.not_shards:
+        notes.append(not_shards_note(found.not_shards))
     stop = threading.Event()
     report = _reporter(progress, stop)
     checked = _parallel(lambda c: check_shard(c, deep=deep, opener=opener, progress=report),
                         checks, workers, stop)
+    strays = sum(c.stray_members or 0 for c in checked)
+    if strays:
+        names = [name for c in checked for name in c.stray_names][:5]
+        notes.append(f"{strays:,} member(s) that belong to no sample were skipped, as "
+                     f"webdataset skips them: {', '.join(names)}{', ...' if strays > 5 else ''}")
     return VerifyReport(found.source, manifest.url if manifest else None, deep, checked, notes)
 
 
@@ -394,7 +414,9 @@ def _unlisted_note(manifest: Manifest, listed_urls: list[str]) -> list[str]:
     from .sources.writers import list_files
 
     try:
-        present = list_files(base, suffix=".tar")
+        from .shards.compression import SHARD_SUFFIXES
+
+        present = list_files(base, suffix=SHARD_SUFFIXES)
     except WdstreamError:
         return []
     known = set(listed_urls)
@@ -402,7 +424,7 @@ def _unlisted_note(manifest: Manifest, listed_urls: list[str]) -> list[str]:
     if not extra:
         return []
     shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-    return [f"{len(extra)} .tar file(s) next to the manifest are not in it: {shown}"]
+    return [f"{len(extra)} shard file(s) next to the manifest are not in it: {shown}"]
 
 
 # --------------------------------------------------------------------------- cat
@@ -422,6 +444,7 @@ def read_samples(
     ``key`` yields only the first sample with that key, and raises InputError if no shard
     holds it; ``limit`` stops after that many samples. A corrupt shard raises ShardError.
     """
+    from .shards.compression import DecompressingStream, open_tar
     from .shards.identity import head_check
     from .shards.samples import iter_samples
     from .shards.tar import iter_members
@@ -441,7 +464,10 @@ def read_samples(
             "limit": info.bytes or None,
             "on_head": head_check(url, info.head) if info.head else None}
         with open_read(url, opener=opener) as stream:
-            for sample in iter_samples(iter_members(stream, url, **checks), url):
+            tar = open_tar(stream, url)
+            if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
+                checks.pop("limit", None)
+            for sample in iter_samples(iter_members(tar, url, **checks), url):
                 scanned += 1
                 if key is not None and sample["__key__"] != key:
                     continue
@@ -464,19 +490,18 @@ def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
     ``npy`` as ``{"npy": {"shape", "dtype"}}``; anything else (or everything when not
     ``decode``) as ``{"bytes": size}`` or ``{"base64": ...}``. A member that fails to decode
     is shown as binary with a ``decode_error``."""
-    last = ext.rsplit(".", 1)[-1]
     if decode:
-        from .pipeline.decode import DEFAULT_DECODERS
+        from .pipeline.decode import build_decoders, decode_member
 
-        decoder = DEFAULT_DECODERS.get(ext) or DEFAULT_DECODERS.get(last)
-        if decoder is not None:
-            try:
-                value = decoder(payload)
-            except Exception as error:  # noqa: BLE001 - shown, not raised: cat is for looking
-                return _binary(payload, base64_bytes) | {"decode_error": str(error)}
-            if last == "npy":
-                return {"npy": {"shape": list(value.shape), "dtype": str(value.dtype)}}
-            return value
+        try:
+            value = decode_member(build_decoders(None), ext, payload)
+        except Exception as error:  # noqa: BLE001 - shown, not raised: cat is for looking
+            return _binary(payload, base64_bytes) | {"decode_error": str(error)}
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            return {"npy": {"shape": list(value.shape), "dtype": str(value.dtype)}}
+        if isinstance(value, bytes):
+            return _binary(value, base64_bytes)
+        return value
     return _binary(payload, base64_bytes)
 
 
@@ -518,7 +543,7 @@ class BenchResult:
     batch_size: int | None
     opener: str
     shuffle: bool
-    decode: bool
+    decode: bool | str  # a string: the image mode (decode="rgb8"...)
     bytes_as: str
     batches: int
     samples: int
@@ -544,7 +569,7 @@ def benchmark(
     batches: int | None = None,
     opener: str = "auto",
     shuffle: bool = True,
-    decode: bool = True,
+    decode: bool | str = True,
     on_error: str = "raise",
     bytes_as: str = "bytes",
     progress: Callable[[int], object] | None = None,

@@ -167,7 +167,8 @@ class DataLoader(torch.utils.data.DataLoader):
             raise OptionTypeError(f"DataLoader: {error}") from None
         except ValueError as error:
             raise OptionError(f"DataLoader: {error}") from None
-        self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0}
+        self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0,
+                      "stray_members": 0}
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         self._epoch: int | None = None  # the epoch being read, None before the first
         self._history: tuple[Segment, ...] = ()
@@ -425,6 +426,7 @@ class DataLoader(torch.utils.data.DataLoader):
         # several streams may share a shard (and all skip their part of it): listed once
         skipped.extend(url for url in stats["skipped_shards"] if url not in skipped)
         self.stats["skipped_samples"] += stats["skipped_samples"]
+        self.stats["stray_members"] += stats.get("stray_members", 0)
 
     # ---- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:

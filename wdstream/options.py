@@ -14,13 +14,14 @@ import numbers
 from collections.abc import Callable, Mapping
 
 from .errors import OptionError, OptionTypeError
+from .pipeline.decode import IMAGE_MODES
 
 # option -> accepted values, in the order the message lists them
 CHOICES: dict[str, tuple] = {
     "opener": ("auto", "cli", "fsspec", "sdk"),
     "on_error": ("raise", "skip"),
     "remainder": ("drop", "pad"),
-    "decode": (True, False),
+    "decode": (True, False, *IMAGE_MODES),  # an image mode also decodes images
     "bytes_as": ("bytes", "tensor"),
     "stop": ("first_exhausted", "cycle", "fixed"),
     "long_documents": ("split", "truncate", "drop"),

@@ -22,6 +22,7 @@ from .output import (
   wdstream bench s3://bucket/prefix/ --workers 4 --batch-size 64 --batches 200
   wdstream bench s3://bucket/prefix/ --opener cli --json    # compare with --opener sdk
   wdstream bench gs://bucket/images/ --no-decode --bytes-as tensor
+  wdstream bench gs://bucket/images/ --images rgb8     # JPEGs decoded in the workers
 """))
 @click.argument("url")
 @click.option("--workers", "-w", type=click.IntRange(min=0), default=2, show_default=True,
@@ -38,6 +39,9 @@ from .output import (
               help="Shuffle as training would (seed 0).")
 @click.option("--decode/--no-decode", default=True, show_default=True,
               help="Decode members (.json, .txt, .npy...) as training would, or keep bytes.")
+@click.option("--images", metavar="MODE",
+              help="Also decode images in the workers, as decode=MODE would: pil, rgb8, "
+                   "torchrgb8, torchrgb... (needs Pillow).")
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise",
               show_default=True, help="What a shard that cannot be read does; skips are counted.")
 @click.option("--bytes-as", type=click.Choice(["bytes", "tensor"]), default="bytes",
@@ -47,8 +51,8 @@ from .output import (
 @external_option
 @json_option
 @quiet_option
-def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on_error, bytes_as,
-                  allow_external_shards, as_json, quiet):
+def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, images, on_error,
+                  bytes_as, allow_external_shards, as_json, quiet):
     """Stream URL through wdstream.DataLoader and report samples/s, MB/s and the time to the
     first batch (worker start-up included), with the loader's retries and skipped shards.
 
@@ -56,8 +60,19 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on
     manifest). Measure what your training job will see: the same workers, batch size and
     opener. Startup costs weigh on short runs; use an epoch or a few hundred batches.
     """
+    from ..errors import InputError
     from ..inspect import benchmark
 
+    if images is not None:
+        if not decode:
+            raise InputError("--images decodes images: it does not go with --no-decode")
+        from ..pipeline.decode import decode_option
+
+        try:
+            decode_option(images)
+        except ValueError as error:
+            raise InputError(f"--images: {error}") from None
+        decode = images
     with progress_bar(batches, unit="batches", description="streaming",
                       enabled=show_progress(quiet)) as bar:
         result = benchmark(url, workers=workers, batch_size=batch_size or None, batches=batches,
@@ -71,6 +86,12 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, on
     _print_result(result)
 
 
+def _decode_text(decode) -> str:
+    if isinstance(decode, str):
+        return f"on, images as {decode}"
+    return "on" if decode else "off"
+
+
 def _print_result(result) -> None:
     def rate(value, digits=0):
         return "n/a" if value is None else f"{value:,.{digits}f}"
@@ -79,7 +100,7 @@ def _print_result(result) -> None:
         ("source", result.source),
         ("layout", f"{result.workers} workers, batch size {result.batch_size or 'None'}, "
                    f"opener {result.opener}, shuffle {'on' if result.shuffle else 'off'}, "
-                   f"decode {'on' if result.decode else 'off'}, bytes as {result.bytes_as}"),
+                   f"decode {_decode_text(result.decode)}, bytes as {result.bytes_as}"),
         ("batches", f"{result.batches:,}"),
         ("samples", f"{result.samples:,}"),
         ("time", f"{result.seconds:.2f} s"),

@@ -70,12 +70,14 @@ class _BytesProgress:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @external_option
 def index_command(sources, merge, output, workers, overwrite, quiet, allow_external_shards):
-    """Write PREFIX/index.json for the *.tar shards under PREFIX (from wdstream, webdataset's
-    ShardWriter, GNU tar...), or with --merge join manifests, such as the parts of a
+    """Write PREFIX/index.json for the shards under PREFIX (*.tar, *.tar.gz/*.tgz, *.tar.zst,
+    *.tar.bz2, *.tar.xz; from wdstream, webdataset's ShardWriter, GNU tar...), or with --merge
+    join manifests, such as the parts of a
     'wdstream pack --part' run, into OUTPUT/index.json."""
     from ..shards.manifest import write_manifest
 
     start = time.monotonic()
+    strays = None
     if merge:
         from ..pack.packer import merge_parts
         from ..shards.manifest import load_manifest
@@ -87,7 +89,9 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
                                 for source in sources], output)
         prefix = output
     else:
+        from ..shards.compression import is_shard_name, not_shard_kinds, not_shards_note
         from ..shards.index import index_shards
+        from ..shards.samples import StrayCount
         from ..sources.writers import list_files
 
         if output:
@@ -98,15 +102,22 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
             raise InputError(f"--workers must be at least 1, got {workers}")
         prefix = sources[0]
         _refuse_existing(prefix, overwrite)
-        found = list_files(prefix, suffix=".tar")
+        listed = list_files(prefix, suffix="")
+        found = [(url, size) for url, size in listed if is_shard_name(url)]
+        others = not_shard_kinds(url for url, _ in listed if not is_shard_name(url))
         if not found:
-            raise InputError(f"{prefix}: no *.tar shards found")
+            raise InputError(f"{prefix}: no shards found (*.tar, *.tar.gz, *.tgz, *.tar.zst, "
+                             "*.tar.bz2, *.tar.xz)")
+        if others:  # said even with --quiet: data may be missing
+            click.echo(f"note: {not_shards_note(others)}", err=True)
         shard_urls = [url for url, _ in found]
+        strays = StrayCount()
         if quiet or not sys.stderr.isatty():
-            manifest = index_shards(shard_urls, base=prefix, workers=workers)
+            manifest = index_shards(shard_urls, base=prefix, workers=workers, strays=strays)
         else:
             with _BytesProgress(sum(size for _, size in found)) as bar:
-                manifest = index_shards(shard_urls, base=prefix, workers=workers, progress=bar)
+                manifest = index_shards(shard_urls, base=prefix, workers=workers, progress=bar,
+                                        strays=strays)
     url = write_manifest(manifest, prefix)
     if quiet:
         return
@@ -116,4 +127,6 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     rows = manifest_rows(manifest)
     if not merge:  # merging reads manifests only
         rows.append(("MB/s read", f"{manifest.bytes / seconds / 1e6:.1f} ({seconds:.1f} s)"))
+    if strays is not None and strays.count:
+        rows.append(("stray members", f"{strays.describe()} skipped: no sample holds them"))
     print_summary([*rows, ("manifest", url)])

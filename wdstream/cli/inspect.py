@@ -29,7 +29,8 @@ from .output import (
 SOURCE_HELP = """
 \b
 URL: a dataset prefix (s3://bucket/prefix/, gs://..., ./shards), its manifest
-(.../index.json), a brace pattern (s3://b/shard-{000000..000009}.tar) or one .tar.
+(.../index.json), a brace pattern (s3://b/shard-{000000..000009}.tar) or one shard
+(.tar, .tar.gz/.tgz, .tar.zst, .tar.bz2, .tar.xz).
 """
 
 
@@ -65,8 +66,9 @@ def ls_command(ctx, url, scan, workers, allow_external_shards, as_json, quiet):
     """List a dataset's shards with their samples and sizes, the totals, the member
     extensions and what the manifest records about how it was packed.
 
-    Without a manifest (index.json) the *.tar files under the prefix, or those the pattern
-    names, are listed and read to count their samples; the output says so. A shard that
+    Without a manifest (index.json) the shards under the prefix (.tar and compressed tars),
+    or those the pattern names, are listed and read to count their samples; the output says
+    so, and names the kinds of other files it left out. A shard that
     cannot be read is reported and makes the exit code 1.
     """
     from ..inspect import describe, find_shards
@@ -108,7 +110,15 @@ def _print_summary(summary) -> None:
     ]
     if summary.samples and summary.bytes:
         rows.append(("bytes/sample", f"{summary.bytes / summary.samples:,.0f}"))
+    strays = sum(shard.stray_members or 0 for shard in summary.shards)
+    if strays:
+        rows.append(("stray members", f"{strays:,} skipped (names without key.ext, hidden "
+                                      "or __meta__: webdataset skips them too)"))
     print_pairs(rows)
+    if summary.not_shards:
+        from ..shards.compression import not_shards_note
+
+        click.echo(f"note: {not_shards_note(summary.not_shards)}", err=True)
     extra = flatten(summary.extra)
     if extra:
         click.echo()

@@ -137,6 +137,7 @@ Examples:
   wdstream pack a.jsonl.zst b.parquet --output gs://bucket/ds/ --max-size 256MB --workers 4
   wdstream pack captions.parquet --field image=jpg --field caption=txt --key id --output ./shards
   wdstream pack photos/ --output ./shards --max-count 1000
+  wdstream pack corpus.jsonl --output s3://bucket/ds/ --compress zstd   # .tar.zst shards
   wdstream pack web.jsonl --tokenizer tokenizer.json --tokenize text=tokens.npy --output ./tokens
   cat data.jsonl | wdstream pack - --output s3://bucket/ds/ --via cli
   wdstream pack data.jsonl --output s3://bucket/ds/ --part 0/4   # ...then 1/4, 2/4, 3/4, and:
@@ -161,7 +162,8 @@ Examples:
               help="Take sample keys from this column. Default: generated, unique in the dataset.")
 @click.option("--max-count", type=int, metavar="N", help="At most N samples per shard.")
 @click.option("--max-size", metavar="SIZE",
-              help="At most SIZE bytes per tar file, headers included (256MB, 1GiB). "
+              help="At most SIZE bytes per shard file, headers included (256MB, 1GiB); "
+                   "with --compress, the stored (compressed) bytes. "
                    "Default 256MB when --max-count is not given either.")
 @click.option("--name", default="shard", show_default=True,
               help="Shards are named NAME-000000.tar, NAME-000001.tar, ...")
@@ -175,11 +177,16 @@ Examples:
 @click.option("--part", metavar="I/N",
               help="Write only shards I, I+N, I+2N... (I from 0), for N jobs packing together; "
                    "join their manifests with 'wdstream index --merge'.")
+@click.option("--compress", type=click.Choice(["zstd", "gzip"]),
+              help="Write compressed shards: NAME-000000.tar.zst or .tar.gz (text shrinks "
+                   "3-5x). Read back by wdstream, GNU tar, and for gzip webdataset.")
+@click.option("--level", type=int, metavar="N",
+              help="The compression level (zstd 1-22, default 3; gzip 0-9, default 6).")
 @click.option("--overwrite", is_flag=True,
               help="Replace a dataset that has a manifest; the old manifest is deleted first.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, max_size, name, via,
-                 workers, part, overwrite, quiet):
+                 workers, part, compress, level, overwrite, quiet):
     """Pack records into WebDataset tar shards and write the manifest index.json last.
 
     INPUT: JSON Lines (.jsonl, .ndjson, also .gz/.zst), Parquet, CSV/TSV, a folder (files
@@ -192,6 +199,7 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         fields=parse_fields(fields), key=key, max_count=max_count, max_size=max_size, name=name,
         via=via, workers=workers, part=parse_part(part), overwrite=overwrite,
         tokenize=parse_fields(tokenize, "--tokenize", "text=tokens.npy"), tokenizer=tokenizer,
+        compress=compress, level=level,
     )
     start = time.monotonic()
     with stop_on_signals():
@@ -209,6 +217,9 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         ("output", output),
         ("manifest", manifest.url or ""),
     ]
+    if "compression" in manifest.extra:
+        info = manifest.extra["compression"]
+        rows.insert(3, ("compression", f"{info['codec']}, level {info['level']}"))
     if "tokenizer" in manifest.extra:
         info = manifest.extra["tokenizer"]
         rows.insert(3, ("tokens", f"{info['dtype']} ids, vocabulary {info['vocab_size']:,} "

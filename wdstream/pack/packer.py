@@ -61,6 +61,8 @@ from typing import NamedTuple
 
 from ..errors import InputError, OptionError, OptionTypeError, WdstreamError
 from ..options import CHOICES
+from ..shards.compress import check_compression, tar_limit
+from ..shards.compression import WRITE_SUFFIXES
 from ..shards.identity import HEAD_BYTES, head_digest
 from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_extension, check_key
@@ -161,11 +163,12 @@ class ShardJob(NamedTuple):
     url: str
     pieces: list[ShardPiece]
     samples: int
-    size: int | None  # the exact size of the tar file; None: known once tokenized
+    size: int | None  # the exact size of the tar; None: known once tokenized
+    compress: tuple[str, int] | None = None  # (kind, level) of a compressed shard
 
 
-def shard_name(name: str, index: int) -> str:
-    return f"{name}-{index:06d}.tar"
+def shard_name(name: str, index: int, suffix: str = ".tar") -> str:
+    return f"{name}-{index:06d}{suffix}"
 
 
 def part_manifest_name(part: tuple[int, int]) -> str:
@@ -623,23 +626,39 @@ def _with_tokens(samples: SampleBatch, encoded: list[list[bytes]]) -> SampleBatc
 
 class _ShardSink:
     """The file object TarWriter writes to: an in-memory buffer (``write`` is the buffer's own
-    C method, called three times per member) that ``flush`` hashes and sends on in chunks."""
+    C method, called three times per member) that ``flush`` compresses (if asked), hashes and
+    sends on in chunks. ``size`` and ``sha256`` are the stored bytes', ``tar_size`` the tar's."""
 
-    def __init__(self, out):
+    def __init__(self, out, compress: tuple[str, int] | None = None):
+        from ..shards.compress import ShardCompressor
+
         self._out = out
         self._buffer = io.BytesIO()
         self.write = self._buffer.write
         self.sha256 = hashlib.sha256()
-        self.size = 0
-        self.first = b""  # the shard's first HEAD_BYTES, for its manifest ``head``
+        self.size = self.tar_size = 0
+        self.first = b""  # the tar's first HEAD_BYTES (before compression), for ``head``
+        self._compressor = ShardCompressor(*compress) if compress else None
 
     def flush(self, at_least: int = 1) -> None:
         if self._buffer.tell() >= at_least:
             chunk = self._buffer.getvalue()
             self._buffer = io.BytesIO()
             self.write = self._buffer.write
-            if self.size < HEAD_BYTES:
-                self.first += chunk[: HEAD_BYTES - self.size]
+            if self.tar_size < HEAD_BYTES:
+                self.first += chunk[: HEAD_BYTES - self.tar_size]
+            self.tar_size += len(chunk)
+            if self._compressor is not None:
+                chunk = self._compressor.compress(chunk)
+            self._store(chunk)
+
+    def finish(self) -> None:
+        self.flush()
+        if self._compressor is not None:
+            self._store(self._compressor.flush())
+
+    def _store(self, chunk: bytes) -> None:
+        if chunk:
             self.sha256.update(chunk)
             self.size += len(chunk)
             self._out.write(chunk)
@@ -675,7 +694,7 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
     from ..sources.writers import open_write
 
     with open_write(job.url, via=via) as out:
-        sink = _ShardSink(out)
+        sink = _ShardSink(out, job.compress)
         tar = TarWriter(sink)
         add = tar.add
         for keys, exts, columns, json_lines_at, tokenize in job.pieces:
@@ -695,9 +714,9 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
                     sink.flush(_FLUSH_SIZE)
             sink.flush(_FLUSH_SIZE)
         tar.close()
-        sink.flush()
-        if job.size is not None and sink.size != job.size:  # boundaries rely on exact sizes
-            raise AssertionError(f"{job.url}: wrote {sink.size} bytes, expected {job.size}")
+        sink.finish()
+        if job.size is not None and sink.tar_size != job.size:  # boundaries rely on exact sizes
+            raise AssertionError(f"{job.url}: wrote {sink.tar_size} bytes, expected {job.size}")
     last = job.pieces[-1][0] if job.pieces else ()
     return ShardInfo(job.name, job.samples, sink.size, sink.sha256.hexdigest(),
                      head_digest(sink.first), last[len(last) - 1] if len(last) else None)
@@ -956,6 +975,8 @@ def pack(
     tokenize: Mapping[str, str] | None = None,
     tokenizer: str | os.PathLike | None = None,
     progress: Callable[[PackProgress], object] | None = None,
+    compress: str | None = None,
+    level: int | None = None,
 ) -> Manifest:
     """Pack records from ``inputs`` into tar shards under ``output`` and write the manifest.
 
@@ -969,6 +990,10 @@ def pack(
     (see the module docstring). ``tokenize``: {column: extension ending in ``npy``} to store
     text columns as token ids (see below), with ``tokenizer``, the path of a Hugging Face
     ``tokenizer.json``. ``progress``: called with a PackProgress now and then.
+    ``compress``: ``"zstd"`` or ``"gzip"`` writes ``.tar.zst``/``.tar.gz`` shards at
+    ``level`` (default 3 and 6); the manifest's ``bytes`` and ``sha256`` are then the stored
+    bytes', and ``max_size`` bounds them by bounding each tar to the most that can never
+    compress to more than ``max_size`` (so text shards come out a few times smaller).
 
     Tokenized members hold the ids of ``encode(text, add_special_tokens=False)``, without
     EOS (``PackedSequences`` appends it), as a ``.npy`` array of ``uint16`` (vocabularies up
@@ -997,13 +1022,17 @@ def pack(
                          "whose files are the members")
     if max_size is None and max_count is None:
         max_size = DEFAULT_MAX_SIZE
+    level = check_compression(compress, level)
+    codec = (compress, level) if compress else None
+    suffix = WRITE_SUFFIXES[compress] if compress else ".tar"
     # Checked before the output is touched (--overwrite deletes the old manifest).
     encoder = TokenEncoder.load(tokenizer) if tokenize else None
 
     maker = SampleMaker(fields, key, tokenize)
     # Generated keys are unique by construction; keys from a column or file names may repeat.
     keys_from_data = key is not None or any(kind == "folder" for _, kind in checked)
-    sharder = Sharder(max_count, max_size, check_duplicates=keys_from_data)
+    tar_max = tar_limit(compress, max_size) if compress and max_size is not None else max_size
+    sharder = Sharder(max_count, tar_max, check_duplicates=keys_from_data)
     final_manifest = part_manifest_name(part) if part else MANIFEST_NAME
     # A part replaces neither the merged manifest nor another part's.
     _prepare_output(output, [MANIFEST_NAME, final_manifest] if part else [MANIFEST_NAME], overwrite)
@@ -1034,8 +1063,8 @@ def pack(
             index += 1
             if part and index % part[1] != part[0]:
                 return None
-            file_name = shard_name(name, index)
-            return ShardJob(file_name, urls.join(output, file_name), *finished)
+            file_name = shard_name(name, index, suffix)
+            return ShardJob(file_name, urls.join(output, file_name), *finished, codec)
 
         for samples in batches:
             extensions.update(samples.exts)
@@ -1093,6 +1122,9 @@ def pack(
         extra["tokenizer"] = encoder.describe(tokenize)
     if part:
         extra["packed_by"]["part"] = list(part)
+    if compress:
+        extra["packed_by"]["options"].update(compress=compress, level=level)
+        extra["compression"] = {"codec": compress, "level": level}
     manifest = Manifest(shards=shards, extensions=sorted(extensions), extra=extra, base=output)
     try:
         manifest.url = write_manifest(manifest, output, via=via, name=final_manifest)

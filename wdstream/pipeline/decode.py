@@ -1,15 +1,23 @@
-"""Decoding members by extension: ``json`` to objects, ``txt`` to str, ``npy`` to arrays,
-anything else stays bytes. Users extend or replace the table; nothing unpickles unless asked
-for by name (``decoders={"pyd": "pickle"}``)."""
+"""Decoding members by extension, as webdataset's decoders do: ``json`` to objects, ``txt`` to
+str, ``cls``/``cls2``/``index``... to int, ``npy`` to arrays, ``mp``/``msgpack`` to objects when
+msgpack is installed, ``NAME.gz`` gunzipped and decoded as ``NAME``; images only when asked for
+(``decode="rgb8"``...: Pillow, in the workers); anything else stays bytes. Users extend or
+replace the table; nothing unpickles unless asked for by name (``decoders={"pyd": "pickle"}``,
+``{"pth": "torch"}``)."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+import zlib
 from collections.abc import Callable, Mapping
 
 from ..errors import OptionError, OptionTypeError, ShardError
+
+# The largest a gzip member may expand to: beyond this it is refused (a hostile member of a few
+# KB could otherwise fill the memory).
+MAX_GUNZIPPED = 1 << 30
 
 
 def _json(data: bytes):
@@ -51,26 +59,135 @@ def _pickle(data: bytes):
     return pickle.loads(data)
 
 
+def _torch(data: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)  # unpickles: opt-in only
+
+
 def _int(data: bytes) -> int:
     return int(data)
 
 
+def _msgpack(data: bytes):
+    import msgpack
+
+    return msgpack.unpackb(data, raw=False)
+
+
+def gunzip(data: bytes) -> bytes:
+    """A gzip member's content (several gzip members one after another too), at most
+    MAX_GUNZIPPED bytes."""
+    out = []
+    size = 0
+    while data:
+        decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        piece = decompressor.decompress(data, MAX_GUNZIPPED - size + 1)
+        size += len(piece)
+        if size > MAX_GUNZIPPED or decompressor.unconsumed_tail:
+            raise ValueError(f"gzip member expands to more than {MAX_GUNZIPPED} bytes")
+        if not decompressor.eof:
+            raise ValueError("truncated gzip data")
+        out.append(piece)
+        data = decompressor.unused_data
+    return b"".join(out)
+
+
 DEFAULT_DECODERS: dict[str, Callable[[bytes], object]] = {
     "json": _json,
+    "jsn": _json,
     "txt": _text,
     "text": _text,
+    "transcript": _text,
     "npy": _npy,
-    "cls": _int,
+    **dict.fromkeys(("cls", "cls2", "class", "count", "index", "inx", "id"), _int),
+    "gz": gunzip,  # NAME.gz: see decode_sample
 }
 
+
+def _msgpack_installed() -> bool:
+    try:
+        import msgpack  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
 # Decoders that can run arbitrary code; only used when named explicitly.
-OPT_IN_DECODERS = {"pickle": _pickle}
+OPT_IN_DECODERS = {"pickle": _pickle, "torch": _torch}
+
+# --- images -----------------------------------------------------------------------------------
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "webp", "bmp", "gif",
+                    "tif", "tiff")
+# decode= names, as webdataset's ImageHandler names them: (PIL mode or None, output, dtype)
+IMAGE_MODES = {
+    "pil": (None, "pil", None),
+    "pill": ("L", "pil", None), "pilrgb": ("RGB", "pil", None), "pilrgba": ("RGBA", "pil", None),
+    "l8": ("L", "numpy", "uint8"), "rgb8": ("RGB", "numpy", "uint8"),
+    "rgba8": ("RGBA", "numpy", "uint8"),
+    "l": ("L", "numpy", "float"), "rgb": ("RGB", "numpy", "float"),
+    "rgba": ("RGBA", "numpy", "float"),
+    "torchl8": ("L", "torch", "uint8"), "torchrgb8": ("RGB", "torch", "uint8"),
+    "torchrgba8": ("RGBA", "torch", "uint8"),
+    "torchl": ("L", "torch", "float"), "torchrgb": ("RGB", "torch", "float"),
+    "torchrgba": ("RGBA", "torch", "float"), "torch": ("RGB", "torch", "float"),
+}
 
 
-def build_decoders(decoders: Mapping[str, object] | None) -> dict[str, Callable]:
-    """The default table updated with the user's: ``{ext: callable | "pickle" | None}``;
-    None removes a default (the member stays bytes)."""
+class ImageDecoder:
+    """Decodes an image member with Pillow: a PIL image, an ``HxWxC`` numpy array (``HxW``
+    for ``L``), or a ``CxHxW`` tensor; ``uint8``, or ``float32`` in [0, 1]. Picklable, so it
+    goes to DataLoader workers with the dataset."""
+
+    def __init__(self, name: str):
+        if name not in IMAGE_MODES:
+            raise OptionError(f"decode={name!r}: image modes are {', '.join(IMAGE_MODES)} "
+                             "(or True / False)")
+        try:
+            import PIL.Image  # noqa: F401, PLC0415 - checked when the dataset is built
+        except ImportError:
+            raise OptionError(f"decode={name!r} decodes images with Pillow: "
+                             "pip install 'wdstream[image]'") from None
+        self.name = name
+        self.mode, self.output, self.dtype = IMAGE_MODES[name]
+
+    def __call__(self, data: bytes):
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(data))
+        if self.mode is not None and image.mode != self.mode:
+            image = image.convert(self.mode)
+        else:
+            image.load()
+        if self.output == "pil":
+            return image
+        import numpy as np
+
+        array = np.asarray(image)  # read-only: it views the bytes Pillow hands over
+        if self.dtype == "float":
+            array = array.astype(np.float32) / 255.0
+        if self.output == "numpy":
+            return array
+        import torch
+
+        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+        return tensor.permute(2, 0, 1) if tensor.ndim == 3 else tensor
+
+    def __repr__(self) -> str:
+        return f"ImageDecoder({self.name!r})"
+
+
+def build_decoders(decoders: Mapping[str, object] | None, images: str | None = None
+                   ) -> dict[str, Callable]:
+    """The default table (with images decoded as ``images``, a name of IMAGE_MODES, if given)
+    updated with the user's: ``{ext: callable | "pickle" | "torch" | None}``; None removes a
+    default (the member stays bytes)."""
     table = dict(DEFAULT_DECODERS)
+    if _msgpack_installed():
+        table.update(dict.fromkeys(("mp", "msgpack", "msg"), _msgpack))
+    if images is not None:
+        table.update(dict.fromkeys(IMAGE_EXTENSIONS, ImageDecoder(images)))
     for ext, decoder in (decoders or {}).items():
         if not isinstance(ext, str) or not ext:
             raise OptionTypeError(f"decoders: keys are extensions such as 'json', not {ext!r}")
@@ -90,9 +207,35 @@ def build_decoders(decoders: Mapping[str, object] | None) -> dict[str, Callable]
     return table
 
 
+def decode_option(decode: bool | str) -> str | None:
+    """The image mode of a ``decode=`` value (None: images stay bytes); OptionError (a
+    ValueError) if bad."""
+    if isinstance(decode, bool):
+        return None
+    if isinstance(decode, str):
+        ImageDecoder(decode)  # checks the name and that Pillow is there
+        return decode
+    raise OptionTypeError(f"decode must be True, False or an image mode such as 'rgb8', "
+                     f"not {decode!r}")
+
+
 def find_decoder(table: Mapping[str, Callable], extension: str) -> Callable | None:
     """The decoder of a member's (lowercased) extension, or of its last dotted part."""
     return table.get(extension) or table.get(extension.rsplit(".", 1)[-1])
+
+
+def decode_member(table: Mapping[str, Callable], name: str, value):
+    """One member's value: decoded by the decoder of ``name`` (its extension), else bytes."""
+    decoder = table.get(name)
+    if decoder is None:
+        inner, dot, last = name.rpartition(".")
+        decoder = table.get(last)
+        if decoder is gunzip and dot:  # NAME.gz: gunzipped, then decoded as NAME
+            data = gunzip(value)
+            inner_decoder = find_decoder(table, inner)
+            return data if inner_decoder is None or inner_decoder is gunzip \
+                else inner_decoder(data)
+    return value if decoder is None else decoder(value)
 
 
 def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
@@ -102,12 +245,8 @@ def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
         if name.startswith("__"):
             decoded[name] = value
             continue
-        decoder = find_decoder(table, name)
-        if decoder is None:
-            decoded[name] = value
-            continue
         try:
-            decoded[name] = decoder(value)
+            decoded[name] = decode_member(table, name, value)
         except Exception as error:  # noqa: BLE001 - any decoder failure names the sample
             raise ShardError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r}: "
                              f"cannot decode .{name}: {error}") from error

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from ..errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
 from ..options import CHOICES, choice
 from ..plan import Span
+from ..shards.compression import DecompressingStream, open_tar, stored_bytes
 from ..shards.identity import head_check
 from ..shards.index import HashingReader
-from ..shards.samples import iter_samples
+from ..shards.samples import StrayCount, iter_samples
 from ..shards.tar import iter_members
 from ..sources.cache import ShardCache
 from ..sources.openers import open_read
@@ -71,12 +72,15 @@ class ReadStats:
     retries: int = 0
     skipped_shards: list[str] = field(default_factory=list)
     skipped_samples: int = 0
+    # members of no sample, skipped: counted by the stream that reads a shard to its end
+    strays: StrayCount = field(default_factory=StrayCount)
 
     def take(self) -> dict:
         """Return the counts since the last call and reset them."""
         delta = {"retries": self.retries, "skipped_shards": list(self.skipped_shards),
-                 "skipped_samples": self.skipped_samples}
+                 "skipped_samples": self.skipped_samples, "stray_members": self.strays.count}
         self.retries, self.skipped_shards, self.skipped_samples = 0, [], 0
+        self.strays = StrayCount()
         return delta
 
 
@@ -241,16 +245,23 @@ class SpanReader:
         hashing = self.options.verify_digest and to_end and bool(table.get("sha256", shard))
         source = HashingReader(stream) if hashing else stream
         head = table.get("heads", shard)
-        members = iter_members(source, url, self.payload_target,
-                               limit=table.get("bytes", shard) or None,
-                               on_head=head_check(url, head) if head else None)
         ranges = [(span.start, span.stop) for span in wanted]
         limit = None if to_end else last_stop  # where the rest belongs to another stream
         count = 0
         key = None
         try:
+            # a compressed shard is decompressed here, in the reading process; closing the
+            # tar stream closes ``stream``
+            stream = open_tar(stream, url, source=source if hashing else None)
+            # the manifest's bytes bound a plain tar as it is parsed; a compressed one is
+            # bounded by its decompressor, and ``head`` is of the tar bytes either way
+            plain = not isinstance(stream, DecompressingStream)
+            members = iter_members(stream, url, self.payload_target,
+                                   limit=(table.get("bytes", shard) or None) if plain else None,
+                                   on_head=head_check(url, head) if head else None)
             current = 0  # the range the next sample may fall in
-            for sample in iter_samples(members, url):
+            strays = StrayCount()  # counted once the shard was read to its end, cleanly
+            for sample in iter_samples(members, url, strays):
                 key = sample["__key__"]
                 if last is not None and count == last[0] and key != last[1]:
                     raise ShardMismatchError(
@@ -277,16 +288,18 @@ class SpanReader:
             _close_quietly(stream)
             raise
         stream.close()  # a pipe's exit status, a fetch that failed after the last byte
-        self._check_end(shard, url, count, key, members, source if hashing else None)
+        self._check_end(shard, url, count, key, members, source if hashing else None,
+                        stored_bytes(stream, members))
+        self.stats.strays.merge(strays)
 
-    def _check_end(self, shard: int, url: str, count: int, key, members, hashing) -> None:
+    def _check_end(self, shard: int, url: str, count: int, key, members, hashing,
+                   nbytes: int) -> None:
         """The end of a complete tar that differs from the manifest is a ShardMismatchError:
         the samples delivered came from another shard than the one described."""
         table = self.shards
         if not members.complete:
             raise ShardError(f"{url}: ended without the tar end-of-archive marker after "
                              f"{count} samples (truncated)")
-        nbytes = members.offset
         if table.samples is not None and count != table.samples[shard]:
             raise ShardMismatchError(f"{url}: ended after {count} samples; the manifest says "
                                      f"{table.samples[shard]} (truncated or replaced shard)")

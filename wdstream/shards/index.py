@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import InputError, ManifestError, ShardError
 from ..printable import printable
 from ..sources import urls as urlmod
+from .compression import DecompressingStream, compression_of_name, open_tar, stored_bytes
 from .identity import HeadRecorder
 from .manifest import Manifest, ShardInfo, count_problem
 from .names import outside_prefix
-from .samples import iter_samples
+from .samples import StrayCount, iter_samples
 from .tar import iter_members
 
 
@@ -48,12 +49,15 @@ def relative_url(url: str, prefix: str) -> str:
 
 
 def index_shard(
-    url: str, *, unique_keys: bool = False, progress: Callable[[int], object] | None = None
+    url: str, *, unique_keys: bool = False, progress: Callable[[int], object] | None = None,
+    strays: StrayCount | None = None,
 ) -> tuple[ShardInfo, set[str]]:
-    """Read one shard: (ShardInfo with ``url`` as given, set of extensions).
+    """Read one shard: (ShardInfo with ``url`` as given, set of extensions). A compressed
+    shard's ``bytes`` and ``sha256`` are those of the stored (compressed) file. Members that
+    belong to no sample are counted in ``strays``.
 
-    A corrupt or truncated tar (including one that lacks the end-of-archive marker) raises
-    ShardError naming ``url``."""
+    A corrupt or truncated tar (including one that lacks the end-of-archive marker, and a cut
+    compressed stream) raises ShardError naming ``url``."""
     from ..sources.openers import open_read
 
     samples = 0
@@ -62,8 +66,9 @@ def index_shard(
     head, key = HeadRecorder(), None
     with open_read(url) as stream:
         reader = HashingReader(stream, progress)
-        members = iter_members(reader, url, on_head=head)
-        for sample in iter_samples(members, url):
+        tar = open_tar(stream, url, source=reader)
+        members = iter_members(tar, url, on_head=head)
+        for sample in iter_samples(members, url, strays):
             samples += 1
             key = sample["__key__"]
             extensions.update(sample)
@@ -78,7 +83,16 @@ def index_shard(
             f"{url}: no end-of-archive marker after byte {members.offset} (truncated?)"
         )
     extensions -= {"__key__", "__url__"}
-    info = ShardInfo(url, samples, members.offset, reader.sha256.hexdigest(), head.head, key)
+    nbytes = stored_bytes(tar, members)
+    compressed = isinstance(tar, DecompressingStream)
+    if compressed and compression_of_name(url) is None:
+        raise ShardError(f"{printable(url)}: {tar.kind}-compressed data under a plain .tar name: "
+                         "rename it (.tar.gz, .tar.zst...) for a manifest to list it")
+    problem = count_problem(samples, nbytes, compressed)
+    if problem is not None:
+        raise ShardError(f"{printable(url)}: {samples:,} samples in {nbytes:,} bytes: a "
+                         f"manifest could not list it (bytes {problem})")
+    info = ShardInfo(url, samples, nbytes, reader.sha256.hexdigest(), head.head, key)
     return info, extensions
 
 
@@ -89,8 +103,10 @@ def index_shards(
     workers: int = 4,
     unique_keys: bool = False,
     progress: Callable[[int], object] | None = None,
+    strays: StrayCount | None = None,
 ) -> Manifest:
-    """Build a manifest for existing shards, reading each once (in ``workers`` threads).
+    """Build a manifest for existing shards, reading each once (in ``workers`` threads);
+    ``strays`` counts the members that belong to no sample (skipped).
 
     Shard URLs are stored relative to ``base`` when under it. ``unique_keys`` makes a key that
     appears in two samples of a shard a ShardError (WebDataset readers would yield both).
@@ -103,10 +119,12 @@ def index_shards(
             raise InputError(f"{url!r}: the file name is not valid UTF-8, so no manifest can "
                              "list it; rename the shard") from None
         _check_listable(url, relative_url(url, base))
+    counts = [StrayCount() for _ in urls]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
-            pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress)
-            for url in urls
+            pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress,
+                        strays=count)
+            for url, count in zip(urls, counts, strict=True)
         ]
         try:
             results = [f.result() for f in futures]
@@ -114,15 +132,12 @@ def index_shards(
             for f in futures:
                 f.cancel()
             raise
+    if strays is not None:
+        for count in counts:
+            strays.merge(count)
     shards, extensions = [], set()
     for info, exts in results:
-        name = relative_url(info.url, base)
-        problem = count_problem(info.samples, info.bytes)
-        if problem is not None:
-            raise ShardError(f"{printable(info.url)}: {info.samples:,} samples in "
-                             f"{info.bytes:,} bytes: a manifest could not list it (bytes "
-                             f"{problem})")
-        shards.append(dataclasses.replace(info, url=name))
+        shards.append(dataclasses.replace(info, url=relative_url(info.url, base)))
         extensions |= exts
     return Manifest(shards=shards, extensions=sorted(extensions), base=base)
 

@@ -4,10 +4,11 @@ a list of URLs. ``StreamingDataset`` and the inspection commands resolve sources
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InputError, ManifestError
 from ..sources import urls as urlmod
+from .compression import is_shard_name, not_shard_kinds
 from .manifest import Manifest, ManifestNotFoundError, load_manifest
 
 
@@ -18,6 +19,8 @@ class Shards:
     ``names`` are the URLs as a person reads them: as stored in the manifest (relative to its
     prefix) or relative to the listed prefix. ``sizes`` are known from a listing or the manifest,
     else None. ``how`` says where the list came from: "manifest", "listing" or "pattern".
+    ``not_shards``: files a listing found that are not shards wdstream reads, by kind
+    (``{".tar.lz4": 2}``), so that nothing is left out without a word.
     """
 
     source: str
@@ -26,6 +29,7 @@ class Shards:
     sizes: list[int | None]
     manifest: Manifest | None = None
     how: str = "manifest"
+    not_shards: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:  # what messages about the source show
         return self.source
@@ -38,9 +42,9 @@ def find_shards(source: str | Sequence[str] | Shards, *,
 
     Raises ManifestError for a missing or invalid manifest URL (``….json``), for a manifest
     naming a shard outside its prefix (unless ``allow_external_shards``) or a ``pipe:``
-    command, and for a prefix with neither ``index.json`` nor ``*.tar`` files; StreamError
-    when storage is unreachable. Listed objects are names under the prefix, whatever they
-    are called.
+    command, and for a prefix with neither ``index.json`` nor shard files (``*.tar``,
+    ``*.tar.gz``...); StreamError when storage is unreachable. Listed objects are names under
+    the prefix, whatever they are called.
     """
     if isinstance(source, Shards):
         return source
@@ -51,7 +55,7 @@ def find_shards(source: str | Sequence[str] | Shards, *,
     source = str(source)
     if not source:
         raise InputError("no source given")
-    if "{" in source or source.endswith(".tar") or urlmod.scheme(source) == "pipe":
+    if "{" in source or is_shard_name(source) or urlmod.scheme(source) == "pipe":
         found = urlmod.expand(source)
         return Shards(source, found, _short_names(found), [None] * len(found), how="pattern")
     try:
@@ -61,15 +65,20 @@ def find_shards(source: str | Sequence[str] | Shards, *,
             raise
         from ..sources.writers import list_files
 
-        listed = list_files(source, suffix=".tar")
+        everything = list_files(source, suffix="")
+        listed = [(url, size) for url, size in everything if is_shard_name(url)]
+        others = not_shard_kinds(url for url, _ in everything if not is_shard_name(url))
         if not listed:
-            raise ManifestError(f"{source}: no index.json and no .tar shards there") from error
+            kinds = f" (found: {', '.join(sorted(others))})" if others else ""
+            raise ManifestError(f"{source}: no index.json and no .tar shards (nor .tar.gz, "
+                                f".tgz, .tar.zst, .tar.bz2, .tar.xz) there{kinds}") from error
         return Shards(
             source,
             [url for url, _ in listed],
             [urlmod.relative_to(url, source) for url, _ in listed],
             [size for _, size in listed],
             how="listing",
+            not_shards=others,
         )
     count = len(manifest.shards)
     return Shards(

@@ -28,6 +28,7 @@ from ..errors import ManifestError, StreamError
 from ..printable import printable
 from ..sources import urls
 from . import names
+from .compression import compression_of_name
 from .identity import HEAD_DIGITS, HEAD_PATTERN
 
 MANIFEST_NAME = "index.json"
@@ -39,6 +40,9 @@ _SHARD_KEYS = ("url", "samples", "bytes", "sha256")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Every sample has at least one member, and every member a 512-byte header.
 MIN_SAMPLE_BYTES = 512
+# A compressed shard's stored bytes: its tar shrunk at most this many times (tar headers
+# compress well, but not without bound).
+MAX_COMPRESSION = 4096
 # An empty tar: the end-of-archive marker, padded to tar's default 10 KiB record.
 EMPTY_TAR_BYTES = 10240
 # Larger than any shard anyone writes (16 TiB), and small enough that sums over millions of
@@ -152,6 +156,8 @@ class Manifest:
         if not isinstance(doc["shards"], list):
             raise bad("shards", "a list", doc["shards"])
 
+        # written by ``pack --compress``; otherwise each shard's name says it
+        compressed = isinstance(doc.get("compression"), dict)
         shards = []
         seen: dict[str, int] = {}
         for i, entry in enumerate(doc["shards"]):
@@ -167,9 +173,10 @@ class Manifest:
                 if not _is_count(entry.get(key, _MISSING)):
                     raise bad(f"{name}.{key}", "a non-negative integer", entry.get(key, _MISSING))
             samples, nbytes = entry["samples"], entry["bytes"]
-            if (nbytes < samples * MIN_SAMPLE_BYTES or nbytes > MAX_SHARD_BYTES
-                    or not samples and nbytes > EMPTY_TAR_BYTES):  # count_problem, inlined
-                raise bad(f"{name}.bytes", count_problem(samples, nbytes), nbytes)
+            problem = count_problem(samples, nbytes, compressed or
+                                    compression_of_name(url) is not None)
+            if problem is not None:
+                raise bad(f"{name}.bytes", problem, nbytes)
             sha256 = entry.get("sha256")
             if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
                 raise bad(f"{name}.sha256", "64 lowercase hex digits or null", sha256)
@@ -213,8 +220,14 @@ def _shard_entry(shard: ShardInfo) -> dict:
     return entry
 
 
-def count_problem(samples: int, nbytes: int) -> str | None:
-    """What is impossible about a shard of ``samples`` samples in ``nbytes`` bytes, or None."""
+def count_problem(samples: int, nbytes: int, compressed: bool = False) -> str | None:
+    """What is impossible about a shard of ``samples`` samples in ``nbytes`` bytes (stored
+    bytes, for a ``compressed`` shard), or None."""
+    if compressed:
+        if nbytes * MAX_COMPRESSION < samples * MIN_SAMPLE_BYTES:
+            return (f"at least {MIN_SAMPLE_BYTES}/{MAX_COMPRESSION} per sample of a compressed "
+                    f"shard ({samples:,} samples)")
+        return None if nbytes <= MAX_SHARD_BYTES else f"at most {MAX_SHARD_BYTES:,} (16 TiB)"
     if nbytes > MAX_SHARD_BYTES:
         return f"at most {MAX_SHARD_BYTES:,} (16 TiB)"
     if samples == 0 and nbytes > EMPTY_TAR_BYTES:

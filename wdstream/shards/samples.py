@@ -3,6 +3,7 @@ to write, and grouping consecutive members into samples."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 from ..errors import InputError, ShardError
@@ -71,23 +72,77 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def iter_samples(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[dict]:
+# webdataset's rules (webdataset.tariterators): members matching _META are skipped, and a name
+# splits as _KEY_EXT does (the key ends at the first dot of the basename); others are skipped.
+_META = re.compile(r"__[^/]*__($|/)")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+class StrayCount:
+    """Members that belong to no sample (names without ``key.ext``, hidden or ``__meta__``
+    names, as webdataset skips them): how many, and the first few names."""
+
+    SHOWN = 5
+
+    def __init__(self):
+        self.count = 0
+        self.names: list[str] = []
+
+    def add(self, name: str) -> None:
+        self.count += 1
+        if len(self.names) < self.SHOWN:
+            self.names.append(name)
+
+    def merge(self, other: StrayCount) -> None:
+        """Add ``other``'s count and names to this one."""
+        self.names.extend(other.names[: self.SHOWN - len(self.names)])
+        self.count += other.count
+
+    def describe(self) -> str:
+        """``"3 (README, .hidden, __meta__)"``."""
+        more = ", ..." if self.count > len(self.names) else ""
+        return f"{self.count} ({', '.join(self.names)}{more})"
+
+
+def stray_split(name: str) -> tuple[str, str] | None:
+    """``(key, extension)`` of a member name as webdataset groups it, or None for a member
+    webdataset skips."""
+    if name.startswith("__") and ("/" not in name and name.endswith("__")
+                                  or _META.match(name)):
+        return None
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot > slash and "\n" not in name:  # the common case, where the rules agree
+        return name[:dot], name[dot + 1 :]
+    match = _KEY_EXT.match(name)
+    return None if match is None else (match.group(1), match.group(2))
+
+
+def iter_samples(members: Iterable[tuple[str, bytes]], url: str,
+                 strays: StrayCount | None = None) -> Iterator[dict]:
     """Group consecutive members with the same key into WebDataset sample dicts.
 
     ``{"__key__": key, "__url__": url, ext: payload, ...}`` with extensions lowercased, as
     webdataset does. A key that comes back after another key starts a new sample; an extension
-    repeated within a sample raises ShardError.
+    repeated within a sample raises ShardError. Members webdataset skips (no ``key.ext``
+    name, a hidden basename, ``__meta__`` names) are skipped and counted in ``strays``.
     """
     sample: dict | None = None
     key = None
     for name, payload in members:
-        # split_name inlined: this runs once per member
+        # the usual case of stray_split inlined: this runs once per member
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
-        if dot <= slash:
-            raise ShardError(f"{url}: member {name!r} has no key.extension name")
-        ext = name[dot + 1 :].lower()
-        member_key = name[:dot]
+        if dot > slash and name[:1] != "_" and "\n" not in name:
+            member_key = name[:dot]
+            ext = name[dot + 1 :].lower()
+        else:
+            split = stray_split(name)
+            if split is None:
+                if strays is not None:
+                    strays.add(name)
+                continue
+            member_key, ext = split[0], split[1].lower()
         if member_key == key:
             if ext in sample:
                 what = "a reserved" if ext in _RESERVED else "a duplicate"

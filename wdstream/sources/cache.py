@@ -10,10 +10,11 @@
   never waits for the whole shard. The copy is renamed into place only when the stream ended
   cleanly: the consumer read it to the end, ``close()`` of the source succeeded (a pipe's exit
   status), the size (and, with ``verify_digest``, the sha256) matches the manifest's when
-  known, and the data ends with the tar end-of-archive marker. Anything else -- an error, an
-  early close, a short or corrupt shard -- deletes the temporary file. A consumer that stops
-  before the end (a span that ends inside a shard) therefore leaves no entry; the worker that
-  reads that shard to its end stores it.
+  known, and the data ends with the tar end-of-archive marker (for a compressed shard: the
+  reader decompressed it to its clean end and said so, ``end_verified``). Anything else --
+  an error, an early close, a short or corrupt shard -- deletes the temporary file. A
+  consumer that stops before the end (a span that ends inside a shard) therefore leaves no
+  entry; the worker that reads that shard to its end stores it.
 
 Keys: the sha256 of the full URL, plus the manifest's byte count and sha256 when known, so a
 shard replaced under the same URL (with a new manifest) is fetched again, never served stale.
@@ -343,6 +344,7 @@ class TeeStream(io.BufferedIOBase):
         self._short = False  # the last read returned less than asked (the end, for a ByteStream)
         self._failed = False  # a read raised: this copy is never published
         self._uncached = False  # caching gave up (disk full...): stream on without it
+        self._end_verified = False  # the reader checked a compressed shard's end
 
     @property
     def bytes_read(self) -> int:
@@ -409,6 +411,11 @@ class TeeStream(io.BufferedIOBase):
     def readable(self) -> bool:
         return True
 
+    def end_verified(self) -> None:
+        """Called by the reader of a compressed shard that decompressed it to its clean end:
+        that stands for the tar end-of-archive marker, which the stored bytes do not show."""
+        self._end_verified = True
+
     def tell(self) -> int:
         return self._written
 
@@ -447,7 +454,7 @@ class TeeStream(io.BufferedIOBase):
             return "sha256 differs from the manifest's"
         if self._head is not None and head_digest(self._first) != self._head:
             return "its first bytes differ from the manifest's head"
-        if self._tail != _TAR_END:
+        if self._tail != _TAR_END and not self._end_verified:
             return "no tar end-of-archive marker at the end"
         return None
 
