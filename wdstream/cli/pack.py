@@ -37,8 +37,21 @@ def parse_part(value: str | None) -> tuple[int, int] | None:
     return int(index), int(count)
 
 
+def describe_progress(status, seconds: float) -> str:
+    """``1.2 GB of 3.4 GB read · 1,234 records · 5 shards · 80.0 MB/s`` (bytes of the inputs
+    as stored, of their total from the listing; without a total, as when reading stdin, just
+    the records)."""
+    text = (f"{status.records:,} records · {status.shards:,} shards · "
+            f"{status.bytes / seconds / 1e6:.1f} MB/s")
+    if status.input_total:
+        read = min(status.input_bytes, status.input_total)
+        text = f"{format_size(read)} of {format_size(status.input_total)} read · " + text
+    return text
+
+
 class ProgressBar:
-    """A transient line on stderr: records read, shards written, MB/s."""
+    """A transient line on stderr: input bytes read of the total, records read, shards
+    written, MB/s."""
 
     def __init__(self):
         from rich.console import Console
@@ -63,13 +76,7 @@ class ProgressBar:
 
     def __call__(self, status) -> None:
         seconds = max(time.monotonic() - self._start, 1e-9)
-        self._progress.update(
-            self._task,
-            description=(
-                f"{status.records:,} records · {status.shards:,} shards · "
-                f"{status.bytes / seconds / 1e6:.1f} MB/s"
-            ),
-        )
+        self._progress.update(self._task, description=describe_progress(status, seconds))
 
 
 def manifest_rows(manifest) -> list[tuple[str, str]]:

@@ -64,7 +64,8 @@ from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
 from ..sizes import format_size, parse_size
-from .inputs import Batch, FolderSample, check_inputs, iter_batches
+from .inputs import Batch, FolderSample, ReadCounter, check_inputs, iter_batches
+from .remote import read_member
 
 DEFAULT_MAX_SIZE = 256 * 1000**2  # used when neither max_count nor max_size is given
 KEY_DIGITS = 10  # generated keys: the global record index, zero-padded so that keys sort
@@ -82,6 +83,8 @@ class PackProgress:
     shards: int = 0  # shards completely written
     samples: int = 0  # samples in the shards written
     bytes: int = 0  # bytes of the shards written
+    input_bytes: int = 0  # bytes of the inputs read so far (as stored, e.g. compressed)
+    input_total: int = 0  # bytes of all inputs, from the listing (0: not known, e.g. stdin)
 
 
 # --- samples and shard jobs ------------------------------------------------------------------
@@ -599,11 +602,7 @@ class _ShardSink:
 
 
 def _file_bytes(member: LocalFile) -> bytes:
-    with open(member.path, "rb") as file:
-        content = file.read()
-    if len(content) != member.size:  # the shard's size was computed from the listed size
-        raise InputError(f"{member.path}: changed while packing ({member.size} -> {len(content)} bytes)")
-    return content
+    return read_member(member.path, member.size)  # local path or URL; size checked
 
 
 def _check_json_lines(lines: list[bytes], source: str, numbers: Sequence[int]) -> None:
@@ -893,8 +892,8 @@ def pack(
     tokenize = dict(tokenize) if tokenize is not None else None
     _check_options(fields, key, max_count, max_size, name, workers, part, via, tokenize, tokenizer)
     checked = check_inputs(paths)
-    if (fields or key or tokenize) and any(kind == "folder" for _, kind in checked):
-        folder = next(path for path, kind in checked if kind == "folder")
+    if (fields or key or tokenize) and any(item.kind == "folder" for item in checked):
+        folder = next(item.path for item in checked if item.kind == "folder")
         raise InputError(f"{folder}: --field, --tokenize and --key do not apply to a folder, "
                          "whose files are the members")
     if max_size is None and max_count is None:
@@ -904,13 +903,14 @@ def pack(
 
     maker = SampleMaker(fields, key, tokenize)
     # Generated keys are unique by construction; keys from a column or file names may repeat.
-    keys_from_data = key is not None or any(kind == "folder" for _, kind in checked)
+    keys_from_data = key is not None or any(item.kind == "folder" for item in checked)
     sharder = Sharder(max_count, max_size, check_duplicates=keys_from_data)
     final_manifest = part_manifest_name(part) if part else MANIFEST_NAME
     # A part replaces neither the merged manifest nor another part's.
     _prepare_output(output, [MANIFEST_NAME, final_manifest] if part else [MANIFEST_NAME], overwrite)
 
-    status = PackProgress()
+    read_counter = ReadCounter(sum(item.size for item in checked))
+    status = PackProgress(input_total=read_counter.total)
     shards: list[ShardInfo] = []
     extensions: set[str] = set()
     started: list[str] = []  # URLs of shards this run began to write
@@ -918,7 +918,7 @@ def pack(
 
     def sample_batches() -> Iterator[SampleBatch]:
         first_index = 0  # of the batch's first record among all records
-        for batch in iter_batches(checked):
+        for batch in iter_batches(checked, counter=read_counter):
             yield maker.make(batch, first_index)
             first_index += len(batch.values)
 
@@ -945,6 +945,7 @@ def pack(
                 if next_job := job(finished):
                     yield next_job
             status.records += len(samples.batch.values)
+            status.input_bytes = read_counter.read
             if progress is not None:
                 progress(status)
         last = sharder.finish()
@@ -973,6 +974,7 @@ def pack(
         if failed:
             _delete_quietly(started)
 
+    status.input_bytes = read_counter.read
     if progress is not None:
         progress(status)
     extra = {
