@@ -259,10 +259,9 @@ def _read_errors():
 
 
 def _too_long(source: str, number: int, max_record: int) -> InputError:
-    return InputError(
-        f"{source} line {number}: longer than {format_size(max_record)}, the largest record "
-        "pack accepts"
-    )
+    limit = f"{max_record >> 20} MiB" if max_record % (1 << 20) == 0 else format_size(max_record)
+    return InputError(f"{source} line {number}: longer than {limit}, the longest record pack "
+                      "accepts")
 
 
 def read_jsonl(path: str, max_record: int = MAX_RECORD,
@@ -301,6 +300,8 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
                     chunk, pieces, pending = b"".join(pieces) + chunk, [], 0
                 if chunk.startswith(codecs.BOM_UTF8):
                     chunk = chunk[len(codecs.BOM_UTF8):]
+                    if not chunk:
+                        continue
             if not chunk:
                 lines = [b"".join(pieces)] if pending else []
                 pieces, pending = [], 0
