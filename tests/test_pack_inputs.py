@@ -281,3 +281,25 @@ def test_line_splitting_over_chunk_boundaries(tmp_path):
         assert got == [(i + 1, line) for i, line in enumerate(lines)] + [(603, b'{"last": 1}')]
     with pytest.raises(InputError, match=r"x.jsonl line \d+: longer than"):
         list(inputs.read_jsonl(str(path), max_record=699))
+
+
+def test_workers_read_lines_from_the_file_and_give_the_same_bytes(tmp_path, cli_env):
+    # pool workers read a plain file's lines again by byte range: a BOM, blank and
+    # whitespace-only lines, CRLF and a last line without a newline must come out the same
+    lines = [json.dumps(r) for r in records(60)]
+    text = "\ufeff" + lines[0] + "\r\n\n" + "\n".join(lines[1:30]) + "\n  \t\n\n" + \
+        "\r\n".join(lines[30:]) + "\n\n" + '{"last": true}'
+    source = tmp_path / "mixed.jsonl"
+    source.write_bytes(text.encode())
+    for workers in (1, 2):
+        run(["pack", source, "--output", tmp_path / f"w{workers}", "--max-count", 7,
+             "--workers", workers, "--quiet"], cli_env)
+    assert folder_bytes(tmp_path / "w1") == folder_bytes(tmp_path / "w2")
+    _, samples = check_local_dataset(tmp_path / "w2")
+    assert [json.loads(s["json"]).get("id") for s in samples] == \
+        [r["id"] for r in records(60)] + [None]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines[:20]) + "\n\n{oops\n" + "\n".join(lines[20:]) + "\n")
+    error = fail(["pack", bad, "--output", tmp_path / "bad", "--max-count", 7, "--workers", 2],
+                 cli_env)
+    assert f"{bad} line 22: malformed JSON" in error

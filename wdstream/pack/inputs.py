@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import itertools
 import os
 import sys
 import zlib
@@ -49,6 +50,7 @@ _JSONL = (".jsonl", ".ndjson")
 _COMPRESSED = ("", ".gz", ".zst")
 _PARQUET = (".parquet", ".pq")
 _CHUNK = 4 << 20  # bytes of JSON Lines split at a time
+_ONE = 1  # _ONE.__add__: a line's length plus its newline, without a Python frame
 _TABLE_BATCH = 1024  # rows of Parquet or CSV/TSV handed over at a time
 
 
@@ -71,6 +73,10 @@ class Batch(NamedTuple):
     unit: str  # "line", "row" or "file"
     numbers: Sequence[int]  # line or row number of each value, from 1 (0 for folder samples)
     values: list
+    # JSON lines of a plain local file: the byte offset of each value's line, and one more
+    # (where the next line starts), so that another process can read values[a:b] again
+    # from the file (read_lines) rather than be sent their bytes
+    offsets: Sequence[int] | None = None
 
     def where(self, i: int) -> str:
         """``data.jsonl line 17``, ``x.parquet row 5``, ``photos/a.{jpg,json}``."""
@@ -284,6 +290,9 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
     pending = 0  # bytes in pieces
     at_start = True
     check_each = max_record < _CHUNK  # else no line within one chunk can be too long
+    name = path.lower()
+    track = path != STDIN and not is_remote(path) and not name.endswith((".gz", ".zst"))
+    line_start = 0  # byte offset in the file of the first line not yet handed over
     # From a pipe, take what has arrived rather than wait for a full chunk: records that come
     # slowly still make progress (and shards) as they come.
     read = stream.read1 if path == STDIN else stream.read
@@ -300,6 +309,7 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
                     chunk, pieces, pending = b"".join(pieces) + chunk, [], 0
                 if chunk.startswith(codecs.BOM_UTF8):
                     chunk = chunk[len(codecs.BOM_UTF8):]
+                    line_start = len(codecs.BOM_UTF8)
                     if not chunk:
                         continue
             if not chunk:
@@ -333,13 +343,21 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
             if lines:
                 first = number + 1
                 number += len(lines)
+                offsets = None
+                if track:  # starts of the lines, and where the next one starts
+                    offsets = list(itertools.accumulate(map(_ONE.__add__, map(len, lines)),
+                                                        initial=line_start))
+                    line_start = offsets[-1]
                 stripped = [line.strip() for line in lines]
                 if all(stripped):
-                    yield Batch(source, "line", range(first, number + 1), stripped)
+                    yield Batch(source, "line", range(first, number + 1), stripped, offsets)
                 else:
-                    kept = [(n, line) for n, line in zip(range(first, number + 1), stripped, strict=True) if line]
+                    kept = [i for i, line in enumerate(stripped) if line]
                     if kept:
-                        yield Batch(source, "line", [n for n, _ in kept], [line for _, line in kept])
+                        yield Batch(source, "line", [first + i for i in kept],
+                                    [stripped[i] for i in kept],
+                                    None if offsets is None else
+                                    [offsets[i] for i in kept] + [offsets[-1]])
             if not chunk:
                 return
     except _read_errors() as error:
@@ -347,6 +365,22 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
     finally:
         if path != STDIN:
             _close(stream)
+
+
+def read_lines(path: str, start: int, stop: int, count: int) -> list[bytes]:
+    """The ``count`` non-blank lines, stripped, between byte offsets ``start`` and ``stop`` of
+    a plain local JSON Lines file, as ``read_jsonl`` handed them over (see Batch.offsets)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(start)
+            data = file.read(stop - start)
+    except OSError as error:
+        raise InputError(f"{path}: cannot read: {error.strerror or error}") from None
+    lines = [line for line in map(bytes.strip, data.split(b"\n")) if line]
+    if len(lines) != count:
+        raise InputError(f"{path}: changed while packing (bytes {start}-{stop} no longer hold "
+                         f"the {count} lines read there)")
+    return lines
 
 
 def _bounded_lines(text, path: str, max_record: int) -> Iterator[str]:

@@ -64,7 +64,7 @@ from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
 from ..sizes import format_size, parse_size
-from .inputs import Batch, FolderSample, ReadCounter, check_inputs, iter_batches
+from .inputs import Batch, FolderSample, ReadCounter, check_inputs, iter_batches, read_lines
 from .remote import read_member
 
 DEFAULT_MAX_SIZE = 256 * 1000**2  # used when neither max_count nor max_size is given
@@ -155,6 +155,9 @@ class ShardPiece(NamedTuple):
     columns: tuple[list, ...]
     json_lines_at: tuple[str, Sequence[int]] | None  # (source, line numbers) to parse first
     tokenize: tuple[int, ...] = ()  # columns of texts the writer tokenizes
+    # JSON lines of a plain local file: (path, start, stop), the bytes they are read from
+    # again by a pool worker, which is sent the piece without its columns (see _by_reference)
+    lines_at: tuple[str, int, int] | None = None
 
 
 class ShardJob(NamedTuple):
@@ -443,7 +446,18 @@ def _piece(samples: SampleBatch, start: int, stop: int) -> ShardPiece:
         tuple(column[start:stop] for column in samples.columns),
         (batch.source, batch.numbers[start:stop]) if samples.unparsed_json else None,
         samples.tokenize,
+        (batch.source, batch.offsets[start], batch.offsets[stop])
+        if samples.unparsed_json and batch.offsets is not None else None,
     )
+
+
+def _by_reference(job: ShardJob) -> ShardJob:
+    """``job`` without the bytes of lines its writer can read from their file itself: a pool
+    worker reading them from the page cache costs less than their pickling and piping."""
+    if not any(piece.lines_at for piece in job.pieces):
+        return job
+    return job._replace(pieces=[piece._replace(columns=()) if piece.lines_at else piece
+                                for piece in job.pieces])
 
 
 # --- tokenizing ------------------------------------------------------------------------------
@@ -629,7 +643,9 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
         sink = _ShardSink(out)
         tar = TarWriter(sink)
         add = tar.add
-        for keys, exts, columns, json_lines_at, tokenize in job.pieces:
+        for keys, exts, columns, json_lines_at, tokenize, lines_at in job.pieces:
+            if not columns:  # sent by reference (_by_reference)
+                columns = (read_lines(*lines_at, len(keys)),)
             if json_lines_at is not None:
                 _check_json_lines(columns[0], *json_lines_at)
             if tokenize:
@@ -753,7 +769,8 @@ class _PoolWriter:
             yield first_done()
 
     def submit(self, job: ShardJob) -> Iterator[ShardInfo]:
-        self._pending.append(self._pool.submit(_write_shard_in_worker, job, self.via))
+        self._pending.append(self._pool.submit(_write_shard_in_worker, _by_reference(job),
+                                               self.via))
         while len(self._pending) >= self.limit:
             yield self._pending.pop(0).result()
 
