@@ -112,6 +112,7 @@ Examples:
   cat data.jsonl | wdstream pack - --output s3://bucket/ds/ --via cli
   wdstream pack data.jsonl --output s3://bucket/ds/ --part 0/4   # ...then 1/4, 2/4, 3/4, and:
   wdstream index --merge s3://bucket/ds/index.part-{000..003}-of-004.json --output s3://bucket/ds/
+  wdstream pack 's3://raw/2026-*/part-*.jsonl.zst' --output s3://bucket/ds/ --ray 64
 """
 
 
@@ -146,15 +147,22 @@ Examples:
 @click.option("--part", metavar="I/N",
               help="Write only shards I, I+N, I+2N... (I from 0), for N jobs packing together; "
                    "join their manifests with 'wdstream index --merge'.")
+@click.option("--ray", "ray_parts", type=int, metavar="N",
+              help="Pack in N Ray tasks (the parts of --part), on the cluster ray.init() finds "
+                   "(RAY_ADDRESS), and publish the merged index.json: the same dataset as one "
+                   "machine's run.")
 @click.option("--overwrite", is_flag=True,
               help="Replace a dataset that has a manifest; the old manifest is deleted first.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, max_size, name, via,
-                 workers, part, overwrite, quiet):
+                 workers, part, ray_parts, overwrite, quiet):
     """Pack records into WebDataset tar shards and write the manifest index.json last.
 
     INPUT: JSON Lines (.jsonl, .ndjson, also .gz/.zst), Parquet, CSV/TSV, a folder (files
-    sharing a name form one sample: a.jpg + a.json), or - for JSON Lines on stdin.
+    sharing a name form one sample: a.jpg + a.json), or - for JSON Lines on stdin. Each may be
+    a local path, an s3://, gs://, https:// or other fsspec URL, or a glob pattern
+    ('s3://raw/2026-*/part-*.parquet', '**' for any depth; matches in sorted order), read as
+    a stream without a local copy.
     A failed run leaves no manifest and deletes the shards it wrote.
     """
     from ..pack.packer import pack
@@ -165,7 +173,13 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         tokenize=parse_fields(tokenize, "--tokenize", "text=tokens.npy"), tokenizer=tokenizer,
     )
     start = time.monotonic()
-    if quiet or not sys.stderr.isatty():
+    if ray_parts is not None:
+        from ..pack.cluster import pack_on_ray
+
+        if options.pop("part") is not None:
+            raise InputError("--ray runs the parts itself: leave out --part")
+        manifest = pack_on_ray(inputs, output, parts=ray_parts, **options)
+    elif quiet or not sys.stderr.isatty():
         manifest = pack(inputs, output, **options)
     else:
         with ProgressBar() as bar:
@@ -183,7 +197,7 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         info = manifest.extra["tokenizer"]
         rows.insert(3, ("tokens", f"{info['dtype']} ids, vocabulary {info['vocab_size']:,} "
                                   f"({info['file']})"))
-    if options["part"]:
+    if options.get("part"):
         from ..sources import urls
 
         count = options["part"][1]
