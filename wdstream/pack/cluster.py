@@ -48,9 +48,9 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
     Inputs and output must be reachable from every node (object-store URLs, or a shared
     file system). Returns the manifest written.
     """
+    from ..shards.manifest import load_manifest, write_manifest
     from ..sources import urls
     from ..sources.writers import delete, exists
-    from ..shards.manifest import load_manifest, write_manifest
     from .packer import _check_options, merge_parts, part_manifest_name
 
     if "part" in options:
