@@ -38,6 +38,10 @@ def is_remote(url: str) -> bool:
 
 
 def has_glob(url: str) -> bool:
+    """Whether ``url`` is a pattern; in an http(s) URL "?" starts the query, not a pattern."""
+    if urls.scheme(url) in ("http", "https"):
+        url = url.split("?", 1)[0]
+        return "*" in url or "[" in url
     return any(char in url for char in _GLOB_CHARS)
 
 
