@@ -91,3 +91,10 @@ def test_cli_packs_on_ray(tmp_path, local_ray, cli_env):
     assert "--part" in fail(["pack", *inputs, "--output", tmp_path / "x", "--ray", 2,
                              "--part", "0/2"], env)
     assert not os.path.exists(tmp_path / "x")
+    rows = [json.dumps(r) for r in records(30)]
+    rows[25] = "[1, 2]"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(rows) + "\n")
+    error = fail(["pack", bad, "--output", tmp_path / "bad", "--max-count", 5, "--ray", 3], env)
+    assert f"{bad} line 26: expected a JSON object" in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "bad").exists() or list((tmp_path / "bad").iterdir()) == []
