@@ -9,7 +9,8 @@ How a run goes:
    assigns samples to shards. The exact tar size of every sample is known before anything is
    written (``member_size``), so shard boundaries do not depend on who writes the shards.
 3. Each shard is written whole - tar, SHA-256, upload - in this process (``workers=1``) or by a
-   pool of ``workers`` processes. The bytes are the same either way.
+   pool of ``workers`` processes. The bytes are the same either way. A pool worker reads the
+   JSON lines of a plain local file from the file itself (``ShardPiece.lines_at``).
 4. The manifest is written last, after every shard is complete. If anything fails (a bad
    record, an upload error, Ctrl-C), the shards this run wrote are deleted and no manifest is
    written; the error is raised again.
@@ -878,7 +879,8 @@ def pack(
     """Pack records from ``inputs`` into tar shards under ``output`` and write the manifest.
 
     ``inputs``: paths of JSON Lines (also .gz/.zst), Parquet, CSV/TSV files, folders, or "-"
-    for JSON Lines on stdin, read in order. ``fields``: {column: extension} to store columns as
+    for JSON Lines on stdin, read in order; each may also be an s3://, gs://, https:// or
+    other fsspec URL or a glob pattern (matches in sorted order), streamed (``remote``). ``fields``: {column: extension} to store columns as
     members (default: the whole record as ``.json``). ``key``: the column keys come from
     (default: generated, unique across the dataset). ``max_count``/``max_size``: shard limits;
     ``max_size`` bounds the real tar bytes and defaults to 256 MB when neither is given.
