@@ -1,5 +1,6 @@
 """Packing throughput: ``wdstream.pack`` against a bare loop over ``webdataset.ShardWriter``, and
-``workers=2`` against ``workers=1``.
+``workers=2`` against ``workers=1``; packing from S3 to S3 against local disk to local disk, and
+peak memory for 200 MB and 1 GB of input.
 
 Input: generated JSON Lines of ~1 KiB records (200 MB; quick: 20 MB), read from the page cache.
 Both packers cut shards every 10,000 records (quick: 2,000). The ShardWriter loop is what a user would write:
@@ -10,6 +11,13 @@ reject malformed JSON. Every case runs in a fresh process (the pool's start-up i
 Shards are written to tmpfs (``/dev/shm``) when there is one, so that the figures measure
 packing rather than the disk: on a disk that syncs at ~300 MB/s, writing ~400 MB of tar is
 itself a floor of over a second. ``WDSTREAM_BENCH_PACK_OUT`` names another folder.
+
+Cloud inputs: the same records as ``.jsonl.zst`` (200 MB uncompressed; quick: 20 MB) on a
+moto server on 127.0.0.1, packed with 2 workers into the same server, against that file
+packed from local disk to local disk (the tmpfs folder above). moto runs on the same cores, so
+its own CPU time (receiving every shard, serving the input) is part of the S3 figure. Peak RSS
+(the packing process and its workers) of the S3 case for 200 MB and for 1 GB of input (the
+200 MB file five times; quick: 20 and 100 MB) shows that memory does not grow with the input.
 
 ``python -m benchmarks.pack [--quick]`` runs it alone.
 """
@@ -31,8 +39,10 @@ from . import common
 TITLE = "Packing throughput"
 ONE, TWO, PEER = "wdstream, 1 worker", "wdstream, 2 workers", "ShardWriter loop"
 RECORD_BYTES = 1024
-FULL = {"bytes": 200 * 1000**2, "per_shard": 10_000}
-QUICK = {"bytes": 20 * 1000**2, "per_shard": 2_000}
+FULL = {"bytes": 200 * 1000**2, "per_shard": 10_000, "times": 5}
+QUICK = {"bytes": 20 * 1000**2, "per_shard": 2_000, "times": 5}
+LOCAL_ZST, S3_ZST, S3_BIG = ("wdstream .zst local → local, 2 workers",
+                             "wdstream .zst S3 → S3, 2 workers", "wdstream .zst S3 → S3, 5× input")
 
 
 # =========================================================================== cases (child side)
@@ -93,6 +103,20 @@ def make_jsonl(path: Path, target_bytes: int) -> dict:
     return {"records": records, "bytes": written}
 
 
+def make_zst(source: Path, path: Path, times: int = 1) -> int:
+    """``source`` ``times`` over, zstd-compressed into ``path``; returns the uncompressed bytes."""
+    import zstandard
+
+    written = 0
+    with open(path, "wb") as out, zstandard.ZstdCompressor(level=3).stream_writer(out) as sink:
+        for _ in range(times):
+            with open(source, "rb") as file:
+                while block := file.read(8 << 20):
+                    sink.write(block)
+                    written += len(block)
+    return written
+
+
 def _output_parent() -> str | None:
     chosen = os.environ.get("WDSTREAM_BENCH_PACK_OUT")
     if chosen:
@@ -111,13 +135,33 @@ def run(quick: bool) -> list[dict]:
             return {"source": str(source), "output": str(outputs / name),
                     "per_shard": sizes["per_shard"], **extra}
 
+        zst, big = folder / "records.jsonl.zst", folder / "big.jsonl.zst"
+        make_zst(source, zst)
+        big_bytes = make_zst(source, big, sizes["times"])
         try:
-            cases = {
-                ONE: ("benchmarks.pack:case_wdstream", args("one", workers=1)),
-                TWO: ("benchmarks.pack:case_wdstream", args("two", workers=2)),
-                PEER: ("benchmarks.pack:case_shardwriter", args("peer")),
-            }
-            results = common.repeat(cases)
+            with common.LocalS3() as s3:
+                common.log("pack: uploading the .zst inputs to moto")
+                client = s3.client()
+                client.create_bucket(Bucket="bench")
+                client.upload_file(str(zst), "bench", "raw/records.jsonl.zst")
+                client.upload_file(str(big), "bench", "raw/big.jsonl.zst")
+                per_shard = sizes["per_shard"]
+                cases = {
+                    ONE: ("benchmarks.pack:case_wdstream", args("one", workers=1)),
+                    TWO: ("benchmarks.pack:case_wdstream", args("two", workers=2)),
+                    PEER: ("benchmarks.pack:case_shardwriter", args("peer")),
+                    LOCAL_ZST: ("benchmarks.pack:case_wdstream",
+                                {**args("zst", workers=2), "source": str(zst)}),
+                    S3_ZST: ("benchmarks.pack:case_wdstream",
+                             {"source": "s3://bench/raw/records.jsonl.zst",
+                              "output": "s3://bench/out/", "workers": 2, "per_shard": per_shard},
+                             s3.env),
+                    S3_BIG: ("benchmarks.pack:case_wdstream",
+                             {"source": "s3://bench/raw/big.jsonl.zst",
+                              "output": "s3://bench/big/", "workers": 2, "per_shard": per_shard},
+                             s3.env),
+                }
+                results = common.repeat(cases, progress=lambda text: common.log(f"pack: {text}"))
         finally:
             shutil.rmtree(outputs, ignore_errors=True)
 
@@ -125,12 +169,17 @@ def run(quick: bool) -> list[dict]:
     rows = []
     for name, result in results.items():
         row = {"table": table, "packer": name}
-        if "error" in result or result["records"] != data["records"]:
+        expected = data["records"] * (sizes["times"] if name == S3_BIG else 1)
+        if name == S3_BIG:
+            row["table"] = (f"{big_bytes / common.MB:.0f} MB of the same records "
+                            f"({expected:,}), for memory")
+        if "error" in result or result["records"] != expected:
             rows.append({**row, "error": result.get("error") or f"packed {result['records']}"})
             continue
         seconds = result["seconds"]
-        rows.append({**row, "MB/s": data["bytes"] / common.MB / seconds,
-                     "records/s": data["records"] / seconds, "seconds": seconds,
+        size = big_bytes if name == S3_BIG else data["bytes"]
+        rows.append({**row, "MB/s": size / common.MB / seconds,
+                     "records/s": expected / seconds, "seconds": seconds,
                      "CPU s": result.get("cpu_s"), "tar MB": result["tar_bytes"] / common.MB,
                      "peak RSS MB": result.get("peak_rss_mb")})
     output = _output_parent() or "the system's temporary folder"
@@ -152,9 +201,15 @@ def run(quick: bool) -> list[dict]:
         return {"table": "Goals", "goal": name, "measured": measured, "target": f"≥ {target:g}",
                 "met": met}
 
+    big, small = results[S3_BIG].get("peak_rss_mb"), results[S3_ZST].get("peak_rss_mb")
+    memory = common.ratio(big, small)
     return [
         goal("wdstream (1 worker) speed ÷ ShardWriter loop", ONE, PEER, 1.0),
         goal("wdstream 2 workers ÷ 1 worker", TWO, ONE, 1.6),
+        goal(".zst S3 → S3 ÷ local → local speed, 2 workers", S3_ZST, LOCAL_ZST, 0.8),
+        {"table": "Goals", "goal": f"peak RSS, {sizes['times']}× input ÷ 1× (S3 → S3)",
+         "measured": memory, "target": "≤ 1.1",
+         "met": "n/a" if memory is None else ("yes" if memory <= 1.1 else "no")},
         *rows,
     ]
 

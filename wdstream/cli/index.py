@@ -85,7 +85,8 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
         if not output:
             raise InputError("--merge needs --output PREFIX")
         _refuse_existing(output, overwrite)
-        manifest = merge_parts([load_manifest(source, allow_external_shards=allow_external_shards)
+        manifest = merge_parts([load_manifest(source, allow_external_shards=allow_external_shards,
+                                              allow_empty=True)
                                 for source in sources], output)
         prefix = output
     else:

@@ -9,7 +9,8 @@ How a run goes:
    assigns samples to shards. The exact tar size of every sample is known before anything is
    written (``member_size``), so shard boundaries do not depend on who writes the shards.
 3. Each shard is written whole - tar, SHA-256, upload - in this process (``workers=1``) or by a
-   pool of ``workers`` processes. The bytes are the same either way.
+   pool of ``workers`` processes. The bytes are the same either way. A pool worker reads the
+   JSON lines of a plain local file from the file itself (``ShardPiece.lines_at``).
 4. The manifest is written last, after every shard is complete. If anything fails (a bad
    record, an upload error, Ctrl-C), the shards this run wrote are deleted and no manifest is
    written; the error is raised again.
@@ -68,7 +69,8 @@ from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from ..shards.samples import check_extension, check_key
 from ..shards.tar import END_SIZE, TarWriter, member_size
 from ..sizes import format_size, parse_size
-from .inputs import Batch, FolderSample, check_inputs, iter_batches
+from .inputs import Batch, FolderSample, ReadCounter, check_inputs, iter_batches, read_lines
+from .remote import read_member
 
 DEFAULT_MAX_SIZE = 256 * 1000**2  # used when neither max_count nor max_size is given
 KEY_DIGITS = 10  # generated keys: the global record index, zero-padded so that keys sort
@@ -86,6 +88,8 @@ class PackProgress:
     shards: int = 0  # shards completely written
     samples: int = 0  # samples in the shards written
     bytes: int = 0  # bytes of the shards written
+    input_bytes: int = 0  # bytes of the inputs read so far (as stored, e.g. compressed)
+    input_total: int = 0  # bytes of all inputs, from the listing (0: not known, e.g. stdin)
 
 
 # --- samples and shard jobs ------------------------------------------------------------------
@@ -156,6 +160,9 @@ class ShardPiece(NamedTuple):
     columns: tuple[list, ...]
     json_lines_at: tuple[str, Sequence[int]] | None  # (source, line numbers) to parse first
     tokenize: tuple[int, ...] = ()  # columns of texts the writer tokenizes
+    # JSON lines of a plain local file: (path, start, stop), the bytes they are read from
+    # again by a pool worker, which is sent the piece without its columns (see _by_reference)
+    lines_at: tuple[str, int, int] | None = None
 
 
 class ShardJob(NamedTuple):
@@ -487,7 +494,18 @@ def _piece(samples: SampleBatch, start: int, stop: int) -> ShardPiece:
         tuple(column[start:stop] for column in samples.columns),
         (batch.source, batch.numbers[start:stop]) if samples.unparsed_json else None,
         samples.tokenize,
+        (batch.source, batch.offsets[start], batch.offsets[stop])
+        if samples.unparsed_json and batch.offsets is not None else None,
     )
+
+
+def _by_reference(job: ShardJob) -> ShardJob:
+    """``job`` without the bytes of lines its writer can read from their file itself: a pool
+    worker reading them from the page cache costs less than their pickling and piping."""
+    if not any(piece.lines_at for piece in job.pieces):
+        return job
+    return job._replace(pieces=[piece._replace(columns=()) if piece.lines_at else piece
+                                for piece in job.pieces])
 
 
 # --- tokenizing ------------------------------------------------------------------------------
@@ -665,11 +683,7 @@ class _ShardSink:
 
 
 def _file_bytes(member: LocalFile) -> bytes:
-    with open(member.path, "rb") as file:
-        content = file.read()
-    if len(content) != member.size:  # the shard's size was computed from the listed size
-        raise InputError(f"{member.path}: changed while packing ({member.size} -> {len(content)} bytes)")
-    return content
+    return read_member(member.path, member.size)  # local path or URL; size checked
 
 
 def _check_json_lines(lines: list[bytes], source: str, numbers: Sequence[int]) -> None:
@@ -697,7 +711,9 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
         sink = _ShardSink(out, job.compress)
         tar = TarWriter(sink)
         add = tar.add
-        for keys, exts, columns, json_lines_at, tokenize in job.pieces:
+        for keys, exts, columns, json_lines_at, tokenize, lines_at in job.pieces:
+            if not columns:  # sent by reference (_by_reference)
+                columns = (read_lines(*lines_at, len(keys)),)
             if json_lines_at is not None:
                 _check_json_lines(columns[0], *json_lines_at)
             if tokenize:
@@ -836,7 +852,8 @@ class _PoolWriter:
             yield first_done()
 
     def submit(self, job: ShardJob) -> Iterator[ShardInfo]:
-        self._pending.append(self._pool.submit(_write_shard_in_worker, job, self.via))
+        self._pending.append(self._pool.submit(_write_shard_in_worker, _by_reference(job),
+                                               self.via))
         while len(self._pending) >= self.limit:
             yield self._pending.pop(0).result()
 
@@ -981,7 +998,8 @@ def pack(
     """Pack records from ``inputs`` into tar shards under ``output`` and write the manifest.
 
     ``inputs``: paths of JSON Lines (also .gz/.zst), Parquet, CSV/TSV files, folders, or "-"
-    for JSON Lines on stdin, read in order. ``fields``: {column: extension} to store columns as
+    for JSON Lines on stdin, read in order; each may also be an s3://, gs://, https:// or
+    other fsspec URL or a glob pattern (matches in sorted order), streamed (``remote``). ``fields``: {column: extension} to store columns as
     members (default: the whole record as ``.json``). ``key``: the column keys come from
     (default: generated, unique across the dataset). ``max_count``/``max_size``: shard limits;
     ``max_size`` bounds the real tar bytes and defaults to 256 MB when neither is given.
@@ -1016,8 +1034,8 @@ def pack(
     tokenize = dict(tokenize) if tokenize is not None else None
     _check_options(fields, key, max_count, max_size, name, workers, part, via, tokenize, tokenizer)
     checked = check_inputs(paths)
-    if (fields or key or tokenize) and any(kind == "folder" for _, kind in checked):
-        folder = next(path for path, kind in checked if kind == "folder")
+    if (fields or key or tokenize) and any(item.kind == "folder" for item in checked):
+        folder = next(item.path for item in checked if item.kind == "folder")
         raise InputError(f"{folder}: --field, --tokenize and --key do not apply to a folder, "
                          "whose files are the members")
     if max_size is None and max_count is None:
@@ -1030,14 +1048,15 @@ def pack(
 
     maker = SampleMaker(fields, key, tokenize)
     # Generated keys are unique by construction; keys from a column or file names may repeat.
-    keys_from_data = key is not None or any(kind == "folder" for _, kind in checked)
+    keys_from_data = key is not None or any(item.kind == "folder" for item in checked)
     tar_max = tar_limit(compress, max_size) if compress and max_size is not None else max_size
     sharder = Sharder(max_count, tar_max, check_duplicates=keys_from_data)
     final_manifest = part_manifest_name(part) if part else MANIFEST_NAME
     # A part replaces neither the merged manifest nor another part's.
     _prepare_output(output, [MANIFEST_NAME, final_manifest] if part else [MANIFEST_NAME], overwrite)
 
-    status = PackProgress()
+    read_counter = ReadCounter(sum(item.size for item in checked))
+    status = PackProgress(input_total=read_counter.total)
     shards: list[ShardInfo] = []
     extensions: set[str] = set()
     started: list[str] = []  # URLs of shards this run began to write
@@ -1045,7 +1064,7 @@ def pack(
 
     def sample_batches() -> Iterator[SampleBatch]:
         first_index = 0  # of the batch's first record among all records
-        for batch in iter_batches(checked):
+        for batch in iter_batches(checked, counter=read_counter):
             yield maker.make(batch, first_index)
             first_index += len(batch.values)
 
@@ -1072,6 +1091,7 @@ def pack(
                 if next_job := job(finished):
                     yield next_job
             status.records += len(samples.batch.values)
+            status.input_bytes = read_counter.read
             if progress is not None:
                 progress(status)
         last = sharder.finish()
@@ -1100,6 +1120,7 @@ def pack(
         if failed:
             _delete_quietly(started)
 
+    status.input_bytes = read_counter.read
     if progress is not None:
         progress(status)
     extra = {

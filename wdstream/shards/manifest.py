@@ -114,9 +114,11 @@ class Manifest:
 
     @classmethod
     def from_json(
-        cls, text: str | bytes, base: str | None = None, where: str = "manifest"
+        cls, text: str | bytes, base: str | None = None, where: str = "manifest", *,
+        allow_empty: bool = False,
     ) -> Manifest:
-        """Parse and validate; ManifestError names ``where`` and the bad key."""
+        """Parse and validate; ManifestError names ``where`` and the bad key. ``allow_empty``
+        accepts a manifest without samples (a part of a run, to be merged)."""
         where = printable(where)
         try:
             doc = json.loads(text, object_pairs_hook=_unique_keys)
@@ -201,7 +203,7 @@ class Manifest:
         for key in ("samples", "bytes"):
             if doc[key] != getattr(manifest, key):
                 raise bad(key, f"the sum over the shards ({getattr(manifest, key)})", doc[key])
-        if manifest.samples < 1:
+        if manifest.samples < 1 and not allow_empty:
             raise bad("samples", "at least 1 (a dataset without samples cannot be read)",
                       doc["samples"])
         return manifest
@@ -286,8 +288,10 @@ def manifest_location(source: str) -> tuple[str, str]:
     return urls.join(source, MANIFEST_NAME), source
 
 
-def load_manifest(source: str, *, allow_external_shards: bool = False) -> Manifest:
-    """Read a manifest from a URL ending in .json, or ``prefix/index.json`` for a prefix.
+def load_manifest(source: str, *, allow_external_shards: bool = False,
+                  allow_empty: bool = False) -> Manifest:
+    """Read a manifest from a URL ending in .json, or ``prefix/index.json`` for a prefix
+    (``allow_empty``: one without samples, such as a part of a run to merge).
 
     Raises ManifestNotFoundError (a ManifestError) when there is none, ManifestError when it is
     invalid or names a shard it may not (``check_shard_names``); other read failures propagate
@@ -303,7 +307,7 @@ def load_manifest(source: str, *, allow_external_shards: bool = False) -> Manife
         if e.transient or exists(url):
             raise
         raise ManifestNotFoundError(f"{url}: no manifest found") from None
-    manifest = Manifest.from_json(text, base=base, where=url)
+    manifest = Manifest.from_json(text, base=base, where=url, allow_empty=allow_empty)
     manifest.url = url
     check_shard_names(manifest, allow_external=allow_external_shards)
     return manifest

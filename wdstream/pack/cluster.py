@@ -1,0 +1,152 @@
+"""Packing one dataset with many machines on Ray: ``pack_on_ray`` (``wdstream pack --ray N``).
+
+Each Ray task packs one part, ``pack(..., part=(i, n))``: it reads the whole input, computes the
+same shard boundaries as a single run and writes the shards whose index ``% n == i`` and a part
+manifest. When every part has succeeded, the part manifests are merged (``merge_parts``) into the
+``index.json`` a single run writes, which is published last, and the part manifests are deleted:
+the output is byte-identical to ``pack`` on one machine.
+
+If any part fails, every shard and part manifest the run wrote is deleted once all tasks have
+ended, no ``index.json`` is written, and the part's error is raised
+(a ``WdstreamError`` naming the record, as a single run's).
+
+Ray is imported only here (``pip install 'wdstream[ray]'``); ``ray.init()`` connects to the
+cluster named by ``address`` or ``RAY_ADDRESS``, or starts one on this machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+from ..errors import InputError, WdstreamError
+from ..shards.manifest import MANIFEST_NAME, Manifest
+
+
+def _pack_part(inputs: list[str], output: str, part: tuple[int, int], options: dict) -> str:
+    """One Ray task: pack one part; returns its manifest's URL."""
+    from .packer import pack
+
+    return pack(inputs, output, part=part, **options).url
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--ray needs Ray: pip install 'wdstream[ray]'") from None
+    return ray
+
+
+def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output: str | os.PathLike,
+                *, parts: int | None = None, address: str | None = None,
+                overwrite: bool = False, via: str = "auto", **options) -> Manifest:
+    """Pack ``inputs`` into ``output`` with ``parts`` Ray tasks (default: the cluster's CPUs)
+    and publish the merged ``index.json``; takes ``pack``'s options (not ``part``).
+
+    Inputs and output must be reachable from every node (object-store URLs, or a shared
+    file system). Returns the manifest written.
+    """
+    from ..shards.manifest import load_manifest, write_manifest
+    from ..sources import urls
+    from ..sources.writers import delete, exists
+    from .packer import _check_options, merge_parts, part_manifest_name
+
+    if "part" in options:
+        raise InputError("--ray runs the parts itself: leave out --part")
+    if "progress" in options:
+        raise InputError("pack_on_ray reports no progress: leave out progress")
+    paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
+        os.fspath(path) for path in inputs
+    ]
+    if "-" in paths:
+        raise InputError("--ray cannot read stdin (-): every part reads the whole input")
+    output = os.fspath(output)
+    if parts is not None and parts < 1:
+        raise InputError(f"--ray must be at least 1, got {parts}")
+    _check_options(options.get("fields"), options.get("key"), options.get("max_count"), None,
+                   options.get("name", "shard"), options.get("workers", 1), None, via)
+    from .inputs import check_inputs
+
+    check_inputs(paths)  # a missing object or an empty glob fails here, not in n tasks
+    index_url = urls.join(output, MANIFEST_NAME)
+    if exists(index_url):
+        if not overwrite:
+            raise InputError(f"{index_url} already exists; use --overwrite to replace the dataset")
+        delete(index_url)
+
+    ray = _ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, configure_logging=False)
+    try:
+        count = parts or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        task = ray.remote(num_cpus=options.get("workers", 1), max_retries=0)(_pack_part)
+        options = {**options, "via": via, "overwrite": True}  # replaces stale part manifests
+        refs = {task.remote(paths, output, (i, count), options): i for i in range(count)}
+        failure = _wait_all(ray, refs)
+        part_urls = [urls.join(output, part_manifest_name((i, count))) for i in range(count)]
+        if failure is not None:
+            _delete_parts(part_urls)
+            raise failure
+        manifests = [load_manifest(url, allow_empty=True) for url in part_urls]
+        merged = merge_parts(manifests, output)
+        merged.extra.pop("merged_from", None)  # the part manifests are deleted below
+        try:
+            merged.url = write_manifest(merged, output, via=via)
+        except BaseException:
+            _delete_parts(part_urls)
+            raise
+        for url in part_urls:
+            delete(url)
+        return merged
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _wait_all(ray, refs: dict) -> WdstreamError | None:
+    """Wait for every task to end; the first failure's error, if any.
+
+    Parts are not cancelled: Ray reports a cancelled task as ended while its process may
+    still be writing a shard, which could then land after the clean-up. A failing part stops
+    at its first bad record; the others run to their end, and their output is deleted."""
+    failure = None
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(done[0])
+        except Exception as error:  # noqa: BLE001 - Ray wraps the task's exception
+            if failure is None:
+                failure = _unwrapped(error, refs[done[0]], len(refs))
+    return failure
+
+
+def _unwrapped(error: Exception, index: int, count: int) -> WdstreamError:
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, WdstreamError):
+        return cause
+    if isinstance(error, WdstreamError):
+        return error
+    return WdstreamError(f"part {index}/{count} failed on Ray: {cause or error}")
+
+
+def _delete_parts(part_urls: list[str]) -> None:
+    """Delete the shards and manifests of the parts that finished (a failed or cancelled part
+    deleted its own shards)."""
+    from ..shards.manifest import load_manifest
+    from ..sources.writers import delete, exists
+
+    for url in part_urls:
+        try:
+            if not exists(url):
+                continue
+            manifest = load_manifest(url, allow_empty=True)
+            for i in range(len(manifest.shards)):
+                delete(manifest.shard_url(i))
+            delete(url)
+        except WdstreamError:
+            pass  # best effort: the part's error is the one to report
