@@ -216,7 +216,8 @@ T_SMALL = "small records: ~1 KiB JSON samples, local shards, 2 workers, batch 32
 T_LARGE = "large samples: ~1 MiB samples, local shards"
 T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"
 T_S3 = "S3 (moto on 127.0.0.1): ~1 MiB samples, 2 workers, batch 32"
-T_GOALS = "goals (issues 3 and 7)"
+T_GOALS = "goals (issues 3, 7 and 18)"
+DEFAULTS = "wdstream, every default (shuffle on, JSON parsed)"
 TENSOR = 'wdstream, bytes_as="tensor" (views of the mapped shards: no copy)'
 S3_TENSOR = 'wdstream, opener "sdk", bytes_as="tensor"'
 
@@ -273,6 +274,8 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     cases = {
         ("wdstream", "json"): (here + "case_wdstream", {"source": data["dir"], "decode": True}),
         ("wdstream", "none"): (here + "case_wdstream", {"source": data["dir"], "decode": False}),
+        (DEFAULTS, "json"): (here + "case_wdstream", {"source": data["dir"], "decode": True,
+                                                      "shuffle": True}),
         ("webdataset", "json"): (here + "case_webdataset",
                                  {"urls": data["shards"], "decode": True}),
         ("webdataset", "none"): (here + "case_webdataset",
@@ -293,8 +296,11 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                             progress=common.log)
     by_key = {key: results[f"{key[0]} / {key[1]}"] for key in cases}
     rows, summary = [], {}
+    summary["defaults_vs_litdata_raw"] = ratio(_rate(by_key[(DEFAULTS, "json")]),
+                                               _rate(by_key.get(("LitData", "none"), {})))
     for decode in ("json", "none"):
-        peers = {key: r for key, r in by_key.items() if key[1] == decode and key[0] != "wdstream"}
+        peers = {key: r for key, r in by_key.items()
+                 if key[1] == decode and not key[0].startswith("wdstream")}
         best_key = max((k for k in peers if _rate(peers[k])), key=lambda k: _rate(peers[k]),
                        default=None)
         best = _rate(peers[best_key]) if best_key else None
@@ -313,7 +319,7 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                 if rate else None,
                 "first batch s": result.get("ttfb_s"), "peak RSS MB": result.get("peak_rss_mb"),
                 "÷ webdataset": ratio(rate, webdataset),
-                "÷ best peer": ratio(rate, best) if key[0] == "wdstream" else None,
+                "÷ best peer": ratio(rate, best) if key[0].startswith("wdstream") else None,
                 "runs": result.get("runs"), "error": result.get("error"),
             })
     rows.append(_note(T_SMALL, f"{samples:,} samples in {len(data['shards'])} shards "
@@ -449,6 +455,8 @@ def run(quick: bool) -> list[dict]:
              "(issue 7)", small["json"]["vs_best"], 1.5),
         # issue 7's goals, met the way the docs give for large samples (bytes_as="tensor");
         # the same targets for members delivered as bytes (the default) are tracked beside them
+        goal("small records, every default (shuffle on, JSON parsed) ÷ LitData not decoding "
+             "(issue 18)", small["defaults_vs_litdata_raw"], 1.5),
         goal('1 MiB samples, bytes_as="tensor": wdstream MB/s ÷ cat (issue 7)',
              large["tensor_vs_cat"], 0.5),
         goal("1 MiB samples as bytes (default): wdstream MB/s ÷ cat", large["vs_cat"], 0.5),

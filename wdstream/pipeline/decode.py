@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 
 from ..errors import ShardError
 
-
 try:  # a core dependency: about 3x faster than json on small records
     from orjson import JSONDecodeError as _FastJSONError
     from orjson import loads as _fast_loads
