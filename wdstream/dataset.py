@@ -25,6 +25,7 @@ from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
+from .shards.compact import ShardArrays
 from .shards.locate import find_shards
 from .shards.manifest import Manifest
 from .shards.samples import split_name
@@ -132,6 +133,9 @@ def _resolve_source(source) -> _Source:
 
 def _from_manifest(manifest: Manifest) -> _Source:
     shards = manifest.shards
+    if isinstance(shards, ShardArrays):  # a large manifest: arrays, URLs made when opened
+        return _Source(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
+                                  bytes=shards.bytes, sha256=shards.digests()), manifest)
     table = ShardTable(
         urls=[manifest.shard_url(i) for i in range(len(shards))],
         samples=[s.samples for s in shards],

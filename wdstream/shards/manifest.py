@@ -51,11 +51,13 @@ class Manifest:
 
     @property
     def samples(self) -> int:
-        return sum(s.samples for s in self.shards)
+        total = getattr(self.shards, "total_samples", None)  # compact.ShardArrays
+        return total if total is not None else sum(s.samples for s in self.shards)
 
     @property
     def bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
+        total = getattr(self.shards, "total_bytes", None)
+        return total if total is not None else sum(s.bytes for s in self.shards)
 
     def shard_url(self, i: int) -> str:
         """The URL to open shard ``i`` with."""
@@ -89,7 +91,11 @@ class Manifest:
 
         Identifies the dataset for resume state; unchanged when the dataset is copied elsewhere.
         """
-        text = json.dumps([[s.url, s.samples, s.bytes] for s in self.shards], separators=(",", ":"))
+        if hasattr(self.shards, "fingerprint_text"):  # compact.ShardArrays: the same text
+            text = self.shards.fingerprint_text()
+        else:
+            text = json.dumps([[s.url, s.samples, s.bytes] for s in self.shards],
+                              separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     @classmethod
@@ -97,8 +103,11 @@ class Manifest:
         cls, text: str | bytes, base: str | None = None, where: str = "manifest"
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key."""
+        from .compact import ShardArrays, parse_manifest
+
+        fast = parse_manifest(text)  # large manifests in to_json's layout, as arrays
         try:
-            doc = json.loads(text)
+            doc = dict(fast[0], shards=fast[1]) if fast is not None else json.loads(text)
         except (ValueError, UnicodeDecodeError) as e:
             raise ManifestError(f"{where}: not valid JSON ({e})") from None
         if not isinstance(doc, dict):
@@ -123,11 +132,12 @@ class Manifest:
         extensions = doc["extensions"]
         if not isinstance(extensions, list) or not all(isinstance(e, str) for e in extensions):
             raise bad("extensions", "a list of strings", extensions)
-        if not isinstance(doc["shards"], list):
+        if not isinstance(doc["shards"], list | ShardArrays):
             raise bad("shards", "a list", doc["shards"])
 
-        shards = []
-        for i, entry in enumerate(doc["shards"]):
+        # ShardArrays come checked (plain names, counts, digests); a list is checked here
+        shards = doc["shards"] if isinstance(doc["shards"], ShardArrays) else []
+        for i, entry in enumerate(doc["shards"] if isinstance(shards, list) else ()):
             name = f"shards[{i}]"
             if not isinstance(entry, dict):
                 raise bad(name, "an object", entry)
