@@ -4,8 +4,8 @@ a cloud link, by a proxy of the suite's own (``shaped_link.py``) in front of the
 For each link the suite measures, in the same run:
 
 limit
-    What the link carries: ``LIMIT_IN_FLIGHT`` ranged GETs of 8 MiB in flight (threads of one
-    process, one boto3 client), over the dataset's shards.
+    What the link carries: ``LIMIT_IN_FLIGHT`` ranged GETs of 8 MiB in flight over the
+    dataset's shards (threads of 2 processes, so that one client's CPU is not the limit).
 one GET
     A single plain ``get_object`` through the link with a warm client: time to its first byte
     (the link's round trip) and to the first batch's bytes.
@@ -48,18 +48,12 @@ __all__ = ["case_link_limit", "case_one_get", "case_wdstream", "run"]
 # =========================================================================== cases (child side)
 
 
-def case_link_limit(bucket: str, keys: list[str], sizes: list[int],
-                    in_flight: int = LIMIT_IN_FLIGHT) -> dict:
-    """``in_flight`` threads taking 8 MiB ranges of the shards from one queue."""
-    quiet_logs()
-    import boto3
-    import botocore.config
-
-    client = boto3.client("s3", config=botocore.config.Config(max_pool_connections=in_flight))
+def _fetch_ranges(bucket: str, ranges: list[tuple[str, int, int]], threads: int) -> int:
+    """Bytes read by ``threads`` threads taking ranged GETs from ``ranges`` (one client)."""
+    client = _POOL_CLIENT["client"]
     work: queue.Queue = queue.Queue()
-    for key, size in zip(keys, sizes, strict=True):
-        for begin in range(0, size, PART):
-            work.put((key, begin, min(begin + PART, size) - 1))
+    for item in ranges:
+        work.put(item)
     total = [0]
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -80,19 +74,52 @@ def case_link_limit(bucket: str, keys: list[str], sizes: list[int],
             with lock:
                 total[0] += got
 
-    client.head_object(Bucket=bucket, Key=keys[0])  # connection set up before the clock
-    started = time.perf_counter()
-    threads = [threading.Thread(target=fetch) for _ in range(in_flight)]
-    for thread in threads:
+    pool = [threading.Thread(target=fetch) for _ in range(threads)]
+    for thread in pool:
         thread.start()
-    for thread in threads:
+    for thread in pool:
         thread.join()
-    seconds = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"ranged GET failed: {errors[0]}")
-    if total[0] != sum(sizes):
-        raise RuntimeError(f"read {total[0]} bytes, expected {sum(sizes)}")
-    return {"seconds": seconds, "bytes_read": total[0]}
+    return total[0]
+
+
+def case_link_limit(bucket: str, keys: list[str], sizes: list[int],
+                    in_flight: int = LIMIT_IN_FLIGHT, processes: int = WORKERS) -> dict:
+    """``in_flight`` ranged GETs of 8 MiB over the shards: ``processes`` processes (as many as
+    the loader's workers, so that the client's CPU is not what limits) of threads."""
+    quiet_logs()
+    import multiprocessing
+
+    import boto3  # noqa: F401 - imported before the clock, as the loader's case imports torch
+
+    ranges = [(key, begin, min(begin + PART, size) - 1)
+              for key, size in zip(keys, sizes, strict=True) for begin in range(0, size, PART)]
+    shares = [ranges[k::processes] for k in range(processes)]
+    context = multiprocessing.get_context("fork")
+    with context.Pool(processes, initializer=_warm,
+                      initargs=(bucket, keys[0], in_flight // processes)) as pool:
+        pool.starmap(time.sleep, [(0.2,)] * processes)  # every initializer has run
+        started = time.perf_counter()
+        totals = pool.starmap(_fetch_ranges, [(bucket, share, in_flight // processes)
+                                              for share in shares])
+        seconds = time.perf_counter() - started
+    if sum(totals) != sum(sizes):
+        raise RuntimeError(f"read {sum(totals)} bytes, expected {sum(sizes)}")
+    return {"seconds": seconds, "bytes_read": sum(totals)}
+
+
+_POOL_CLIENT: dict = {}  # the client of a pool process of case_link_limit
+
+
+def _warm(bucket: str, key: str, threads: int) -> None:
+    """Pool initializer: the process's client, connected, before the clock starts."""
+    import boto3
+    import botocore.config
+
+    client = boto3.client("s3", config=botocore.config.Config(max_pool_connections=threads))
+    client.head_object(Bucket=bucket, Key=key)
+    _POOL_CLIENT["client"] = client
 
 
 def case_one_get(bucket: str, key: str, first_bytes: int) -> dict:
@@ -178,7 +205,7 @@ def run(quick: bool) -> list[dict]:
         one = by_key[(link, "one GET")]
         rtt = one.get("first_byte_s")
         rows.append({"table": T_LINK, "link": link, "reader": f"limit: {LIMIT_IN_FLIGHT} ranged "
-                     "GETs of 8 MiB in flight", "MB/s": limit_mbps, "runs": limit.get("runs"),
+                     f"GETs of 8 MiB in flight ({WORKERS} processes)", "MB/s": limit_mbps, "runs": limit.get("runs"),
                      "error": limit.get("error")})
         rows.append({"table": T_LINK, "link": link, "reader": "one plain GET (warm client)",
                      "first byte s": rtt,

@@ -57,7 +57,7 @@ NOT_INSTALLABLE = {
 
 def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
                   opener: str = "auto", workers: int = WORKERS, batch: int | None = BATCH,
-                  shuffle: bool = False, bytes_as: str = "bytes") -> dict:
+                  shuffle: bool = False, bytes_as: str = "bytes", touch: bool = False) -> dict:
     quiet_logs()
     import wdstream
     import wdstream.dataset  # noqa: F401 - import torch before the clock starts
@@ -70,7 +70,7 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode, opener=opener)
     loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers,
                                  bytes_as=bytes_as)
-    return consume(loader, started, expected)
+    return consume(loader, started, expected, touch=touch)
 
 
 def case_wdstream_inprocess(source: str, expected: int | None = None) -> dict:
@@ -219,6 +219,10 @@ T_S3 = "S3 (moto on 127.0.0.1): ~1 MiB samples, 2 workers, batch 32"
 T_GOALS = "goals (issues 3, 7 and 18)"
 DEFAULTS = "wdstream, every default (shuffle on, JSON parsed)"
 TENSOR = 'wdstream, bytes_as="tensor" (views of the mapped shards: no copy)'
+TOUCHED = "wdstream, pages touched"
+TENSOR_TOUCHED = 'wdstream, bytes_as="tensor", pages touched'
+SHUFFLED = "wdstream, shuffle on (the default)"
+SHUFFLED_TOUCHED = "wdstream, shuffle on, pages touched"
 S3_TENSOR = 'wdstream, opener "sdk", bytes_as="tensor"'
 
 
@@ -353,6 +357,16 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                                                "expected": small["samples"]}),
         "webdataset": (here + "case_webdataset", {"urls": small["shards"], "decode": False,
                                                   "expected": small["samples"]}),
+        TOUCHED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                           "touch": True, "expected": small["samples"]}),
+        TENSOR_TOUCHED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                                  "bytes_as": "tensor", "touch": True,
+                                                  "expected": small["samples"]}),
+        SHUFFLED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                            "shuffle": True, "expected": small["samples"]}),
+        SHUFFLED_TOUCHED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                                    "shuffle": True, "touch": True,
+                                                    "expected": small["samples"]}),
         "wdstream, large": (here + "case_wdstream", {"source": big["dir"], "decode": False,
                                                      "expected": big["samples"]}),
         "webdataset, large": (here + "case_webdataset", {"urls": big["shards"], "decode": False,
@@ -360,14 +374,24 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     }
     results = common.repeat(cases, progress=common.log)
     cat = _mbps(results["cat"], small["bytes"])
-    rows = _mbps_rows(T_LARGE, results, ("cat", "wdstream", TENSOR,
+    rows = _mbps_rows(T_LARGE, results, ("cat", "wdstream", TOUCHED, TENSOR, TENSOR_TOUCHED,
+                                         SHUFFLED, SHUFFLED_TOUCHED,
                                          "wdstream, in-process reader (no DataLoader)",
                                          "webdataset"), small["bytes"], "÷ cat", cat)
     rows.append(_note(T_LARGE, f"{small['samples']:,} samples of 1 MiB in {len(small['shards'])} "
                       f"shards, {small['bytes'] / common.MB:,.0f} MB, from the page cache; "
-                      "2 workers and batch 32 for the DataLoader rows."))
+                      "2 workers and batch 32 for the DataLoader rows. Shuffle off unless said; "
+                      "'pages touched': the consumer reads one byte of every 4 KiB page of each "
+                      "batch (the other rows do not look at the data). Shuffle on uses the "
+                      "default window (1000 samples, bounded by shuffle_bytes=256 MiB: 255 "
+                      "samples of 1 MiB)."))
     summary = {"vs_cat": ratio(_mbps(results["wdstream"], small["bytes"]), cat),
-               "tensor_vs_cat": ratio(_mbps(results[TENSOR], small["bytes"]), cat)}
+               "tensor_vs_cat": ratio(_mbps(results[TENSOR], small["bytes"]), cat),
+               "touched_vs_cat": ratio(_mbps(results[TOUCHED], small["bytes"]), cat),
+               "tensor_touched_vs_cat": ratio(_mbps(results[TENSOR_TOUCHED], small["bytes"]),
+                                              cat),
+               "shuffle_on_vs_off": ratio(_mbps(results[SHUFFLED_TOUCHED], small["bytes"]),
+                                          _mbps(results[TOUCHED], small["bytes"]))}
     runs = {("wdstream", 1): (results["wdstream"], small),
             ("wdstream", 4): (results["wdstream, large"], big),
             ("webdataset", 1): (results["webdataset"], small),
@@ -460,6 +484,11 @@ def run(quick: bool) -> list[dict]:
         goal('1 MiB samples, bytes_as="tensor": wdstream MB/s ÷ cat (issue 7)',
              large["tensor_vs_cat"], 0.5),
         goal("1 MiB samples as bytes (default): wdstream MB/s ÷ cat", large["vs_cat"], 0.5),
+        goal("1 MiB samples, pages touched: wdstream MB/s ÷ cat", large["touched_vs_cat"], 0.5),
+        goal('1 MiB samples, bytes_as="tensor", pages touched: MB/s ÷ cat',
+             large["tensor_touched_vs_cat"], 0.5),
+        goal("1 MiB samples, pages touched: shuffle on ÷ shuffle off (issue 18)",
+             large["shuffle_on_vs_off"], 0.9),
         goal('S3: opener "sdk" (default), bytes_as="tensor": MB/s ÷ boto3 loop (issue 7)',
              s3["tensor_vs_boto3"], 0.8),
         goal('S3: opener "sdk" (default), as bytes (default): MB/s ÷ boto3 loop', s3["vs_boto3"],

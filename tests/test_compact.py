@@ -98,3 +98,19 @@ def test_arrays_are_few_large_objects():
     fast = Manifest.from_json(Manifest(infos()).to_json())
     assert isinstance(fast.shards.samples, np.ndarray)
     assert fast.shards.samples.dtype == np.int64
+
+
+def test_the_shuffle_window_is_bounded_in_bytes(tmp_path):
+    from wdstream.errors import InputError
+
+    big = [ShardInfo(f"s-{i}.tar", 100, 100 * (1 << 20), None) for i in range(4)]
+    (tmp_path / "index.json").write_text(Manifest(big).to_json())
+    assert wdstream.StreamingDataset(str(tmp_path)).options.window == 256
+    assert wdstream.StreamingDataset(str(tmp_path), shuffle_bytes="64MiB").options.window == 64
+    assert wdstream.StreamingDataset(str(tmp_path), shuffle_bytes=None).options.window == 1000
+    assert wdstream.StreamingDataset(str(tmp_path), shuffle_bytes=1).options.window == 1
+    small = [ShardInfo(f"s-{i}.tar", 100, 100 * 1024, None) for i in range(4)]
+    (tmp_path / "index.json").write_text(Manifest(small).to_json())
+    assert wdstream.StreamingDataset(str(tmp_path)).options.window == 1000
+    with pytest.raises(InputError):
+        wdstream.StreamingDataset(str(tmp_path), shuffle_bytes="lots")

@@ -24,6 +24,7 @@ from .errors import ManifestError, ShardError, StateError, WdstreamError
 from .pipeline.decode import build_decoders, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
+from .pipeline.window import DEFAULT_SHUFFLE_BYTES, bounded_window
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
 from .shards.compact import ShardArrays
 from .shards.locate import find_shards
@@ -258,7 +259,10 @@ class StreamingDataset(PositionedDataset):
 
     Order: ``shuffle`` permutes shards per epoch and samples within windows of
     ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch; a
-    worker holds one window in memory (lower it for large samples).
+    worker holds one window in memory. ``shuffle_bytes`` (default 256 MiB; a number or a size
+    such as ``"1GiB"``; None: no bound) bounds that window in bytes too: with a manifest, the
+    window holds at most ``shuffle_bytes`` divided by its mean sample size (tar bytes per
+    sample) samples, so 1 MiB samples shuffle in windows of about 250.
     ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
     that do not divide evenly among ranks are handled, so every rank gets as many.
 
@@ -286,6 +290,7 @@ class StreamingDataset(PositionedDataset):
         seed: int = 0,
         opener: str = "auto",
         shuffle_window: int = 1000,
+        shuffle_bytes: int | str | None = DEFAULT_SHUFFLE_BYTES,
         remainder: str = "drop",
         decode: bool = True,
         decoders: Mapping[str, object] | None = None,
@@ -303,9 +308,9 @@ class StreamingDataset(PositionedDataset):
         resolved = _resolve_source(source)
         self.shards = resolved.table
         self.manifest = resolved.manifest
+        window = bounded_window(int(shuffle_window), shuffle_bytes, self.manifest)
         self.options = PlanOptions(seed=int(seed), shuffle=bool(shuffle),
-                                   window=int(shuffle_window) if shuffle else 1,
-                                   remainder=remainder)
+                                   window=window if shuffle else 1, remainder=remainder)
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
                                         timeout=timeout, retries=retries, backoff=retry_backoff,
                                         on_error=on_error,
