@@ -63,7 +63,8 @@ class RangedS3Source(_Source):
 
     def __init__(self, url: str, start: int, timeout: float, *, part_size: int = PART_SIZE,
                  max_parts: int = MAX_PARTS, initial_parts: int = INITIAL_PARTS,
-                 retries: int = PART_RETRIES, backoff: float = RETRY_BACKOFF):
+                 retries: int | None = None, backoff: float = RETRY_BACKOFF):
+        retries = PART_RETRIES if retries is None else retries
         if part_size <= 0 or max_parts < 1 or not 1 <= initial_parts <= max_parts:
             raise ValueError("part_size must be positive and 1 <= initial_parts <= max_parts")
         self.url, self.start, self.timeout = url, start, timeout
