@@ -9,7 +9,8 @@ the server behind can serve.
 
 For tests it can also break responses: ``cut={n: nbytes}`` closes the connection of the n-th
 request (counted from 1, in the order they reach the proxy) after ``nbytes`` bytes of its
-response; the client sees a short body or a reset.
+response; the client sees a short body or a reset. ``drop_range=True`` strips ``Range``
+headers, as a server that ignores them.
 
 ``python -m benchmarks.shaped_link UPSTREAM_PORT RATE_MB_S DELAY_MS`` runs one in the foreground
 and prints its port.
@@ -18,6 +19,7 @@ and prints its port.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 import time
@@ -27,12 +29,14 @@ CHUNK = 64 << 10
 
 class ShapedProxy:
     def __init__(self, upstream_port: int, rate: float, delay: float, *,
-                 cut: dict[int, int] | None = None, host: str = "127.0.0.1"):
+                 cut: dict[int, int] | None = None, drop_range: bool = False,
+                 host: str = "127.0.0.1"):
         if rate <= 0 or delay < 0:
             raise ValueError("rate must be positive and delay >= 0")
         self.upstream = (host, upstream_port)
         self.rate, self.delay, self.host = rate, delay, host
         self.cut = dict(cut or {})
+        self.drop_range = drop_range  # strip Range headers: a server that ignores them
         self.port: int | None = None
         self.requests = 0  # GET/HEAD/PUT... requests seen
         self.connections = 0
@@ -114,6 +118,8 @@ class ShapedProxy:
         try:
             while data := await reader.read(CHUNK):
                 if _starts_request(data):
+                    if self.drop_range:
+                        data = _RANGE_HEADER.sub(b"", data)
                     self.requests += 1
                     await requests.put(self.requests)
                     if self.delay:
@@ -155,6 +161,7 @@ class ShapedProxy:
                 await asyncio.sleep(wait)
 
 
+_RANGE_HEADER = re.compile(rb"\r\n[Rr]ange: [^\r]*(?=\r\n)")
 _METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
 
 

@@ -28,8 +28,8 @@ def proxied(s3, s3_bucket):
     """(bucket, make_proxy): a proxy in front of moto whose endpoint the client uses."""
     proxies = []
 
-    def make(rate=200e6, delay=0.0, cut=None):
-        proxy = ShapedProxy(s3.port, rate, delay, cut=cut).start()
+    def make(rate=200e6, delay=0.0, cut=None, drop_range=False):
+        proxy = ShapedProxy(s3.port, rate, delay, cut=cut, drop_range=drop_range).start()
         proxies.append(proxy)
         return proxy
 
@@ -164,3 +164,17 @@ def test_a_missing_object_is_a_permanent_error(s3, proxied):
             reader.read()
     assert not caught.value.transient
     assert proxy.requests == 1
+
+
+def test_a_server_that_ignores_range_is_read_as_one_bounded_stream(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(10 * PART + 3)
+    url = put(s3, bucket, "norange.bin", data)
+    proxy = make(drop_range=True)
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        for start in (0, 3 * PART + 1):
+            reader, source = stream(url, start=start)
+            with reader:
+                assert reader.read() == data[start:]
+            assert source.peak_parts == 1
+    assert proxy.requests == 2

@@ -47,6 +47,7 @@ class _Part:
         self.begin, self.end = begin, end
         self.chunks: collections.deque[bytes] = collections.deque()
         self.received = 0  # bytes appended so far
+        self.pending = 0  # bytes appended and not yet taken
         self.done = False
         self.error: BaseException | None = None
 
@@ -112,7 +113,9 @@ class RangedS3Source(_Source):
                     return
                 chunks = list(head.chunks)
                 head.chunks.clear()
+                head.pending = 0
                 finished = head.done
+                self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
             if waited and window < self.max_parts:
                 window += 1  # the network was the slower side: one more part in flight
             for chunk in chunks:
@@ -208,9 +211,13 @@ class RangedS3Source(_Source):
                         continue
                 got += len(chunk)
                 with self._cond:
+                    # a whole object (Range ignored) is one part: hold at most a part's size
+                    while self._whole and part.pending >= self.part_size and not self._stopped:
+                        self._cond.wait()
                     if self._stopped:
                         return
                     part.chunks.append(chunk)
+                    part.pending += len(chunk)
                     part.received += len(chunk)
                     self._held += len(chunk)
                     self.peak_held = max(self.peak_held, self._held)
