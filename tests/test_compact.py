@@ -114,3 +114,32 @@ def test_the_shuffle_window_is_bounded_in_bytes(tmp_path):
     assert wdstream.StreamingDataset(str(tmp_path)).options.window == 1000
     with pytest.raises(InputError):
         wdstream.StreamingDataset(str(tmp_path), shuffle_bytes="lots")
+
+
+def test_a_compact_manifest_streams_from_s3_through_workers_and_the_cache(
+        s3, s3_bucket, tmp_path, monkeypatch):
+    """The whole path on arrays: lazy URLs, sizes and digests reach the S3 reader, the shard
+    cache and forked DataLoader workers; the epoch is the one the general parser gives."""
+    from datasets import all_keys, write_dataset
+
+    counts = [7, 5, 9, 6]
+    folder = tmp_path / "data"
+    write_dataset(folder, counts)
+    client = s3.client()
+    for path in sorted(folder.iterdir()):
+        client.put_object(Bucket=s3_bucket, Key=f"d/{path.name}", Body=path.read_bytes())
+    url = f"s3://{s3_bucket}/d/"
+
+    def epoch(**options):
+        dataset = wdstream.StreamingDataset(url, seed=5, verify_digest=True,
+                                            cache_dir=str(tmp_path / "cache"), **options)
+        loader = wdstream.DataLoader(dataset, batch_size=4, num_workers=2)
+        return dataset, [k for batch in loader for k in batch["__key__"]]
+
+    general_dataset, expected = epoch()
+    assert isinstance(general_dataset.manifest.shards, list)
+    monkeypatch.setattr(compact, "SMALL", 1)
+    dataset, keys = epoch()
+    assert isinstance(dataset.manifest.shards, compact.ShardArrays)
+    assert keys == expected and set(keys) == all_keys(counts)
+    assert dataset.fingerprint() == general_dataset.fingerprint()

@@ -136,7 +136,7 @@ def _from_manifest(manifest: Manifest) -> _Source:
     shards = manifest.shards
     if isinstance(shards, ShardArrays):  # a large manifest: arrays, URLs made when opened
         return _Source(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
-                                  bytes=shards.bytes, sha256=shards.digests()), manifest)
+                                  bytes=shards.sizes(), sha256=shards.digests()), manifest)
     table = ShardTable(
         urls=[manifest.shard_url(i) for i in range(len(shards))],
         samples=[s.samples for s in shards],
