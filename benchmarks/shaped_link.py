@@ -102,12 +102,12 @@ class ShapedProxy:
         except OSError:
             client_writer.close()
             return
-        # (request number, bytes allowed before the cut) of the response being relayed
-        state = {"cut_after": None, "sent": 0}
-        requests = asyncio.Queue()
+        requests = asyncio.Queue()  # numbers of the requests whose responses are due
         upward = asyncio.ensure_future(self._requests(client_reader, up_writer, requests))
         try:
-            await self._responses(up_reader, client_writer, requests, state)
+            await self._responses(up_reader, client_writer, requests)
+        except OSError:  # the client went away (a reader closed early): nothing to relay
+            pass
         finally:
             upward.cancel()
             for writer in (client_writer, up_writer):
@@ -134,7 +134,7 @@ class ShapedProxy:
             except (OSError, RuntimeError):
                 pass
 
-    async def _responses(self, reader, writer, requests: asyncio.Queue, state: dict) -> None:
+    async def _responses(self, reader, writer, requests: asyncio.Queue) -> None:
         """Server to client, paced at ``rate``; a cut closes the connection mid-response."""
         clock = time.monotonic()
         cut_after = None
