@@ -57,7 +57,8 @@ def test_parts_come_back_in_order_over_a_delayed_link(s3, proxied):
         reader, source = stream(url, {"max_parts": 6, "initial_parts": 2})
         with reader:
             assert reader.read() == data
-    assert proxy.requests == 21  # one GET per part, no more
+    # the first GET was cut short once the link proved the slower side; parts followed
+    assert 2 < proxy.requests <= 21
     assert 2 < source.peak_parts <= 6  # it widened: the link was the slower side
 
 
@@ -71,27 +72,27 @@ def test_the_default_sdk_opener_reads_through_parts(s3, proxied):
             assert reader.read() == data
         with open_read(url, start=(8 << 20) + 7) as reader:
             assert reader.read() == data[(8 << 20) + 7:]
-    assert proxy.requests == 4 + 2
+    assert 2 <= proxy.requests <= 4 + 2
 
 
 def test_a_cut_part_is_asked_again_for_its_remaining_bytes(s3, proxied):
     bucket, make = proxied
-    data = os.urandom(6 * PART)
+    data = os.urandom(12 * PART)
     url = put(s3, bucket, "cut.bin", data)
-    # the 3rd request (a part after the first) loses its connection 10 KiB into the body
-    proxy = make(cut={3: 10 * KiB})
+    # the 1st request and the 6th lose their connection 10 KiB into the body
+    proxy = make(rate=5e6, cut={1: 10 * KiB, 6: 10 * KiB})
     with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
-        reader, _source = stream(url, {"backoff": 0.01})
+        reader, source = stream(url, {"backoff": 0.01})
         with reader:
             assert reader.read() == data
-    assert proxy.requests == 7  # 6 parts + the retry of the cut one
+    assert source.peak_parts > 1 and proxy.requests > 6
 
 
 def test_a_part_that_keeps_failing_fails_the_stream(s3, proxied):
     bucket, make = proxied
     data = os.urandom(4 * PART)
     url = put(s3, bucket, "broken.bin", data)
-    proxy = make(cut={n: 1000 for n in range(2, 40)})  # every request after the first
+    proxy = make(cut={n: 1000 for n in range(1, 40)})  # every request
     with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
         reader, _source = stream(url, {"retries": 2, "backoff": 0.01})
         with pytest.raises(StreamError) as caught, reader:
@@ -114,13 +115,13 @@ def test_a_response_shorter_than_its_range_is_an_error_not_data(s3, proxied):
 
 def test_an_object_replaced_during_the_read_fails(s3, proxied):
     bucket, make = proxied
-    url = put(s3, bucket, "replaced.bin", os.urandom(4 * PART))
-    proxy = make(rate=0.3e6)  # slow enough to replace it after the first part's headers
+    url = put(s3, bucket, "replaced.bin", os.urandom(16 * PART))
+    proxy = make(rate=2e6)  # slow: it is replaced before the parts after the first GET start
     with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
         reader, _source = stream(url, {"max_parts": 1, "initial_parts": 1})
         with pytest.raises(StreamError, match="changed while it was being read"), reader:
             reader.read(1000)
-            put(s3, bucket, "replaced.bin", os.urandom(4 * PART))
+            put(s3, bucket, "replaced.bin", os.urandom(16 * PART))
             reader.read()
 
 

@@ -37,6 +37,9 @@ MAX_PARTS = 8
 PART_RETRIES = 3
 RETRY_BACKOFF = 0.2  # seconds before a part's first retry; doubled on each further one
 
+SWITCH_WAITS = 4  # waits for the first GET's bytes before parts may start
+ONE_GET_ENOUGH = 200e6  # bytes/s: a first GET this fast is left alone (no parts)
+_OPEN_END = 1 << 62  # the first GET's end until the object's size is known
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -48,6 +51,7 @@ class _Part:
         self.chunks: collections.deque[bytes] = collections.deque()
         self.received = 0  # bytes appended so far
         self.pending = 0  # bytes appended and not yet taken
+        self.first_byte_at: float | None = None  # time.monotonic() of its first chunk
         self.done = False
         self.error: BaseException | None = None
 
@@ -85,7 +89,7 @@ class RangedS3Source(_Source):
 
     def run(self, put):
         client = s3_client(self.timeout)
-        first = _Part(self.start, self.start + self.part_size)
+        first = _Part(self.start, _OPEN_END)  # the rest of the object, in one GET
         parts = collections.deque([first])
         self._launch(client, first)
         with self._cond:
@@ -96,8 +100,14 @@ class RangedS3Source(_Source):
             return
         window = self.initial_parts
         following = first.end
-        while parts or (following < self._size and not self._whole):
-            while len(parts) < window and following < self._size and not self._whole:
+        network = consumer = 0.0  # seconds waiting for the first GET's bytes / in put()
+        waits = 0
+        while parts or following < self._size:
+            if (parts and first is parts[0] and following == first.end and not self._whole
+                    and waits >= SWITCH_WAITS and network > consumer
+                    and self._rate(first) < ONE_GET_ENOUGH):
+                following = self._cut(first)  # the link is the slower side: go parallel
+            while len(parts) < window and following < self._size and following >= first.end:
                 part = _Part(following, min(following + self.part_size, self._size))
                 following = part.end
                 parts.append(part)
@@ -106,27 +116,48 @@ class RangedS3Source(_Source):
             head = parts[0]
             with self._cond:
                 waited = False
+                began = time.monotonic()
                 while not head.chunks and not head.done and not self._stopped:
                     waited = True
                     self._cond.wait()
                 if self._stopped:
                     return
+                if waited and head is first:
+                    waits += 1
+                    network += time.monotonic() - began
                 chunks = list(head.chunks)
                 head.chunks.clear()
                 head.pending = 0
                 finished = head.done
                 self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
-            if waited and window < self.max_parts:
+            if waited and head is not first and window < self.max_parts:
                 window += 1  # the network was the slower side: one more part in flight
+            began = time.monotonic()
             for chunk in chunks:
                 with self._cond:
                     self._held -= len(chunk)
                 if not put(chunk):
                     self.stop()
                     return
+            consumer += time.monotonic() - began
             if finished and not head.chunks:
                 self._finish(head)
                 parts.popleft()
+
+    @staticmethod
+    def _rate(part: _Part) -> float:
+        """Bytes/s the part has come at since its first byte."""
+        if part.first_byte_at is None:
+            return 0.0
+        return part.received / max(time.monotonic() - part.first_byte_at, 1e-6)
+
+    def _cut(self, first: _Part) -> int:
+        """End the first GET a part's size past what it delivered; the parts after it follow
+        from there. Returns where they start."""
+        with self._cond:
+            first.end = min(first.end, first.begin + first.received + self.part_size)
+            self._cond.notify_all()
+            return first.end
 
     def _finish(self, part: _Part) -> None:
         """Raise the part's error; a part without one must hold its whole range."""
@@ -175,8 +206,8 @@ class RangedS3Source(_Source):
         begin = part.begin + part.received
         if begin >= part.end and self._size is not None:
             return
-        request = {"Bucket": self.bucket, "Key": self.key,
-                   "Range": f"bytes={begin}-{part.end - 1}"}
+        last = "" if part.end == _OPEN_END else part.end - 1
+        request = {"Bucket": self.bucket, "Key": self.key, "Range": f"bytes={begin}-{last}"}
         if self._etag is not None:
             request["IfMatch"] = self._etag
         try:
@@ -197,11 +228,12 @@ class RangedS3Source(_Source):
             if self._size is None:
                 self._headers(part, response)
             skip = begin if self._whole else 0  # Range ignored: the body starts at byte 0
-            expected = part.end - begin
-            got = 0
             while True:
-                chunk = body.read(min(CHUNK_SIZE, expected - got) if not self._whole
-                                  else CHUNK_SIZE)
+                room = part.end - part.begin - part.received  # the end may move (_cut)
+                if room <= 0:
+                    break
+                step = min(CHUNK_SIZE, self.part_size)
+                chunk = body.read(step if skip else min(step, room))
                 if not chunk:
                     break
                 if skip:
@@ -209,21 +241,25 @@ class RangedS3Source(_Source):
                     chunk, skip = chunk[dropped:], skip - dropped
                     if not chunk:
                         continue
-                got += len(chunk)
                 with self._cond:
-                    # a whole object (Range ignored) is one part: hold at most a part's size
-                    while self._whole and part.pending >= self.part_size and not self._stopped:
+                    # a part longer than PART_SIZE (the first GET, a whole object) holds at
+                    # most a part's size that the stream has not taken
+                    while (part.size > self.part_size and part.pending >= self.part_size
+                           and not self._stopped):
                         self._cond.wait()
                     if self._stopped:
                         return
+                    chunk = chunk[:part.end - part.begin - part.received]
+                    if not chunk:
+                        break
+                    if part.first_byte_at is None:
+                        part.first_byte_at = time.monotonic()
                     part.chunks.append(chunk)
                     part.pending += len(chunk)
                     part.received += len(chunk)
                     self._held += len(chunk)
                     self.peak_held = max(self.peak_held, self._held)
                     self._cond.notify_all()
-                if not self._whole and got >= expected:
-                    break
         finally:
             body.close()
         if part.received < part.size:
