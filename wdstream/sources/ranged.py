@@ -2,22 +2,26 @@
 
 One GET streams at one connection's share of the link; on a cloud link that share is a
 fraction of what the link carries (a cap per connection, a delay before the first byte). So
-the "sdk" reader fetches an object as parts of ``PART_SIZE`` bytes, several in flight, each on
-its own thread and connection, and hands their bytes to the stream in order: the part being
-read is handed over as its chunks arrive, the parts after it are held until their turn.
+the "sdk" reader starts with one GET of the rest of the object (its response gives the size
+and ETag) and, once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times, longer
+in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH`` bytes/s, cuts it short
+a part past what it delivered and fetches the rest as parts of ``PART_SIZE`` bytes, several in
+flight, each on its own thread and connection, handing their bytes over in order: the part
+being read is handed over as its chunks arrive, the parts after it are held until their turn.
+A fast single stream (loopback, a fast in-region link) stays one GET.
 
 How many parts are in flight follows the link, not the number of DataLoader workers: it starts
-at ``INITIAL_PARTS`` and grows by one each time the stream had to wait for the network (the
-next bytes were not there yet), up to ``MAX_PARTS``; a stream whose consumer is the slower side
-never waits for the network and so stays small. The bytes one stream holds are bounded by
-``MAX_PARTS * PART_SIZE`` (parts fetched but not yet handed over).
+at ``INITIAL_PARTS`` and grows by one each time the stream had to wait for a part, up to
+``MAX_PARTS``; a stream whose consumer is the slower side stays small. The bytes one stream
+holds are bounded by ``MAX_PARTS * PART_SIZE`` (parts fetched but not yet handed over); the
+first GET holds at most a part's size ahead of the stream.
 
-The first part's response gives the object's size and ETag; the other parts ask for that ETag
-(``If-Match``), so an object replaced during the read fails instead of mixing two versions.
-A part that fails with a transient error (reset, timeout, short body, 5xx) is asked again for
-its remaining bytes, up to ``PART_RETRIES`` times; then, or on a permanent error, the stream
-fails with that part's error. A part that ends short of its range is a transient error; a
-server that ignores ``Range`` (status 200) is read as one plain stream.
+The parts ask for the first response's ETag (``If-Match``), so an object replaced during the
+read fails instead of mixing two versions. A part that fails with a transient error (reset,
+timeout, short body, 5xx) is asked again for its remaining bytes, up to ``PART_RETRIES`` times;
+then, or on a permanent error, the stream fails with that part's error. A part that ends short
+of its range is a transient error; a server that ignores ``Range`` (status 200) is read as one
+plain stream.
 """
 
 from __future__ import annotations
