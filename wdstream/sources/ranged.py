@@ -42,7 +42,7 @@ PART_RETRIES = 3
 RETRY_BACKOFF = 0.2  # seconds before a part's first retry; doubled on each further one
 
 SWITCH_WAITS = 4  # waits for the first GET's bytes before parts may start
-ONE_GET_ENOUGH = 200e6  # bytes/s: a first GET this fast is left alone (no parts)
+ONE_GET_ENOUGH = 120e6  # bytes/s: a first GET this fast is left alone (no parts)
 _OPEN_END = 1 << 62  # the first GET's end until the object's size is known
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
