@@ -265,14 +265,46 @@ def batch_len(batch) -> int:
     return len(batch)
 
 
-def consume(loader, started: float, expected: int | None = None) -> dict:
+PAGE = 4096
+
+
+def touch_pages(value) -> int:
+    """Read one byte of every page of the payloads in ``value`` (bytes, arrays, tensors, and
+    the lists and dicts holding them), as a consumer that uses the data would."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        return sum(touch_pages(v) for k, v in value.items() if not str(k).startswith("__"))
+    if isinstance(value, (list, tuple)):
+        return sum(touch_pages(v) for v in value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return int(np.frombuffer(value, dtype=np.uint8)[::PAGE].sum())
+    if hasattr(value, "numpy"):  # a torch tensor
+        flat = value.reshape(-1).view(torch_uint8()) if value.dtype != torch_uint8() \
+            else value.reshape(-1)
+        return int(flat[::PAGE].sum())
+    if isinstance(value, np.ndarray):
+        return int(value.reshape(-1).view(np.uint8)[::PAGE].sum())
+    return 0
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+def consume(loader, started: float, expected: int | None = None, touch: bool = False) -> dict:
     """Iterate ``loader`` to the end; times from ``started`` (``time.perf_counter()`` taken
-    before the dataset was built). Returns samples, seconds, time to first batch."""
+    before the dataset was built). Returns samples, seconds, time to first batch. ``touch``:
+    read a byte of every page of every batch (``touch_pages``)."""
     items = 0
     first = None
     for batch in loader:
         if first is None:
             first = time.perf_counter()
+        if touch:
+            touch_pages(batch)
         items += batch_len(batch)
     seconds = time.perf_counter() - started
     if expected is not None and items != expected:

@@ -57,7 +57,7 @@ NOT_INSTALLABLE = {
 
 def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
                   opener: str = "auto", workers: int = WORKERS, batch: int | None = BATCH,
-                  shuffle: bool = False, bytes_as: str = "bytes") -> dict:
+                  shuffle: bool = False, bytes_as: str = "bytes", touch: bool = False) -> dict:
     quiet_logs()
     import wdstream
     import wdstream.dataset  # noqa: F401 - import torch before the clock starts
@@ -70,7 +70,7 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode, opener=opener)
     loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers,
                                  bytes_as=bytes_as)
-    return consume(loader, started, expected)
+    return consume(loader, started, expected, touch=touch)
 
 
 def case_wdstream_inprocess(source: str, expected: int | None = None) -> dict:
@@ -216,8 +216,13 @@ T_SMALL = "small records: ~1 KiB JSON samples, local shards, 2 workers, batch 32
 T_LARGE = "large samples: ~1 MiB samples, local shards"
 T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"
 T_S3 = "S3 (moto on 127.0.0.1): ~1 MiB samples, 2 workers, batch 32"
-T_GOALS = "goals (issues 3 and 7)"
+T_GOALS = "goals (issues 3, 7 and 18)"
+DEFAULTS = "wdstream, every default (shuffle on, JSON parsed)"
 TENSOR = 'wdstream, bytes_as="tensor" (views of the mapped shards: no copy)'
+TOUCHED = "wdstream, pages touched"
+TENSOR_TOUCHED = 'wdstream, bytes_as="tensor", pages touched'
+SHUFFLED = "wdstream, shuffle on (the default)"
+SHUFFLED_TOUCHED = "wdstream, shuffle on, pages touched"
 S3_TENSOR = 'wdstream, opener "sdk", bytes_as="tensor"'
 
 
@@ -273,6 +278,8 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     cases = {
         ("wdstream", "json"): (here + "case_wdstream", {"source": data["dir"], "decode": True}),
         ("wdstream", "none"): (here + "case_wdstream", {"source": data["dir"], "decode": False}),
+        (DEFAULTS, "json"): (here + "case_wdstream", {"source": data["dir"], "decode": True,
+                                                      "shuffle": True}),
         ("webdataset", "json"): (here + "case_webdataset",
                                  {"urls": data["shards"], "decode": True}),
         ("webdataset", "none"): (here + "case_webdataset",
@@ -293,8 +300,11 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                             progress=common.log)
     by_key = {key: results[f"{key[0]} / {key[1]}"] for key in cases}
     rows, summary = [], {}
+    summary["defaults_vs_litdata_raw"] = ratio(_rate(by_key[(DEFAULTS, "json")]),
+                                               _rate(by_key.get(("LitData", "none"), {})))
     for decode in ("json", "none"):
-        peers = {key: r for key, r in by_key.items() if key[1] == decode and key[0] != "wdstream"}
+        peers = {key: r for key, r in by_key.items()
+                 if key[1] == decode and not key[0].startswith("wdstream")}
         best_key = max((k for k in peers if _rate(peers[k])), key=lambda k: _rate(peers[k]),
                        default=None)
         best = _rate(peers[best_key]) if best_key else None
@@ -313,7 +323,7 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                 if rate else None,
                 "first batch s": result.get("ttfb_s"), "peak RSS MB": result.get("peak_rss_mb"),
                 "÷ webdataset": ratio(rate, webdataset),
-                "÷ best peer": ratio(rate, best) if key[0] == "wdstream" else None,
+                "÷ best peer": ratio(rate, best) if key[0].startswith("wdstream") else None,
                 "runs": result.get("runs"), "error": result.get("error"),
             })
     rows.append(_note(T_SMALL, f"{samples:,} samples in {len(data['shards'])} shards "
@@ -347,6 +357,16 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                                                "expected": small["samples"]}),
         "webdataset": (here + "case_webdataset", {"urls": small["shards"], "decode": False,
                                                   "expected": small["samples"]}),
+        TOUCHED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                           "touch": True, "expected": small["samples"]}),
+        TENSOR_TOUCHED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                                  "bytes_as": "tensor", "touch": True,
+                                                  "expected": small["samples"]}),
+        SHUFFLED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                            "shuffle": True, "expected": small["samples"]}),
+        SHUFFLED_TOUCHED: (here + "case_wdstream", {"source": small["dir"], "decode": False,
+                                                    "shuffle": True, "touch": True,
+                                                    "expected": small["samples"]}),
         "wdstream, large": (here + "case_wdstream", {"source": big["dir"], "decode": False,
                                                      "expected": big["samples"]}),
         "webdataset, large": (here + "case_webdataset", {"urls": big["shards"], "decode": False,
@@ -354,14 +374,24 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     }
     results = common.repeat(cases, progress=common.log)
     cat = _mbps(results["cat"], small["bytes"])
-    rows = _mbps_rows(T_LARGE, results, ("cat", "wdstream", TENSOR,
+    rows = _mbps_rows(T_LARGE, results, ("cat", "wdstream", TOUCHED, TENSOR, TENSOR_TOUCHED,
+                                         SHUFFLED, SHUFFLED_TOUCHED,
                                          "wdstream, in-process reader (no DataLoader)",
                                          "webdataset"), small["bytes"], "÷ cat", cat)
     rows.append(_note(T_LARGE, f"{small['samples']:,} samples of 1 MiB in {len(small['shards'])} "
                       f"shards, {small['bytes'] / common.MB:,.0f} MB, from the page cache; "
-                      "2 workers and batch 32 for the DataLoader rows."))
+                      "2 workers and batch 32 for the DataLoader rows. Shuffle off unless said; "
+                      "'pages touched': the consumer reads one byte of every 4 KiB page of each "
+                      "batch (the other rows do not look at the data). Shuffle on uses the "
+                      "default window (1000 samples, bounded by shuffle_bytes=256 MiB: 255 "
+                      "samples of 1 MiB)."))
     summary = {"vs_cat": ratio(_mbps(results["wdstream"], small["bytes"]), cat),
-               "tensor_vs_cat": ratio(_mbps(results[TENSOR], small["bytes"]), cat)}
+               "tensor_vs_cat": ratio(_mbps(results[TENSOR], small["bytes"]), cat),
+               "touched_vs_cat": ratio(_mbps(results[TOUCHED], small["bytes"]), cat),
+               "tensor_touched_vs_cat": ratio(_mbps(results[TENSOR_TOUCHED], small["bytes"]),
+                                              cat),
+               "shuffle_on_vs_off": ratio(_mbps(results[SHUFFLED_TOUCHED], small["bytes"]),
+                                          _mbps(results[TOUCHED], small["bytes"]))}
     runs = {("wdstream", 1): (results["wdstream"], small),
             ("wdstream", 4): (results["wdstream, large"], big),
             ("webdataset", 1): (results["webdataset"], small),
@@ -449,9 +479,16 @@ def run(quick: bool) -> list[dict]:
              "(issue 7)", small["json"]["vs_best"], 1.5),
         # issue 7's goals, met the way the docs give for large samples (bytes_as="tensor");
         # the same targets for members delivered as bytes (the default) are tracked beside them
+        goal("small records, every default (shuffle on, JSON parsed) ÷ LitData not decoding "
+             "(issue 18)", small["defaults_vs_litdata_raw"], 1.5),
         goal('1 MiB samples, bytes_as="tensor": wdstream MB/s ÷ cat (issue 7)',
              large["tensor_vs_cat"], 0.5),
         goal("1 MiB samples as bytes (default): wdstream MB/s ÷ cat", large["vs_cat"], 0.5),
+        goal("1 MiB samples, pages touched: wdstream MB/s ÷ cat", large["touched_vs_cat"], 0.5),
+        goal('1 MiB samples, bytes_as="tensor", pages touched: MB/s ÷ cat',
+             large["tensor_touched_vs_cat"], 0.5),
+        goal("1 MiB samples, pages touched: shuffle on ÷ shuffle off (issue 18)",
+             large["shuffle_on_vs_off"], 0.9),
         goal('S3: opener "sdk" (default), bytes_as="tensor": MB/s ÷ boto3 loop (issue 7)',
              s3["tensor_vs_boto3"], 0.8),
         goal('S3: opener "sdk" (default), as bytes (default): MB/s ÷ boto3 loop', s3["vs_boto3"],

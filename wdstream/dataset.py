@@ -34,7 +34,9 @@ from .lifetime import closed_at_exit
 from .pipeline.decode import build_decoders, decode_option, decode_sample, find_decoder
 from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
 from .pipeline.shuffle import window_shuffle
+from .pipeline.window import DEFAULT_SHUFFLE_BYTES, bounded_window
 from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
+from .shards.compact import ShardArrays
 from .shards.locate import find_shards
 from .shards.manifest import Manifest, check_shard_names
 from .shards.samples import split_name
@@ -205,6 +207,10 @@ def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
 
 def _from_manifest(manifest: Manifest) -> _Source:
     shards = manifest.shards
+    if isinstance(shards, ShardArrays):  # a large manifest: arrays, URLs made when opened
+        return _Source(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
+                                  bytes=shards.sizes(), sha256=shards.digests(),
+                                  heads=shards.heads(), last_keys=shards.last_keys()), manifest)
     table = ShardTable(
         urls=[manifest.shard_url(i) for i in range(len(shards))],
         samples=[s.samples for s in shards],
@@ -351,7 +357,10 @@ class StreamingDataset(PositionedDataset):
 
     Order: ``shuffle`` permutes shards per epoch and samples within windows of
     ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch; a
-    worker holds one window in memory (lower it for large samples).
+    worker holds one window in memory. ``shuffle_bytes`` (default 256 MiB; a number or a size
+    such as ``"1GiB"``; None: no bound) bounds that window in bytes too: with a manifest, the
+    window holds at most ``shuffle_bytes`` divided by its mean sample size (tar bytes per
+    sample) samples, so 1 MiB samples shuffle in windows of about 250.
     ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
     that do not divide evenly among ranks are handled, so every rank gets as many.
 
@@ -386,6 +395,7 @@ class StreamingDataset(PositionedDataset):
         seed: int = 0,
         opener: str = "auto",
         shuffle_window: int = 1000,
+        shuffle_bytes: int | str | None = DEFAULT_SHUFFLE_BYTES,
         remainder: str = "drop",
         decode: bool | str = True,
         decoders: Mapping[str, object] | None = None,
@@ -406,9 +416,9 @@ class StreamingDataset(PositionedDataset):
         self.shards = resolved.table
         self.manifest = resolved.manifest
         _check_opener(checked["opener"], self.shards.urls)
+        window = bounded_window(checked["shuffle_window"], shuffle_bytes, self.manifest)
         self.options = PlanOptions(seed=checked["seed"], shuffle=checked["shuffle"],
-                                   window=checked["shuffle_window"] if shuffle else 1,
-                                   remainder=remainder)
+                                   window=window if shuffle else 1, remainder=remainder)
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
                                         timeout=checked["timeout"], retries=checked["retries"],
                                         backoff=checked["retry_backoff"], on_error=on_error,

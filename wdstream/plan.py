@@ -32,8 +32,6 @@ then the list of finished segments plus the current one: a few integers each.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -137,58 +135,80 @@ def batches_in_stream(samples: int, batch_size: int, drop_last: bool) -> int:
 
 
 class Positions:
-    """An epoch's sequence of positions, stored as spans with their cumulative offsets."""
+    """An epoch's sequence of positions, stored as spans (three arrays: shard, start, stop)
+    with their cumulative offsets; ``Span`` objects are made only for the slices asked for."""
 
-    def __init__(self, spans: Sequence[Span]):
-        self.spans = list(spans)
-        # plain Python ints: the loops below index them one at a time
-        self.offsets = [0, *itertools.accumulate(s.stop - s.start for s in self.spans)]
+    def __init__(self, shard, start, stop):
+        self.shard = np.asarray(shard, dtype=np.int64)
+        self.start = np.asarray(start, dtype=np.int64)
+        self.stop = np.asarray(stop, dtype=np.int64)
+        self.offsets = np.concatenate(([0], np.cumsum(self.stop - self.start)))
+
+    @classmethod
+    def of(cls, spans: Sequence[Span]) -> Positions:
+        return cls([s.shard for s in spans], [s.start for s in spans], [s.stop for s in spans])
+
+    @property
+    def spans(self) -> list[Span]:
+        return _spans(self.shard, self.start, self.stop)
 
     def __len__(self) -> int:
-        return self.offsets[-1]
+        return int(self.offsets[-1])
 
     def slice(self, start: int, stop: int) -> list[Span]:
         """Spans covering positions ``[start, stop)``; positions past the end wrap around
         (that is how ``remainder="pad"`` repeats samples)."""
+        return _spans(*self._slice(start, stop))
+
+    def _slice(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         total = len(self)
-        offsets = self.offsets
-        spans: list[Span] = []
+        pieces = []
         while start < stop and total:
             begin = start % total
             end = min(begin + (stop - start), total)
-            index = bisect.bisect_right(offsets, begin) - 1
-            while index < len(self.spans) and offsets[index] < end:
-                span, offset = self.spans[index], offsets[index]
-                lo = span.start + max(0, begin - offset)
-                hi = span.start + min(span.stop - span.start, end - offset)
-                if hi > lo:
-                    spans.append(span if (lo, hi) == (span.start, span.stop)
-                                 else Span(span.shard, lo, hi))
-                index += 1
+            first = int(np.searchsorted(self.offsets, begin, side="right")) - 1
+            last = int(np.searchsorted(self.offsets, end, side="left"))  # exclusive
+            offsets = self.offsets[first:last]
+            lo = self.start[first:last] + np.maximum(0, begin - offsets)
+            hi = self.start[first:last] + np.minimum(self.stop[first:last]
+                                                     - self.start[first:last], end - offsets)
+            keep = hi > lo
+            pieces.append((self.shard[first:last][keep], lo[keep], hi[keep]))
             start += end - begin
-        return _merge_adjacent(spans)
+        if not pieces:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        return _merge_adjacent(*(np.concatenate(column) for column in zip(*pieces, strict=True)))
 
-    def subtract(self, taken: list[tuple[int, int]]) -> list[Span]:
-        """The spans of every position outside the intervals ``taken`` ([start, stop) pairs)."""
-        kept: list[Span] = []
+    def subtract(self, taken: list[tuple[int, int]]) -> Positions:
+        """The positions outside the intervals ``taken`` ([start, stop) pairs)."""
+        kept = []
         previous = 0
         for begin, end in sorted(taken) + [(len(self), len(self))]:
             begin, end = min(begin, len(self)), min(end, len(self))
             if begin > previous:
-                kept.extend(self.slice(previous, begin))
+                kept.append(self._slice(previous, begin))
             previous = max(previous, end)
-        return _merge_adjacent(kept)
+        if not kept:
+            return Positions([], [], [])
+        return Positions(*_merge_adjacent(*(np.concatenate(c) for c in zip(*kept, strict=True))))
 
 
-def _merge_adjacent(spans: list[Span]) -> list[Span]:
-    merged: list[Span] = []
-    for span in spans:
-        last = merged[-1] if merged else None
-        if last is not None and last.shard == span.shard and last.stop == span.start:
-            merged[-1] = Span(span.shard, last.start, span.stop)
-        else:
-            merged.append(span)
-    return merged
+def _spans(shard: np.ndarray, start: np.ndarray, stop: np.ndarray) -> list[Span]:
+    return [Span(a, b, c) for a, b, c in zip(shard.tolist(), start.tolist(), stop.tolist(),
+                                             strict=True)]
+
+
+def _merge_adjacent(shard: np.ndarray, start: np.ndarray, stop: np.ndarray):
+    """Join neighbours that continue each other (same shard, one's stop the next's start)."""
+    if len(shard) < 2:
+        return shard, start, stop
+    joins = (shard[1:] == shard[:-1]) & (start[1:] == stop[:-1])
+    if not joins.any():
+        return shard, start, stop
+    heads = np.flatnonzero(np.concatenate(([True], ~joins)))
+    tails = np.concatenate((heads[1:] - 1, [len(shard) - 1]))
+    return shard[heads], start[heads], stop[tails]
 
 
 @dataclass(frozen=True)
@@ -234,8 +254,8 @@ class EpochPlan:
         self.options = options
         self.segment = len(history)
         order = shard_order(len(counts), options.seed, epoch, options.shuffle)
-        sizes = np.asarray(counts, dtype=np.int64)[order].tolist()  # plain ints: fast to wrap
-        sequence = Positions([Span(s, 0, n) for s, n in zip(order.tolist(), sizes, strict=True)])
+        sizes = np.asarray(counts, dtype=np.int64)[order]
+        sequence = Positions(order, np.zeros(len(order), dtype=np.int64), sizes)
         for index, done in enumerate(history):
             if len(done.consumed) != done.workers:
                 raise OptionError("a segment needs one consumed count per worker stream")
@@ -247,7 +267,7 @@ class EpochPlan:
                 for interval in self._consumed_intervals(
                     layout, index, rank, stream, done.consumed[stream])
             ]
-            sequence = Positions(sequence.subtract(taken))
+            sequence = sequence.subtract(taken)
         self.sequence = sequence
         self.layout = Layout(len(sequence), world, workers, options.remainder)
 

@@ -81,6 +81,9 @@ def find_shards(source: str | Sequence[str] | Shards, *,
             not_shards=others,
         )
     count = len(manifest.shards)
+    if hasattr(manifest.shards, "urls"):  # compact.ShardArrays: views, nothing made per shard
+        return Shards(source, manifest.shards.urls(manifest.base or ""), manifest.shards.names(),
+                      manifest.shards.sizes(), manifest=manifest)
     return Shards(
         source,
         [manifest.shard_url(i) for i in range(count)],

@@ -76,11 +76,13 @@ class Manifest:
 
     @property
     def samples(self) -> int:
-        return sum(s.samples for s in self.shards)
+        total = getattr(self.shards, "total_samples", None)  # compact.ShardArrays
+        return total if total is not None else sum(s.samples for s in self.shards)
 
     @property
     def bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
+        total = getattr(self.shards, "total_bytes", None)
+        return total if total is not None else sum(s.bytes for s in self.shards)
 
     def shard_url(self, i: int) -> str:
         """The URL to open shard ``i`` with."""
@@ -109,7 +111,11 @@ class Manifest:
 
         Identifies the dataset for resume state; unchanged when the dataset is copied elsewhere.
         """
-        text = json.dumps([[s.url, s.samples, s.bytes] for s in self.shards], separators=(",", ":"))
+        if hasattr(self.shards, "fingerprint_text"):  # compact.ShardArrays: the same text
+            text = self.shards.fingerprint_text()
+        else:
+            text = json.dumps([[s.url, s.samples, s.bytes] for s in self.shards],
+                              separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     @classmethod
@@ -119,9 +125,15 @@ class Manifest:
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key. ``allow_empty``
         accepts a manifest without samples (a part of a run, to be merged)."""
+        from .compact import ShardArrays, parse_manifest
+
         where = printable(where)
+        fast = parse_manifest(text)  # large manifests in to_json's layout, as arrays
+        if fast is not None and _arrays_problem(fast[0], fast[1]):
+            fast = None  # the general parser below names the entry
         try:
-            doc = json.loads(text, object_pairs_hook=_unique_keys)
+            doc = (dict(fast[0], shards=fast[1]) if fast is not None
+                   else json.loads(text, object_pairs_hook=_unique_keys))
         except _DuplicateKey as e:
             raise ManifestError(f"{where}: key {printable(repr(e.args[0]))} appears twice in "
                                 "one object") from None
@@ -155,14 +167,16 @@ class Manifest:
         extensions = doc["extensions"]
         if not isinstance(extensions, list) or not all(isinstance(e, str) for e in extensions):
             raise bad("extensions", "a list of strings", extensions)
-        if not isinstance(doc["shards"], list):
+        if not isinstance(doc["shards"], list | ShardArrays):
             raise bad("shards", "a list", doc["shards"])
 
         # written by ``pack --compress``; otherwise each shard's name says it
         compressed = isinstance(doc.get("compression"), dict)
-        shards = []
         seen: dict[str, int] = {}
-        for i, entry in enumerate(doc["shards"]):
+        # ShardArrays come checked (plain names, counts, digests: _arrays_problem); a list is
+        # checked here
+        shards = doc["shards"] if isinstance(doc["shards"], ShardArrays) else []
+        for i, entry in enumerate(doc["shards"] if isinstance(shards, list) else ()):
             name = f"shards[{i}]"
             if not isinstance(entry, dict):
                 raise bad(name, "an object", entry)
@@ -256,6 +270,23 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
                 raise _DuplicateKey(key)
             seen.add(key)
     return doc
+
+
+def _arrays_problem(head: dict, shards) -> bool:
+    """Whether the shards the fast parser read as arrays (``compact.ShardArrays``: plain
+    relative names, counts, digests) break a rule ``from_json`` checks entry by entry: a count
+    no shard can hold, or the same name twice. The general parser then names the entry."""
+    import numpy as np
+
+    samples, sizes = shards.samples, shards.bytes
+    compressed = shards.compressed_names() | isinstance(head.get("compression"), dict)
+    plain = ~compressed
+    if (sizes > MAX_SHARD_BYTES).any():
+        return True
+    if (plain & (samples == 0) & (sizes > EMPTY_TAR_BYTES)).any():
+        return True
+    low = np.where(plain, sizes, sizes * MAX_COMPRESSION) < samples * MIN_SAMPLE_BYTES
+    return bool(low.any()) or shards.has_duplicate_names()
 
 
 def _too_deep(doc, limit: int) -> bool:

@@ -30,6 +30,7 @@ Which opener reads what (``opener="auto"``, or the ``WDSTREAM_OPENER`` environme
       loopback (200 MB object): botocore ~860 MB/s, s3fs ~160 MB/s, ``aws s3 cp URL -``
       ~55 MB/s, and each ``aws`` process costs ~0.7 s of start-up per shard. One client per
       process; it honours ``AWS_ENDPOINT_URL``, ``AWS_PROFILE`` and the usual credential chain.
+      An object is read as concurrent ranged GETs handed over in order (``ranged.py``).
     - ``gs://``: "fsspec" (gcsfs, in-process; there is no lighter GCS SDK to depend on, and
       ``gcloud storage cat`` costs ~1.3 s of start-up per shard).
     - other fsspec URLs (``memory://``, ``https://``, ...): "fsspec".
@@ -164,7 +165,9 @@ def open_read(
     elif reader == "cli":
         source = _ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
     elif reader == "sdk":
-        source = _S3Source(url, start, timeout)
+        from .ranged import RangedS3Source  # noqa: PLC0415 - it imports this module
+
+        source = RangedS3Source(url, start, timeout)
     else:
         source = _FsspecSource(url, start, timeout)
     return ByteStream(url, source, timeout)

@@ -1,0 +1,188 @@
+"""Large manifests parse into arrays (wdstream.shards.compact) with the same meaning as the
+general parser: same shards, sums, fingerprint, plan; anything unusual goes the general way."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+import wdstream
+from wdstream.errors import ManifestError
+from wdstream.plan import EpochPlan, PlanOptions
+from wdstream.shards import compact
+from wdstream.shards.manifest import Manifest, ShardInfo
+
+COUNT = compact.SMALL + 7
+
+
+def infos(count: int = COUNT) -> list[ShardInfo]:
+    return [ShardInfo(f"part-{i % 3}/shard-{i:06d}.tar", 10 + i % 5, 10_240 + i,
+                      hashlib.sha256(str(i).encode()).hexdigest() if i % 4 else None)
+            for i in range(count)]
+
+
+def general(text: str) -> Manifest:
+    """The general parser alone: the same text with the shards list on one line."""
+    doc = json.loads(text)
+    return Manifest.from_json(json.dumps(doc), base="s3://b/d/")
+
+
+def test_a_large_manifest_parses_into_arrays_with_the_same_meaning():
+    shards = infos()
+    text = Manifest(shards, extensions=["json"], extra={"packer": {"x": 1}}).to_json()
+    fast = Manifest.from_json(text, base="s3://b/d/")
+    slow = general(text)
+    assert isinstance(fast.shards, compact.ShardArrays)
+    assert isinstance(slow.shards, list)
+    assert len(fast.shards) == COUNT
+    assert fast.shards[5] == shards[5] and fast.shards[-1] == shards[-1]
+    assert list(fast.shards) == shards
+    assert fast.samples == slow.samples and fast.bytes == slow.bytes
+    assert fast.fingerprint() == slow.fingerprint()
+    assert fast.extra == slow.extra and fast.extensions == ["json"]
+    assert fast.shard_url(3) == "s3://b/d/part-0/shard-000003.tar"
+    assert fast.to_json() == text  # still what people and older readers read
+
+
+def test_a_dataset_on_a_large_manifest_plans_as_before(tmp_path):
+    text = Manifest(infos(), extensions=["bin"]).to_json()
+    (tmp_path / "index.json").write_text(text)
+    dataset = wdstream.StreamingDataset(str(tmp_path), shuffle=True, seed=3)
+    assert isinstance(dataset.manifest.shards, compact.ShardArrays)
+    assert dataset.shards.urls[2] == str(tmp_path / "part-2/shard-000002.tar")
+    assert dataset.shards.sha256[4] == infos()[4].sha256 and dataset.shards.sha256[0] is None
+    assert len(dataset) == general(text).samples
+    counts = [s.samples for s in infos()]
+    ours = EpochPlan(dataset.shards.samples, 1, 4, 3, PlanOptions(seed=3))
+    reference = EpochPlan(counts, 1, 4, 3, PlanOptions(seed=3))
+    for rank in range(4):
+        for stream in range(3):
+            assert ours.stream_spans(rank, stream) == reference.stream_spans(rank, stream)
+
+
+@pytest.mark.parametrize("name", ["/abs/shard.tar", "../up.tar", "s3://other/x.tar",
+                                  "a b.tar", "dir//x.tar", "caf\u00e9.tar", 'q"uote.tar'])
+def test_unusual_names_go_the_general_way(name):
+    shards = infos()
+    shards[77] = ShardInfo(name, 1, 1024, None)
+    text = Manifest(shards).to_json()
+    assert compact.parse_manifest(text) is None
+    assert Manifest.from_json(text).shards[77].url == name
+
+
+@pytest.mark.parametrize("entry, message", [
+    ('{"url": "x.tar", "samples": -1, "bytes": 2, "sha256": null}', "shards[5].samples"),
+    ('{"url": "x.tar", "samples": true, "bytes": 2, "sha256": null}', "shards[5].samples"),
+    ('{"url": "x.tar", "samples": 1, "bytes": 2.5, "sha256": null}', "shards[5].bytes"),
+    ('{"url": "x.tar", "samples": 1, "bytes": 1024, "sha256": "ABC"}', "shards[5].sha256"),
+    ('{"url": "", "samples": 1, "bytes": 2, "sha256": null}', "shards[5].url"),
+    ('{"samples": 1, "bytes": 2, "sha256": null}', "shards[5].url"),
+])
+def test_bad_values_in_a_large_manifest_are_reported_by_the_general_parser(entry, message):
+    lines = Manifest(infos()).to_json().split("\n")
+    lines[6] = " " + entry + ","  # line 0 is the head: shards[5]
+    with pytest.raises(ManifestError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Manifest.from_json("\n".join(lines), where="m.json")
+
+
+def test_wrong_sums_are_caught():
+    text = Manifest(infos()).to_json().replace('"samples": ', '"samples": 1', 1)
+    with pytest.raises(ManifestError, match="'samples'"):
+        Manifest.from_json(text)
+
+
+def test_arrays_are_few_large_objects():
+    fast = Manifest.from_json(Manifest(infos()).to_json())
+    assert isinstance(fast.shards.samples, np.ndarray)
+    assert fast.shards.samples.dtype == np.int64
+
+
+def test_the_shuffle_window_is_bounded_in_bytes(tmp_path):
+    from wdstream.errors import InputError
+
+    big = [ShardInfo(f"s-{i}.tar", 100, 100 * (1 << 20), None) for i in range(4)]
+    (tmp_path / "index.json").write_text(Manifest(big).to_json())
+    assert wdstream.StreamingDataset(str(tmp_path)).options.window == 256
+    assert wdstream.StreamingDataset(str(tmp_path), shuffle_bytes="64MiB").options.window == 64
+    assert wdstream.StreamingDataset(str(tmp_path), shuffle_bytes=None).options.window == 1000
+    assert wdstream.StreamingDataset(str(tmp_path), shuffle_bytes=1).options.window == 1
+    small = [ShardInfo(f"s-{i}.tar", 100, 100 * 1024, None) for i in range(4)]
+    (tmp_path / "index.json").write_text(Manifest(small).to_json())
+    assert wdstream.StreamingDataset(str(tmp_path)).options.window == 1000
+    with pytest.raises(InputError):
+        wdstream.StreamingDataset(str(tmp_path), shuffle_bytes="lots")
+
+
+def test_a_compact_manifest_streams_from_s3_through_workers_and_the_cache(
+        s3, s3_bucket, tmp_path, monkeypatch):
+    """The whole path on arrays: lazy URLs, sizes and digests reach the S3 reader, the shard
+    cache and forked DataLoader workers; the epoch is the one the general parser gives."""
+    from datasets import all_keys, write_dataset
+
+    counts = [7, 5, 9, 6]
+    folder = tmp_path / "data"
+    write_dataset(folder, counts)
+    client = s3.client()
+    for path in sorted(folder.iterdir()):
+        client.put_object(Bucket=s3_bucket, Key=f"d/{path.name}", Body=path.read_bytes())
+    url = f"s3://{s3_bucket}/d/"
+
+    def epoch(**options):
+        dataset = wdstream.StreamingDataset(url, seed=5, verify_digest=True,
+                                            cache_dir=str(tmp_path / "cache"), **options)
+        loader = wdstream.DataLoader(dataset, batch_size=4, num_workers=2)
+        return dataset, [k for batch in loader for k in batch["__key__"]]
+
+    general_dataset, expected = epoch()
+    assert isinstance(general_dataset.manifest.shards, list)
+    monkeypatch.setattr(compact, "SMALL", 1)
+    dataset, keys = epoch()
+    assert isinstance(dataset.manifest.shards, compact.ShardArrays)
+    assert keys == expected and set(keys) == all_keys(counts)
+    assert dataset.fingerprint() == general_dataset.fingerprint()
+
+
+def with_identity(shards: list[ShardInfo]) -> list[ShardInfo]:
+    """The shards as pack and index write them: a head and the last key on most of them."""
+    return [ShardInfo(s.url, s.samples, s.bytes, s.sha256,
+                      None if i % 5 == 0 else hashlib.md5(str(i).encode()).hexdigest(),
+                      None if i % 7 == 0 else f"key-{i:09d}") for i, s in enumerate(shards)]
+
+
+def test_identity_keys_parse_into_arrays_too(tmp_path):
+    shards = with_identity(infos())
+    text = Manifest(shards, extensions=["json"]).to_json()
+    fast = Manifest.from_json(text, base="s3://b/d/")
+    assert isinstance(fast.shards, compact.ShardArrays)
+    assert list(fast.shards) == shards and fast.to_json() == text
+    (tmp_path / "index.json").write_text(text)
+    table = wdstream.StreamingDataset(str(tmp_path)).shards
+    assert [table.get("heads", i) for i in (0, 1)] == [None, shards[1].head]
+    assert [table.get("last_keys", i) for i in (0, 8)] == [None, "key-000000008"]
+
+
+@pytest.mark.parametrize("spoil", ["same name twice", "key twice", "head key twice",
+                                   "too many samples", "samples in an empty tar"])
+def test_what_the_arrays_would_let_through_is_refused_by_the_general_parser(spoil):
+    shards = infos()
+    text = Manifest(shards, extensions=["json"]).to_json()
+    line = json.dumps({"url": shards[9].url, "samples": shards[9].samples,
+                       "bytes": shards[9].bytes, "sha256": shards[9].sha256})
+    assert line in text
+    spoiled = {
+        "same name twice": line.replace(shards[9].url, shards[8].url),
+        "key twice": line.replace('"samples": ', '"samples": 1, "samples": '),
+        "too many samples": line.replace(f'"samples": {shards[9].samples}',
+                                         f'"samples": {shards[9].bytes}'),
+        "samples in an empty tar": line.replace(f'"samples": {shards[9].samples}',
+                                                '"samples": 0'),
+    }
+    if spoil == "head key twice":
+        text = text.replace('"version": 1', '"version": 1, "version": 1', 1)
+    else:
+        text = text.replace(line, spoiled[spoil])
+    with pytest.raises(ManifestError, match="manifest: key"):
+        Manifest.from_json(text)

@@ -1,0 +1,181 @@
+"""The S3 reader's concurrent ranged parts, through the moto server and the shaped proxy of the
+benchmarks (a capped, delayed link that can also cut responses)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from servers import environ  # noqa: E402
+
+from benchmarks.shaped_link import ShapedProxy  # noqa: E402
+from wdstream.errors import StreamError  # noqa: E402
+from wdstream.sources.openers import ByteStream, open_read  # noqa: E402
+from wdstream.sources.ranged import RangedS3Source  # noqa: E402
+
+KiB = 1 << 10
+PART = 64 * KiB
+
+
+@pytest.fixture
+def proxied(s3, s3_bucket):
+    """(bucket, make_proxy): a proxy in front of moto whose endpoint the client uses."""
+    proxies = []
+
+    def make(rate=200e6, delay=0.0, cut=None, drop_range=False):
+        proxy = ShapedProxy(s3.port, rate, delay, cut=cut, drop_range=drop_range).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield s3_bucket, make
+    for proxy in proxies:
+        proxy.stop()
+
+
+def put(s3, bucket: str, key: str, data: bytes) -> str:
+    s3.client().put_object(Bucket=bucket, Key=key, Body=data)
+    return f"s3://{bucket}/{key}"
+
+
+def stream(url: str, source_args: dict | None = None, start: int = 0):
+    source = RangedS3Source(url, start, 10.0, part_size=PART, **(source_args or {}))
+    return ByteStream(url, source, 10.0), source
+
+
+def test_parts_come_back_in_order_over_a_delayed_link(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(20 * PART + 123)
+    url = put(s3, bucket, "ordered.bin", data)
+    proxy = make(rate=20e6, delay=0.01)
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = stream(url, {"max_parts": 6, "initial_parts": 2})
+        with reader:
+            assert reader.read() == data
+    # the first GET was cut short once the link proved the slower side; parts followed
+    assert 2 < proxy.requests <= 21
+    assert 2 < source.peak_parts <= 6  # it widened: the link was the slower side
+
+
+def test_the_default_sdk_opener_reads_through_parts(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(3 * (8 << 20) + 5)  # 4 parts of the default size
+    url = put(s3, bucket, "default.bin", data)
+    proxy = make()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        with open_read(url) as reader:
+            assert reader.read() == data
+        with open_read(url, start=(8 << 20) + 7) as reader:
+            assert reader.read() == data[(8 << 20) + 7:]
+    assert 2 <= proxy.requests <= 4 + 2
+
+
+def test_a_cut_part_is_asked_again_for_its_remaining_bytes(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(12 * PART)
+    url = put(s3, bucket, "cut.bin", data)
+    # the 1st request and the 6th lose their connection 10 KiB into the body
+    proxy = make(rate=5e6, cut={1: 10 * KiB, 6: 10 * KiB})
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = stream(url, {"backoff": 0.01})
+        with reader:
+            assert reader.read() == data
+    assert source.peak_parts > 1 and proxy.requests > 6
+
+
+def test_a_part_that_keeps_failing_fails_the_stream(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(4 * PART)
+    url = put(s3, bucket, "broken.bin", data)
+    proxy = make(cut={n: 1000 for n in range(1, 40)})  # every request
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, _source = stream(url, {"retries": 2, "backoff": 0.01})
+        with pytest.raises(StreamError) as caught, reader:
+            reader.read()
+    assert caught.value.transient
+    assert "broken.bin" in str(caught.value)
+
+
+def test_a_response_shorter_than_its_range_is_an_error_not_data(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(2 * PART)
+    url = put(s3, bucket, "short.bin", data)
+    proxy = make(cut={1: 300, 2: 300})  # the only part, and its one retry, end early
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, _source = stream(url, {"retries": 1, "backoff": 0.01, "max_parts": 1,
+                                       "initial_parts": 1})
+        with pytest.raises(StreamError), reader:
+            reader.read()
+
+
+def test_an_object_replaced_during_the_read_fails(s3, proxied):
+    bucket, make = proxied
+    url = put(s3, bucket, "replaced.bin", os.urandom(16 * PART))
+    proxy = make(rate=2e6)  # slow: it is replaced before the parts after the first GET start
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, _source = stream(url, {"max_parts": 1, "initial_parts": 1})
+        with pytest.raises(StreamError, match="changed while it was being read"), reader:
+            reader.read(1000)
+            put(s3, bucket, "replaced.bin", os.urandom(16 * PART))
+            reader.read()
+
+
+def test_empty_objects_and_reads_from_the_end(s3, proxied):
+    bucket, make = proxied
+    empty = put(s3, bucket, "empty.bin", b"")
+    data = os.urandom(PART + 1)
+    full = put(s3, bucket, "full.bin", data)
+    proxy = make()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        for url, start, expected in ((empty, 0, b""), (full, len(data), b""),
+                                     (full, len(data) - 1, data[-1:])):
+            reader, _source = stream(url, start=start)
+            with reader:
+                assert reader.read() == expected
+
+
+def test_memory_stays_bounded_by_the_parts_in_flight(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(40 * PART)
+    url = put(s3, bucket, "bounded.bin", data)
+    proxy = make()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = stream(url, {"max_parts": 3, "initial_parts": 3})
+        got = []
+        with reader:
+            while piece := reader.read(PART // 2):
+                got.append(piece)
+                time.sleep(0.002)  # a slow consumer: parts pile up to their bound, no more
+        assert b"".join(got) == data
+    assert source.peak_held <= 3 * PART
+    assert source.peak_parts <= 3
+
+
+def test_a_missing_object_is_a_permanent_error(s3, proxied):
+    bucket, make = proxied
+    proxy = make()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, _source = stream(f"s3://{bucket}/nope.bin")
+        with pytest.raises(StreamError) as caught, reader:
+            reader.read()
+    assert not caught.value.transient
+    assert proxy.requests == 1
+
+
+def test_a_server_that_ignores_range_is_read_as_one_bounded_stream(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(10 * PART + 3)
+    url = put(s3, bucket, "norange.bin", data)
+    proxy = make(drop_range=True)
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        for start in (0, 3 * PART + 1):
+            reader, source = stream(url, start=start)
+            with reader:
+                assert reader.read() == data[start:]
+            assert source.peak_parts == 1
+    assert proxy.requests == 2
