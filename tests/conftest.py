@@ -20,6 +20,13 @@ from servers import GcsEmulator, MotoServer, environ  # noqa: E402
 _bucket_numbers = itertools.count()
 
 
+@pytest.fixture
+def single_rank(monkeypatch):
+    """One process, not a rank of a job: no RANK / WORLD_SIZE from the environment."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     server = MotoServer().start()

@@ -50,12 +50,6 @@ def fast_retries(ds, retries=2):
 
 
 @pytest.fixture
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
-
-@pytest.fixture
 def s3_data(s3, s3_bucket, tmp_path):
     """COUNTS shards and their manifest under s3://BUCKET/data/; (prefix URL, local folder)."""
     folder = tmp_path / "data"

@@ -66,12 +66,6 @@ def write_mixed(folder, counts=COUNTS, suffixes=SUFFIXES) -> list[str]:
     return paths
 
 
-@pytest.fixture
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
-
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """One shard of each kind, indexed with the installed command."""

@@ -22,10 +22,7 @@ def root(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def config(root, **top):

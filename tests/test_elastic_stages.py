@@ -42,10 +42,7 @@ def tokens(tmp_path_factory):
     return root, docs
 
 
-@pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def as_rank(monkeypatch, rank, world):

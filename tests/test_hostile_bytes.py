@@ -32,9 +32,7 @@ from wdstream.sources.cache import ShardCache
 
 
 @pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+def fresh_worker_counts(single_rank):
     worker_stats.take()
 
 

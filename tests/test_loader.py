@@ -22,12 +22,6 @@ def data(tmp_path_factory):
     return str(folder)
 
 
-@pytest.fixture
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
-
 def make(data, workers=2, batch_size=4, seed=3, window=5, **kwargs):
     ds = wdstream.StreamingDataset(data, seed=seed, shuffle_window=window, **kwargs)
     return wdstream.DataLoader(ds, batch_size=batch_size, num_workers=workers)

@@ -26,10 +26,7 @@ def data(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def mix(data, names=("a", "b"), weights=(0.7, 0.3), seed=5, **kwargs):

@@ -25,9 +25,7 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+def no_opener_in_env(single_rank, monkeypatch):
     monkeypatch.delenv("WDSTREAM_OPENER", raising=False)
 
 

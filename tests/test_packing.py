@@ -30,10 +30,7 @@ def corpus(tmp_path_factory):
             "path": str(root / "tokenizer.json")}
 
 
-@pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def packed(corpus, field="text", tokenizer="path", eos="<eos>", shuffle=True, **kwargs):

@@ -27,10 +27,7 @@ def data(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def scheduled(data, schedule=((0, [1, 0]), (SWITCH, [0, 1])), **kwargs):

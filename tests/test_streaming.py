@@ -41,9 +41,7 @@ COUNTS = [5, 3, 4]  # small: every `aws` call costs ~0.7 s, every `gcloud` call 
 
 
 @pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+def fresh_worker_counts(single_rank):
     worker_stats.take()  # counts left by another test's direct iteration in this process
 
 

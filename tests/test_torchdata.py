@@ -28,10 +28,7 @@ def data(tmp_path_factory):
     return str(folder)
 
 
-@pytest.fixture(autouse=True)
-def single_rank(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def make(data, workers, seed=3, window=5):

@@ -106,11 +106,11 @@ class ShardArrays(Sequence):
 
         return Urls(self, base, join)
 
-    def digests(self) -> Digests:
-        return Digests(self)
+    def digests(self) -> Sequence[str | None]:
+        return _Column(self, self.digest)
 
-    def names(self) -> Names:
-        return Names(self)
+    def names(self) -> Sequence[str]:
+        return _Column(self, self.name)
 
     def sizes(self) -> Ints:
         return Ints(self.bytes)
@@ -155,6 +155,8 @@ class _Identity:
 
 
 class _Column(Sequence):
+    """One value of each shard (``get(index)``), made when asked for."""
+
     def __init__(self, shards: ShardArrays, get):
         self._shards, self._get = shards, get
 
@@ -183,32 +185,6 @@ class Urls(Sequence):
 
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
-
-
-class Digests(Sequence):
-    def __init__(self, shards: ShardArrays):
-        self._shards = shards
-
-    def __len__(self) -> int:
-        return len(self._shards)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        return self._shards.digest(index)
-
-
-class Names(Sequence):
-    def __init__(self, shards: ShardArrays):
-        self._shards = shards
-
-    def __len__(self) -> int:
-        return len(self._shards)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        return self._shards.name(index)
 
 
 class Ints(Sequence):
