@@ -76,6 +76,11 @@ def main() -> None:
         json.dump({"reference": reference.seen, "resumed": resumed.seen, "len": len(data),
                    "max_steps": first.state.max_steps,
                    "saved": sorted(os.listdir(checkpoint))}, f)
+    import torch.distributed
+
+    if torch.distributed.is_initialized():  # gloo's threads end cleanly, not at exit
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

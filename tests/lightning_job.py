@@ -73,6 +73,9 @@ def main() -> None:
     with open(os.path.join(args.work, f"rank-{rank}.json"), "w") as f:
         json.dump({"reference": reference.seen, "resumed": resumed.seen,
                    "saved": saved.get("combined_loader")}, f)
+    if torch.distributed.is_initialized():  # gloo's threads end cleanly, not at exit
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
