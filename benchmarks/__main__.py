@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         try:
             rows = list(module.run(args.quick))
-        except Exception:  # noqa: BLE001 - one benchmark's failure does not stop the others
+        except Exception:  # one benchmark's failure does not stop the others
             failed.append(name)
             rows = [{"error": traceback.format_exc().strip().splitlines()[-1]}]
             traceback.print_exc()

@@ -67,7 +67,7 @@ class Scene:
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the http.server name
+    def do_GET(self):  # the http.server name
         self.server.requests.append(self.path)
         body = self.server.body
         self.send_response(200)
@@ -75,7 +75,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_HEAD = do_GET  # noqa: N815
+    do_HEAD = do_GET
 
     def log_message(self, *args):
         pass

@@ -117,11 +117,11 @@ def http_without_length():
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"
 
-        def do_HEAD(self):  # noqa: N802 - http.server's naming
+        def do_HEAD(self):  # http.server's naming
             self.send_response(200)
             self.end_headers()
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.end_headers()
             self.wfile.write(data)

@@ -57,7 +57,7 @@ def run_with_timeout(function, seconds=20.0):
     def target():
         try:
             outcome["value"] = function()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             outcome["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)
@@ -80,11 +80,11 @@ class EndlessHandler(http.server.BaseHTTPRequestHandler):
     manifest = b""
     sent: list[int] = []
 
-    def do_HEAD(self):  # noqa: N802 - http.server's naming
+    def do_HEAD(self):  # http.server's naming
         self.send_response(200)
         self.end_headers()
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self.path.endswith("index.json"):
             self.send_response(200)
             self.send_header("Content-Length", str(len(self.manifest)))

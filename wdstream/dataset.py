@@ -399,7 +399,7 @@ class StreamingDataset(PositionedDataset):
         remainder: str = "drop",
         decode: bool | str = True,
         decoders: Mapping[str, object] | None = None,
-        map: Callable[[dict], object] | None = None,  # noqa: A002 - the usual pipeline name
+        map: Callable[[dict], object] | None = None,  # the usual pipeline name
         timeout: float = 60.0,
         retries: int = 3,
         retry_backoff: float = 0.5,

@@ -480,10 +480,6 @@ def read_samples(
                          f"of {len(found.urls):,} shards")
 
 
-# Members shown as text or values with decode=True (others are binary: size or base64).
-TEXT_EXTENSIONS = ("txt", "text")
-
-
 def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
                    base64_bytes: bool = False) -> object:
     """One member as a JSON value: ``json`` parsed, ``txt``/``text`` as str, ``cls`` as int,
@@ -495,7 +491,7 @@ def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
 
         try:
             value = decode_member(build_decoders(None), ext, payload)
-        except Exception as error:  # noqa: BLE001 - shown, not raised: cat is for looking
+        except Exception as error:  # shown, not raised: cat is for looking
             return _binary(payload, base64_bytes) | {"decode_error": str(error)}
         if hasattr(value, "shape") and hasattr(value, "dtype"):
             return {"npy": {"shape": list(value.shape), "dtype": str(value.dtype)}}

@@ -32,7 +32,7 @@ class _OpenIterators:
         for iterator in list(self.iterators):
             try:
                 iterator.close()
-            except Exception:  # noqa: BLE001 - exiting: a failed clean-up has nowhere to go
+            except Exception:  # exiting: a failed clean-up has nowhere to go
                 pass
         self.iterators.clear()
 

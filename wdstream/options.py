@@ -40,7 +40,7 @@ def choice(owner: str, name: str, value, accepted: tuple | None = None):
     try:
         if any(_same(value, item) for item in accepted):
             return value
-    except Exception:  # noqa: BLE001 - a value whose == fails is not one of them
+    except Exception:  # a value whose == fails is not one of them
         pass
     listed = ", ".join(repr(item) for item in accepted)
     raise OptionError(f"{owner}: {name}={value!r:.80} is not accepted; use one of {listed}")

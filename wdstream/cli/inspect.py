@@ -26,13 +26,6 @@ from .output import (
     workers_option,
 )
 
-SOURCE_HELP = """
-\b
-URL: a dataset prefix (s3://bucket/prefix/, gs://..., ./shards), its manifest
-(.../index.json), a brace pattern (s3://b/shard-{000000..000009}.tar) or one shard
-(.tar, .tar.gz/.tgz, .tar.zst, .tar.bz2, .tar.xz).
-"""
-
 
 def _size(nbytes: int | None) -> str:
     from ..sizes import format_size

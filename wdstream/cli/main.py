@@ -59,7 +59,7 @@ class LazyGroup(click.Group):
         except BrokenPipeError:
             _quiet_stdout()  # the reader of our output went away (`| head`): not an error
             sys.exit(1)
-        except Exception as error:  # noqa: BLE001 - the last guard: no traceback for users
+        except Exception as error:  # the last guard: no traceback for users
             if debugging():
                 raise
             click.echo(f"error: {_command_line(ctx)}: {unexpected(error)} "

@@ -104,11 +104,6 @@ def print_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]
     stdout_console().print(table)
 
 
-def warn(message: str) -> None:
-    """A line on stderr."""
-    from ..printable import printable
-
-    click.echo(printable(message), err=True)
 
 
 def show_progress(quiet: bool) -> bool:

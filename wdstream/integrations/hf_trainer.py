@@ -67,7 +67,7 @@ def steps(loader, epochs: float = 1.0, gradient_accumulation_steps: int = 1) -> 
     return math.ceil(epochs * per_epoch)
 
 
-def _SaveLoaderState(loader, base):  # noqa: N802 - builds the callback class on the import
+def _SaveLoaderState(loader, base):  # builds the callback class on the import
     class SaveLoaderState(base):
         """Writes each rank's loader state into each checkpoint folder."""
 

@@ -119,7 +119,7 @@ def _wait_all(ray, refs: dict) -> WdstreamError | None:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(done[0])
-        except Exception as error:  # noqa: BLE001 - Ray wraps the task's exception
+        except Exception as error:  # Ray wraps the task's exception
             if failure is None:
                 failure = _unwrapped(error, refs[done[0]], len(refs))
     return failure

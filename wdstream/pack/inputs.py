@@ -227,7 +227,7 @@ def _open_binary(path: str, counter: ReadCounter) -> BinaryIO:
         except WdstreamError as error:
             raise InputError(str(error)) from None
     else:
-        stream = open(path, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
+        stream = open(path, "rb", buffering=0)  # returned to the caller
     raw = io.BufferedReader(_Counted(stream, counter), 1 << 20)
     if name.endswith(".gz"):
         import gzip

@@ -113,7 +113,7 @@ DEFAULT_DECODERS: dict[str, Callable[[bytes], object]] = {
 
 def _msgpack_installed() -> bool:
     try:
-        import msgpack  # noqa: F401, PLC0415
+        import msgpack  # noqa: F401
     except ImportError:
         return False
     return True
@@ -151,7 +151,7 @@ class ImageDecoder:
             raise OptionError(f"decode={name!r}: image modes are {', '.join(IMAGE_MODES)} "
                              "(or True / False)")
         try:
-            import PIL.Image  # noqa: F401, PLC0415 - checked when the dataset is built
+            import PIL.Image  # noqa: F401 - checked when the dataset is built
         except ImportError:
             raise OptionError(f"decode={name!r} decodes images with Pillow: "
                              "pip install 'wdstream[image]'") from None
@@ -253,7 +253,7 @@ def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
             continue
         try:
             decoded[name] = decode_member(table, name, value)
-        except Exception as error:  # noqa: BLE001 - any decoder failure names the sample
+        except Exception as error:  # any decoder failure names the sample
             raise ShardError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r}: "
                              f"cannot decode .{name}: {error}") from error
     return decoded

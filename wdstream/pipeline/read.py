@@ -323,12 +323,12 @@ def _raise_stream_failure_first(stream) -> None:
         stream.close()
     except StreamError:
         raise
-    except Exception:  # noqa: BLE001 - the parse error is the one to report then
+    except Exception:  # the parse error is the one to report then
         pass
 
 
 def _close_quietly(stream) -> None:
     try:
         stream.close()
-    except Exception:  # noqa: BLE001 - an early close is not an error
+    except Exception:  # an early close is not an error
         pass

@@ -58,7 +58,7 @@ class ShardCompressor:
 
     def __init__(self, kind: str, level: int):
         if kind == "zstd":
-            import zstandard  # noqa: PLC0415 - only when writing zstd
+            import zstandard  # only when writing zstd
 
             self._compressor = zstandard.ZstdCompressor(
                 level=level, write_checksum=True, threads=0).compressobj()

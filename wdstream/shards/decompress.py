@@ -94,7 +94,7 @@ class _ZstdEngine:
 
     def __init__(self):
         try:
-            import zstandard  # noqa: PLC0415 - optional
+            import zstandard  # optional
         except ImportError:
             raise ShardError("zstd-compressed shards need the zstandard package "
                              "(pip install 'wdstream[zstd]')") from None

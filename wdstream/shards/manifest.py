@@ -36,7 +36,6 @@ FORMAT = "wdstream"
 VERSION = 1
 
 _REQUIRED = ("format", "version", "samples", "bytes", "extensions", "shards")
-_SHARD_KEYS = ("url", "samples", "bytes", "sha256")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Every sample has at least one member, and every member a 512-byte header.
 MIN_SAMPLE_BYTES = 512

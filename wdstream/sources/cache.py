@@ -142,7 +142,7 @@ class ShardCache:
                 if stat_mode.S_ISLNK(os.lstat(path).st_mode):
                     os.unlink(path)
             return None
-        file = open(fd, "rb", buffering=0, closefd=True)  # noqa: SIM115 - owned by the stream
+        file = open(fd, "rb", buffering=0, closefd=True)  # owned by the stream
         try:
             stat = os.fstat(fd)
             problem = _entry_problem(fd, stat, size, head, sha256)

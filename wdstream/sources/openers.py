@@ -149,7 +149,7 @@ def open_read(
     if reader == "file":
         path = urls.to_local_path(url)
         try:
-            file = open(path, "rb", buffering=0)  # noqa: SIM115 - the stream closes it
+            file = open(path, "rb", buffering=0)  # the stream closes it
         except OSError as exc:
             raise stream_error(url, exc) from None
         try:
@@ -165,7 +165,7 @@ def open_read(
     elif reader == "cli":
         source = _ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
     elif reader == "sdk":
-        from .ranged import RangedS3Source  # noqa: PLC0415 - it imports this module
+        from .ranged import RangedS3Source  # it imports this module
 
         source = RangedS3Source(url, start, timeout)
     else:
@@ -258,7 +258,7 @@ class ByteStream(io.BufferedIOBase):
     def _produce(self) -> None:
         try:
             self._source.run(self._buffer.put)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer as a StreamError
+        except BaseException as exc:  # handed to the consumer as a StreamError
             if not self._buffer.closed:
                 self._buffer.end(stream_error(self.url, exc))
         else:

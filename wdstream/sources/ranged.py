@@ -189,7 +189,7 @@ class RangedS3Source(_Source):
             try:
                 self._fetch_once(client, part)
                 error = None
-            except BaseException as exc:  # noqa: BLE001 - classified, retried or handed over
+            except BaseException as exc:  # classified, retried or handed over
                 error = stream_error(self.url, exc)
             with self._cond:
                 stopped = self._stopped

@@ -218,7 +218,7 @@ class _CloudWriter(Writer):
     def _abort(self):
         try:
             self._file.discard()
-        except Exception as exc:  # noqa: BLE001 - an unfinished upload left behind is harmless
+        except Exception as exc:  # an unfinished upload left behind is harmless
             log.warning("%s: could not cancel the upload: %s", self.url, exc)
         # Marked closed so that close(), also the one from __del__, never uploads the buffer.
         self._file.closed = True
@@ -299,7 +299,7 @@ def settle_uploads(timeout: float = 30.0) -> None:
 
     try:
         asyncio.run_coroutine_threadsafe(others(), loop).result(timeout + 1)
-    except Exception:  # noqa: BLE001 - best effort: the delete follows either way
+    except Exception:  # best effort: the delete follows either way
         pass
 
 
