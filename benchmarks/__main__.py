@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import common
 
-BENCHMARKS = ("pack", "read", "link", "manifest", "resume", "llm", "compressed")
+BENCHMARKS = ("pack", "read", "mosaic", "link", "manifest", "resume", "llm", "compressed")
 RESULTS = common.REPO / "docs" / "benchmarks-results.md"
 HIDDEN = {"table", "note"}
 
