@@ -7,9 +7,10 @@ small records
     ~1 KiB JSON samples from local shards, 2 DataLoader workers, ``batch_size=32``, each library's
     default collate; with JSON decoding and without. Peers: plain ``webdataset.WebDataset``,
     Hugging Face ``datasets`` streaming of the same records as JSONL (``json`` builder; ``text``
-    for no decoding), LitData (its own chunk format, converted once, untimed), Mosaic
-    ``streaming``. (``case_hf(builder="webdataset")`` reads the tar shards with HF's webdataset
-    builder; it is left out of the suite for time: about 0.6x plain webdataset.)
+    for no decoding), LitData (its own chunk format, converted once, untimed); Mosaic
+    ``streaming`` is measured by ``benchmarks/mosaic.py`` (a virtualenv of its own).
+    (``case_hf(builder="webdataset")`` reads the tar shards with HF's webdataset builder; it is
+    left out of the suite for time: about 0.6x plain webdataset.)
 large samples
     ~1 MiB samples from local shards: MB/s against ``cat`` of the same files to /dev/null;
     members as ``bytes`` (the default) and as uint8 tensors (``bytes_as="tensor"``).
@@ -48,7 +49,8 @@ NOT_INSTALLABLE = {
                "torch 2.13.0 ('operator torchvision::nms does not exist'); measurable when "
                "installed with --no-deps into a folder named by WDSTREAM_BENCH_SITE",
     "streaming": "mosaicml-streaming 0.13.0 pins numpy<2.2 (would downgrade numpy 2.4 to 2.1.3), "
-                 "transformers<5 and pulls the CUDA torchvision 0.28.0",
+                 "transformers<5 and pulls the CUDA torchvision 0.28.0; measured on the same "
+                 "records in a virtualenv of its own by the mosaic benchmark",
 }
 
 
@@ -168,15 +170,6 @@ def case_litdata(directory: str, decode: bool = True, expected: int | None = Non
     dataset = JsonDataset(directory, shuffle=False, drop_last=False)
     loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
     return consume(loader, started, expected)
-
-
-def case_mosaic(directory: str, expected: int | None = None) -> dict:
-    try:
-        import streaming  # noqa: F401
-    except ImportError as error:
-        raise Skip(f"mosaicml-streaming not installed ({error})") from None
-    raise Skip("mosaicml-streaming is installed but its case needs an MDS conversion: "
-               "not implemented")
 
 
 def case_cat(files: list[str]) -> dict:
@@ -334,7 +327,8 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     if "error" in prepared:
         rows.append(_note(T_SMALL, f"LitData: not measured: {prepared['error']}; "
                           f"{NOT_INSTALLABLE['litdata']}."))
-    rows.append(_note(T_SMALL, f"Mosaic streaming: not measured: {NOT_INSTALLABLE['streaming']}."))
+    rows.append(_note(T_SMALL, f"Mosaic streaming: not in this table: "
+                      f"{NOT_INSTALLABLE['streaming']}."))
     return rows, summary
 
 
