@@ -7,8 +7,8 @@ from multiprocessing.reduction import ForkingPickler
 
 import torch.multiprocessing  # noqa: F401 - registers how tensors cross in shared memory
 
-import wdstream.batching as batching
-import wdstream.shm as shm
+import wdstream.stream.batching as batching
+import wdstream.stream.shm as shm
 
 
 def _cross(value):

@@ -18,7 +18,7 @@ import pytest
 from datasets import all_keys, write_dataset
 from servers import free_port
 
-from wdstream.plan import EpochPlan, PlanOptions, Segment, batches_in_stream
+from wdstream.stream.plan import EpochPlan, PlanOptions, Segment, batches_in_stream
 
 pytestmark = pytest.mark.slow
 

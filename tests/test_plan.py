@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from wdstream.plan import EpochPlan, PlanOptions, Segment, Span, drop_first, shard_streams
+from wdstream.stream.plan import EpochPlan, PlanOptions, Segment, Span, drop_first, shard_streams
 
 COUNTS = [5, 50, 7, 3, 40, 11, 1, 30]  # uneven on purpose: 3 to 50 samples per shard
 

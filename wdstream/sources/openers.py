@@ -58,8 +58,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import AccessError, InputError, StreamError, WdstreamError
-from . import urls
+from wdstream.errors import AccessError, InputError, StreamError, WdstreamError
+from wdstream.sources import urls
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def open_read(
     elif reader == "cli":
         source = _ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
     elif reader == "sdk":
-        from .ranged import RangedS3Source  # it imports this module
+        from wdstream.sources.ranged import RangedS3Source  # it imports this module
 
         source = RangedS3Source(url, start, timeout)
     else:

@@ -31,9 +31,9 @@ import re
 import threading
 import time
 
-from ..errors import StreamError
-from . import urls
-from .openers import CHUNK_SIZE, _Source, s3_client, stream_error
+from wdstream.errors import StreamError
+from wdstream.sources import urls
+from wdstream.sources.openers import CHUNK_SIZE, _Source, s3_client, stream_error
 
 PART_SIZE = 8 << 20
 INITIAL_PARTS = 2

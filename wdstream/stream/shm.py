@@ -177,7 +177,7 @@ def map_file(path: str, identity: tuple[int, int], file_size: int) -> torch.Tens
     """In the main process: a uint8 tensor over the first ``file_size`` bytes of the file a
     worker read, mapped copy-on-write (the tensors are writable; the file never changes).
     Raises StreamError if the file was removed, replaced or truncated since."""
-    from .errors import StreamError
+    from wdstream.errors import StreamError
 
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import OptionError
-from .options import CHOICES
+from wdstream.errors import OptionError
+from wdstream.options import CHOICES
 
 REMAINDER_POLICIES = CHOICES["remainder"]
 

@@ -11,8 +11,8 @@ import weakref
 import torch
 import torch.utils.data
 
-from .options import CHOICES
-from .shm import (
+from wdstream.options import CHOICES
+from wdstream.stream.shm import (
     FileSpan,
     Segment,
     SharedSpan,

@@ -25,12 +25,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .dataset import IterationSpec
-from .errors import InputError, StateError, UnsizedError
-from .options import CHOICES, choice, integer
-from .plan import STREAM_END, Segment
-from .schedule import make_schedule, normalise
-from .stage import (
+from wdstream.errors import InputError, StateError, UnsizedError
+from wdstream.options import CHOICES, choice, integer
+from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
@@ -41,6 +38,9 @@ from .stage import (
     rank_position,
     remaining_items,
 )
+from wdstream.stages.schedule import make_schedule, normalise
+from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.plan import STREAM_END, Segment
 
 STOP_RULES = CHOICES["stop"]
 BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
@@ -139,7 +139,7 @@ class Mix(Stage):
 
     ``schedule`` (instead of ``weights``): weights changing over the epoch, a list of stages
     ``{"start": samples drawn over the job, "weights": [...]}`` or a pure function
-    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.schedule``).
+    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``).
 
     ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
     ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
@@ -242,7 +242,7 @@ class Mix(Stage):
     def _block_weights(self, epoch: int, world: int, workers: int,
                        history: Sequence[Segment]):
         """The weights of each block of a stream: the schedule's stage at the block's first
-        draw, counted over the whole job (see ``wdstream.schedule``)."""
+        draw, counted over the whole job (see ``wdstream.stages.schedule``)."""
         if self.schedule is None:
             return lambda _block: self.weights
         schedule, before, step = self.schedule, self.drawn(epoch, history), BLOCK * world * workers

@@ -22,23 +22,8 @@ from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
-from . import options
-from .batching import (
-    approximate_bytes,
-    collate,
-    pooling,
-    share_raw,
-    unpack_shared,
-)
-from .dataset import (
-    END_OF_STREAM,
-    IterationSpec,
-    StreamFailure,
-    worker_position,
-    worker_stats,
-    world_info,
-)
-from .errors import (
+from wdstream import options
+from wdstream.errors import (
     OptionError,
     OptionTypeError,
     StateError,
@@ -46,13 +31,28 @@ from .errors import (
     UnsizedError,
     WdstreamError,
 )
-from .lifetime import closed_at_exit
-from .plan import Segment, batches_in_stream
-from .shm import unmap_workers
+from wdstream.stream.batching import (
+    approximate_bytes,
+    collate,
+    pooling,
+    share_raw,
+    unpack_shared,
+)
+from wdstream.stream.dataset import (
+    END_OF_STREAM,
+    IterationSpec,
+    StreamFailure,
+    worker_position,
+    worker_stats,
+    world_info,
+)
+from wdstream.stream.lifetime import closed_at_exit
+from wdstream.stream.plan import Segment, batches_in_stream
+from wdstream.stream.shm import unmap_workers
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("wdstream.loader")  # the logger name users configure
 
-STATE_FORMAT = "wdstream.loader"
+STATE_FORMAT = "wdstream.loader"  # the state format's name, not the module path
 STATE_VERSION = 1
 _FAILED = object()  # in a stream's queue of (position, batch): the error that ended it
 
@@ -186,7 +186,7 @@ class DataLoader(torch.utils.data.DataLoader):
         checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
         caller = sys._getframe(1)
         if caller.f_globals.get("__name__", "").startswith("accelerate."):
-            from .integrations.accelerate import adopt
+            from wdstream.integrations.accelerate import adopt
 
             adopt(self, caller)
         return True
@@ -399,7 +399,13 @@ class DataLoader(torch.utils.data.DataLoader):
             if queues[stream]:
                 position, batch = queues[stream].popleft()
                 if position is _FAILED:
-                    raise batch
+                    # no local may hold the error: its traceback holds this frame, and that
+                    # cycle would keep torch's iterator (and its workers) until a collection
+                    error, batch, failure = batch, None, None
+                    try:
+                        raise error
+                    finally:
+                        del error
                 yield stream, position, batch
 
     SMALL_FETCH_PREFETCH = 4  # fetches in flight per worker when a full fetch is <= 1 MiB
@@ -443,7 +449,7 @@ class DataLoader(torch.utils.data.DataLoader):
             epoch, history = self._epoch, self._history
             positions, batches = self._positions, self._batches
         if getattr(dataset, "positions_per_rank", False):  # packing: every rank's, gathered
-            from .stage import gather_positions
+            from wdstream.stages.base import gather_positions
 
             positions = gather_positions(positions, self._rank, world)
         return {
@@ -495,7 +501,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
 def _gathered(position) -> bool:
     """A position that holds every rank's (a stage's, see ``stage.gather_positions``)."""
-    from .stage import RANKS
+    from wdstream.stages.base import RANKS
 
     return isinstance(position, dict) and RANKS in position
 

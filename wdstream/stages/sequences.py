@@ -25,13 +25,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .dataset import IterationSpec
-from .errors import InputError, OptionTypeError, StateError, UnsizedError, WdstreamError
-from .options import CHOICES, choice
-from .plan import STREAM_END, Segment
-from .sources import urls
-from .sources.writers import read_bytes
-from .stage import (
+from wdstream.errors import InputError, OptionTypeError, StateError, UnsizedError, WdstreamError
+from wdstream.options import CHOICES, choice
+from wdstream.sources import urls
+from wdstream.sources.objects import read_bytes
+from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
@@ -41,6 +39,8 @@ from .stage import (
     rank_position,
     remaining_items,
 )
+from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.plan import STREAM_END, Segment
 
 LONG_DOCUMENTS = CHOICES["long_documents"]
 
@@ -384,7 +384,7 @@ class PackedSequences(Stage):
         """Per source, this rank's tokens and documents (delivered to their end) in the
         epoch's sequences (on earlier layouts: what the rank of the same number delivered),
         and the pass of the inner stream in progress (1 and up: it restarted)."""
-        from .mix import _rank_entry
+        from wdstream.stages.mix import _rank_entry
 
         totals = [0] * (2 * len(self.names))
         deepest = 0

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dataset import PositionedDataset
-from .errors import StateError
-from .plan import STREAM_END, Segment, stream_sizes
+from wdstream.errors import StateError
+from wdstream.stream.dataset import PositionedDataset
+from wdstream.stream.plan import STREAM_END, Segment, stream_sizes
 
 # Epochs that cycled passes of an inner dataset read live above every real epoch number, so a
 # pass never replays the order of another epoch (see cycle_epoch).
