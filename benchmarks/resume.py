@@ -93,14 +93,14 @@ def case_plan(shards: int, per_shard: int, world: int, workers: int,
 
     import numpy as np
 
-    from wdstream.stream.plan import EpochPlan, PlanOptions, Segment
+    from wdstream.stream.plan import EpochPlan, HistorySegment, PlanOptions
 
     counts = np.full(shards, per_shard, dtype=np.int64)
     options = PlanOptions(seed=SEED, shuffle=True, window=1000)
     history = ()
     if elastic:  # the same epoch resumed on another layout, after 37% on 4 x 2 streams
         consumed = int(shards * per_shard * 0.37) // 8
-        history = (Segment(4, 2, BATCH, (consumed, consumed)),)
+        history = (HistorySegment(4, 2, BATCH, (consumed, consumed)),)
     def plan_once():
         plan = EpochPlan(counts, 0, world, workers, options, history)
         spans = plan.stream_spans(0, 0)

@@ -11,8 +11,8 @@ import pytest
 from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
-from wdstream.stages import config as config_module
 from wdstream.errors import InputError
+from wdstream.stages import config as config_module
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("yaml")

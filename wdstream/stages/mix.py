@@ -40,7 +40,7 @@ from wdstream.stages.base import (
 )
 from wdstream.stages.schedule import make_schedule, normalise
 from wdstream.stream.dataset import IterationSpec
-from wdstream.stream.plan import STREAM_END, Segment
+from wdstream.stream.plan import STREAM_END, HistorySegment
 
 STOP_RULES = CHOICES["stop"]
 BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
@@ -205,7 +205,7 @@ class Mix(Stage):
     def positions_per_rank(self) -> bool:
         return any(getattr(d, "positions_per_rank", False) for d in self.datasets)
 
-    def source_histories(self, history: Sequence[Segment]) -> list[tuple[int, tuple]]:
+    def source_histories(self, history: Sequence[HistorySegment]) -> list[tuple[int, tuple]]:
         """Per source, after the segments ``history`` of this epoch run on other layouts: the
         pass in progress and the segments of it already read (see ``inner_history``)."""
         def extractor(index):
@@ -219,12 +219,12 @@ class Mix(Stage):
             return extract
         return [inner_history(history, extractor(i)) for i in range(len(self.datasets))]
 
-    def _quota(self, history: Sequence[Segment]) -> int:
+    def _quota(self, history: Sequence[HistorySegment]) -> int:
         """Under ``fixed``: the samples of the epoch not drawn in the segments ``history``."""
         return remaining_items(self.samples_per_epoch, history,
                                lambda position: self._parse(position)[0])
 
-    def drawn(self, epoch: int, history: Sequence[Segment]) -> int:
+    def drawn(self, epoch: int, history: Sequence[HistorySegment]) -> int:
         """Samples drawn over every rank and stream in the segments ``history``: the progress
         a schedule follows."""
         total = 0
@@ -240,7 +240,7 @@ class Mix(Stage):
         return total
 
     def _block_weights(self, epoch: int, world: int, workers: int,
-                       history: Sequence[Segment]):
+                       history: Sequence[HistorySegment]):
         """The weights of each block of a stream: the schedule's stage at the block's first
         draw, counted over the whole job (see ``wdstream.stages.schedule``)."""
         if self.schedule is None:
@@ -249,7 +249,7 @@ class Mix(Stage):
         return lambda block: schedule.weights_at(before + block * step)
 
     def plan(self, epoch: int, world: int, workers: int,
-             history: Sequence[Segment] = ()) -> StagePlan:
+             history: Sequence[HistorySegment] = ()) -> StagePlan:
         """Samples per stream of every rank (equal on every rank) in epoch ``epoch``."""
         if self.stop == "fixed":
             return fixed_plan(self._quota(history), world, workers)

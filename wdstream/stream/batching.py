@@ -14,7 +14,7 @@ import torch.utils.data
 from wdstream.options import CHOICES
 from wdstream.stream.shm import (
     FileSpan,
-    Segment,
+    MemorySegment,
     SharedSpan,
     allocate,
     arena,
@@ -112,7 +112,7 @@ class _SharedBytes:
                     index[key] = len(sources)
                     sources.append(span.segment if type(span) is SharedSpan else span)
                 parts.append((index[key], *_bounds(span)))
-            holds = [s.hold() if type(s) is Segment else None for s in sources]
+            holds = [s.hold() if type(s) is MemorySegment else None for s in sources]
             if -1 not in holds:
                 self._sources, self.parts, self.holds = sources, parts, holds
                 self.buffers = None  # made in the main process
@@ -160,7 +160,7 @@ class _SharedBytes:
         if sources is not None:
             state["sources"] = [_describe(source) for source in sources]
             for source in sources:
-                if type(source) is Segment:
+                if type(source) is MemorySegment:
                     source.sent = True
             dropped = arena().dropped
             state["dropped"] = [dropped.popleft() for _ in range(len(dropped))]
@@ -238,7 +238,7 @@ def _bounds(span) -> tuple[int, int]:
 
 def _describe(source) -> tuple:
     """A batch's buffer as it crosses to the main process."""
-    if type(source) is Segment:
+    if type(source) is MemorySegment:
         return "segment", source.uid, None if source.sent else source.tensor
     return "file", source.path, source.identity, source.file_size
 

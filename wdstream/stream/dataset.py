@@ -40,8 +40,8 @@ from wdstream.stream.decode import build_decoders, decode_option, decode_sample,
 from wdstream.stream.lifetime import closed_at_exit
 from wdstream.stream.plan import (
     EpochPlan,
+    HistorySegment,
     PlanOptions,
-    Segment,
     drop_first,
     shard_streams,
     window_order,
@@ -61,8 +61,10 @@ worker_stats = ReadStats()
 
 
 class _WorkerPosition:
-    value: object = 0  # the position after the last item handed out (with_positions)
-    trail: list = []  # under wdstream.DataLoader: the position after each item not yet tagged
+    def __init__(self):
+        self.value: object = 0  # the position after the last item handed out (with_positions)
+        self.trail: list = []  # under wdstream.DataLoader: the position after each item not
+        # yet tagged
 
 
 worker_position = _WorkerPosition()
@@ -126,7 +128,7 @@ class IterationSpec:
     rank: int
     world: int
     workers: int
-    history: tuple[Segment, ...] = ()
+    history: tuple[HistorySegment, ...] = ()
     start: tuple[int, ...] = ()
     rotation: int = 0
     batch_size: int = 0
@@ -185,12 +187,12 @@ def _cache_options(cache_dir, cache_limit) -> dict:
 
 
 @dataclass(frozen=True)
-class _Source:
+class _ResolvedSource:
     table: ShardTable
     manifest: Manifest | None
 
 
-def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
+def _resolve_source(source, allow_external_shards: bool = False) -> _ResolvedSource:
     """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
     compressed tars), a brace pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
@@ -209,13 +211,13 @@ def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
 
             log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
     sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
-    return _Source(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
+    return _ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
 
-def _from_manifest(manifest: Manifest) -> _Source:
+def _from_manifest(manifest: Manifest) -> _ResolvedSource:
     shards = manifest.shards
     if isinstance(shards, ShardArrays):  # a large manifest: arrays, URLs made when opened
-        return _Source(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
+        return _ResolvedSource(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
                                   bytes=shards.sizes(), sha256=shards.digests(),
                                   heads=shards.heads(), last_keys=shards.last_keys()), manifest)
     table = ShardTable(
@@ -226,7 +228,7 @@ def _from_manifest(manifest: Manifest) -> _Source:
         heads=[s.head for s in shards],
         last_keys=[s.last_key for s in shards],
     )
-    return _Source(table, manifest)
+    return _ResolvedSource(table, manifest)
 
 
 class PositionedDataset(torch.utils.data.IterableDataset):
@@ -272,7 +274,7 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         """Whether ``plan()`` can size the epoch's streams."""
 
     @abc.abstractmethod
-    def plan(self, epoch: int, world: int, workers: int, history: Sequence[Segment] = ()):
+    def plan(self, epoch: int, world: int, workers: int, history: Sequence[HistorySegment] = ()):
         """Per-stream sizes of an epoch (``stream_samples``, ``rank_samples``,
         ``remainder_samples``); raises WdstreamError when they cannot be known."""
 
@@ -442,7 +444,7 @@ class StreamingDataset(PositionedDataset):
         return self.shards.samples is not None
 
     def plan(self, epoch: int, world: int, workers: int,
-             history: Sequence[Segment] = ()) -> EpochPlan:
+             history: Sequence[HistorySegment] = ()) -> EpochPlan:
         if not self.has_counts:
             raise ManifestError(f"{self.source}: no manifest, so sample counts are unknown; "
                                 "run `wdstream index` on the shards' prefix")

@@ -47,7 +47,7 @@ from wdstream.stream.dataset import (
     world_info,
 )
 from wdstream.stream.lifetime import closed_at_exit
-from wdstream.stream.plan import Segment, batches_in_stream
+from wdstream.stream.plan import HistorySegment, batches_in_stream
 from wdstream.stream.shm import unmap_workers
 
 log = logging.getLogger("wdstream.loader")  # the logger name users configure
@@ -171,7 +171,7 @@ class DataLoader(torch.utils.data.DataLoader):
                       "stray_members": 0}
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         self._epoch: int | None = None  # the epoch being read, None before the first
-        self._history: tuple[Segment, ...] = ()
+        self._history: tuple[HistorySegment, ...] = ()
         self._positions: list = []  # per stream: where the loop is (samples received)
         self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
@@ -303,11 +303,11 @@ class DataLoader(torch.utils.data.DataLoader):
         if state is None:
             epoch, history, positions, batches = dataset.begin_epoch(), (), fresh, fresh
         else:
-            history = tuple(Segment.from_list(s) for s in state["history"])
+            history = tuple(HistorySegment.from_list(s) for s in state["history"])
             positions, batches = list(state["positions"]), list(state["batches"])
             if (state["world"], state["workers"], state["batch_size"]) != layout or \
                     state["drop_last"] != self.drop_last:
-                history += (Segment(state["world"], state["workers"], state["batch_size"],
+                history += (HistorySegment(state["world"], state["workers"], state["batch_size"],
                                     tuple(positions)),)
                 positions, batches = fresh, fresh
                 log.info("epoch %d continues on a new layout: %d ranks x %d workers, batch %d",
@@ -602,7 +602,7 @@ def _validate(state) -> None:
         raise StateError("loader state: 'batches' must be counts >= 0")
     for segment in state["history"]:
         try:
-            parsed = Segment.from_list(segment)
+            parsed = HistorySegment.from_list(segment)
         except (TypeError, ValueError) as error:
             raise StateError(f"loader state: bad history segment {segment!r}") from error
         if len(parsed.consumed) != parsed.workers or parsed.world < 1:

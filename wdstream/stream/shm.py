@@ -81,7 +81,7 @@ def linux_libc():
         return None
 
 
-class Segment:
+class MemorySegment:
     """One shared-memory buffer of an arena: ``HOLDS`` flag bytes, then spans cut in order."""
 
     HOLDS = 1024  # batches using one segment that the main process may hold at once
@@ -126,7 +126,7 @@ class SharedSpan:
 
     __slots__ = ("segment", "start", "end")
 
-    def __init__(self, segment: Segment, start: int, end: int):
+    def __init__(self, segment: MemorySegment, start: int, end: int):
         self.segment, self.start, self.end = segment, start, end
         segment.live += 1
 
@@ -212,8 +212,8 @@ class Arena:
     ALIGN = 64  # spans start on a cache line
 
     def __init__(self):
-        self._current: Segment | None = None
-        self._set_aside: list[Segment] = []
+        self._current: MemorySegment | None = None
+        self._set_aside: list[MemorySegment] = []
         self._uids = itertools.count()
         # segments let go after the main process mapped them: it unmaps them when told (a
         # deque: batches are pickled in another thread, and append/popleft are atomic)
@@ -227,11 +227,11 @@ class Arena:
         segment.used = min(segment.capacity, -(-(start + nbytes) // self.ALIGN) * self.ALIGN)
         return SharedSpan(segment, start, start + nbytes)
 
-    def _next_segment(self, nbytes: int) -> Segment:
+    def _next_segment(self, nbytes: int) -> MemorySegment:
         if self._current is not None:
             self._set_aside.append(self._current)
         idle = [s for s in self._set_aside if s.idle()]
-        chosen = next((s for s in idle if s.capacity - Segment.HOLDS >= nbytes), None)
+        chosen = next((s for s in idle if s.capacity - MemorySegment.HOLDS >= nbytes), None)
         kept = 0
         for segment in idle:  # beyond KEEP, idle segments are let go (and unmapped)
             if segment is chosen:
@@ -243,9 +243,9 @@ class Arena:
             else:
                 kept += segment.capacity
         if chosen is None:
-            return Segment(allocate(max(self.SEGMENT, Segment.HOLDS + nbytes)), next(self._uids))
+            return MemorySegment(allocate(max(self.SEGMENT, MemorySegment.HOLDS + nbytes)), next(self._uids))
         self._set_aside.remove(chosen)
-        chosen.used = Segment.HOLDS
+        chosen.used = MemorySegment.HOLDS
         return chosen
 
 

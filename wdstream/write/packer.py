@@ -102,7 +102,7 @@ class PackProgress:
 # --- samples and shard jobs ------------------------------------------------------------------
 
 
-class LocalFile(NamedTuple):
+class FileMember(NamedTuple):
     """A member whose bytes are read from a file by the process that writes the shard."""
 
     path: str
@@ -152,7 +152,7 @@ class SampleBatch(NamedTuple):
 
     keys: Keys
     exts: tuple[str, ...]  # member extensions, sorted; the same for every sample of the batch
-    columns: tuple[list, ...]  # per extension, the data of each sample: bytes or LocalFile
+    columns: tuple[list, ...]  # per extension, the data of each sample: bytes or FileMember
     sizes: list[int] | None  # the exact bytes each sample takes in a tar; None: not known yet
     unparsed_json: bool  # columns[0] holds JSON lines that are still to be parsed
     batch: Batch  # the records, for error messages
@@ -308,7 +308,7 @@ def _sample_sizes(keys: Keys, exts: tuple[str, ...], columns: tuple[list, ...]) 
     sizes = None
     for ext, column in zip(exts, columns, strict=True):
         extra = len(ext.encode("utf-8")) + 1
-        if isinstance(column[0], LocalFile):
+        if isinstance(column[0], FileMember):
             lengths = [member.size for member in column]
         else:
             lengths = list(map(len, column))
@@ -403,7 +403,7 @@ class SampleMaker:
         exts = tuple(ext for ext, _, _ in sample.files)
         for ext in exts:
             check_extension(ext, batch.where(0))
-        columns = tuple([LocalFile(path, size)] for _, path, size in sample.files)
+        columns = tuple([FileMember(path, size)] for _, path, size in sample.files)
         return self._batch([sample.key], exts, columns, False, batch)
 
     def _key(self, row: dict, i: int, batch: Batch) -> str:
@@ -689,7 +689,7 @@ class _ShardSink:
             self._out.write(chunk)
 
 
-def _file_bytes(member: LocalFile) -> bytes:
+def _file_bytes(member: FileMember) -> bytes:
     return read_member(member.path, member.size)  # local path or URL; size checked
 
 
@@ -725,7 +725,7 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
                 _check_json_lines(columns[0], *json_lines_at)
             if tokenize:
                 columns = _tokenize_columns(columns, tokenize, encoder)
-            if len(exts) == 1 and not isinstance(columns[0][0], LocalFile):  # the common case
+            if len(exts) == 1 and not isinstance(columns[0][0], FileMember):  # the common case
                 suffix = "." + exts[0]
                 for key, data in zip(keys, columns[0], strict=True):
                     add(key + suffix, data)
@@ -733,7 +733,7 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
                 for i, key in enumerate(keys):
                     for ext, column in zip(exts, columns, strict=True):
                         data = column[i]
-                        add(f"{key}.{ext}", _file_bytes(data) if isinstance(data, LocalFile) else data)
+                        add(f"{key}.{ext}", _file_bytes(data) if isinstance(data, FileMember) else data)
                     sink.flush(_FLUSH_SIZE)
             sink.flush(_FLUSH_SIZE)
         tar.close()
