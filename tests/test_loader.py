@@ -446,17 +446,17 @@ def test_worker_result_pipe_holds_a_whole_fetch(data, single_rank):
     write (where the system allows a pipe that large)."""
     import fcntl
 
-    import wdstream.stream.loader as loader_module
+    from wdstream.stream import torch_internals
 
     with open("/proc/sys/fs/pipe-max-size") as file:
-        allowed = int(file.read()) >= loader_module.PIPE_BYTES
+        allowed = int(file.read()) >= torch_internals.PIPE_BYTES
     loader = make(data, workers=2)
     iterator = loader._get_iterator()
     try:
         size = fcntl.fcntl(iterator._worker_result_queue._reader.fileno(), fcntl.F_GETPIPE_SZ)
     finally:
         iterator._shutdown_workers()
-    assert (size >= loader_module.PIPE_BYTES) == allowed
+    assert (size >= torch_internals.PIPE_BYTES) == allowed
 
 
 def test_small_fetches_keep_more_in_flight(tmp_path, single_rank, monkeypatch):

@@ -26,6 +26,7 @@ from wdstream.stream.shm import (
     release,
     unmap,
 )
+from wdstream.stream.torch_internals import new_shared_storage
 
 
 def collate(samples: list[dict]) -> dict:
@@ -61,7 +62,7 @@ def _stack(tensors: list) -> torch.Tensor:
     if not _in_worker() or first.device.type != "cpu":
         return torch.stack(tensors)
     numel = first.numel() * len(tensors)
-    storage = first.untyped_storage()._new_shared(numel * first.element_size())
+    storage = new_shared_storage(numel * first.element_size())
     out = first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
     return torch.stack(tensors, out=out)
 

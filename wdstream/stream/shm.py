@@ -26,6 +26,8 @@ import os
 
 import torch
 
+from wdstream.stream.torch_internals import new_shared_storage
+
 _POPULATE_READ, _POPULATE_WRITE = 22, 23  # MADV_POPULATE_*: Linux 5.14+, EINVAL before
 
 
@@ -33,7 +35,7 @@ def allocate(nbytes: int) -> torch.Tensor:
     """An uninitialised uint8 tensor in shared memory, its pages already mapped. Allocated in
     shared memory directly: ``share_memory_()`` on a private tensor would copy it once more."""
     try:
-        storage = torch.UntypedStorage._new_shared(nbytes)
+        storage = new_shared_storage(nbytes)
         tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
     except (AttributeError, RuntimeError, TypeError):  # a torch without _new_shared
         tensor = torch.empty(nbytes, dtype=torch.uint8)
