@@ -121,8 +121,8 @@ def case_pack(source: str, tokenizer: str | None, eos: int, field: str) -> dict:
     """Tokenize (unless ``tokenizer`` is None: pre-tokenized) and pack one epoch."""
     quiet_logs()
     import wdstream
-    import wdstream.loader  # noqa: F401 - torch imported before the clock
-    import wdstream.packing  # noqa: F401
+    import wdstream.stages.sequences  # noqa: F401
+    import wdstream.stream.loader  # noqa: F401 - torch imported before the clock
 
     started, cpu = time.perf_counter(), _cpu_seconds()
     dataset = wdstream.StreamingDataset(source, seed=1)
@@ -162,8 +162,8 @@ def case_stage(source: str, tokenizer: str | None, eos: int, field: str, mixture
     import itertools
 
     import wdstream
-    from wdstream.batching import collate
-    from wdstream.dataset import IterationSpec
+    from wdstream.stream.batching import collate
+    from wdstream.stream.dataset import IterationSpec
 
     inner = wdstream.StreamingDataset(source, seed=1) if mixture == "none" \
         else _five_stage_mix(source, documents, mixture == "schedule")
@@ -203,8 +203,8 @@ def case_mix(sources: list[str] | None, single: str | None) -> dict:
     stop at the first exhausted: with equal sizes every sample is read once)."""
     quiet_logs()
     import wdstream
-    import wdstream.loader  # noqa: F401
-    import wdstream.mix  # noqa: F401
+    import wdstream.stages.mix  # noqa: F401
+    import wdstream.stream.loader  # noqa: F401
 
     started, cpu = time.perf_counter(), _cpu_seconds()
     if single is not None:

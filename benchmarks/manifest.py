@@ -49,7 +49,7 @@ def _peak_mb() -> float:
 
 def case_manifest(source: str) -> dict:
     import wdstream
-    import wdstream.dataset  # noqa: F401 - torch imported before the clock
+    import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock
 
     before = _rss_mb()
     _reset_peak()

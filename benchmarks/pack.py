@@ -54,7 +54,7 @@ def _cpu_seconds(who) -> float:
 
 
 def case_wdstream(source: str, output: str, workers: int, per_shard: int) -> dict:
-    from wdstream.pack.packer import pack
+    from wdstream.write.packer import pack
 
     started = time.perf_counter()
     main_cpu, workers_cpu = _cpu_seconds(resource.RUSAGE_SELF), _cpu_seconds(resource.RUSAGE_CHILDREN)

@@ -4,7 +4,7 @@
   each in a fresh process as after a restart: time from building the dataset to the first
   batch. The resume cost must not grow with the position (goal: 90% ÷ 10% ≤ 1.2). The first
   batch is checked against the uninterrupted run's batch at that point.
-- ``wdstream.plan.EpochPlan`` for 100,000 shards / 100 M samples: the time to plan an epoch and
+- ``wdstream.stream.plan.EpochPlan`` for 100,000 shards / 100 M samples: the time to plan an epoch and
   take one worker's spans, and the memory it needs.
 - ``len(json.dumps(loader.state_dict()))``: the size of a checkpoint's loader state.
 """
@@ -68,8 +68,8 @@ def case_resume(source: str, states: str | None, fraction: float | None,
     """Time from building the dataset (after imports) to the first batch, after loading the
     state saved at ``fraction`` (None: a fresh start)."""
     quiet_logs()
-    import wdstream.dataset  # noqa: F401 - torch imported before the clock
-    import wdstream.loader  # noqa: F401
+    import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock
+    import wdstream.stream.loader  # noqa: F401
 
     saved = json.loads(Path(states).read_text())[str(fraction)] if fraction is not None else None
     started = time.perf_counter()
@@ -93,14 +93,14 @@ def case_plan(shards: int, per_shard: int, world: int, workers: int,
 
     import numpy as np
 
-    from wdstream.plan import EpochPlan, PlanOptions, Segment
+    from wdstream.stream.plan import EpochPlan, HistorySegment, PlanOptions
 
     counts = np.full(shards, per_shard, dtype=np.int64)
     options = PlanOptions(seed=SEED, shuffle=True, window=1000)
     history = ()
     if elastic:  # the same epoch resumed on another layout, after 37% on 4 x 2 streams
         consumed = int(shards * per_shard * 0.37) // 8
-        history = (Segment(4, 2, BATCH, (consumed, consumed)),)
+        history = (HistorySegment(4, 2, BATCH, (consumed, consumed)),)
     def plan_once():
         plan = EpochPlan(counts, 0, world, workers, options, history)
         spans = plan.stream_spans(0, 0)

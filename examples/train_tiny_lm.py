@@ -78,7 +78,7 @@ def write_tokenizer(url: str) -> None:
     same bytes on every run."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from wdstream.sources.writers import write_bytes
+    from wdstream.sources.objects import write_bytes
 
     vocab = {word: index for index, word in enumerate(vocabulary())}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -89,7 +89,7 @@ def write_tokenizer(url: str) -> None:
 def prepare(bucket: str, workdir: str, documents: int) -> None:
     """Pack the two corpora and write the tokenizer, unless they are there already."""
     from wdstream.errors import StreamError
-    from wdstream.sources.writers import read_bytes
+    from wdstream.sources.objects import read_bytes
 
     try:
         read_bytes(f"s3://{bucket}/tokenizer.json")

@@ -7,8 +7,8 @@ from multiprocessing.reduction import ForkingPickler
 
 import torch.multiprocessing  # noqa: F401 - registers how tensors cross in shared memory
 
-import wdstream.batching as batching
-import wdstream.shm as shm
+import wdstream.stream.batching as batching
+import wdstream.stream.shm as shm
 
 
 def _cross(value):
@@ -21,7 +21,7 @@ def test_arena_reuses_a_segment_only_when_nothing_holds_it(monkeypatch):
     monkeypatch.setattr(shm.Arena, "KEEP", 0)  # no idle segment kept but the one reused
     arena = shm.Arena()
     first = arena.cut(600_000)
-    assert first.start == shm.Segment.HOLDS and len(first) == 600_000
+    assert first.start == shm.MemorySegment.HOLDS and len(first) == 600_000
     assert first.segment.tensor.is_shared() and first.segment.live == 1
     second = arena.cut(600_000)  # does not fit the rest of the first segment
     assert second.segment is not first.segment
@@ -32,7 +32,7 @@ def test_arena_reuses_a_segment_only_when_nothing_holds_it(monkeypatch):
     assert third.segment not in (segment, second.segment)
     shm.release(segment.tensor, flag)
     fourth = arena.cut(600_000)
-    assert fourth.segment is segment and fourth.start == shm.Segment.HOLDS
+    assert fourth.segment is segment and fourth.start == shm.MemorySegment.HOLDS
     # once their spans go, the second segment is reused and the third let go: the main
     # process, which has both mapped, is told
     reused, let_go = second.segment, third.segment
@@ -43,9 +43,9 @@ def test_arena_reuses_a_segment_only_when_nothing_holds_it(monkeypatch):
 
 
 def test_a_segment_holds_many_batches_and_reports_when_all_flags_are_raised():
-    segment = shm.Segment(shm.allocate(shm.Segment.HOLDS + 64), uid=0)
-    flags = [segment.hold() for _ in range(shm.Segment.HOLDS)]
-    assert sorted(flags) == list(range(shm.Segment.HOLDS)) and segment.hold() == -1
+    segment = shm.MemorySegment(shm.allocate(shm.MemorySegment.HOLDS + 64), uid=0)
+    flags = [segment.hold() for _ in range(shm.MemorySegment.HOLDS)]
+    assert sorted(flags) == list(range(shm.MemorySegment.HOLDS)) and segment.hold() == -1
     for flag in flags:
         shm.release(segment.tensor, flag)
     assert segment.idle()
@@ -64,7 +64,7 @@ def test_shared_bytes_from_spans_and_bytes_round_trip(monkeypatch):
     packed = batching._SharedBytes(values, pooled=True)
     segment = span.segment
     del span, values
-    assert packed.holds == [0] and segment.array[: shm.Segment.HOLDS].sum() == 1
+    assert packed.holds == [0] and segment.array[: shm.MemorySegment.HOLDS].sum() == 1
     assert not segment.live  # the batch's spans are gone; its flag keeps the segment
     # what the main process receives: the segment by number after its first crossing
     received = _cross(packed)

@@ -11,9 +11,9 @@ import pytest
 
 import wdstream
 from wdstream.errors import ManifestError
-from wdstream.plan import EpochPlan, PlanOptions
 from wdstream.shards import compact
 from wdstream.shards.manifest import Manifest, ShardInfo
+from wdstream.stream.plan import EpochPlan, PlanOptions
 
 COUNT = compact.SMALL + 7
 

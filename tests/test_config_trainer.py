@@ -11,8 +11,8 @@ import pytest
 from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
-from wdstream import config as config_module
 from wdstream.errors import InputError
+from wdstream.stages import config as config_module
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("yaml")
@@ -142,8 +142,8 @@ def test_aliases_and_top_level_switches(root):
 
 
 def test_the_key_tables_agree_with_the_stages():
-    from wdstream.mix import STOP_RULES
-    from wdstream.packing import LONG_DOCUMENTS
+    from wdstream.stages.mix import STOP_RULES
+    from wdstream.stages.sequences import LONG_DOCUMENTS
 
     assert config_module.TOP_KEYS["stop"].choices == tuple(STOP_RULES)
     assert config_module.TOP_KEYS["long_documents"].choices == tuple(LONG_DOCUMENTS)

@@ -18,7 +18,7 @@ import pytest
 from datasets import all_keys, write_dataset
 from servers import free_port
 
-from wdstream.plan import EpochPlan, PlanOptions, Segment, batches_in_stream
+from wdstream.stream.plan import EpochPlan, HistorySegment, PlanOptions, batches_in_stream
 
 pytestmark = pytest.mark.slow
 
@@ -208,8 +208,8 @@ def test_elastic_resume_on_another_layout(moto_server, s3_data, saved_at_2x2, tm
     torchrun(moto_server, s3_data, world, out, "--workers", workers, "--resume", checkpoint)
     run = read_run(out, world)
     after = batch_lists(run)
-    history = [Segment.from_list(s) for s in state["history"]]
-    history.append(Segment(2, 2, BATCH, tuple(state["positions"])))
+    history = [HistorySegment.from_list(s) for s in state["history"]]
+    history.append(HistorySegment(2, 2, BATCH, tuple(state["positions"])))
     plan = plan_for(world, workers, history)
     assert plan.total == sum(COUNTS) - 2 * ELASTIC_AT * BATCH  # full batches so far
     expected = rank_batches(plan)

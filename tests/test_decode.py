@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from wdstream.errors import ShardError
-from wdstream.pipeline import decode
+from wdstream.stream import decode
 
 
 def test_json_is_parsed_by_orjson_by_default():

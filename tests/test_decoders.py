@@ -20,8 +20,8 @@ from test_inspect import wdstream
 
 import wdstream as wds
 from wdstream.errors import ShardError
-from wdstream.pipeline.decode import IMAGE_MODES, build_decoders, decode_sample
 from wdstream.shards.tar import TarWriter
+from wdstream.stream.decode import IMAGE_MODES, build_decoders, decode_sample
 
 H, W = 24, 40
 
@@ -91,7 +91,7 @@ def test_bad_members_are_clear_errors():
 
 
 def test_gzip_bomb_member_is_refused(monkeypatch):
-    from wdstream.pipeline import decode
+    from wdstream.stream import decode
 
     monkeypatch.setattr(decode, "MAX_GUNZIPPED", 1 << 20)
     with pytest.raises(ShardError, match="expands to more than"):

@@ -21,14 +21,14 @@ from datasets import sample_key, shard_bytes, write_dataset
 from servers import free_port
 
 import wdstream
-from wdstream.dataset import worker_stats
 from wdstream.errors import ShardError, ShardMismatchError
-from wdstream.pipeline.read import ReadOptions, ShardTable, SpanReader
-from wdstream.plan import Span
 from wdstream.shards.identity import head_digest
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar import BLOCK, DRAIN_MAX, TarWriter, iter_members
 from wdstream.sources.cache import ShardCache
+from wdstream.stream.dataset import worker_stats
+from wdstream.stream.plan import Span
+from wdstream.stream.read import ReadOptions, ShardTable, SpanReader
 
 
 @pytest.fixture(autouse=True)

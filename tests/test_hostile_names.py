@@ -16,7 +16,7 @@ from hostile import SECRET, start_scene, wdstream
 
 import wdstream as wds
 from wdstream.errors import InputError, ManifestError
-from wdstream.inspect import benchmark, describe, read_samples, verify
+from wdstream.inspection import benchmark, describe, read_samples, verify
 from wdstream.shards.manifest import load_manifest
 
 pytestmark = pytest.mark.timeout(120)

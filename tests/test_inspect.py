@@ -370,7 +370,7 @@ def test_s3_without_manifest_and_unreachable(s3, s3_bucket, dataset, cli_env):
 
 
 def test_library_functions(copy):
-    from wdstream.inspect import describe, find_shards, read_samples, sample_to_json, verify
+    from wdstream.inspection import describe, find_shards, read_samples, sample_to_json, verify
 
     shards = [str(copy / f"shard-{i:06d}.tar") for i in range(3)]
     summary = describe(shards, workers=2)

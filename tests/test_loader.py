@@ -183,13 +183,13 @@ def test_large_binary_members_cross_workers_intact(tmp_path, single_rank, monkey
     """Large bytes members reach the main process unchanged, as bytes, in batches and one
     sample at a time: mapped from the local file, or read into the worker's shared memory (as
     from a remote stream); small ones beside them (below 128 KiB) are read as they were."""
-    import wdstream.batching
-    import wdstream.dataset
-    import wdstream.shm as shm
+    import wdstream.stream.batching
+    import wdstream.stream.dataset
+    import wdstream.stream.shm as shm
 
-    monkeypatch.setattr(wdstream.dataset, "CAN_MAP_FILES", map_files)  # workers inherit it
+    monkeypatch.setattr(wdstream.stream.dataset, "CAN_MAP_FILES", map_files)  # workers inherit it
     mapped = []  # files the main process maps
-    monkeypatch.setattr(wdstream.batching, "map_file",
+    monkeypatch.setattr(wdstream.stream.batching, "map_file",
                         lambda *args: mapped.append(args[0]) or shm.map_file(*args))
     payloads = {f"k{i:03d}": bytes([i]) * (300_000 + i) for i in range(40)}
     payloads.update({f"s{i}": bytes([i]) * 1000 for i in range(3)})
@@ -266,15 +266,15 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
     import hashlib
     import io
 
-    import wdstream.dataset
-    import wdstream.shm as shm
+    import wdstream.stream.dataset
+    import wdstream.stream.shm as shm
     from wdstream.shards.manifest import Manifest, ShardInfo
     from wdstream.shards.tar import TarWriter
 
     monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)  # the forked workers inherit these
     monkeypatch.setattr(shm.Arena, "KEEP", 2 << 20)
     # read as from a remote stream: local files are otherwise mapped, not read (next test)
-    monkeypatch.setattr(wdstream.dataset, "CAN_MAP_FILES", False)
+    monkeypatch.setattr(wdstream.stream.dataset, "CAN_MAP_FILES", False)
     samples = {f"k{i:03d}": (bytes([i]) * (150_000 + 1000 * i), f"t{i}" * 70_000)
                for i in range(48)}
     buffer = io.BytesIO()
@@ -335,7 +335,7 @@ def test_bytes_as_tensor_maps_large_payloads_of_local_files(tmp_path, single_ran
 
 def test_a_mapped_file_must_be_the_one_the_worker_read(tmp_path):
     from wdstream.errors import StreamError
-    from wdstream.shm import map_file
+    from wdstream.stream.shm import map_file
 
     path = tmp_path / "shard.tar"
     path.write_bytes(b"x" * 4096)
@@ -359,8 +359,8 @@ def test_payload_target_only_for_members_nothing_decodes(tmp_path, monkeypatch):
     ``shared_payloads``), which takes members without a decoder, and none with a map."""
     import torch.utils.data
 
-    from wdstream.dataset import IterationSpec
-    from wdstream.shm import FileSpan, SharedSpan
+    from wdstream.stream.dataset import IterationSpec
+    from wdstream.stream.shm import FileSpan, SharedSpan
 
     source = _binary_dataset(tmp_path, {"k": b"x"})
     spec = IterationSpec(epoch=0, rank=0, world=1, workers=1, shared_payloads=True)
@@ -383,7 +383,7 @@ def test_payload_target_only_for_members_nothing_decodes(tmp_path, monkeypatch):
 def test_elastic_resume_reads_each_shard_once(data, monkeypatch):
     """A shuffle window's leftovers are many short spans; they are read in one pass per
     shard, not one download per span."""
-    import wdstream.pipeline.read as read
+    import wdstream.stream.read as read
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -446,17 +446,17 @@ def test_worker_result_pipe_holds_a_whole_fetch(data, single_rank):
     write (where the system allows a pipe that large)."""
     import fcntl
 
-    import wdstream.loader as loader_module
+    from wdstream.stream import torch_internals
 
     with open("/proc/sys/fs/pipe-max-size") as file:
-        allowed = int(file.read()) >= loader_module.PIPE_BYTES
+        allowed = int(file.read()) >= torch_internals.PIPE_BYTES
     loader = make(data, workers=2)
     iterator = loader._get_iterator()
     try:
         size = fcntl.fcntl(iterator._worker_result_queue._reader.fileno(), fcntl.F_GETPIPE_SZ)
     finally:
         iterator._shutdown_workers()
-    assert (size >= loader_module.PIPE_BYTES) == allowed
+    assert (size >= torch_internals.PIPE_BYTES) == allowed
 
 
 def test_small_fetches_keep_more_in_flight(tmp_path, single_rank, monkeypatch):

@@ -11,9 +11,9 @@ import pytest
 from datasets import first_batches, write_dataset
 
 import wdstream
-from wdstream.dataset import IterationSpec
 from wdstream.errors import InputError, StateError
-from wdstream.mix import BLOCK, block_choices
+from wdstream.stages.mix import BLOCK, block_choices
+from wdstream.stream.dataset import IterationSpec
 
 SOURCES = {"a": [50, 30, 40], "b": [20, 25], "c": [15]}
 
@@ -67,7 +67,7 @@ class Counted:
         self.n, self.source, self.has_counts = n, f"counted-{n}", True
 
     def plan(self, epoch, world, workers, history=()):
-        from wdstream.stage import StagePlan
+        from wdstream.stages.base import StagePlan
         return StagePlan([self.n] * workers)
 
     def positioned(self, spec, stream, start):

@@ -480,7 +480,7 @@ def test_a_failure_after_the_first_shards_leaves_nothing(tmp_path, cli_env):
 
 
 def test_interrupt_removes_written_shards(tmp_path):
-    from wdstream.pack.packer import pack
+    from wdstream.write.packer import pack
 
     source = write_jsonl(tmp_path / "d.jsonl", records(40))
 

@@ -224,7 +224,7 @@ def test_progress_counts_input_bytes_of_the_listed_total(tmp_path, s3, s3_bucket
     assert {t for _, t in seen} == {total}
     read = [b for b, _ in seen]
     assert read == sorted(read) and read[-1] == total and read[0] < total
-    from wdstream.pack.packer import PackProgress
+    from wdstream.write.packer import PackProgress
 
     status = PackProgress(records=10, input_bytes=500_000, input_total=2_000_000)
     assert describe_progress(status, 1.0).startswith("500.0 kB of 2.0 MB read · 10 records")
@@ -263,7 +263,7 @@ def test_a_huge_line_is_refused_early_and_long_lines_read_in_linear_time(tmp_pat
 
 
 def test_line_splitting_over_chunk_boundaries(tmp_path):
-    from wdstream.pack import inputs
+    from wdstream.write import inputs
 
     lines = [b'{"i": %d, "pad": "%s"}' % (i, b"p" * (i * 37 % 700)) for i in range(600)]
     data = b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n\n  \n" + b'{"last": 1}'

@@ -1,4 +1,4 @@
-"""Packing on Ray (``wdstream.pack.cluster.pack_on_ray``, ``wdstream pack --ray N``) on a local
+"""Packing on Ray (``wdstream.write.cluster.pack_on_ray``, ``wdstream pack --ray N``) on a local
 Ray started here (``ray.init()``), with inputs and outputs on a folder and on the moto S3
 server: the result is byte-identical to one machine's ``pack``, and a failed part publishes
 nothing."""
@@ -36,8 +36,8 @@ def _inputs(tmp_path):
 
 
 def test_ray_pack_equals_one_machine_pack(tmp_path, local_ray, s3, s3_bucket):
-    from wdstream.pack.cluster import pack_on_ray
-    from wdstream.pack.packer import pack
+    from wdstream.write.cluster import pack_on_ray
+    from wdstream.write.packer import pack
 
     inputs = _inputs(tmp_path)
     pack(inputs, tmp_path / "one", max_count=6, key="id")
@@ -63,7 +63,7 @@ def test_ray_pack_equals_one_machine_pack(tmp_path, local_ray, s3, s3_bucket):
 
 def test_a_failed_part_publishes_nothing(tmp_path, local_ray):
     from wdstream.errors import InputError
-    from wdstream.pack.cluster import pack_on_ray
+    from wdstream.write.cluster import pack_on_ray
 
     rows = [json.dumps(r) for r in records(60)]
     rows[45] = '{"id": "broken"'  # in shard 7 (6 a shard): part 1 of 3 owns it

@@ -10,9 +10,9 @@ from datasets import first_batches
 from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
-from wdstream.dataset import IterationSpec
 from wdstream.errors import InputError, StateError
-from wdstream.stage import cycle_epoch
+from wdstream.stages.base import cycle_epoch
+from wdstream.stream.dataset import IterationSpec
 
 pytest.importorskip("tokenizers")
 

@@ -5,7 +5,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from wdstream.plan import EpochPlan, PlanOptions, Segment, Span, drop_first, shard_streams
+from wdstream.stream.plan import (
+    EpochPlan,
+    HistorySegment,
+    PlanOptions,
+    Span,
+    drop_first,
+    shard_streams,
+)
 
 COUNTS = [5, 50, 7, 3, 40, 11, 1, 30]  # uneven on purpose: 3 to 50 samples per shard
 
@@ -88,7 +95,7 @@ def test_elastic_replan_delivers_the_rest_exactly_once(before, after, fraction):
     for rank in range(before[0]):
         for k in range(before[1]):
             delivered.update(stream_order(first, rank, k)[:consumed[k]])
-    segment = Segment(before[0], before[1], 4, consumed)
+    segment = HistorySegment(before[0], before[1], 4, consumed)
     second = EpochPlan(COUNTS, 2, *after, options, history=[segment])
     assert second.total == sum(COUNTS) - sum(delivered.values())
     for rank in range(after[0]):
@@ -102,9 +109,9 @@ def test_elastic_replan_delivers_the_rest_exactly_once(before, after, fraction):
 def test_two_elastic_changes_chain():
     options = PlanOptions(seed=9, window=5)
     first = EpochPlan(COUNTS, 0, 2, 2, options)
-    seg1 = Segment(2, 2, 1, tuple(n // 3 for n in first.stream_samples))
+    seg1 = HistorySegment(2, 2, 1, tuple(n // 3 for n in first.stream_samples))
     second = EpochPlan(COUNTS, 0, 3, 1, options, [seg1])
-    seg2 = Segment(3, 1, 1, tuple(n // 2 for n in second.stream_samples))
+    seg2 = HistorySegment(3, 1, 1, tuple(n // 2 for n in second.stream_samples))
     third = EpochPlan(COUNTS, 0, 1, 2, options, [seg1, seg2])
     seen = Counter()
     for plan, seg in ((first, seg1), (second, seg2)):

@@ -1,4 +1,4 @@
-"""Mixture schedules (wdstream.schedule): stages of weights by samples drawn over the whole
+"""Mixture schedules (wdstream.stages.schedule): stages of weights by samples drawn over the whole
 job, the same on every rank, resumed exactly and elastically across a stage boundary; the
 config's ``schedule`` and ``tokens_per_epoch``."""
 
@@ -12,7 +12,7 @@ from datasets import first_batches, write_dataset
 
 import wdstream
 from wdstream.errors import InputError
-from wdstream.mix import BLOCK
+from wdstream.stages.mix import BLOCK
 
 COUNTS = {"a": [50, 30, 40], "b": [20, 25, 17]}
 TOTAL = 4 * BLOCK

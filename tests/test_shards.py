@@ -762,7 +762,7 @@ def test_reader_fuzz_raises_only_shard_errors():
 
 
 def test_index_and_manifest_on_s3(s3_bucket):
-    from wdstream.sources.writers import write_bytes
+    from wdstream.sources.objects import write_bytes
 
     prefix = f"s3://{s3_bucket}/ds/"
     datas = [make_tar(sample_members(n, seed=n)) for n in (3, 4)]

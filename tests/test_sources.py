@@ -13,13 +13,7 @@ import pytest
 
 from wdstream.errors import InputError, StreamError
 from wdstream.sources import urls
-from wdstream.sources.openers import (
-    CLI_READ_COMMANDS,
-    LocalFile,
-    open_read,
-    resolve_opener,
-)
-from wdstream.sources.writers import (
+from wdstream.sources.objects import (
     delete,
     exists,
     list_files,
@@ -27,6 +21,12 @@ from wdstream.sources.writers import (
     read_bytes,
     size,
     write_bytes,
+)
+from wdstream.sources.openers import (
+    CLI_READ_COMMANDS,
+    LocalFile,
+    open_read,
+    resolve_opener,
 )
 
 DATA = bytes(range(256)) * 12_000 + b"tail"  # ~3 MB: several 1 MiB chunks
@@ -543,7 +543,7 @@ def test_other_fsspec_urls_spool_until_commit():
 
 
 def test_import_stays_light():
-    code = ("import sys, wdstream.sources.openers, wdstream.sources.writers; "
+    code = ("import sys, wdstream.sources.openers, wdstream.sources.objects; "
             "print(sorted(m for m in ('boto3', 'botocore', 'fsspec', 's3fs', 'gcsfs', 'torch')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

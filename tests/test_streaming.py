@@ -28,10 +28,10 @@ from datasets import all_keys, sample_key, shard_bytes, write_dataset
 from servers import free_port
 
 import wdstream
-from wdstream.dataset import worker_stats
 from wdstream.errors import ShardError, StreamError
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar import TarWriter
+from wdstream.stream.dataset import worker_stats
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 COUNTS = [5, 3, 4]  # small: every `aws` call costs ~0.7 s, every `gcloud` call ~1.3 s

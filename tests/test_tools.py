@@ -22,7 +22,7 @@ LOCAL_S3 = TOOLS / "local-s3.sh"
 
 
 def packed_folder(path: Path, shards: int = 3) -> Path:
-    from wdstream.pack.packer import pack
+    from wdstream.write.packer import pack
 
     source = path.parent / f"{path.name}.jsonl"
     source.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(shards * 2)))

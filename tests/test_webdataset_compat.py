@@ -17,7 +17,7 @@ import pytest
 
 webdataset = pytest.importorskip("webdataset")
 
-from wdstream.inspect import read_samples, verify  # noqa: E402
+from wdstream.inspection import read_samples, verify  # noqa: E402
 from wdstream.shards.index import index_shard  # noqa: E402
 from wdstream.shards.samples import StrayCount  # noqa: E402
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import (
+from wdstream.errors import (
     InputError,
     ManifestError,
     ShardError,
@@ -16,20 +16,20 @@ from .errors import (
     StreamError,
     WdstreamError,
 )
-from .sizes import format_size, parse_size
+from wdstream.sizes import format_size, parse_size
 
 __version__ = "0.1.0"
 
 # Public names that pull in torch are resolved on first access (PEP 562).
 _LAZY = {
-    "StreamingDataset": "wdstream.dataset",
-    "DataLoader": "wdstream.loader",
-    "collate": "wdstream.batching",
+    "StreamingDataset": "wdstream.stream.dataset",
+    "DataLoader": "wdstream.stream.loader",
+    "collate": "wdstream.stream.batching",
     "Manifest": "wdstream.shards.manifest",
-    "pack": "wdstream.pack.packer",
-    "Mix": "wdstream.mix",
-    "PackedSequences": "wdstream.packing",
-    "from_config": "wdstream.config",
+    "pack": "wdstream.write.packer",
+    "Mix": "wdstream.stages.mix",
+    "PackedSequences": "wdstream.stages.sequences",
+    "from_config": "wdstream.stages.config",
 }
 
 __all__ = [

@@ -6,7 +6,7 @@ Messages always name the file, line, record or URL concerned.
 
 from __future__ import annotations
 
-from .printable import printable
+from wdstream.printable import printable
 
 
 class WdstreamError(Exception):

@@ -13,8 +13,8 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 
-from .errors import OptionError, OptionTypeError
-from .pipeline.decode import IMAGE_MODES
+from wdstream.errors import OptionError, OptionTypeError
+from wdstream.stream.decode import IMAGE_MODES
 
 # option -> accepted values, in the order the message lists them
 CHOICES: dict[str, tuple] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InputError
+from wdstream.errors import InputError
 
 _UNITS = {
     "": 1, "b": 1,

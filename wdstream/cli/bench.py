@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..printable import printable
-from .output import (
+from wdstream.cli.output import (
     epilog,
     external_option,
     json_option,
@@ -15,6 +14,7 @@ from .output import (
     quiet_option,
     show_progress,
 )
+from wdstream.printable import printable
 
 
 @click.command("bench", short_help="Time streaming through wdstream.DataLoader.", epilog=epilog("""
@@ -60,13 +60,13 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, im
     manifest). Measure what your training job will see: the same workers, batch size and
     opener. Startup costs weigh on short runs; use an epoch or a few hundred batches.
     """
-    from ..errors import InputError
-    from ..inspect import benchmark
+    from wdstream.errors import InputError
+    from wdstream.inspection import benchmark
 
     if images is not None:
         if not decode:
             raise InputError("--images decodes images: it does not go with --no-decode")
-        from ..pipeline.decode import decode_option
+        from wdstream.stream.decode import decode_option
 
         try:
             decode_option(images)

@@ -7,8 +7,8 @@ import time
 
 import click
 
-from ..errors import InputError
-from .output import external_option
+from wdstream.cli.output import external_option
+from wdstream.errors import InputError
 
 EXAMPLES = """
 \b
@@ -21,9 +21,9 @@ Examples:
 
 
 def _refuse_existing(prefix: str, overwrite: bool) -> None:
-    from ..shards.manifest import MANIFEST_NAME
-    from ..sources import urls
-    from ..sources.writers import exists
+    from wdstream.shards.manifest import MANIFEST_NAME
+    from wdstream.sources import urls
+    from wdstream.sources.objects import exists
 
     url = urls.join(prefix, MANIFEST_NAME)
     if not overwrite and exists(url):
@@ -74,13 +74,13 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     *.tar.bz2, *.tar.xz; from wdstream, webdataset's ShardWriter, GNU tar...), or with --merge
     join manifests, such as the parts of a
     'wdstream pack --part' run, into OUTPUT/index.json."""
-    from ..shards.manifest import write_manifest
+    from wdstream.shards.manifest import write_manifest
 
     start = time.monotonic()
     strays = None
     if merge:
-        from ..pack.packer import merge_parts
-        from ..shards.manifest import load_manifest
+        from wdstream.shards.manifest import load_manifest
+        from wdstream.write.packer import merge_parts
 
         if not output:
             raise InputError("--merge needs --output PREFIX")
@@ -90,10 +90,10 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
                                 for source in sources], output)
         prefix = output
     else:
-        from ..shards.compression import is_shard_name, not_shard_kinds, not_shards_note
-        from ..shards.index import index_shards
-        from ..shards.samples import StrayCount
-        from ..sources.writers import list_files
+        from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
+        from wdstream.shards.index import index_shards
+        from wdstream.shards.samples import StrayCount
+        from wdstream.sources.objects import list_files
 
         if output:
             raise InputError("--output is for --merge; the manifest goes under PREFIX")
@@ -122,7 +122,7 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     url = write_manifest(manifest, prefix)
     if quiet:
         return
-    from .pack import manifest_rows, print_summary
+    from wdstream.cli.pack import manifest_rows, print_summary
 
     seconds = max(time.monotonic() - start, 1e-9)
     rows = manifest_rows(manifest)

@@ -1,5 +1,5 @@
 """``wdstream ls``, ``wdstream verify`` and ``wdstream cat``: options in, a
-``wdstream.inspect`` call, tables or JSON out."""
+``wdstream.inspection`` call, tables or JSON out."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import sys
 
 import click
 
-from ..printable import printable, printable_json
-from .output import (
+from wdstream.cli.output import (
     epilog,
     external_option,
     flatten,
@@ -25,10 +24,11 @@ from .output import (
     show_progress,
     workers_option,
 )
+from wdstream.printable import printable, printable_json
 
 
 def _size(nbytes: int | None) -> str:
-    from ..sizes import format_size
+    from wdstream.sizes import format_size
 
     return "?" if nbytes is None else format_size(nbytes)
 
@@ -64,7 +64,7 @@ def ls_command(ctx, url, scan, workers, allow_external_shards, as_json, quiet):
     so, and names the kinds of other files it left out. A shard that
     cannot be read is reported and makes the exit code 1.
     """
-    from ..inspect import describe, find_shards
+    from wdstream.inspection import describe, find_shards
 
     # the manifest, or a listing; no shard is read yet
     found = find_shards(url, allow_external_shards=allow_external_shards)
@@ -109,7 +109,7 @@ def _print_summary(summary) -> None:
                                       "or __meta__: webdataset skips them too)"))
     print_pairs(rows)
     if summary.not_shards:
-        from ..shards.compression import not_shards_note
+        from wdstream.shards.compression import not_shards_note
 
         click.echo(f"note: {not_shards_note(summary.not_shards)}", err=True)
     extra = flatten(summary.extra)
@@ -157,7 +157,7 @@ def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_js
     there is nothing to compare with: each shard is parsed (as with --deep) and the output
     says so.
     """
-    from ..inspect import find_shards, verify
+    from wdstream.inspection import find_shards, verify
 
     found = find_shards(url, allow_external_shards=allow_external_shards)
     with progress_bar(_known_total(found.sizes), description="verifying",
@@ -218,7 +218,7 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_ext
     Each line holds __key__, __url__ and one entry per member: decoded .json/.txt/.cls, and
     binary members as their size ({"jpg": {"bytes": 1234}}) or, with --base64, their bytes.
     """
-    from ..inspect import read_samples, sample_to_json
+    from wdstream.inspection import read_samples, sample_to_json
 
     field_list = None
     if fields is not None:

@@ -12,8 +12,8 @@ import sys
 
 import click
 
-from .. import __version__
-from ..errors import WdstreamError
+from wdstream import __version__
+from wdstream.errors import WdstreamError
 
 # command name -> (module, attribute); the module defines a click.Command.
 COMMANDS = {
@@ -104,7 +104,7 @@ def _quiet_stdout() -> None:
 def _shown(error: WdstreamError) -> str:
     """An error's message safe for a terminal: names from storage may hold control characters.
     One line, but for the stderr of a failed command (a StreamError), which keeps its lines."""
-    from ..printable import printable
+    from wdstream.printable import printable
 
     text = str(error).rstrip("\n")
     tail = getattr(error, "stderr", "")

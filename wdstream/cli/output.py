@@ -62,7 +62,7 @@ def stderr_console():
 
 def print_json(document) -> None:
     """One JSON document on stdout (characters that would act on a terminal escaped)."""
-    from ..printable import printable_json
+    from wdstream.printable import printable_json
 
     click.echo(printable_json(json.dumps(document, indent=2, ensure_ascii=False)))
 
@@ -71,7 +71,7 @@ def _cell(value):
     """A table cell as plain text: neither rich markup nor control characters act."""
     from rich.text import Text
 
-    from ..printable import printable
+    from wdstream.printable import printable
 
     return Text(printable(value)) if isinstance(value, str) else value
 

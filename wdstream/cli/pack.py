@@ -9,8 +9,8 @@ import time
 
 import click
 
-from ..errors import InputError
-from ..sizes import format_size
+from wdstream.errors import InputError
+from wdstream.sizes import format_size
 
 
 def parse_fields(values: tuple[str, ...], option: str = "--field",
@@ -208,7 +208,7 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
     a stream without a local copy.
     A failed run leaves no manifest and deletes the shards it wrote.
     """
-    from ..pack.packer import pack
+    from wdstream.write.packer import pack
 
     options = dict(
         fields=parse_fields(fields), key=key, max_count=max_count, max_size=max_size, name=name,
@@ -219,7 +219,7 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
     start = time.monotonic()
     with stop_on_signals():
         if ray_parts is not None:
-            from ..pack.cluster import pack_on_ray
+            from wdstream.write.cluster import pack_on_ray
 
             if options.pop("part") is not None:
                 raise InputError("--ray runs the parts itself: leave out --part")
@@ -246,7 +246,7 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         rows.insert(3, ("tokens", f"{info['dtype']} ids, vocabulary {info['vocab_size']:,} "
                                   f"({info['file']})"))
     if options.get("part"):
-        from ..sources import urls
+        from wdstream.sources import urls
 
         count = options["part"][1]
         pattern = urls.join(output, f"index.part-{{000..{count - 1:03d}}}-of-{count:03d}.json")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from .checkpoint import load_loader_state, save_loader_state
+from wdstream.integrations.checkpoint import load_loader_state, save_loader_state
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from ..dataset import world_info
-from ..errors import StateError
+from wdstream.errors import StateError
+from wdstream.stream.dataset import world_info
 
 STATE_NAME = "wdstream_loader-rank{rank}.json"
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 
-from .checkpoint import load_loader_state, save_loader_state
+from wdstream.integrations.checkpoint import load_loader_state, save_loader_state
 
 
 def use_loader(trainer, loader):
@@ -29,7 +29,7 @@ def use_loader(trainer, loader):
     ``trainer``."""
     import transformers
 
-    from ..loader import DataLoader
+    from wdstream.stream.loader import DataLoader
 
     args = trainer.args
     if not isinstance(loader, DataLoader):

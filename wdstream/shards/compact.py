@@ -22,8 +22,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from .identity import HEAD_DIGITS
-from .manifest import ShardInfo
+from wdstream.shards.identity import HEAD_DIGITS
+from wdstream.shards.manifest import ShardInfo
 
 BLOCK = 20_000  # shards parsed at a time
 SMALL = 10_000  # manifests with fewer shards gain nothing from this path
@@ -102,7 +102,7 @@ class ShardArrays(Sequence):
 
     def urls(self, base: str) -> Urls:
         """The URL of each shard, ``urls.join(base, name)``, made when asked for."""
-        from ..sources.urls import join
+        from wdstream.sources.urls import join
 
         return Urls(self, base, join)
 

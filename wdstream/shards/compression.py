@@ -17,8 +17,8 @@ import logging
 import lzma
 import zlib
 
-from ..errors import ShardError
-from .decompress import ENGINES
+from wdstream.errors import ShardError
+from wdstream.shards.decompress import ENGINES
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import bz2
 import lzma
 import zlib
 
-from ..errors import ShardError
+from wdstream.errors import ShardError
 
 
 class _StdlibEngine:

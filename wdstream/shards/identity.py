@@ -19,8 +19,8 @@ import hashlib
 import re
 from collections.abc import Callable
 
-from ..errors import ShardMismatchError
-from .tar import HEAD_BYTES
+from wdstream.errors import ShardMismatchError
+from wdstream.shards.tar import HEAD_BYTES
 
 HEAD_DIGITS = 32
 HEAD_PATTERN = re.compile(f"[0-9a-f]{{{HEAD_DIGITS}}}")

@@ -9,15 +9,20 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import InputError, ManifestError, ShardError
-from ..printable import printable
-from ..sources import urls as urlmod
-from .compression import DecompressingStream, compression_of_name, open_tar, stored_bytes
-from .identity import HeadRecorder
-from .manifest import Manifest, ShardInfo, count_problem
-from .names import outside_prefix
-from .samples import StrayCount, iter_samples
-from .tar import iter_members
+from wdstream.errors import InputError, ManifestError, ShardError
+from wdstream.printable import printable
+from wdstream.shards.compression import (
+    DecompressingStream,
+    compression_of_name,
+    open_tar,
+    stored_bytes,
+)
+from wdstream.shards.identity import HeadRecorder
+from wdstream.shards.manifest import Manifest, ShardInfo, count_problem
+from wdstream.shards.names import outside_prefix
+from wdstream.shards.samples import StrayCount, iter_samples
+from wdstream.shards.tar import iter_members
+from wdstream.sources import urls as urlmod
 
 
 class HashingReader:
@@ -58,7 +63,7 @@ def index_shard(
 
     A corrupt or truncated tar (including one that lacks the end-of-archive marker, and a cut
     compressed stream) raises ShardError naming ``url``."""
-    from ..sources.openers import open_read
+    from wdstream.sources.openers import open_read
 
     samples = 0
     extensions: set[str] = set()

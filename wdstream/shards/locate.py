@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import InputError, ManifestError
-from ..sources import urls as urlmod
-from .compression import is_shard_name, not_shard_kinds
-from .manifest import Manifest, ManifestNotFoundError, load_manifest
+from wdstream.errors import InputError, ManifestError
+from wdstream.shards.compression import is_shard_name, not_shard_kinds
+from wdstream.shards.manifest import Manifest, ManifestNotFoundError, load_manifest
+from wdstream.sources import urls as urlmod
 
 
 @dataclass
@@ -63,7 +63,7 @@ def find_shards(source: str | Sequence[str] | Shards, *,
     except ManifestNotFoundError as error:
         if source.endswith(".json"):
             raise
-        from ..sources.writers import list_files
+        from wdstream.sources.objects import list_files
 
         everything = list_files(source, suffix="")
         listed = [(url, size) for url, size in everything if is_shard_name(url)]

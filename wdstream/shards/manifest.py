@@ -24,12 +24,12 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from ..errors import ManifestError, StreamError
-from ..printable import printable
-from ..sources import urls
-from . import names
-from .compression import compression_of_name
-from .identity import HEAD_DIGITS, HEAD_PATTERN
+from wdstream.errors import ManifestError, StreamError
+from wdstream.printable import printable
+from wdstream.shards import names
+from wdstream.shards.compression import compression_of_name
+from wdstream.shards.identity import HEAD_DIGITS, HEAD_PATTERN
+from wdstream.sources import urls
 
 MANIFEST_NAME = "index.json"
 FORMAT = "wdstream"
@@ -124,7 +124,7 @@ class Manifest:
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key. ``allow_empty``
         accepts a manifest without samples (a part of a run, to be merged)."""
-        from .compact import ShardArrays, parse_manifest
+        from wdstream.shards.compact import ShardArrays, parse_manifest
 
         where = printable(where)
         fast = parse_manifest(text)  # large manifests in to_json's layout, as arrays
@@ -327,7 +327,7 @@ def load_manifest(source: str, *, allow_external_shards: bool = False,
     invalid or names a shard it may not (``check_shard_names``); other read failures propagate
     as StreamError.
     """
-    from ..sources.writers import exists, read_bytes
+    from wdstream.sources.objects import exists, read_bytes
 
     url, base = manifest_location(source)
     try:
@@ -360,7 +360,7 @@ def write_manifest(
 
     ``name``: another file name under ``prefix``, e.g. a part manifest
     ``index.part-002-of-008.json`` of ``wdstream pack --part``."""
-    from ..sources.writers import write_bytes
+    from wdstream.sources.objects import write_bytes
 
     url = urls.join(prefix, name)
     write_bytes(url, manifest.to_json().encode("utf-8"), via=via)

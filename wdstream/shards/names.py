@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from ..sources import urls
+from wdstream.sources import urls
 
 # "pipe:", "s3:", "file:", "http:", "C:" ...: the start of a URL, a command or a drive
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 
-from ..errors import InputError, ShardError
+from wdstream.errors import InputError, ShardError
 
 # A key becomes part of a tar member name; keep key + "." + extension under the 255-byte file
 # name limit of common file systems so that `tar x` of a shard works.

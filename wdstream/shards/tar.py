@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 from zlib import adler32
 
-from ..errors import InputError, ShardError, ShardMismatchError
+from wdstream.errors import InputError, ShardError, ShardMismatchError
 
 BLOCK = 512
 END_SIZE = 2 * BLOCK  # the end-of-archive marker: two zero blocks

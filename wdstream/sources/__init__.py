@@ -6,7 +6,7 @@ other fsspec URLs.
 - ``openers``: ``open_read(url, opener=..., timeout=..., start=...)`` -> ``ByteStream``, a
   binary stream filled by a background thread (prefetch), with stall detection and an exit
   status check on close; ``OPENERS`` and ``resolve_opener`` say which reader serves a URL.
-- ``writers``: ``open_write`` (commit makes the object appear whole, abort leaves nothing),
+- ``objects``: ``open_write`` (commit makes the object appear whole, abort leaves nothing),
   ``write_bytes``, ``read_bytes``, ``exists``, ``delete``, ``size``, ``list_files``.
 - ``cache``: ``ShardCache(directory, limit)``, the optional local shard cache: ``open(url,
   opener)`` reads a cached copy, or streams from the source while storing it.

@@ -60,12 +60,12 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from ..errors import InputError
-from ..shards.identity import HEAD_BYTES as _HEAD_BYTES
-from ..shards.identity import head_digest
-from ..sizes import parse_size
-from . import urls
-from .openers import LocalFile
+from wdstream.errors import InputError
+from wdstream.shards.identity import HEAD_BYTES as _HEAD_BYTES
+from wdstream.shards.identity import head_digest
+from wdstream.sizes import parse_size
+from wdstream.sources import urls
+from wdstream.sources.openers import LocalFile
 
 log = logging.getLogger(__name__)
 

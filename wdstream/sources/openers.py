@@ -58,8 +58,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import AccessError, InputError, StreamError, WdstreamError
-from . import urls
+from wdstream.errors import AccessError, InputError, StreamError, WdstreamError
+from wdstream.sources import urls
 
 log = logging.getLogger(__name__)
 
@@ -158,14 +158,14 @@ def open_read(
             file.close()
             raise stream_error(url, exc) from None
         return LocalFile(url, file)  # positions count from ``start``
-    source: _Source
+    source: ChunkSource
     if reader == "pipe":
         argv = ["/bin/bash", "-o", "pipefail", "-c", url[len("pipe:"):]]
         source = _ProcessSource(url, argv, start)
     elif reader == "cli":
         source = _ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
     elif reader == "sdk":
-        from .ranged import RangedS3Source  # it imports this module
+        from wdstream.sources.ranged import RangedS3Source  # it imports this module
 
         source = RangedS3Source(url, start, timeout)
     else:
@@ -238,7 +238,7 @@ class ByteStream(io.BufferedIOBase):
     is at hand); ``url`` is the URL, ``bytes_read`` the bytes handed out so far.
     """
 
-    def __init__(self, url: str, source: _Source, timeout: float):
+    def __init__(self, url: str, source: ChunkSource, timeout: float):
         super().__init__()
         self.url = url
         self.bytes_read = 0
@@ -459,7 +459,7 @@ class LocalFile(io.BufferedIOBase):
 # --------------------------------------------------------------------------- sources
 
 
-class _Source(abc.ABC):
+class ChunkSource(abc.ABC):
     """What a ByteStream reads: ``run`` produces chunks in the reader thread."""
 
     start = 0
@@ -483,7 +483,7 @@ class _Source(abc.ABC):
         """Free what the source holds (processes, threads); called once, last."""
 
 
-class _S3Source(_Source):
+class _S3Source(ChunkSource):
     """A streaming ``get_object``; reads are bounded by the client's read timeout."""
 
     def __init__(self, url: str, start: int, timeout: float):
@@ -513,7 +513,7 @@ class _S3Source(_Source):
             body.close()
 
 
-class _FsspecSource(_Source):
+class _FsspecSource(ChunkSource):
     def __init__(self, url: str, start: int, timeout: float):
         self.url, self.start, self.timeout = url, start, timeout
 
@@ -527,7 +527,7 @@ class _FsspecSource(_Source):
                     return
 
 
-class _ProcessSource(_Source):
+class _ProcessSource(ChunkSource):
     """A command's stdout. Started at open so that a missing executable fails right away."""
 
     stops_promptly = True

@@ -31,9 +31,9 @@ import re
 import threading
 import time
 
-from ..errors import StreamError
-from . import urls
-from .openers import CHUNK_SIZE, _Source, s3_client, stream_error
+from wdstream.errors import StreamError
+from wdstream.sources import urls
+from wdstream.sources.openers import CHUNK_SIZE, ChunkSource, s3_client, stream_error
 
 PART_SIZE = 8 << 20
 INITIAL_PARTS = 2
@@ -64,8 +64,8 @@ class _Part:
         return self.end - self.begin
 
 
-class RangedS3Source(_Source):
-    """A ``_Source`` for ``ByteStream``: the object from ``start`` on, in parts (see above).
+class RangedS3Source(ChunkSource):
+    """A ``ChunkSource`` for ``ByteStream``: the object from ``start`` on, in parts (see above).
 
     ``peak_held`` is the most bytes fetched but not yet handed over at any time, ``peak_parts``
     the most parts in flight (for tests and benchmarks)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import InputError
+from wdstream.errors import InputError
 
 # Aliases folded into the names the rest of wdstream switches on.
 _SCHEME_ALIASES = {"file": "file", "local": "file", "s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs"}

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import OptionError
-from .options import CHOICES
+from wdstream.errors import OptionError
+from wdstream.options import CHOICES
 
 REMAINDER_POLICIES = CHOICES["remainder"]
 
@@ -63,7 +63,7 @@ STREAM_END = "end"  # a consumed entry: the stream was read to its end
 
 
 @dataclass(frozen=True)
-class Segment:
+class HistorySegment:
     """A part of an epoch run with one layout: ``consumed[k]`` samples of stream k were
     delivered on every rank. Stages (``Mix``, ``PackedSequences``) store their own JSON
     positions there, and ``{"ranks": [...]}`` when the ranks' positions differ."""
@@ -77,7 +77,7 @@ class Segment:
         return [self.world, self.workers, self.batch_size, list(self.consumed)]
 
     @classmethod
-    def from_list(cls, value) -> Segment:
+    def from_list(cls, value) -> HistorySegment:
         world, workers, batch_size, consumed = value
         return cls(int(world), int(workers), int(batch_size),
                    tuple(c if isinstance(c, list | dict | str) else int(c) for c in consumed))
@@ -249,7 +249,7 @@ class EpochPlan:
     epoch that earlier layouts already consumed (``history``)."""
 
     def __init__(self, counts: Sequence[int], epoch: int, world: int, workers: int,
-                 options: PlanOptions, history: Sequence[Segment] = ()):
+                 options: PlanOptions, history: Sequence[HistorySegment] = ()):
         self.epoch = epoch
         self.options = options
         self.segment = len(history)

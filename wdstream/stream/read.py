@@ -16,16 +16,16 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
-from ..options import CHOICES, choice
-from ..plan import Span
-from ..shards.compression import DecompressingStream, open_tar, stored_bytes
-from ..shards.identity import head_check
-from ..shards.index import HashingReader
-from ..shards.samples import StrayCount, iter_samples
-from ..shards.tar import iter_members
-from ..sources.cache import ShardCache
-from ..sources.openers import open_read
+from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
+from wdstream.options import CHOICES, choice
+from wdstream.shards.compression import DecompressingStream, open_tar, stored_bytes
+from wdstream.shards.identity import head_check
+from wdstream.shards.index import HashingReader
+from wdstream.shards.samples import StrayCount, iter_samples
+from wdstream.shards.tar import iter_members
+from wdstream.sources.cache import ShardCache
+from wdstream.sources.openers import open_read
+from wdstream.stream.plan import Span
 
 log = logging.getLogger(__name__)
 

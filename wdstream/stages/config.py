@@ -49,15 +49,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import InputError, ManifestError, StreamError, WdstreamError
-from .plan import REMAINDER_POLICIES
-from .printable import printable
-from .shards.names import outside_prefix
-from .sources import urls
-from .sources.openers import OPENERS
-from .sources.writers import read_bytes
+from wdstream.errors import InputError, ManifestError, StreamError, WdstreamError
+from wdstream.printable import printable
+from wdstream.shards.names import outside_prefix
+from wdstream.sources import urls
+from wdstream.sources.objects import read_bytes
+from wdstream.sources.openers import OPENERS
+from wdstream.stream.plan import REMAINDER_POLICIES
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("wdstream.config")  # the logger name users configure
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ def _str(choices=None, alias_of=None):
 
 _BOOL = Key((bool,), "true or false")
 _NUMBER = Key((int, float), "a number")
-_STOP_RULES = ("first_exhausted", "cycle", "fixed")  # wdstream.mix.STOP_RULES
-_LONG_DOCUMENTS = ("split", "truncate", "drop")  # wdstream.packing.LONG_DOCUMENTS
+_STOP_RULES = ("first_exhausted", "cycle", "fixed")  # wdstream.stages.mix.STOP_RULES
+_LONG_DOCUMENTS = ("split", "truncate", "drop")  # wdstream.stages.sequences.LONG_DOCUMENTS
 _ENTRIES = Key((list, Mapping), "a list of datasets")
 
 TOP_KEYS: dict[str, Key] = {
@@ -385,10 +385,10 @@ def _eos(top: dict):
 
 
 def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
-    from .dataset import StreamingDataset
-    from .mix import Mix
-    from .packing import PackedSequences
-    from .schedule import mixture_weights
+    from wdstream.stages.mix import Mix
+    from wdstream.stages.schedule import mixture_weights
+    from wdstream.stages.sequences import PackedSequences
+    from wdstream.stream.dataset import StreamingDataset
 
     if not isinstance(config, Mapping):
         raise InputError(f"{where}: a config is a mapping with a 'datasets' list, not "

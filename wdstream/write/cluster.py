@@ -20,13 +20,13 @@ import logging
 import os
 from collections.abc import Iterable
 
-from ..errors import InputError, WdstreamError
-from ..shards.manifest import MANIFEST_NAME, Manifest
+from wdstream.errors import InputError, WdstreamError
+from wdstream.shards.manifest import MANIFEST_NAME, Manifest
 
 
 def _pack_part(inputs: list[str], output: str, part: tuple[int, int], options: dict) -> str:
     """One Ray task: pack one part; returns its manifest's URL."""
-    from .packer import pack
+    from wdstream.write.packer import pack
 
     return pack(inputs, output, part=part, **options).url
 
@@ -48,10 +48,10 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
     Inputs and output must be reachable from every node (object-store URLs, or a shared
     file system). Returns the manifest written.
     """
-    from ..shards.manifest import load_manifest, write_manifest
-    from ..sources import urls
-    from ..sources.writers import delete, exists
-    from .packer import _check_options, merge_parts, part_manifest_name
+    from wdstream.shards.manifest import load_manifest, write_manifest
+    from wdstream.sources import urls
+    from wdstream.sources.objects import delete, exists
+    from wdstream.write.packer import _check_options, merge_parts, part_manifest_name
 
     if "part" in options:
         raise InputError("--ray runs the parts itself: leave out --part")
@@ -67,7 +67,7 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
         raise InputError(f"--ray must be at least 1, got {parts}")
     _check_options(options.get("fields"), options.get("key"), options.get("max_count"), None,
                    options.get("name", "shard"), options.get("workers", 1), None, via)
-    from .inputs import check_inputs
+    from wdstream.write.inputs import check_inputs
 
     check_inputs(paths)  # a missing object or an empty glob fails here, not in n tasks
     index_url = urls.join(output, MANIFEST_NAME)
@@ -137,8 +137,8 @@ def _unwrapped(error: Exception, index: int, count: int) -> WdstreamError:
 def _delete_parts(part_urls: list[str]) -> None:
     """Delete the shards and manifests of the parts that finished (a failed or cancelled part
     deleted its own shards)."""
-    from ..shards.manifest import load_manifest
-    from ..sources.writers import delete, exists
+    from wdstream.shards.manifest import load_manifest
+    from wdstream.sources.objects import delete, exists
 
     for url in part_urls:
         try:

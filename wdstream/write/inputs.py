@@ -30,9 +30,9 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO, NamedTuple
 
-from ..errors import InputError, WdstreamError
-from ..sizes import format_size
-from .remote import (
+from wdstream.errors import InputError, WdstreamError
+from wdstream.sizes import format_size
+from wdstream.write.remote import (
     Found,
     expand_local,
     expand_remote,

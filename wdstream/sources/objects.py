@@ -33,10 +33,17 @@ import tempfile
 import uuid
 from collections.abc import Callable
 
-from ..errors import InputError, StreamError, WdstreamError
-from ..printable import printable
-from . import urls
-from .openers import ChildProcess, cli_url, command_failed, filesystem, open_read, stream_error
+from wdstream.errors import InputError, StreamError, WdstreamError
+from wdstream.printable import printable
+from wdstream.sources import urls
+from wdstream.sources.openers import (
+    ChildProcess,
+    cli_url,
+    command_failed,
+    filesystem,
+    open_read,
+    stream_error,
+)
 
 log = logging.getLogger(__name__)
 

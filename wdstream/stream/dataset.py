@@ -19,9 +19,8 @@ from itertools import islice
 
 import torch.utils.data
 
-from . import options
-from .batching import tune_worker_allocator
-from .errors import (
+from wdstream import options
+from wdstream.errors import (
     InputError,
     ManifestError,
     OptionError,
@@ -30,21 +29,29 @@ from .errors import (
     UnsizedError,
     WdstreamError,
 )
-from .lifetime import closed_at_exit
-from .pipeline.decode import build_decoders, decode_option, decode_sample, find_decoder
-from .pipeline.read import ReadOptions, ReadStats, ShardTable, SpanReader
-from .pipeline.shuffle import window_shuffle
-from .pipeline.window import DEFAULT_SHUFFLE_BYTES, bounded_window
-from .plan import EpochPlan, PlanOptions, Segment, drop_first, shard_streams, window_order
-from .shards.compact import ShardArrays
-from .shards.locate import find_shards
-from .shards.manifest import Manifest, check_shard_names
-from .shards.samples import split_name
-from .shm import CAN_MAP_FILES, FileSpan, read_target
-from .sizes import parse_size
-from .sources.cache import ShardCache
+from wdstream.shards.compact import ShardArrays
+from wdstream.shards.locate import find_shards
+from wdstream.shards.manifest import Manifest, check_shard_names
+from wdstream.shards.samples import split_name
+from wdstream.sizes import parse_size
+from wdstream.sources.cache import ShardCache
+from wdstream.stream.batching import tune_worker_allocator
+from wdstream.stream.decode import build_decoders, decode_option, decode_sample, find_decoder
+from wdstream.stream.lifetime import closed_at_exit
+from wdstream.stream.plan import (
+    EpochPlan,
+    HistorySegment,
+    PlanOptions,
+    drop_first,
+    shard_streams,
+    window_order,
+)
+from wdstream.stream.read import ReadOptions, ReadStats, ShardTable, SpanReader
+from wdstream.stream.shm import CAN_MAP_FILES, FileSpan, read_target
+from wdstream.stream.shuffle import window_shuffle
+from wdstream.stream.window import DEFAULT_SHUFFLE_BYTES, bounded_window
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
 # State of the stream running in this process (a DataLoader worker, or the main process with
 # num_workers=0). The loader's collate wrapper ships it with each batch: a worker's fetcher
@@ -54,8 +61,10 @@ worker_stats = ReadStats()
 
 
 class _WorkerPosition:
-    value: object = 0  # the position after the last item handed out (with_positions)
-    trail: list = []  # under wdstream.DataLoader: the position after each item not yet tagged
+    def __init__(self):
+        self.value: object = 0  # the position after the last item handed out (with_positions)
+        self.trail: list = []  # under wdstream.DataLoader: the position after each item not
+        # yet tagged
 
 
 worker_position = _WorkerPosition()
@@ -119,13 +128,13 @@ class IterationSpec:
     rank: int
     world: int
     workers: int
-    history: tuple[Segment, ...] = ()
+    history: tuple[HistorySegment, ...] = ()
     start: tuple[int, ...] = ()
     rotation: int = 0
     batch_size: int = 0
     # under wdstream.DataLoader with workers and the default collate: large raw payloads stay
     # in local files for the main process to map, or go straight into the shared memory the
-    # batches travel in (wdstream.shm)
+    # batches travel in (wdstream.stream.shm)
     shared_payloads: bool = False
 
 
@@ -154,8 +163,8 @@ def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
     """Whether the opener (and ``$WDSTREAM_OPENER`` under "auto") can read these shards: a
     typo or an opener that cannot read a scheme fails now, not at the first read (where
     ``on_error="skip"`` would never skip it either)."""
-    from .sources import urls
-    from .sources.openers import resolve_opener
+    from wdstream.sources import urls
+    from wdstream.sources.openers import resolve_opener
 
     seen = set()
     for url in shard_urls:
@@ -178,12 +187,12 @@ def _cache_options(cache_dir, cache_limit) -> dict:
 
 
 @dataclass(frozen=True)
-class _Source:
+class _ResolvedSource:
     table: ShardTable
     manifest: Manifest | None
 
 
-def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
+def _resolve_source(source, allow_external_shards: bool = False) -> _ResolvedSource:
     """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
     compressed tars), a brace pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
@@ -198,17 +207,17 @@ def _resolve_source(source, allow_external_shards: bool = False) -> _Source:
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
                     found.source, len(found.urls), found.source)
         if found.not_shards:
-            from .shards.compression import not_shards_note
+            from wdstream.shards.compression import not_shards_note
 
             log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
     sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
-    return _Source(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
+    return _ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
 
-def _from_manifest(manifest: Manifest) -> _Source:
+def _from_manifest(manifest: Manifest) -> _ResolvedSource:
     shards = manifest.shards
     if isinstance(shards, ShardArrays):  # a large manifest: arrays, URLs made when opened
-        return _Source(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
+        return _ResolvedSource(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
                                   bytes=shards.sizes(), sha256=shards.digests(),
                                   heads=shards.heads(), last_keys=shards.last_keys()), manifest)
     table = ShardTable(
@@ -219,7 +228,7 @@ def _from_manifest(manifest: Manifest) -> _Source:
         heads=[s.head for s in shards],
         last_keys=[s.last_key for s in shards],
     )
-    return _Source(table, manifest)
+    return _ResolvedSource(table, manifest)
 
 
 class PositionedDataset(torch.utils.data.IterableDataset):
@@ -265,7 +274,7 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         """Whether ``plan()`` can size the epoch's streams."""
 
     @abc.abstractmethod
-    def plan(self, epoch: int, world: int, workers: int, history: Sequence[Segment] = ()):
+    def plan(self, epoch: int, world: int, workers: int, history: Sequence[HistorySegment] = ()):
         """Per-stream sizes of an epoch (``stream_samples``, ``rank_samples``,
         ``remainder_samples``); raises WdstreamError when they cannot be known."""
 
@@ -353,7 +362,7 @@ class StreamingDataset(PositionedDataset):
     ``decode=False``. Images stay bytes unless ``decode`` names how to decode them (Pillow,
     in the workers): ``"pil"``, ``"rgb8"`` (uint8 HxWx3 arrays), ``"torchrgb8"`` (uint8
     3xHxW tensors), ``"torchrgb"`` (float tensors in [0, 1]) and the other names of
-    ``wdstream.pipeline.decode.IMAGE_MODES``. ``map`` is applied last, in the workers.
+    ``wdstream.stream.decode.IMAGE_MODES``. ``map`` is applied last, in the workers.
 
     Order: ``shuffle`` permutes shards per epoch and samples within windows of
     ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch; a
@@ -435,7 +444,7 @@ class StreamingDataset(PositionedDataset):
         return self.shards.samples is not None
 
     def plan(self, epoch: int, world: int, workers: int,
-             history: Sequence[Segment] = ()) -> EpochPlan:
+             history: Sequence[HistorySegment] = ()) -> EpochPlan:
         if not self.has_counts:
             raise ManifestError(f"{self.source}: no manifest, so sample counts are unknown; "
                                 "run `wdstream index` on the shards' prefix")

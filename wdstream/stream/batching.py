@@ -11,10 +11,10 @@ import weakref
 import torch
 import torch.utils.data
 
-from .options import CHOICES
-from .shm import (
+from wdstream.options import CHOICES
+from wdstream.stream.shm import (
     FileSpan,
-    Segment,
+    MemorySegment,
     SharedSpan,
     allocate,
     arena,
@@ -26,6 +26,7 @@ from .shm import (
     release,
     unmap,
 )
+from wdstream.stream.torch_internals import new_shared_storage
 
 
 def collate(samples: list[dict]) -> dict:
@@ -61,7 +62,7 @@ def _stack(tensors: list) -> torch.Tensor:
     if not _in_worker() or first.device.type != "cpu":
         return torch.stack(tensors)
     numel = first.numel() * len(tensors)
-    storage = first.untyped_storage()._new_shared(numel * first.element_size())
+    storage = new_shared_storage(numel * first.element_size())
     out = first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
     return torch.stack(tensors, out=out)
 
@@ -112,7 +113,7 @@ class _SharedBytes:
                     index[key] = len(sources)
                     sources.append(span.segment if type(span) is SharedSpan else span)
                 parts.append((index[key], *_bounds(span)))
-            holds = [s.hold() if type(s) is Segment else None for s in sources]
+            holds = [s.hold() if type(s) is MemorySegment else None for s in sources]
             if -1 not in holds:
                 self._sources, self.parts, self.holds = sources, parts, holds
                 self.buffers = None  # made in the main process
@@ -160,7 +161,7 @@ class _SharedBytes:
         if sources is not None:
             state["sources"] = [_describe(source) for source in sources]
             for source in sources:
-                if type(source) is Segment:
+                if type(source) is MemorySegment:
                     source.sent = True
             dropped = arena().dropped
             state["dropped"] = [dropped.popleft() for _ in range(len(dropped))]
@@ -238,7 +239,7 @@ def _bounds(span) -> tuple[int, int]:
 
 def _describe(source) -> tuple:
     """A batch's buffer as it crosses to the main process."""
-    if type(source) is Segment:
+    if type(source) is MemorySegment:
         return "segment", source.uid, None if source.sent else source.tensor
     return "file", source.path, source.identity, source.file_size
 

@@ -26,6 +26,8 @@ import os
 
 import torch
 
+from wdstream.stream.torch_internals import new_shared_storage
+
 _POPULATE_READ, _POPULATE_WRITE = 22, 23  # MADV_POPULATE_*: Linux 5.14+, EINVAL before
 
 
@@ -33,7 +35,7 @@ def allocate(nbytes: int) -> torch.Tensor:
     """An uninitialised uint8 tensor in shared memory, its pages already mapped. Allocated in
     shared memory directly: ``share_memory_()`` on a private tensor would copy it once more."""
     try:
-        storage = torch.UntypedStorage._new_shared(nbytes)
+        storage = new_shared_storage(nbytes)
         tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
     except (AttributeError, RuntimeError, TypeError):  # a torch without _new_shared
         tensor = torch.empty(nbytes, dtype=torch.uint8)
@@ -81,7 +83,7 @@ def linux_libc():
         return None
 
 
-class Segment:
+class MemorySegment:
     """One shared-memory buffer of an arena: ``HOLDS`` flag bytes, then spans cut in order."""
 
     HOLDS = 1024  # batches using one segment that the main process may hold at once
@@ -126,7 +128,7 @@ class SharedSpan:
 
     __slots__ = ("segment", "start", "end")
 
-    def __init__(self, segment: Segment, start: int, end: int):
+    def __init__(self, segment: MemorySegment, start: int, end: int):
         self.segment, self.start, self.end = segment, start, end
         segment.live += 1
 
@@ -177,7 +179,7 @@ def map_file(path: str, identity: tuple[int, int], file_size: int) -> torch.Tens
     """In the main process: a uint8 tensor over the first ``file_size`` bytes of the file a
     worker read, mapped copy-on-write (the tensors are writable; the file never changes).
     Raises StreamError if the file was removed, replaced or truncated since."""
-    from .errors import StreamError
+    from wdstream.errors import StreamError
 
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -212,8 +214,8 @@ class Arena:
     ALIGN = 64  # spans start on a cache line
 
     def __init__(self):
-        self._current: Segment | None = None
-        self._set_aside: list[Segment] = []
+        self._current: MemorySegment | None = None
+        self._set_aside: list[MemorySegment] = []
         self._uids = itertools.count()
         # segments let go after the main process mapped them: it unmaps them when told (a
         # deque: batches are pickled in another thread, and append/popleft are atomic)
@@ -227,11 +229,11 @@ class Arena:
         segment.used = min(segment.capacity, -(-(start + nbytes) // self.ALIGN) * self.ALIGN)
         return SharedSpan(segment, start, start + nbytes)
 
-    def _next_segment(self, nbytes: int) -> Segment:
+    def _next_segment(self, nbytes: int) -> MemorySegment:
         if self._current is not None:
             self._set_aside.append(self._current)
         idle = [s for s in self._set_aside if s.idle()]
-        chosen = next((s for s in idle if s.capacity - Segment.HOLDS >= nbytes), None)
+        chosen = next((s for s in idle if s.capacity - MemorySegment.HOLDS >= nbytes), None)
         kept = 0
         for segment in idle:  # beyond KEEP, idle segments are let go (and unmapped)
             if segment is chosen:
@@ -243,9 +245,9 @@ class Arena:
             else:
                 kept += segment.capacity
         if chosen is None:
-            return Segment(allocate(max(self.SEGMENT, Segment.HOLDS + nbytes)), next(self._uids))
+            return MemorySegment(allocate(max(self.SEGMENT, MemorySegment.HOLDS + nbytes)), next(self._uids))
         self._set_aside.remove(chosen)
-        chosen.used = Segment.HOLDS
+        chosen.used = MemorySegment.HOLDS
         return chosen
 
 

@@ -22,23 +22,8 @@ from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
-from . import options
-from .batching import (
-    approximate_bytes,
-    collate,
-    pooling,
-    share_raw,
-    unpack_shared,
-)
-from .dataset import (
-    END_OF_STREAM,
-    IterationSpec,
-    StreamFailure,
-    worker_position,
-    worker_stats,
-    world_info,
-)
-from .errors import (
+from wdstream import options
+from wdstream.errors import (
     OptionError,
     OptionTypeError,
     StateError,
@@ -46,13 +31,29 @@ from .errors import (
     UnsizedError,
     WdstreamError,
 )
-from .lifetime import closed_at_exit
-from .plan import Segment, batches_in_stream
-from .shm import unmap_workers
+from wdstream.stream.batching import (
+    approximate_bytes,
+    collate,
+    pooling,
+    share_raw,
+    unpack_shared,
+)
+from wdstream.stream.dataset import (
+    END_OF_STREAM,
+    IterationSpec,
+    StreamFailure,
+    worker_position,
+    worker_stats,
+    world_info,
+)
+from wdstream.stream.lifetime import closed_at_exit
+from wdstream.stream.plan import HistorySegment, batches_in_stream
+from wdstream.stream.shm import unmap_workers
+from wdstream.stream.torch_internals import LoaderInternals, raise_prefetch, worker_pids
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("wdstream.loader")  # the logger name users configure
 
-STATE_FORMAT = "wdstream.loader"
+STATE_FORMAT = "wdstream.loader"  # the state format's name, not the module path
 STATE_VERSION = 1
 _FAILED = object()  # in a stream's queue of (position, batch): the error that ended it
 
@@ -125,7 +126,7 @@ class _TaggedCollate:
         return share_raw(self.collate_fn(samples), self.share_bytes)
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` (or a stage built on one,
     such as ``Mix`` or ``PackedSequences``) with ``state_dict()``,
     ``load_state_dict()`` and a ``len()`` known before the first batch.
@@ -156,7 +157,6 @@ class DataLoader(torch.utils.data.DataLoader):
         self._shared_payloads = num_workers > 0 and collate_fn is None
         self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers), batch_size,
                                       drop_last, share_bytes=bytes_as == "tensor")
-        self._starting_workers = False
         self._sample_bytes = 0.0  # estimated bytes per sample, sizes the fetches
         # torch's default prefetch_factor (2 fetches per worker), raised for small fetches
         self._default_prefetch = num_workers > 0 and kwargs.get("prefetch_factor") is None
@@ -171,7 +171,7 @@ class DataLoader(torch.utils.data.DataLoader):
                       "stray_members": 0}
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         self._epoch: int | None = None  # the epoch being read, None before the first
-        self._history: tuple[Segment, ...] = ()
+        self._history: tuple[HistorySegment, ...] = ()
         self._positions: list = []  # per stream: where the loop is (samples received)
         self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
@@ -186,7 +186,7 @@ class DataLoader(torch.utils.data.DataLoader):
         checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
         caller = sys._getframe(1)
         if caller.f_globals.get("__name__", "").startswith("accelerate."):
-            from .integrations.accelerate import adopt
+            from wdstream.integrations.accelerate import adopt
 
             adopt(self, caller)
         return True
@@ -201,40 +201,9 @@ class DataLoader(torch.utils.data.DataLoader):
     # (time to first batch), later ones grow up to FETCH_SAMPLES samples or FETCH_BYTES. The
     # loader hands batches out in the same order whatever the fetch sizes. Measured with ~1 KiB
     # samples, 2 workers: 512 samples per fetch beat 256 by 13% and 1,024 by 30% (a fetch
-    # then outgrows the 1 MiB result pipe, see PIPE_BYTES); 4 KiB samples: 1 MiB ~ 4 MiB.
+    # then outgrows the 1 MiB result pipe: torch_internals.PIPE_BYTES); 4 KiB: 1 MiB ~ 4 MiB.
     FETCH_SAMPLES = 512
     FETCH_BYTES = 1 << 20
-
-    @property
-    def drop_last(self) -> bool:
-        # torch's fetcher drops a short fetch whole under drop_last; the workers see False
-        # and _TaggedCollate drops a stream's short last batch itself.
-        return self._drop_last and not self._starting_workers
-
-    @drop_last.setter
-    def drop_last(self, value: bool) -> None:  # set once, by torch's __init__
-        self._drop_last = bool(value)
-
-    def _get_iterator(self):
-        if self.num_workers:
-            # torch seeds numpy.random in every worker it starts: imported once here, forked
-            # workers inherit it rather than import it (~10 ms each, every epoch)
-            import numpy.random  # noqa: F401
-        self._starting_workers = True
-        try:
-            iterator = super()._get_iterator()
-        finally:
-            self._starting_workers = False
-        _widen_pipe(getattr(iterator, "_worker_result_queue", None))
-        return iterator
-
-    @property
-    def _index_sampler(self):
-        """What torch's iterator draws a fetch's indices from: with an iterable dataset only
-        their number matters (samples to fetch)."""
-        if self.batch_size is None:
-            return self.sampler
-        return self._fetch_sizes()
 
     def _fetch_sizes(self):
         size = self.batch_size
@@ -303,11 +272,11 @@ class DataLoader(torch.utils.data.DataLoader):
         if state is None:
             epoch, history, positions, batches = dataset.begin_epoch(), (), fresh, fresh
         else:
-            history = tuple(Segment.from_list(s) for s in state["history"])
+            history = tuple(HistorySegment.from_list(s) for s in state["history"])
             positions, batches = list(state["positions"]), list(state["batches"])
             if (state["world"], state["workers"], state["batch_size"]) != layout or \
                     state["drop_last"] != self.drop_last:
-                history += (Segment(state["world"], state["workers"], state["batch_size"],
+                history += (HistorySegment(state["world"], state["workers"], state["batch_size"],
                                     tuple(positions)),)
                 positions, batches = fresh, fresh
                 log.info("epoch %d continues on a new layout: %d ranks x %d workers, batch %d",
@@ -344,7 +313,7 @@ class DataLoader(torch.utils.data.DataLoader):
             iterator = super().__iter__()
         finally:
             dataset.spec = None  # the workers have their copy; direct use stays unaffected
-        workers = [process.pid for process in getattr(iterator, "_workers", ())]
+        workers = worker_pids(iterator)
         delivered = 0
         accounting = getattr(dataset, "accounting", None)  # stages: per-source counts
         try:
@@ -399,7 +368,13 @@ class DataLoader(torch.utils.data.DataLoader):
             if queues[stream]:
                 position, batch = queues[stream].popleft()
                 if position is _FAILED:
-                    raise batch
+                    # no local may hold the error: its traceback holds this frame, and that
+                    # cycle would keep torch's iterator (and its workers) until a collection
+                    error, batch, failure = batch, None, None
+                    try:
+                        raise error
+                    finally:
+                        del error
                 yield stream, position, batch
 
     SMALL_FETCH_PREFETCH = 4  # fetches in flight per worker when a full fetch is <= 1 MiB
@@ -409,16 +384,10 @@ class DataLoader(torch.utils.data.DataLoader):
         work queued while the loop takes batches from a fetch received earlier (measured with
         ~1 KiB samples, 2 workers: +7% samples/s). Large batches keep torch's default, which
         bounds the memory in flight. Only when ``prefetch_factor`` was left to its default;
-        best effort (the iterator's fields are torch's)."""
+        best effort (``torch_internals``)."""
         if self._sample_bytes * self.FETCH_SAMPLES > self.FETCH_BYTES:
             return  # large samples: torch's default stays
-        factor = getattr(iterator, "_prefetch_factor", None)
-        put = getattr(iterator, "_try_put_index", None)
-        if not isinstance(factor, int) or put is None or factor >= self.SMALL_FETCH_PREFETCH:
-            return
-        iterator._prefetch_factor = self.SMALL_FETCH_PREFETCH
-        for _ in range((self.SMALL_FETCH_PREFETCH - factor) * self.num_workers):
-            put()
+        raise_prefetch(iterator, self.SMALL_FETCH_PREFETCH, self.num_workers)
 
     def _add_stats(self, stats: dict) -> None:
         self.stats["retries"] += stats["retries"]
@@ -443,7 +412,7 @@ class DataLoader(torch.utils.data.DataLoader):
             epoch, history = self._epoch, self._history
             positions, batches = self._positions, self._batches
         if getattr(dataset, "positions_per_rank", False):  # packing: every rank's, gathered
-            from .stage import gather_positions
+            from wdstream.stages.base import gather_positions
 
             positions = gather_positions(positions, self._rank, world)
         return {
@@ -495,7 +464,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
 def _gathered(position) -> bool:
     """A position that holds every rank's (a stage's, see ``stage.gather_positions``)."""
-    from .stage import RANKS
+    from wdstream.stages.base import RANKS
 
     return isinstance(position, dict) and RANKS in position
 
@@ -528,26 +497,6 @@ def _check_options(dataset, batch_size, num_workers, collate_fn, drop_last,
             raise OptionError("DataLoader: prefetch_factor needs num_workers > 0")
     if "timeout" in kwargs:
         options.number(owner, "timeout", kwargs["timeout"])
-
-
-PIPE_BYTES = 1 << 20  # Linux's pipe-max-size default: what an unprivileged process may set
-
-
-def _widen_pipe(result_queue) -> None:
-    """Let the workers' result pipe hold a whole fetch (1 MiB rather than 64 KiB), so that a
-    fetch crosses in one write and one read rather than a wake-up of each side every 64 KiB:
-    measured with 100,000 ~1 KiB samples, 2 workers, +25% samples/s and 60% fewer context
-    switches. Best effort: Linux only, and the queue's pipe is a detail of torch's DataLoader
-    (a multiprocessing queue whose ``_reader`` end this resizes)."""
-    reader = getattr(result_queue, "_reader", None)
-    if reader is None or not sys.platform.startswith("linux"):
-        return
-    import fcntl
-
-    try:
-        fcntl.fcntl(reader.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
-    except (OSError, ValueError):
-        pass  # a lower pipe-max-size: the default pipe works, only slower
 
 
 def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
@@ -596,7 +545,7 @@ def _validate(state) -> None:
         raise StateError("loader state: 'batches' must be counts >= 0")
     for segment in state["history"]:
         try:
-            parsed = Segment.from_list(segment)
+            parsed = HistorySegment.from_list(segment)
         except (TypeError, ValueError) as error:
             raise StateError(f"loader state: bad history segment {segment!r}") from error
         if len(parsed.consumed) != parsed.workers or parsed.world < 1:

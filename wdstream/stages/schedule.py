@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from wdstream.errors import InputError
 
 
 class ProgressSchedule:

@@ -17,8 +17,8 @@ import glob
 import os
 from typing import NamedTuple
 
-from ..errors import InputError, WdstreamError
-from ..sources import urls
+from wdstream.errors import InputError, WdstreamError
+from wdstream.sources import urls
 
 _GLOB_CHARS = ("*", "?", "[")
 _PARQUET_BLOCK = 8 << 20  # bytes per ranged read of a Parquet object
@@ -47,7 +47,7 @@ def has_glob(url: str) -> bool:
 
 def _failure(url: str, error: BaseException) -> InputError:
     """A listing or opening failure as an InputError naming ``url`` ("access denied", ...)."""
-    from ..sources.openers import stream_error
+    from wdstream.sources.openers import stream_error
 
     reason = stream_error(url, error)
     text = str(reason)
@@ -55,7 +55,7 @@ def _failure(url: str, error: BaseException) -> InputError:
 
 
 def _filesystem(url: str):
-    from ..sources.openers import filesystem
+    from wdstream.sources.openers import filesystem
 
     try:
         return filesystem(url)
@@ -154,7 +154,7 @@ def list_folder(url: str) -> list[tuple[str, str, int]]:
 
 def open_stream(url: str):
     """A binary read stream of the object (a ByteStream: read-ahead in a thread)."""
-    from ..sources.openers import open_read
+    from wdstream.sources.openers import open_read
 
     return open_read(url)
 
@@ -172,7 +172,7 @@ def read_member(url: str, size: int) -> bytes:
     """The bytes of one file of a folder input (local or remote), checked against its listed
     size, which the shard's layout was computed from."""
     if is_remote(url):
-        from ..sources.writers import read_bytes
+        from wdstream.sources.objects import read_bytes
 
         content = read_bytes(url)
     else:

@@ -60,17 +60,24 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..errors import InputError, OptionError, OptionTypeError, WdstreamError
-from ..options import CHOICES
-from ..shards.compress import check_compression, tar_limit
-from ..shards.compression import WRITE_SUFFIXES
-from ..shards.identity import HEAD_BYTES, head_digest
-from ..shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
-from ..shards.samples import check_extension, check_key
-from ..shards.tar import END_SIZE, TarWriter, member_size
-from ..sizes import format_size, parse_size
-from .inputs import Batch, FolderSample, ReadCounter, check_inputs, iter_batches, read_lines
-from .remote import read_member
+from wdstream.errors import InputError, OptionError, OptionTypeError, WdstreamError
+from wdstream.options import CHOICES
+from wdstream.shards.compress import check_compression, tar_limit
+from wdstream.shards.compression import WRITE_SUFFIXES
+from wdstream.shards.identity import HEAD_BYTES, head_digest
+from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
+from wdstream.shards.samples import check_extension, check_key
+from wdstream.shards.tar import END_SIZE, TarWriter, member_size
+from wdstream.sizes import format_size, parse_size
+from wdstream.write.inputs import (
+    Batch,
+    FolderSample,
+    ReadCounter,
+    check_inputs,
+    iter_batches,
+    read_lines,
+)
+from wdstream.write.remote import read_member
 
 DEFAULT_MAX_SIZE = 256 * 1000**2  # used when neither max_count nor max_size is given
 KEY_DIGITS = 10  # generated keys: the global record index, zero-padded so that keys sort
@@ -95,7 +102,7 @@ class PackProgress:
 # --- samples and shard jobs ------------------------------------------------------------------
 
 
-class LocalFile(NamedTuple):
+class FileMember(NamedTuple):
     """A member whose bytes are read from a file by the process that writes the shard."""
 
     path: str
@@ -145,7 +152,7 @@ class SampleBatch(NamedTuple):
 
     keys: Keys
     exts: tuple[str, ...]  # member extensions, sorted; the same for every sample of the batch
-    columns: tuple[list, ...]  # per extension, the data of each sample: bytes or LocalFile
+    columns: tuple[list, ...]  # per extension, the data of each sample: bytes or FileMember
     sizes: list[int] | None  # the exact bytes each sample takes in a tar; None: not known yet
     unparsed_json: bool  # columns[0] holds JSON lines that are still to be parsed
     batch: Batch  # the records, for error messages
@@ -301,7 +308,7 @@ def _sample_sizes(keys: Keys, exts: tuple[str, ...], columns: tuple[list, ...]) 
     sizes = None
     for ext, column in zip(exts, columns, strict=True):
         extra = len(ext.encode("utf-8")) + 1
-        if isinstance(column[0], LocalFile):
+        if isinstance(column[0], FileMember):
             lengths = [member.size for member in column]
         else:
             lengths = list(map(len, column))
@@ -396,7 +403,7 @@ class SampleMaker:
         exts = tuple(ext for ext, _, _ in sample.files)
         for ext in exts:
             check_extension(ext, batch.where(0))
-        columns = tuple([LocalFile(path, size)] for _, path, size in sample.files)
+        columns = tuple([FileMember(path, size)] for _, path, size in sample.files)
         return self._batch([sample.key], exts, columns, False, batch)
 
     def _key(self, row: dict, i: int, batch: Batch) -> str:
@@ -541,8 +548,8 @@ class TokenEncoder:
     def load(cls, path: str | os.PathLike) -> TokenEncoder:
         """From a ``tokenizer.json`` (a local path or a URL wdstream reads); InputError names
         the file when it is missing, unreadable or not a tokenizer."""
-        from ..sources import urls
-        from ..sources.writers import read_bytes
+        from wdstream.sources import urls
+        from wdstream.sources.objects import read_bytes
 
         path = os.fspath(path)
         local = urls.to_local_path(path)
@@ -648,7 +655,7 @@ class _ShardSink:
     sends on in chunks. ``size`` and ``sha256`` are the stored bytes', ``tar_size`` the tar's."""
 
     def __init__(self, out, compress: tuple[str, int] | None = None):
-        from ..shards.compress import ShardCompressor
+        from wdstream.shards.compress import ShardCompressor
 
         self._out = out
         self._buffer = io.BytesIO()
@@ -682,7 +689,7 @@ class _ShardSink:
             self._out.write(chunk)
 
 
-def _file_bytes(member: LocalFile) -> bytes:
+def _file_bytes(member: FileMember) -> bytes:
     return read_member(member.path, member.size)  # local path or URL; size checked
 
 
@@ -705,7 +712,7 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
 
     Pieces with texts still to tokenize (``pack(max_count=...)`` without ``max_size``) are
     tokenized here, with ``encoder``."""
-    from ..sources.writers import open_write
+    from wdstream.sources.objects import open_write
 
     with open_write(job.url, via=via) as out:
         sink = _ShardSink(out, job.compress)
@@ -718,7 +725,7 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
                 _check_json_lines(columns[0], *json_lines_at)
             if tokenize:
                 columns = _tokenize_columns(columns, tokenize, encoder)
-            if len(exts) == 1 and not isinstance(columns[0][0], LocalFile):  # the common case
+            if len(exts) == 1 and not isinstance(columns[0][0], FileMember):  # the common case
                 suffix = "." + exts[0]
                 for key, data in zip(keys, columns[0], strict=True):
                     add(key + suffix, data)
@@ -726,7 +733,7 @@ def write_shard(job: ShardJob, via: str, encoder: TokenEncoder | None = None) ->
                 for i, key in enumerate(keys):
                     for ext, column in zip(exts, columns, strict=True):
                         data = column[i]
-                        add(f"{key}.{ext}", _file_bytes(data) if isinstance(data, LocalFile) else data)
+                        add(f"{key}.{ext}", _file_bytes(data) if isinstance(data, FileMember) else data)
                     sink.flush(_FLUSH_SIZE)
             sink.flush(_FLUSH_SIZE)
         tar.close()
@@ -762,7 +769,7 @@ def _interrupt_once(signum, frame):
 def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
     # Within a job, Ctrl-C (or the main process stopping the pool) aborts the upload; the CLI
     # child processes, which get the default handler back when they start, stop with it.
-    from ..sources.writers import settle_uploads
+    from wdstream.sources.objects import settle_uploads
 
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
@@ -929,7 +936,7 @@ def _check_options(fields, key, max_count, max_size, name, workers, part, via, t
 def _check_types(key, max_count, name, workers, part) -> None:
     """The Python API's arguments of the wrong type, as the options' errors (not a
     TypeError from a comparison deep in the run)."""
-    from .. import options
+    from wdstream import options
 
     options.integer("pack", "max_count", max_count, allow_none=True)
     options.integer("pack", "workers", workers)
@@ -946,8 +953,8 @@ def _check_types(key, max_count, name, workers, part) -> None:
 
 def _prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> None:
     """Refuse a prefix that holds a manifest, or (overwrite) delete it before any shard."""
-    from ..sources import urls
-    from ..sources.writers import delete, exists
+    from wdstream.sources import urls
+    from wdstream.sources.objects import delete, exists
 
     for manifest_name in manifest_names:
         url = urls.join(output, manifest_name)
@@ -966,7 +973,7 @@ def _prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> 
 def _delete_quietly(urls_to_delete: Iterable[str]) -> None:
     """Delete what a failed run wrote, once its uploads have ended (one interrupted in this
     thread goes on in fsspec's I/O loop, and would land after the delete)."""
-    from ..sources.writers import delete, settle_uploads
+    from wdstream.sources.objects import delete, settle_uploads
 
     settle_uploads()
     for url in urls_to_delete:
@@ -1021,8 +1028,8 @@ def pack(
 
     Returns the manifest written (``index.json``, or the part's manifest).
     """
-    from .. import __version__
-    from ..sources import urls
+    from wdstream import __version__
+    from wdstream.sources import urls
 
     paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
         os.fspath(path) for path in inputs
@@ -1174,7 +1181,7 @@ def merge_parts(manifests: list[Manifest], output: str) -> Manifest:
     in their global order and the packing options kept, so the result equals the manifest of a
     single run. Other manifests are joined in the order given.
     """
-    from ..shards.index import merge_manifests
+    from wdstream.shards.index import merge_manifests
 
     merged = merge_manifests(manifests, output)
     packed = [m.extra.get("packed_by") or {} for m in manifests]

@@ -2,7 +2,7 @@
 
 The ``wdstream ls``, ``verify`` and ``cat`` commands are thin wrappers over these functions::
 
-    from wdstream.inspect import describe, verify, read_samples, sample_to_json
+    from wdstream.inspection import describe, verify, read_samples, sample_to_json
 
     summary = describe("s3://bucket/prefix/")          # shards, counts, sizes, extensions, extra
     report = verify("s3://bucket/prefix/", deep=True)  # report.ok, report.problems
@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from .errors import InputError, ShardError, StreamError, WdstreamError
-from .shards.compression import not_shards_note
-from .shards.locate import Shards, find_shards
-from .shards.manifest import Manifest
-from .sources import urls as urlmod
+from wdstream.errors import InputError, ShardError, StreamError, WdstreamError
+from wdstream.shards.compression import not_shards_note
+from wdstream.shards.locate import Shards, find_shards
+from wdstream.shards.manifest import Manifest
+from wdstream.sources import urls as urlmod
 
 Progress = Callable[[int], object]  # called with a number of bytes just read
 
@@ -163,8 +163,8 @@ def describe(
         return DatasetSummary(found.source, None, found.how, False, shards, [],
                               not_shards=dict(found.not_shards))
 
-    from .shards.index import index_shard
-    from .shards.samples import StrayCount
+    from wdstream.shards.index import index_shard
+    from wdstream.shards.samples import StrayCount
 
     stop = threading.Event()
     report = _reporter(progress, stop)
@@ -287,9 +287,9 @@ def _check_size(check: ShardCheck, size: int) -> bool:
 def _parse(check: ShardCheck, reader: _Hashing, url: str) -> None:
     """Count the samples of a tar (or compressed tar) read from ``reader``; record a parse
     failure, a cut compressed stream or a missing end-of-archive marker as a problem."""
-    from .shards.compression import open_tar
-    from .shards.samples import StrayCount, iter_samples
-    from .shards.tar import iter_members
+    from wdstream.shards.compression import open_tar
+    from wdstream.shards.samples import StrayCount, iter_samples
+    from wdstream.shards.tar import iter_members
 
     strays = StrayCount()
     count = 0
@@ -312,8 +312,8 @@ def check_shard(check: ShardCheck, *, deep: bool, opener: str | None = None,
     """Fill in ``check``: the shard exists, its size, its sha256, and with ``deep`` that it
     parses as a complete tar holding ``expected_samples`` samples. Problems are appended to
     ``check.problems``; only a programming error raises."""
-    from .sources.openers import open_read
-    from .sources.writers import size as object_size
+    from wdstream.sources.objects import size as object_size
+    from wdstream.sources.openers import open_read
 
     url = check.url
     size_wrong = False
@@ -411,10 +411,10 @@ def _unlisted_note(manifest: Manifest, listed_urls: list[str]) -> list[str]:
     base = manifest.base
     if not base or urlmod.scheme(base) == "pipe":
         return []
-    from .sources.writers import list_files
+    from wdstream.sources.objects import list_files
 
     try:
-        from .shards.compression import SHARD_SUFFIXES
+        from wdstream.shards.compression import SHARD_SUFFIXES
 
         present = list_files(base, suffix=SHARD_SUFFIXES)
     except WdstreamError:
@@ -444,11 +444,11 @@ def read_samples(
     ``key`` yields only the first sample with that key, and raises InputError if no shard
     holds it; ``limit`` stops after that many samples. A corrupt shard raises ShardError.
     """
-    from .shards.compression import DecompressingStream, open_tar
-    from .shards.identity import head_check
-    from .shards.samples import iter_samples
-    from .shards.tar import iter_members
-    from .sources.openers import open_read
+    from wdstream.shards.compression import DecompressingStream, open_tar
+    from wdstream.shards.identity import head_check
+    from wdstream.shards.samples import iter_samples
+    from wdstream.shards.tar import iter_members
+    from wdstream.sources.openers import open_read
 
     if limit is not None and limit < 0:
         raise InputError(f"limit must be >= 0, got {limit}")
@@ -487,7 +487,7 @@ def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
     ``decode``) as ``{"bytes": size}`` or ``{"base64": ...}``. A member that fails to decode
     is shown as binary with a ``decode_error``."""
     if decode:
-        from .pipeline.decode import build_decoders, decode_member
+        from wdstream.stream.decode import build_decoders, decode_member
 
         try:
             value = decode_member(build_decoders(None), ext, payload)
@@ -592,8 +592,8 @@ def benchmark(
         raise InputError(f"batches must be >= 1, got {batches}")
     # before importing torch: a bad source fails fast
     found = find_shards(source, allow_external_shards=allow_external_shards)
-    from .dataset import StreamingDataset
-    from .loader import DataLoader
+    from wdstream.stream.dataset import StreamingDataset
+    from wdstream.stream.loader import DataLoader
 
     # the resolved shards as they are: listed names are names, not patterns to expand again
     dataset = StreamingDataset(found.manifest or found, shuffle=shuffle, opener=opener,

@@ -13,7 +13,7 @@ import re
 import zlib
 from collections.abc import Callable, Mapping
 
-from ..errors import OptionError, OptionTypeError, ShardError
+from wdstream.errors import OptionError, OptionTypeError, ShardError
 
 # The largest a gzip member may expand to: beyond this it is refused (a hostile member of a few
 # KB could otherwise fill the memory).

@@ -25,13 +25,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .dataset import IterationSpec
-from .errors import InputError, OptionTypeError, StateError, UnsizedError, WdstreamError
-from .options import CHOICES, choice
-from .plan import STREAM_END, Segment
-from .sources import urls
-from .sources.writers import read_bytes
-from .stage import (
+from wdstream.errors import InputError, OptionTypeError, StateError, UnsizedError, WdstreamError
+from wdstream.options import CHOICES, choice
+from wdstream.sources import urls
+from wdstream.sources.objects import read_bytes
+from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
@@ -41,6 +39,8 @@ from .stage import (
     rank_position,
     remaining_items,
 )
+from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.plan import STREAM_END, HistorySegment
 
 LONG_DOCUMENTS = CHOICES["long_documents"]
 
@@ -219,19 +219,19 @@ class PackedSequences(Stage):
         return [self.dataset]
 
     def plan(self, epoch: int, world: int, workers: int,
-             history: Sequence[Segment] = ()) -> StagePlan:
+             history: Sequence[HistorySegment] = ()) -> StagePlan:
         """Sequences per stream of every rank: known only with ``sequences_per_epoch``."""
         if self.sequences_per_epoch is None:
             raise UnsizedError(f"{self.source}: sequences per epoch depend on the text; set "
                                "sequences_per_epoch for a known length")
         return fixed_plan(self._quota(history), world, workers)
 
-    def _quota(self, history: Sequence[Segment]) -> int:
+    def _quota(self, history: Sequence[HistorySegment]) -> int:
         """The sequences of the epoch not delivered in the segments ``history``."""
         return remaining_items(self.sequences_per_epoch, history,
                                lambda position: self._parse(position)[0])
 
-    def inner_history(self, history: Sequence[Segment]) -> tuple[int, tuple[Segment, ...]]:
+    def inner_history(self, history: Sequence[HistorySegment]) -> tuple[int, tuple[HistorySegment, ...]]:
         """The inner pass in progress after the segments ``history`` run on other layouts,
         and the inner segments of it already read. A stream's inner dataset counts as read
         up to the document its next sequence starts in: on the new layout that document is
@@ -384,7 +384,7 @@ class PackedSequences(Stage):
         """Per source, this rank's tokens and documents (delivered to their end) in the
         epoch's sequences (on earlier layouts: what the rank of the same number delivered),
         and the pass of the inner stream in progress (1 and up: it restarted)."""
-        from .mix import _rank_entry
+        from wdstream.stages.mix import _rank_entry
 
         totals = [0] * (2 * len(self.names))
         deepest = 0

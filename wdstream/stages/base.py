@@ -7,7 +7,7 @@ own. Its positions are JSON values (lists of ints) from which it restarts exactl
 stores each stream's position in ``state_dict()`` and hands it back as ``spec.start[stream]``.
 A fresh stream starts at position ``0``.
 
-Elastic resume: the loader records the positions of a layout it leaves as a ``Segment`` of the
+Elastic resume: the loader records the positions of a layout it leaves as a ``HistorySegment`` of the
 epoch's history. A stage turns its own segments into those of the dataset(s) it reads
 (``inner_history``): how far each inner stream got, in the pass it was reading. The inner
 datasets then leave those samples out of their epoch plan and lay the rest over the new
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dataset import PositionedDataset
-from .errors import StateError
-from .plan import STREAM_END, Segment, stream_sizes
+from wdstream.errors import StateError
+from wdstream.stream.dataset import PositionedDataset
+from wdstream.stream.plan import STREAM_END, HistorySegment, stream_sizes
 
 # Epochs that cycled passes of an inner dataset read live above every real epoch number, so a
 # pass never replays the order of another epoch (see cycle_epoch).
@@ -114,7 +114,7 @@ def gather_positions(positions: Sequence, rank: int, world: int) -> list:
             for k in range(len(local))]
 
 
-def segment_entries(segment: Segment) -> list[list]:
+def segment_entries(segment: HistorySegment) -> list[list]:
     """Per stream, the positions of every rank (one, if the same on every rank)."""
     entries = []
     for value in segment.consumed:
@@ -126,8 +126,8 @@ def segment_entries(segment: Segment) -> list[list]:
     return entries
 
 
-def inner_history(history: Sequence[Segment], extract: Callable[[object, int], tuple]
-                  ) -> tuple[int, tuple[Segment, ...]]:
+def inner_history(history: Sequence[HistorySegment], extract: Callable[[object, int], tuple]
+                  ) -> tuple[int, tuple[HistorySegment, ...]]:
     """The pass of an inner dataset in progress after the segments ``history`` of a stage,
     and the segments of that pass the inner dataset has to leave out (its own history).
 
@@ -148,13 +148,13 @@ def inner_history(history: Sequence[Segment], extract: Callable[[object, int], t
             consumed.append({RANKS: values} if isinstance(raw, dict) else values[0])
         if current != base:
             segments = ()
-        segments += (Segment(segment.world, segment.workers, segment.batch_size,
+        segments += (HistorySegment(segment.world, segment.workers, segment.batch_size,
                              tuple(consumed)),)
         base = current
     return base, segments
 
 
-def remaining_items(per_epoch: int, history: Sequence[Segment], count) -> int:
+def remaining_items(per_epoch: int, history: Sequence[HistorySegment], count) -> int:
     """Of a fixed ``per_epoch`` items, those not delivered in the segments ``history``;
     ``count(position)`` is the items a stream's position stands for (STREAM_END: its whole
     stream)."""

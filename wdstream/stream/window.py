@@ -3,8 +3,8 @@ plan (and so resume) stays a function of the manifest and the options alone."""
 
 from __future__ import annotations
 
-from ..errors import InputError
-from ..sizes import parse_size
+from wdstream.errors import InputError
+from wdstream.sizes import parse_size
 
 DEFAULT_SHUFFLE_BYTES = 256 << 20
 

@@ -25,12 +25,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .dataset import IterationSpec
-from .errors import InputError, StateError, UnsizedError
-from .options import CHOICES, choice, integer
-from .plan import STREAM_END, Segment
-from .schedule import make_schedule, normalise
-from .stage import (
+from wdstream.errors import InputError, StateError, UnsizedError
+from wdstream.options import CHOICES, choice, integer
+from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
@@ -41,6 +38,9 @@ from .stage import (
     rank_position,
     remaining_items,
 )
+from wdstream.stages.schedule import make_schedule, normalise
+from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.plan import STREAM_END, HistorySegment
 
 STOP_RULES = CHOICES["stop"]
 BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
@@ -139,7 +139,7 @@ class Mix(Stage):
 
     ``schedule`` (instead of ``weights``): weights changing over the epoch, a list of stages
     ``{"start": samples drawn over the job, "weights": [...]}`` or a pure function
-    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.schedule``).
+    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``).
 
     ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
     ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
@@ -205,7 +205,7 @@ class Mix(Stage):
     def positions_per_rank(self) -> bool:
         return any(getattr(d, "positions_per_rank", False) for d in self.datasets)
 
-    def source_histories(self, history: Sequence[Segment]) -> list[tuple[int, tuple]]:
+    def source_histories(self, history: Sequence[HistorySegment]) -> list[tuple[int, tuple]]:
         """Per source, after the segments ``history`` of this epoch run on other layouts: the
         pass in progress and the segments of it already read (see ``inner_history``)."""
         def extractor(index):
@@ -219,12 +219,12 @@ class Mix(Stage):
             return extract
         return [inner_history(history, extractor(i)) for i in range(len(self.datasets))]
 
-    def _quota(self, history: Sequence[Segment]) -> int:
+    def _quota(self, history: Sequence[HistorySegment]) -> int:
         """Under ``fixed``: the samples of the epoch not drawn in the segments ``history``."""
         return remaining_items(self.samples_per_epoch, history,
                                lambda position: self._parse(position)[0])
 
-    def drawn(self, epoch: int, history: Sequence[Segment]) -> int:
+    def drawn(self, epoch: int, history: Sequence[HistorySegment]) -> int:
         """Samples drawn over every rank and stream in the segments ``history``: the progress
         a schedule follows."""
         total = 0
@@ -240,16 +240,16 @@ class Mix(Stage):
         return total
 
     def _block_weights(self, epoch: int, world: int, workers: int,
-                       history: Sequence[Segment]):
+                       history: Sequence[HistorySegment]):
         """The weights of each block of a stream: the schedule's stage at the block's first
-        draw, counted over the whole job (see ``wdstream.schedule``)."""
+        draw, counted over the whole job (see ``wdstream.stages.schedule``)."""
         if self.schedule is None:
             return lambda _block: self.weights
         schedule, before, step = self.schedule, self.drawn(epoch, history), BLOCK * world * workers
         return lambda block: schedule.weights_at(before + block * step)
 
     def plan(self, epoch: int, world: int, workers: int,
-             history: Sequence[Segment] = ()) -> StagePlan:
+             history: Sequence[HistorySegment] = ()) -> StagePlan:
         """Samples per stream of every rank (equal on every rank) in epoch ``epoch``."""
         if self.stop == "fixed":
             return fixed_plan(self._quota(history), world, workers)

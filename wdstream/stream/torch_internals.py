@@ -1,0 +1,150 @@
+"""Every use of torch's private DataLoader API, in one place.
+
+``wdstream.DataLoader`` is a torch ``DataLoader``; to size fetches, keep batches' order and
+move them fast it relies on these private names of torch's ``torch.utils.data.dataloader``:
+
+- ``DataLoader._get_iterator()``: builds the iterator of one pass and starts the workers;
+  overridden to tell ``drop_last`` apart while workers start, and to widen the result pipe.
+- ``DataLoader._index_sampler``: what the iterator draws each fetch's indices from; overridden
+  so that a fetch is several batches (with an iterable dataset only their number matters).
+- ``DataLoader.drop_last``, which the iterator copies (``_drop_last``) when it starts the
+  workers: they must see False (torch's fetcher would drop a short fetch whole) while the
+  loader keeps the user's value; the collate wrapper drops a stream's short last batch.
+- the multiprocessing iterator's ``_prefetch_factor`` and ``_try_put_index()``: more fetches
+  in flight per worker; its ``_worker_result_queue._reader``: the result pipe, widened; its
+  ``_workers``: the worker processes, whose shared memory the main process lets go.
+- ``UntypedStorage._new_shared(nbytes)``, as torch's own default collate uses it: storage
+  allocated in shared memory directly (``share_memory_()`` would copy a private one).
+
+``missing_internals`` and ``missing_on_iterator`` name what the installed torch lacks; the
+test suite runs them (``tests/test_torch_internals.py``), so a torch upgrade that changes one
+fails there, by name, rather than slowing or breaking the loader silently.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+PIPE_BYTES = 1 << 20  # Linux's pipe-max-size default: what an unprivileged process may set
+
+
+class LoaderInternals:
+    """The overrides of torch's private hooks, placed before ``torch.utils.data.DataLoader``
+    in ``wdstream.DataLoader``'s bases. The loader provides ``_fetch_sizes()``: the index
+    ranges of successive fetches."""
+
+    _starting_workers = False
+    _drop_last = False
+
+    @property
+    def drop_last(self) -> bool:
+        # torch's fetcher drops a short fetch whole under drop_last; the workers see False
+        # and the loader's collate wrapper drops a stream's short last batch itself.
+        return self._drop_last and not self._starting_workers
+
+    @drop_last.setter
+    def drop_last(self, value: bool) -> None:  # set once, by torch's __init__
+        self._drop_last = bool(value)
+
+    def _get_iterator(self):
+        if self.num_workers:
+            # torch seeds numpy.random in every worker it starts: imported once here, forked
+            # workers inherit it rather than import it (~10 ms each, every epoch)
+            import numpy.random  # noqa: F401
+        self._starting_workers = True
+        try:
+            iterator = super()._get_iterator()
+        finally:
+            self._starting_workers = False
+        widen_result_pipe(iterator)
+        return iterator
+
+    @property
+    def _index_sampler(self):
+        if self.batch_size is None:
+            return self.sampler
+        return self._fetch_sizes()
+
+
+def widen_result_pipe(iterator) -> None:
+    """Let the workers' result pipe hold a whole fetch (1 MiB rather than 64 KiB), so that a
+    fetch crosses in one write and one read rather than a wake-up of each side every 64 KiB:
+    measured with 100,000 ~1 KiB samples, 2 workers, +25% samples/s and 60% fewer context
+    switches. Best effort: Linux only."""
+    queue = getattr(iterator, "_worker_result_queue", None)
+    reader = getattr(queue, "_reader", None)
+    if reader is None or not sys.platform.startswith("linux"):
+        return
+    import fcntl
+
+    try:
+        fcntl.fcntl(reader.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except (OSError, ValueError):
+        pass  # a lower pipe-max-size: the default pipe works, only slower
+
+
+def raise_prefetch(iterator, factor: int, workers: int) -> None:
+    """Keep ``factor`` fetches in flight per worker (torch keeps ``prefetch_factor``) if the
+    iterator keeps fewer; the missing ones are asked for now."""
+    current = getattr(iterator, "_prefetch_factor", None)
+    put = getattr(iterator, "_try_put_index", None)
+    if not isinstance(current, int) or put is None or current >= factor:
+        return
+    iterator._prefetch_factor = factor
+    for _ in range((factor - current) * workers):
+        put()
+
+
+def worker_pids(iterator) -> list[int]:
+    """The process ids of the iterator's workers (none without workers)."""
+    return [process.pid for process in getattr(iterator, "_workers", ())]
+
+
+def new_shared_storage(nbytes: int):
+    """A CPU storage of ``nbytes`` allocated in shared memory."""
+    import torch
+
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def missing_internals() -> list[str]:
+    """The private names of torch's DataLoader this module relies on that the installed torch
+    does not have, each with what it must be."""
+    import torch
+    from torch.utils.data import dataloader
+
+    missing = []
+    if not callable(getattr(torch.UntypedStorage, "_new_shared", None)):
+        missing.append("torch.UntypedStorage._new_shared (a class method)")
+    loader = getattr(dataloader, "DataLoader", None)
+    if not callable(getattr(loader, "_get_iterator", None)):
+        missing.append("torch.utils.data.DataLoader._get_iterator (a method)")
+    if not isinstance(inspect.getattr_static(loader, "_index_sampler", None), property):
+        missing.append("torch.utils.data.DataLoader._index_sampler (a property)")
+    multi = getattr(dataloader, "_MultiProcessingDataLoaderIter", None)
+    if multi is None:
+        missing.append("torch.utils.data.dataloader._MultiProcessingDataLoaderIter")
+    elif not callable(getattr(multi, "_try_put_index", None)):
+        missing.append("_MultiProcessingDataLoaderIter._try_put_index (a method)")
+    return missing
+
+
+def missing_on_iterator(iterator) -> list[str]:
+    """What a multiprocessing iterator of the installed torch lacks among the attributes this
+    module reads or sets."""
+    missing = []
+    if not isinstance(getattr(iterator, "_prefetch_factor", None), int):
+        missing.append("_MultiProcessingDataLoaderIter._prefetch_factor (an int)")
+    if not isinstance(getattr(iterator, "_drop_last", None), bool):
+        missing.append("_BaseDataLoaderIter._drop_last (a bool copied from the loader)")
+    queue = getattr(iterator, "_worker_result_queue", None)
+    if queue is None:
+        missing.append("_MultiProcessingDataLoaderIter._worker_result_queue")
+    elif not callable(getattr(getattr(queue, "_reader", None), "fileno", None)):
+        missing.append("_MultiProcessingDataLoaderIter._worker_result_queue._reader "
+                       "(a connection with fileno())")
+    workers = getattr(iterator, "_workers", None)
+    if not isinstance(workers, list) or not all(hasattr(w, "pid") for w in workers):
+        missing.append("_MultiProcessingDataLoaderIter._workers (a list of processes)")
+    return missing
