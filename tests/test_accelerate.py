@@ -6,41 +6,25 @@ The job is tests/accelerate_job.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from datasets import all_keys, write_dataset
-from servers import free_port
+from jobs import run_job
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.slow
 
 JOB = str(Path(__file__).with_name("accelerate_job.py"))
-ROOT = str(Path(__file__).resolve().parent.parent)
 COUNTS = [30, 7, 25, 18]  # 80 samples
 BATCH, SAVE_AT = 4, 3
 
 
 def run(nproc, data, out, *args):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    job = [JOB, "--data", str(data), "--out", str(out), *map(str, args)]
-    if nproc == 1:
-        cmd = [sys.executable, *job]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-               "--monitor_interval=0.1", *job]
     os.makedirs(out, exist_ok=True)
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-6000:]
-    return [json.loads(Path(out, f"rank-{r}.json").read_text()) for r in range(nproc)]
+    return run_job([JOB, "--data", str(data), "--out", str(out), *map(str, args)], nproc, out,
+                   timeout=120)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

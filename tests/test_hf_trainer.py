@@ -6,21 +6,16 @@ The job is tests/hf_trainer_job.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from servers import free_port
+from jobs import run_job
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.slow
 
 JOB = str(Path(__file__).with_name("hf_trainer_job.py"))
-ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @pytest.fixture
@@ -33,18 +28,7 @@ def work(tmp_path):
 
 
 def run(work, nproc, *args):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    job = [JOB, "--work", str(work), *args]
-    cmd = [sys.executable, *job] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--monitor_interval=0.1",
-        *job]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-6000:]
-    return [json.loads(Path(work, f"rank-{r}.json").read_text()) for r in range(nproc)]
+    return run_job([JOB, "--work", str(work), *args], nproc, work)
 
 
 @pytest.mark.parametrize("nproc,workers", [(1, "1"), (2, "0")])
