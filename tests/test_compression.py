@@ -21,6 +21,7 @@ from test_inspect import wdstream
 
 import wdstream as wds
 from wdstream.errors import ShardError
+from wdstream.inspection import read_samples
 from wdstream.shards.compression import open_tar, sniff
 from wdstream.shards.index import index_shard
 from wdstream.sources.cache import ShardCache
@@ -397,3 +398,20 @@ def test_stray_members_are_reported_everywhere(tmp_path, single_rank):
     loader = wds.DataLoader(wds.StreamingDataset(str(folder)), batch_size=2, num_workers=2)
     assert sum(len(b["__key__"]) for b in loader) == 5
     assert loader.stats["stray_members"] == 3
+
+
+def test_a_compressed_stream_is_not_read_past_its_recorded_size(tmp_path):
+    # random payloads do not compress: the shard is far larger than the size recorded for it
+    records = [{"blob": os.urandom(3000).hex()} for _ in range(200)]
+    source = tmp_path / "r.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    wdstream("pack", source, "--output", tmp_path / "ds", "--compress", "zstd", "--quiet")
+    manifest = json.loads((tmp_path / "ds" / "index.json").read_text())
+    [shard] = manifest["shards"]
+    assert shard["bytes"] > 2 << 18  # more than two of the reader's stored reads
+    manifest["bytes"] = shard["bytes"] = 600 * shard["samples"] // 100  # still a valid count
+    (tmp_path / "ds" / "index.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="goes on past the .* stored bytes recorded for it"):
+        list(wds.StreamingDataset(str(tmp_path / "ds"), shuffle=False, retries=0))
+    with pytest.raises(ShardError, match="goes on past the"):
+        list(read_samples(str(tmp_path / "ds")))

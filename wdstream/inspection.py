@@ -464,7 +464,7 @@ def read_samples(
             "limit": info.bytes or None,
             "on_head": head_check(url, info.head) if info.head else None}
         with open_read(url, opener=opener) as stream:
-            tar = open_tar(stream, url)
+            tar = open_tar(stream, url, stored_limit=checks.get("limit"))
             if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
                 checks.pop("limit", None)
             for sample in iter_samples(iter_members(tar, url, **checks), url):

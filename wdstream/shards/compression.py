@@ -17,7 +17,7 @@ import logging
 import lzma
 import zlib
 
-from wdstream.errors import ShardError
+from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.shards.decompress import ENGINES
 
 log = logging.getLogger(__name__)
@@ -110,10 +110,12 @@ def _unread_kind(head: bytes) -> str | None:
     return None
 
 
-def open_tar(stream, url: str, *, source=None):
+def open_tar(stream, url: str, *, source=None, stored_limit: int | None = None):
     """The tar stream of a shard opened as ``stream``: ``stream`` itself for a plain tar, else
     a ``DecompressingStream``. ``source`` is what the stored bytes are read through (e.g. a
     hashing wrapper of ``stream``; default ``stream``); closing the result closes ``stream``.
+    ``stored_limit``: the stored bytes recorded for the shard (manifest or listing), past
+    which a compressed stream is an error (a plain tar is bounded by the tar reader).
 
     Raises ShardError for a compression wdstream does not read, or a name that promises a
     compression the data does not have."""
@@ -138,7 +140,8 @@ def open_tar(stream, url: str, *, source=None):
         return _Prefixed(head, reader, stream)
     if named != kind:
         log.debug("%s: %s-compressed data (recognised by its first bytes)", url, kind)
-    return DecompressingStream(reader, url, kind, head=head, owner=stream)
+    return DecompressingStream(reader, url, kind, head=head, owner=stream,
+                               stored_limit=stored_limit)
 
 
 def stored_bytes(tar_stream, members) -> int:
@@ -203,8 +206,10 @@ class DecompressingStream:
     stream it was opened from; after a clean end it tells a cache filling from that stream
     that the end was checked (``end_verified``)."""
 
-    def __init__(self, reader, url: str, kind: str, *, head: bytes = b"", owner=None):
+    def __init__(self, reader, url: str, kind: str, *, head: bytes = b"", owner=None,
+                 stored_limit: int | None = None):
         self.url = url
+        self._stored_limit = stored_limit
         self.kind = kind
         self._reader = reader
         self._read_stored = getattr(reader, "read1", None) or reader.read
@@ -246,6 +251,9 @@ class DecompressingStream:
             if type(chunk) is not bytes:
                 chunk = bytes(chunk)
             self.stored_bytes += len(chunk)
+            if self._stored_limit is not None and self.stored_bytes > self._stored_limit:
+                raise ShardMismatchError(f"{self.url}: goes on past the {self._stored_limit:,} "
+                                         "stored bytes recorded for it (manifest or listing)")
             self._input = chunk
 
     def _error(self, message: str) -> ShardError:

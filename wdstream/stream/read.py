@@ -252,7 +252,8 @@ class SpanReader:
         try:
             # a compressed shard is decompressed here, in the reading process; closing the
             # tar stream closes ``stream``
-            stream = open_tar(stream, url, source=source if hashing else None)
+            stream = open_tar(stream, url, source=source if hashing else None,
+                              stored_limit=table.get("bytes", shard) or None)
             # the manifest's bytes bound a plain tar as it is parsed; a compressed one is
             # bounded by its decompressor, and ``head`` is of the tar bytes either way
             plain = not isinstance(stream, DecompressingStream)
