@@ -53,11 +53,7 @@ def write_text_dataset(folder, counts, *, seed: int = 0, max_words: int = 60,
                 writer.add(f"{key}.tokens.npy", npy.getvalue())
             index += 1
         writer.close()
-        data = buffer.getvalue()
-        name = f"shard-{shard:06d}.tar"
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(data)
-        infos.append(ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()))
+        infos.append(_write_shard(folder, shard, count, buffer.getvalue()))
     extensions = ["json", "txt"] + (["tokens.npy"] if tokenizer is not None else [])
     with open(os.path.join(folder, "index.json"), "w") as f:
         f.write(Manifest(infos, extensions=extensions).to_json())
@@ -101,11 +97,15 @@ def write_token_dataset(folder, counts, *, seed: int = 0, first_id: int = 1,
             writer.add(f"{key}.json", json.dumps({"id": key}).encode())
             writer.add(f"{key}.tokens.npy", npy.getvalue())
         writer.close()
-        data = buffer.getvalue()
-        name = f"shard-{shard:06d}.tar"
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(data)
-        infos.append(ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()))
+        infos.append(_write_shard(folder, shard, count, buffer.getvalue()))
     with open(os.path.join(folder, "index.json"), "w") as f:
         f.write(Manifest(infos, extensions=["json", "tokens.npy"]).to_json())
     return docs
+
+
+def _write_shard(folder, shard: int, count: int, data: bytes) -> ShardInfo:
+    """Write shard number ``shard`` (``count`` samples) into ``folder``; its manifest entry."""
+    name = f"shard-{shard:06d}.tar"
+    with open(os.path.join(folder, name), "wb") as f:
+        f.write(data)
+    return ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest())
