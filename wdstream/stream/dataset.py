@@ -125,8 +125,9 @@ class StreamingDataset(PositionedDataset):
     for ``timeout`` seconds is a stall. Transient failures are retried ``retries`` times,
     waiting ``retry_backoff`` seconds and doubling, from the last sample delivered. When
     retries run out, or a sample cannot be decoded, ``on_error="raise"`` (default) raises
-    and ``"skip"`` leaves it out and counts it in ``loader.stats`` (a configuration,
-    credentials or permission problem always raises). ``verify_digest`` checks each shard's
+    and ``"skip"`` leaves it out and counts it in ``loader.stats`` (iterated without the
+    loader: ``stream_context.stats``; a configuration, credentials or permission problem
+    always raises). ``verify_digest`` checks each shard's
     sha256 against the manifest when read whole. Every option is checked here, when the
     dataset is built (``OptionError`` naming the accepted values; see ``wdstream.options``).
 
