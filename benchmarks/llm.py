@@ -163,7 +163,7 @@ def case_stage(source: str, tokenizer: str | None, eos: int, field: str, mixture
 
     import wdstream
     from wdstream.stream.batching import collate
-    from wdstream.stream.dataset import IterationSpec
+    from wdstream.stream.contract import IterationSpec
 
     inner = wdstream.StreamingDataset(source, seed=1) if mixture == "none" \
         else _five_stage_mix(source, documents, mixture == "schedule")

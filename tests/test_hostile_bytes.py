@@ -26,14 +26,10 @@ from wdstream.shards.identity import head_digest
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar import BLOCK, DRAIN_MAX, TarWriter, iter_members
 from wdstream.sources.cache import ShardCache
-from wdstream.stream.dataset import worker_stats
 from wdstream.stream.plan import Span
 from wdstream.stream.read import ReadOptions, ShardTable, SpanReader
 
-
-@pytest.fixture(autouse=True)
-def fresh_worker_counts(single_rank):
-    worker_stats.take()
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def dataset(source, **kwargs):
@@ -394,7 +390,7 @@ def test_swapped_object_is_caught_before_any_sample(swapped_s3, verify_digest):
         for sample in ds:
             delivered.append(sample["__key__"])
     assert delivered == []  # nothing of the wrong shard, nothing twice
-    assert worker_stats.take()["retries"] == 0
+    assert ds.stream_context.stats.take()["retries"] == 0
 
 
 def test_swapped_object_without_identity_keys_raises_with_verify_digest(swapped_s3):
@@ -408,7 +404,7 @@ def test_swapped_object_without_identity_keys_raises_with_verify_digest(swapped_
         for sample in ds:
             delivered.append(sample["__key__"])
     assert delivered == [sample_key(1, i) for i in range(6)]
-    assert worker_stats.take()["retries"] == 0
+    assert ds.stream_context.stats.take()["retries"] == 0
 
 
 def test_shard_replaced_between_attempts_is_caught_on_the_retry(tmp_path):

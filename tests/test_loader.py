@@ -359,7 +359,7 @@ def test_payload_target_only_for_members_nothing_decodes(tmp_path, monkeypatch):
     ``shared_payloads``), which takes members without a decoder, and none with a map."""
     import torch.utils.data
 
-    from wdstream.stream.dataset import IterationSpec
+    from wdstream.stream.contract import IterationSpec
     from wdstream.stream.shm import FileSpan, SharedSpan
 
     source = _binary_dataset(tmp_path, {"k": b"x"})

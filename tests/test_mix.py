@@ -13,7 +13,7 @@ from datasets import first_batches, write_dataset
 import wdstream
 from wdstream.errors import InputError, StateError
 from wdstream.stages.mix import BLOCK, block_choices
-from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.contract import IterationSpec
 
 SOURCES = {"a": [50, 30, 40], "b": [20, 25], "c": [15]}
 

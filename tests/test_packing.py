@@ -12,7 +12,7 @@ from llm_data import documents, train_tokenizer, write_text_dataset
 import wdstream
 from wdstream.errors import InputError, StateError
 from wdstream.stages.base import cycle_epoch
-from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.contract import IterationSpec
 
 pytest.importorskip("tokenizers")
 

@@ -31,7 +31,6 @@ import wdstream
 from wdstream.errors import ShardError, StreamError
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar import TarWriter
-from wdstream.stream.dataset import worker_stats
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 COUNTS = [5, 3, 4]  # small: every `aws` call costs ~0.7 s, every `gcloud` call ~1.3 s
@@ -40,9 +39,7 @@ COUNTS = [5, 3, 4]  # small: every `aws` call costs ~0.7 s, every `gcloud` call 
 # --------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(autouse=True)
-def fresh_worker_counts(single_rank):
-    worker_stats.take()  # counts left by another test's direct iteration in this process
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def dataset(source, *, retries=1, backoff=0.01, **kwargs):

@@ -12,7 +12,7 @@ import json
 import os
 
 from wdstream.errors import StateError
-from wdstream.stream.dataset import world_info
+from wdstream.stream.contract import world_info
 
 STATE_NAME = "wdstream_loader-rank{rank}.json"
 

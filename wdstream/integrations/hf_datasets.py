@@ -27,7 +27,7 @@ import copy
 
 from datasets.iterable_dataset import _BaseExamplesIterable
 
-from wdstream.stream.dataset import IterationSpec, world_info
+from wdstream.stream.contract import IterationSpec, world_info
 
 
 def to_iterable_dataset(dataset, *, num_workers: int = 1, world: int | None = None,

@@ -26,13 +26,13 @@ Which opener reads what (``opener="auto"``, or the ``WDSTREAM_OPENER`` environme
     - local paths and ``file://``: plain ``open`` (whatever the opener).
     - ``pipe:CMD``: ``/bin/bash -o pipefail -c CMD`` (whatever the opener): the user's own shell
       command; pipefail so that ``aws ... | zcat`` fails when ``aws`` fails.
-    - ``s3://``: "sdk", a streaming ``get_object`` with botocore. Measured against moto on
-      loopback (200 MB object): botocore ~860 MB/s, s3fs ~160 MB/s, ``aws s3 cp URL -``
-      ~55 MB/s, and each ``aws`` process costs ~0.7 s of start-up per shard. One client per
-      process; it honours ``AWS_ENDPOINT_URL``, ``AWS_PROFILE`` and the usual credential chain.
+    - ``s3://``: "sdk", a streaming ``get_object`` with botocore: several times faster than
+      s3fs or ``aws s3 cp URL -``, and without a process start-up per shard (figures:
+      docs/benchmarks.md). One client per process; it honours ``AWS_ENDPOINT_URL``,
+      ``AWS_PROFILE`` and the usual credential chain.
       An object is read as concurrent ranged GETs handed over in order (``ranged.py``).
     - ``gs://``: "fsspec" (gcsfs, in-process; there is no lighter GCS SDK to depend on, and
-      ``gcloud storage cat`` costs ~1.3 s of start-up per shard).
+      ``gcloud storage cat`` costs a process start-up per shard).
     - other fsspec URLs (``memory://``, ``https://``, ...): "fsspec".
     - "cli": ``aws s3 cp --only-show-errors URL -`` for s3, ``gcloud storage cat URL`` (or
       ``gsutil cat URL`` without gcloud) for gs. Commands are argument lists, never shell

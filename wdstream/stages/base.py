@@ -1,11 +1,9 @@
 """What pipeline stages on top of a ``StreamingDataset`` (``Mix``, ``PackedSequences``) share.
 
-A stage is a torch ``IterableDataset`` that reads one worker stream of its inner dataset(s)
-through ``positioned(spec, stream, start)`` and yields ``(item, position_after)`` pairs of its
-own. Its positions are JSON values (lists of ints) from which it restarts exactly, so
-``wdstream.DataLoader`` tracks and resumes a stage the way it does a plain dataset: the loader
-stores each stream's position in ``state_dict()`` and hands it back as ``spec.start[stream]``.
-A fresh stream starts at position ``0``.
+A stage fulfils the dataset contract (``wdstream.stream.contract``) as a ``StreamingDataset``
+does: it reads one worker stream of its inner dataset(s) through ``positioned`` (handing on
+``spec.context``) and yields ``(item, position_after)`` pairs of its own, positions (lists of
+ints) from which it restarts exactly.
 
 Elastic resume: the loader records the positions of a layout it leaves as a ``HistorySegment`` of the
 epoch's history. A stage turns its own segments into those of the dataset(s) it reads
@@ -14,9 +12,6 @@ datasets then leave those samples out of their epoch plan and lay the rest over 
 layout, as a ``StreamingDataset`` does for its own history. Packing's positions differ between
 ranks (they follow the documents' lengths), so the loader gathers every rank's into its state
 (``gather_positions``) and rank 0's state describes the whole job.
-
-The loader also needs, and a stage provides: ``plan()`` (when ``has_counts``), the epoch
-methods, ``fingerprint()``, ``options.seed``, ``options.remainder``, ``spec`` and ``source``.
 """
 
 from __future__ import annotations
@@ -27,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from wdstream.errors import StateError
-from wdstream.stream.dataset import PositionedDataset
 from wdstream.stream.plan import STREAM_END, HistorySegment, stream_sizes
+from wdstream.stream.positioned import PositionedDataset
 
 # Epochs that cycled passes of an inner dataset read live above every real epoch number, so a
 # pass never replays the order of another epoch (see cycle_epoch).

@@ -39,7 +39,7 @@ from wdstream.stages.base import (
     remaining_items,
 )
 from wdstream.stages.schedule import make_schedule, normalise
-from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 
 STOP_RULES = CHOICES["stop"]
@@ -104,7 +104,7 @@ class _Sources:
         base, history = self.histories[index]
         inner = IterationSpec(cycle_epoch(spec.epoch, cycle), spec.rank, spec.world,
                               spec.workers, history=history if cycle == base else (),
-                              batch_size=spec.batch_size)
+                              batch_size=spec.batch_size, context=spec.context)
         return self.datasets[index].positioned(inner, self.stream, position)
 
     def at_end(self, index: int) -> bool:

@@ -39,7 +39,7 @@ from wdstream.stages.base import (
     rank_position,
     remaining_items,
 )
-from wdstream.stream.dataset import IterationSpec
+from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 
 LONG_DOCUMENTS = CHOICES["long_documents"]
@@ -422,7 +422,7 @@ class _DocumentReader:
         base, history = self.history
         inner = IterationSpec(cycle_epoch(spec.epoch, self.cycle), spec.rank, spec.world,
                               spec.workers, history=history if self.cycle == base else (),
-                              batch_size=spec.batch_size)
+                              batch_size=spec.batch_size, context=spec.context)
         self._items = self.stage.dataset.positioned(inner, self.stream, self.before)
 
     def next(self) -> _Document | None:

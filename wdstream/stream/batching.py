@@ -1,6 +1,6 @@
 """Making batches in DataLoader workers: the default collate, the shared-memory transfer of
-large ``bytes`` members (pickled bytes cross the worker pipe at a few hundred MB/s; a tensor in
-shared memory crosses it as a file descriptor), and the malloc settings of worker processes."""
+large ``bytes`` members (pickled bytes are copied through the worker pipe; a tensor in shared
+memory crosses it as a file descriptor), and the malloc settings of worker processes."""
 
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ from wdstream.stream.shm import (
 from wdstream.stream.torch_internals import new_shared_storage
 
 
-def collate(samples: list[dict]) -> dict:
+def collate(samples: list[dict], *, pooled: bool = False) -> dict:
     """The default collate: a dict of lists (``batch["__key__"]`` is the list of keys), where
     arrays and tensors of one shape become one stacked tensor (which travels from workers
-    through shared memory) and numbers become a tensor."""
+    through shared memory) and numbers become a tensor. ``pooled``: large ``bytes`` members
+    go into the worker's reused shared memory (``wdstream.DataLoader`` asks for it under
+    ``bytes_as="tensor"``)."""
     import numpy as np
 
     batch = {}
@@ -49,7 +51,7 @@ def collate(samples: list[dict]) -> dict:
             batch[name] = torch.tensor(values)
         elif isinstance(first, bytes) and _in_worker() and all(
                 isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
-            batch[name] = _SharedBytes(values, pooled=pooling.enabled)
+            batch[name] = _SharedBytes(values, pooled=pooled)
         else:  # (payloads the reader placed go into shared memory in share_raw, after this)
             batch[name] = values
     return batch
@@ -73,13 +75,6 @@ _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as che
 _RAW = (bytes, SharedSpan, FileSpan)
 
 
-class _Pooling:
-    enabled = False  # set in a worker by wdstream.DataLoader under bytes_as="tensor"
-
-
-pooling = _Pooling()
-
-
 def _in_worker() -> bool:
     return torch.utils.data.get_worker_info() is not None
 
@@ -87,7 +82,7 @@ def _in_worker() -> bool:
 class _SharedBytes:
     """A batch's raw members in memory the main process can map: buffers, and each value's
     (buffer, start, end). A DataLoader worker hands tensors over through shared memory, where
-    pickled bytes go through a pipe at a few hundred MB/s; the loader turns them back into
+    pickled bytes are copied through a pipe; the loader turns them back into
     ``bytes`` in the main process, or (``bytes_as="tensor"``) into views of the buffers.
 
     Payloads the reader put in the worker's arena stay where they are, payloads left in local
@@ -95,8 +90,8 @@ class _SharedBytes:
     worker when the main process no longer holds the batch (``pooled``; the other ``bytes``
     of the batch are then packed into the arena too). A batch of only ``bytes`` copied out
     into ``bytes`` at once (the default ``bytes_as``) is packed into a fresh segment, which
-    keeps peak memory at its lowest (pooling cost +5% peak RSS for +17% MB/s with 1 MiB
-    samples). The main process maps the pages it reads with one ``madvise`` call rather
+    keeps peak memory at its lowest (pooling trades a little memory for speed:
+    docs/benchmarks.md). The main process maps the pages it reads with one ``madvise`` call rather
     than a fault per page."""
 
     single = False  # one value (a sample's member) rather than a batch's list
@@ -262,21 +257,16 @@ def _over(storage, nbytes: int) -> torch.Tensor:
 
 # glibc's malloc in a DataLoader worker: blocks under 4 MiB (a payload, a read chunk) come from
 # the heap, and up to 64 MiB of freed heap stays mapped. By default each 1 MiB payload is a
-# fresh mmap whose pages fault in one by one, or freed heap is trimmed and faulted in again;
-# measured with 1 MiB samples: +25% MB/s from local shards, +5% from S3 (moto), +35 MB peak RSS.
+# fresh mmap whose pages fault in one by one, or freed heap is trimmed and faulted in again
+# (figures: docs/benchmarks.md).
 # Workers only: they exist to read data; the training process keeps its own settings.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 WORKER_MALLOC = {_M_TRIM_THRESHOLD: 64 << 20, _M_MMAP_THRESHOLD: 4 << 20}
-_tuned_pid = None
 
 
 def tune_worker_allocator() -> None:
-    """Apply ``WORKER_MALLOC`` once in this (worker) process; nothing where malloc is not
-    glibc's."""
-    global _tuned_pid
-    if _tuned_pid == os.getpid():
-        return
-    _tuned_pid = os.getpid()
+    """Apply ``WORKER_MALLOC`` in this (worker) process (again: the same settings); nothing
+    where malloc is not glibc's."""
     libc = linux_libc()
     if libc is not None and hasattr(libc, "mallopt"):  # glibc's; musl has none
         for option, value in WORKER_MALLOC.items():

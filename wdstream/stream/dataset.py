@@ -3,41 +3,28 @@
 Each DataLoader worker computes the plan (cheap, no I/O), takes its own stream of sample
 spans, and runs the pipeline stages: read spans (prefetch, checks, retries) -> window shuffle
 -> decode -> the user's ``map``. What to read this iteration (epoch, layout, where each stream
-starts after a resume) arrives as an ``IterationSpec`` set by ``wdstream.DataLoader``.
+starts after a resume) arrives as an ``IterationSpec`` set by ``wdstream.DataLoader``; what a
+dataset provides the loader is the contract of ``wdstream.stream.contract``.
 """
 
 from __future__ import annotations
 
-import abc
 import hashlib
 import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import islice
 
 import torch.utils.data
 
 from wdstream import options
-from wdstream.errors import (
-    InputError,
-    ManifestError,
-    OptionError,
-    ShardError,
-    StateError,
-    UnsizedError,
-    WdstreamError,
-)
-from wdstream.shards.compact import ShardArrays
-from wdstream.shards.locate import find_shards
-from wdstream.shards.manifest import Manifest, check_shard_names
+from wdstream.errors import ManifestError, OptionError, ShardError, StateError
 from wdstream.shards.samples import split_name
 from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
-from wdstream.stream.batching import tune_worker_allocator
+from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import build_decoders, decode_option, decode_sample, find_decoder
-from wdstream.stream.lifetime import closed_at_exit
 from wdstream.stream.plan import (
     EpochPlan,
     HistorySegment,
@@ -46,96 +33,17 @@ from wdstream.stream.plan import (
     shard_streams,
     window_order,
 )
-from wdstream.stream.read import ReadOptions, ReadStats, ShardTable, SpanReader
+from wdstream.stream.positioned import PositionedDataset
+from wdstream.stream.read import ReadOptions, ReadStats, SpanReader
+from wdstream.stream.resolve import resolve_source
 from wdstream.stream.shm import CAN_MAP_FILES, FileSpan, read_target
 from wdstream.stream.shuffle import window_shuffle
 from wdstream.stream.window import DEFAULT_SHUFFLE_BYTES, bounded_window
 
+# importable from here too, as before the contract had a module of its own
+__all__ = ["IterationSpec", "PositionedDataset", "StreamingDataset", "world_info"]
+
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
-
-# State of the stream running in this process (a DataLoader worker, or the main process with
-# num_workers=0). The loader's collate wrapper ships it with each batch: a worker's fetcher
-# pulls exactly one batch of items and then collates, so ``position`` is then the position
-# after the batch's last item.
-worker_stats = ReadStats()
-
-
-class _WorkerPosition:
-    def __init__(self):
-        self.value: object = 0  # the position after the last item handed out (with_positions)
-        self.trail: list = []  # under wdstream.DataLoader: the position after each item not
-        # yet tagged
-
-
-worker_position = _WorkerPosition()
-
-# Under wdstream.DataLoader a stream ends with this marker, so that the batch carrying the
-# stream's last samples (or an empty one after them) tells the loader the stream is done.
-END_OF_STREAM = object()
-
-
-def with_positions(items: Iterator[tuple[object, object]]) -> Iterator[object]:
-    """Yield the items of (item, position after it) pairs, publishing each position."""
-    for item, position in items:
-        worker_position.value = position
-        yield item
-
-
-class StreamFailure:
-    """Under wdstream.DataLoader, the WdstreamError that ended a stream, as the stream's last
-    item: it reaches the loader whole (its class and fields, not a worker's traceback text),
-    after the batches before it and with the reader's counters (retries made before it)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: WdstreamError):
-        self.error = error
-
-
-def with_trail(items: Iterator[tuple[object, object]]) -> Iterator[object]:
-    """``with_positions`` for wdstream.DataLoader: keeps the position after each item instead
-    (the loader's collate cuts a fetch into batches and tags each with its own position),
-    and ends with ``END_OF_STREAM``, or a ``StreamFailure``."""
-    trail = worker_position.trail = []
-    append = trail.append
-    try:
-        for item, position in items:
-            append(position)
-            yield item
-    except WdstreamError as error:
-        yield StreamFailure(error)
-        return
-    yield END_OF_STREAM
-
-
-def world_info() -> tuple[int, int]:
-    """(rank, world size): from torch.distributed when initialised, else the RANK and
-    WORLD_SIZE variables torchrun sets, else (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-@dataclass(frozen=True)
-class IterationSpec:
-    """What one iteration reads: the epoch, the layout, the segments of this epoch already
-    consumed under other layouts, where each stream starts, and which stream worker 0 takes
-    (``rotation``: after a resume, the stream whose batch comes next)."""
-
-    epoch: int
-    rank: int
-    world: int
-    workers: int
-    history: tuple[HistorySegment, ...] = ()
-    start: tuple[int, ...] = ()
-    rotation: int = 0
-    batch_size: int = 0
-    # under wdstream.DataLoader with workers and the default collate: large raw payloads stay
-    # in local files for the main process to map, or go straight into the shared memory the
-    # batches travel in (wdstream.stream.shm)
-    shared_payloads: bool = False
 
 
 def _check_options(given: dict) -> dict:
@@ -186,167 +94,6 @@ def _cache_options(cache_dir, cache_limit) -> dict:
     return {"cache_dir": cache.directory, "cache_limit": cache.limit}
 
 
-@dataclass(frozen=True)
-class _ResolvedSource:
-    table: ShardTable
-    manifest: Manifest | None
-
-
-def _resolve_source(source, allow_external_shards: bool = False) -> _ResolvedSource:
-    """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
-    compressed tars), a brace pattern, or a list of shard URLs."""
-    if isinstance(source, Manifest):
-        if source.url is not None:  # read from storage (load_manifest): its names are data
-            check_shard_names(source, allow_external=allow_external_shards)
-        return _from_manifest(source)
-    found = find_shards(source, allow_external_shards=allow_external_shards)
-    if found.manifest is not None:
-        return _from_manifest(found.manifest)
-    if found.how == "listing":
-        log.warning("%s: no index.json; streaming %d shards found there without sample counts "
-                    "(run `wdstream index %s` for equal batches per rank and exact resume)",
-                    found.source, len(found.urls), found.source)
-        if found.not_shards:
-            from wdstream.shards.compression import not_shards_note
-
-            log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
-    sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
-    return _ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
-
-
-def _from_manifest(manifest: Manifest) -> _ResolvedSource:
-    shards = manifest.shards
-    if isinstance(shards, ShardArrays):  # a large manifest: arrays, URLs made when opened
-        return _ResolvedSource(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
-                                  bytes=shards.sizes(), sha256=shards.digests(),
-                                  heads=shards.heads(), last_keys=shards.last_keys()), manifest)
-    table = ShardTable(
-        urls=[manifest.shard_url(i) for i in range(len(shards))],
-        samples=[s.samples for s in shards],
-        bytes=[s.bytes for s in shards],
-        sha256=[s.sha256 for s in shards],
-        heads=[s.head for s in shards],
-        last_keys=[s.last_key for s in shards],
-    )
-    return _ResolvedSource(table, manifest)
-
-
-class PositionedDataset(torch.utils.data.IterableDataset):
-    """What ``StreamingDataset`` and the stages built on it (``Mix``, ``PackedSequences``)
-    share: the epoch rules, and iteration as one worker stream whose items carry positions.
-
-    Subclasses implement ``positioned(spec, stream, start)`` (``(item, position after it)``
-    pairs from position ``start``), ``plan``, ``has_counts`` and ``fingerprint``, and set
-    ``options`` (with ``seed``) and ``source``. ``wdstream.DataLoader`` needs nothing else.
-    """
-
-    spec: IterationSpec | None = None  # set by wdstream.DataLoader before iterating
-    _epoch = 0
-    _epoch_explicit = False
-    _started = False
-    _live: tuple[IterationSpec, int] | None = None  # the stream iterated in this process
-    _stream_resume: dict | None = None  # from load_state_dict (torchdata protocol)
-
-    # ---- epochs -------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration read epoch ``epoch`` (otherwise each new iteration reads
-        the next epoch)."""
-        self._epoch = int(epoch)
-        self._epoch_explicit = True
-
-    def next_epoch(self) -> int:
-        """The epoch the next iteration will read."""
-        return self._epoch + (1 if self._started and not self._epoch_explicit else 0)
-
-    def begin_epoch(self) -> int:
-        self._epoch = self.next_epoch()
-        self._started, self._epoch_explicit = True, False
-        return self._epoch
-
-    # ---- what subclasses provide --------------------------------------------------------
-    @property
-    @abc.abstractmethod
-    def has_counts(self) -> bool:
-        """Whether ``plan()`` can size the epoch's streams."""
-
-    @abc.abstractmethod
-    def plan(self, epoch: int, world: int, workers: int, history: Sequence[HistorySegment] = ()):
-        """Per-stream sizes of an epoch (``stream_samples``, ``rank_samples``,
-        ``remainder_samples``); raises WdstreamError when they cannot be known."""
-
-    @abc.abstractmethod
-    def positioned(self, spec: IterationSpec, stream: int, start) -> Iterator[tuple]:
-        """Stream ``stream``'s items from position ``start``, each with the position after
-        it; positions are JSON values, never mutated once yielded."""
-
-    @abc.abstractmethod
-    def fingerprint(self) -> str:
-        """Identifies the data and the options that shape the order, for resume states."""
-
-    def __len__(self) -> int:
-        """Items each rank reads per epoch (``len(loader)`` gives its batches)."""
-        _rank, world = world_info()
-        try:
-            return self.plan(self.next_epoch(), world, 1).rank_samples
-        except WdstreamError as error:  # a TypeError: what len() of an unsized object raises
-            raise UnsizedError(str(error)) from None
-
-    # ---- iteration ----------------------------------------------------------------------
-    def __iter__(self) -> Iterator:
-        # Resolve the spec now, not in the generator body: the loader clears it right after
-        # creating its iterator.
-        spec, worker = self._current_spec()
-        stream = (spec.rotation + worker) % spec.workers
-        start = spec.start[stream] if spec.start else 0
-        self._live = (spec, stream)
-        worker_position.value = start
-        if self.spec is not None:  # iterated by wdstream.DataLoader
-            if torch.utils.data.get_worker_info() is not None:
-                tune_worker_allocator()
-            return closed_at_exit(with_trail(self.positioned(spec, stream, start)))
-        return closed_at_exit(with_positions(self.positioned(spec, stream, start)))
-
-    def _current_spec(self) -> tuple[IterationSpec, int]:
-        info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
-        if self.spec is not None:
-            return self.spec, worker
-        # Used without wdstream.DataLoader: a plain loop or a plain torch DataLoader. Only
-        # the main process can advance the epoch; in workers call set_epoch() each epoch.
-        if info is not None and info.dataset is not self:
-            _check_outer_dataset(info)
-        rank, world = world_info()
-        workers = info.num_workers if info is not None else 1
-        resume, self._stream_resume = self._stream_resume, None
-        if resume is not None:
-            self._check_stream_state(resume, world, workers, worker)
-            self.set_epoch(resume["epoch"])
-        epoch = self.begin_epoch() if info is None or resume is not None else self._epoch
-        start = [0] * workers
-        if resume is not None:
-            start[worker] = resume["position"]
-        return IterationSpec(epoch, rank, world, workers, start=tuple(start)), worker
-
-
-def _check_outer_dataset(info) -> None:
-    """Iterated inside another dataset in a DataLoader worker, this dataset reads the worker's
-    share of its streams: right for a wrapper that iterates it in every worker, a silent loss
-    under a Hugging Face ``datasets.IterableDataset``, which already gives each worker only
-    some of its shards (a one-shard ``from_generator`` runs in worker 0 alone)."""
-    outer = type(info.dataset)
-    if outer.__module__.split(".")[0] == "datasets":
-        raise InputError(
-            f"a wdstream dataset iterated inside a datasets.{outer.__name__} in DataLoader "
-            f"worker {info.id} of {info.num_workers} would read only that worker's share of "
-            "the shards datasets gave it, and lose the rest: convert it with "
-            "wdstream.integrations.hf_datasets.to_iterable_dataset(ds, num_workers="
-            f"{info.num_workers}) (one shard per wdstream stream), or use wdstream.DataLoader")
-
-
 class StreamingDataset(PositionedDataset):
     """Samples streamed from WebDataset shards, in an order fixed by (seed, epoch, layout).
 
@@ -378,8 +125,9 @@ class StreamingDataset(PositionedDataset):
     for ``timeout`` seconds is a stall. Transient failures are retried ``retries`` times,
     waiting ``retry_backoff`` seconds and doubling, from the last sample delivered. When
     retries run out, or a sample cannot be decoded, ``on_error="raise"`` (default) raises
-    and ``"skip"`` leaves it out and counts it in ``loader.stats`` (a configuration,
-    credentials or permission problem always raises). ``verify_digest`` checks each shard's
+    and ``"skip"`` leaves it out and counts it in ``loader.stats`` (iterated without the
+    loader: ``stream_context.stats``; a configuration, credentials or permission problem
+    always raises). ``verify_digest`` checks each shard's
     sha256 against the manifest when read whole. Every option is checked here, when the
     dataset is built (``OptionError`` naming the accepted values; see ``wdstream.options``).
 
@@ -421,7 +169,7 @@ class StreamingDataset(PositionedDataset):
         super().__init__()
         checked = _check_options(locals())  # every option, before any I/O
         self.source = source
-        resolved = _resolve_source(source, bool(allow_external_shards))
+        resolved = resolve_source(source, bool(allow_external_shards))
         self.shards = resolved.table
         self.manifest = resolved.manifest
         _check_opener(checked["opener"], self.shards.urls)
@@ -467,7 +215,8 @@ class StreamingDataset(PositionedDataset):
         each with the position after it. Stages built on this dataset (mixing, packing) call
         it and report positions of their own."""
         position = start
-        samples = self._samples(spec, stream, start)
+        stats = spec.context.stats if spec.context is not None else ReadStats()
+        samples = self._samples(spec, stream, start, stats)
         decoders, mapper = self.decoders, self.map
         for sample in samples:
             position += 1
@@ -480,14 +229,15 @@ class StreamingDataset(PositionedDataset):
                     if self.read_options.on_error == "raise":
                         raise
                     log.error("skipped: %s", error)
-                    worker_stats.skipped_samples += 1
+                    stats.skipped_samples += 1
                     continue
             if mapper is not None:
                 sample = mapper(sample)
             if sample is not None:  # a map may drop a sample
                 yield sample, position
 
-    def _samples(self, spec: IterationSpec, stream: int, start: int) -> Iterator[dict | None]:
+    def _samples(self, spec: IterationSpec, stream: int, start: int, stats: ReadStats
+                 ) -> Iterator[dict | None]:
         """The stream's raw samples from position ``start``, in the plan's order (None for a
         sample skipped by ``on_error="skip"``)."""
         window = self.options.window
@@ -496,7 +246,7 @@ class StreamingDataset(PositionedDataset):
         if self.has_counts:
             plan = self.plan(spec.epoch, spec.world, spec.workers, spec.history)
             spans = drop_first(plan.stream_spans(spec.rank, stream), first_window * window)
-            samples = SpanReader(spans, self.shards, self.read_options, worker_stats, target)
+            samples = SpanReader(spans, self.shards, self.read_options, stats, target)
 
             def order(index, size):
                 return plan.window_order(spec.rank, stream, index, size)
@@ -511,7 +261,7 @@ class StreamingDataset(PositionedDataset):
                     "unequal batches); run `wdstream index` on the shards' prefix")
             spans = shard_streams(len(self.shards.urls), o.seed, spec.epoch, o.shuffle,
                                   spec.world, spec.workers, spec.rank, stream)
-            samples = SpanReader(spans, self.shards, self.read_options, worker_stats, target)
+            samples = SpanReader(spans, self.shards, self.read_options, stats, target)
             samples = islice(samples, first_window * window, None)
 
             def order(index, size):
@@ -559,7 +309,7 @@ class StreamingDataset(PositionedDataset):
         spec, stream = self._live
         return {"fingerprint": self.fingerprint(), "seed": self.options.seed,
                 "epoch": spec.epoch, "world": spec.world, "workers": spec.workers,
-                "stream": stream, "position": worker_position.value}
+                "stream": stream, "position": spec.context.position}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue this stream where ``state`` was taken."""

@@ -18,118 +18,40 @@ import collections
 import logging
 import sys
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
 
 import torch.utils.data
 
-from wdstream import options
 from wdstream.errors import (
     OptionError,
     OptionTypeError,
-    StateError,
     StreamError,
     UnsizedError,
     WdstreamError,
 )
-from wdstream.stream.batching import (
-    approximate_bytes,
-    collate,
-    pooling,
-    share_raw,
-    unpack_shared,
-)
-from wdstream.stream.dataset import (
-    END_OF_STREAM,
-    IterationSpec,
-    StreamFailure,
-    worker_position,
-    worker_stats,
-    world_info,
-)
+from wdstream.stream.batching import approximate_bytes, collate, unpack_shared
+from wdstream.stream.context import StreamContext
+from wdstream.stream.contract import IterationSpec, Trackable, world_info
 from wdstream.stream.lifetime import closed_at_exit
+from wdstream.stream.loader_options import check_loader_options
+from wdstream.stream.loader_state import STATE_FORMAT, STATE_VERSION, check_loadable, make_state
 from wdstream.stream.plan import HistorySegment, batches_in_stream
 from wdstream.stream.shm import unmap_workers
+from wdstream.stream.tagging import TaggedCollate
 from wdstream.stream.torch_internals import LoaderInternals, raise_prefetch, worker_pids
+
+# importable from here too, as before they had modules of their own
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "DataLoader", "Trackable"]
 
 log = logging.getLogger("wdstream.loader")  # the logger name users configure
 
-STATE_FORMAT = "wdstream.loader"  # the state format's name, not the module path
-STATE_VERSION = 1
 _FAILED = object()  # in a stream's queue of (position, batch): the error that ended it
-
-
-@runtime_checkable
-class Trackable(Protocol):
-    """What the loader needs of a dataset: ``StreamingDataset`` and the stages built on it.
-
-    ``positioned(spec, stream, start)`` yields ``(item, position after it)``; positions are
-    JSON values, never mutated once yielded (with ``num_workers=0`` the loader keeps the very
-    object). ``plan(epoch, world, workers, history)`` gives per-stream sizes when
-    ``has_counts``; the rest is the epoch bookkeeping and what a state is checked against."""
-
-    spec: IterationSpec | None
-    source: object
-    options: object
-    has_counts: bool
-
-    def positioned(self, spec: IterationSpec, stream: int, start): ...
-    def plan(self, epoch: int, world: int, workers: int, history=()): ...
-    def begin_epoch(self) -> int: ...
-    def next_epoch(self) -> int: ...
-    def set_epoch(self, epoch: int) -> None: ...
-    def fingerprint(self) -> str: ...
-
-
-class _TaggedCollate:
-    """Runs in the worker on each fetch: cuts the fetched samples into batches, collates each
-    and tags it with the stream's position after it; the fetch travels as one transfer of
-    ``(stream, [(position, batch), ...], reader counters, stream ended)``. With
-    ``batch_size=None`` a fetch is one sample."""
-
-    def __init__(self, collate_fn: Callable, rotation: int, workers: int,
-                 batch_size: int | None, drop_last: bool, share_bytes: bool = False):
-        self.collate_fn = collate_fn
-        self.share_bytes = share_bytes  # bytes_as="tensor": all bytes into shared memory
-        self.rotation = rotation
-        self.workers = workers
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-
-    def __call__(self, samples):
-        info = torch.utils.data.get_worker_info()
-        stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
-        trail = worker_position.trail
-        collate_fn = self._collate_and_share
-        pooling.enabled = self.share_bytes  # for the default collate, which cannot be told
-        failure = None
-        if self.batch_size is None:  # one sample per fetch
-            if isinstance(samples, StreamFailure):
-                failure, samples = samples.error, END_OF_STREAM
-            ended = samples is END_OF_STREAM
-            batches = [] if ended else [(trail[-1], collate_fn(samples))]
-        else:
-            if samples and isinstance(samples[-1], StreamFailure):
-                failure, samples = samples[-1].error, samples[:-1] + [END_OF_STREAM]
-            ended = bool(samples) and samples[-1] is END_OF_STREAM
-            if ended:
-                samples = samples[:-1]
-            size = self.batch_size
-            stop = len(samples)
-            if self.drop_last or failure is not None:
-                stop -= stop % size  # only a stream's last batch can be short
-            batches = [(trail[min(start + size, stop) - 1],
-                        collate_fn(samples[start:start + size])) for start in range(0, stop, size)]
-        trail.clear()
-        return stream, batches, worker_stats.take(), ended, failure
-
-    def _collate_and_share(self, samples):
-        return share_raw(self.collate_fn(samples), self.share_bytes)
 
 
 class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` (or a stage built on one,
-    such as ``Mix`` or ``PackedSequences``) with ``state_dict()``,
-    ``load_state_dict()`` and a ``len()`` known before the first batch.
+    such as ``Mix`` or ``PackedSequences``: what it needs of a dataset is the contract of
+    ``wdstream.stream.contract``) with ``state_dict()``, ``load_state_dict()`` and a ``len()``
+    known before the first batch.
 
     Accepts the usual DataLoader arguments. ``collate_fn`` defaults to ``wdstream.collate``
     (a dict of lists; arrays of one shape stacked). ``persistent_workers`` is refused: each
@@ -147,16 +69,16 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
                  num_workers: int = 0, collate_fn: Callable | None = None,
                  drop_last: bool = False, persistent_workers: bool = False,
                  bytes_as: str = "bytes", **kwargs):
-        _check_options(dataset, batch_size, num_workers, collate_fn, drop_last,
-                       persistent_workers, bytes_as, kwargs)
+        check_loader_options(dataset, batch_size, num_workers, collate_fn, drop_last,
+                             persistent_workers, bytes_as, kwargs)
         self.bytes_as = bytes_as
         self.user_collate = collate_fn if collate_fn is not None else (
             collate if batch_size is not None else _identity)
         # the workers leave large raw payloads of local files in place for the main process
         # to map, and read those of other streams straight into shared memory
         self._shared_payloads = num_workers > 0 and collate_fn is None
-        self._tagger = _TaggedCollate(self.user_collate, 0, max(1, num_workers), batch_size,
-                                      drop_last, share_bytes=bytes_as == "tensor")
+        self._tagger = TaggedCollate(self.user_collate, max(1, num_workers), batch_size,
+                                     drop_last, share_bytes=bytes_as == "tensor")
         self._sample_bytes = 0.0  # estimated bytes per sample, sizes the fetches
         # torch's default prefetch_factor (2 fetches per worker), raised for small fetches
         self._default_prefetch = num_workers > 0 and kwargs.get("prefetch_factor") is None
@@ -199,9 +121,9 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     # A DataLoader moves a few thousand transfers per second from its workers at most, so
     # small batches travel several to a fetch. The first fetch of each worker is one batch
     # (time to first batch), later ones grow up to FETCH_SAMPLES samples or FETCH_BYTES. The
-    # loader hands batches out in the same order whatever the fetch sizes. Measured with ~1 KiB
-    # samples, 2 workers: 512 samples per fetch beat 256 by 13% and 1,024 by 30% (a fetch
-    # then outgrows the 1 MiB result pipe: torch_internals.PIPE_BYTES); 4 KiB: 1 MiB ~ 4 MiB.
+    # loader hands batches out in the same order whatever the fetch sizes. A larger fetch would
+    # outgrow the 1 MiB result pipe (torch_internals.PIPE_BYTES); docs/benchmarks.md has the
+    # figures behind these defaults.
     FETCH_SAMPLES = 512
     FETCH_BYTES = 1 << 20
 
@@ -296,10 +218,13 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
                      "dropped" if policy == "drop" else "repeated", policy)
         self._epoch, self._history = epoch, history
         self._positions, self._batches = list(positions), list(batches)
-        self._tagger.rotation = rotation
+        # one context for the dataset and the collate wrapper: in each worker, its own copy
+        context = StreamContext()
+        self.collate_fn = self._tagger.for_iteration(rotation, context)  # read by torch's iterator
         return IterationSpec(epoch=epoch, rank=rank, world=world, workers=self.streams,
                              history=history, start=tuple(positions), rotation=rotation,
-                             batch_size=self._batch, shared_payloads=self._shared_payloads)
+                             batch_size=self._batch, shared_payloads=self._shared_payloads,
+                             context=context)
 
     def __iter__(self):
         return closed_at_exit(self._iterate())
@@ -308,7 +233,6 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         dataset: Trackable = self.dataset
         resumed = self._pending is not None
         dataset.spec = self._begin()
-        worker_stats.take()  # counts of an earlier iteration in this process, not this one's
         try:
             iterator = super().__iter__()
         finally:
@@ -381,10 +305,10 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
 
     def _prefetch_small_fetches(self, iterator) -> None:
         """Keep more fetches in flight per worker once batches prove small: a worker then has
-        work queued while the loop takes batches from a fetch received earlier (measured with
-        ~1 KiB samples, 2 workers: +7% samples/s). Large batches keep torch's default, which
-        bounds the memory in flight. Only when ``prefetch_factor`` was left to its default;
-        best effort (``torch_internals``)."""
+        work queued while the loop takes batches from a fetch received earlier (see
+        docs/benchmarks.md). Large batches keep torch's default, which bounds the memory in
+        flight. Only when ``prefetch_factor`` was left to its default; best effort
+        (``torch_internals``)."""
         if self._sample_bytes * self.FETCH_SAMPLES > self.FETCH_BYTES:
             return  # large samples: torch's default stays
         raise_prefetch(iterator, self.SMALL_FETCH_PREFETCH, self.num_workers)
@@ -415,88 +339,18 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
             from wdstream.stages.base import gather_positions
 
             positions = gather_positions(positions, self._rank, world)
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "fingerprint": dataset.fingerprint(),
-            "seed": dataset.options.seed,
-            "epoch": epoch,
-            "world": world,
-            "workers": self.streams,
-            "batch_size": self._batch,
-            "drop_last": self.drop_last,
-            "positions": list(positions),
-            "batches": list(batches),
-            "history": [segment.to_list() for segment in history],
-            "rank": self._rank,
-        }
+        return make_state(dataset, epoch=epoch, world=world, workers=self.streams,
+                          batch_size=self._batch, drop_last=self.drop_last,
+                          positions=positions, batches=batches, history=history,
+                          rank=self._rank)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next iteration, exactly where ``state`` was taken. Refuses a state
         of another dataset or seed, or a malformed one."""
-        dataset: Trackable = self.dataset
-        _validate(state)
-        if state["seed"] != dataset.options.seed:
-            raise StateError(f"the state was saved with seed {state['seed']}, this dataset "
-                             f"uses seed {dataset.options.seed}")
-        if state["fingerprint"] != dataset.fingerprint():
-            raise StateError("the state belongs to another dataset or other shuffle options "
-                             f"(fingerprint {state['fingerprint']} != {dataset.fingerprint()})")
-        layout_changed = (state["world"], state["workers"], state["batch_size"]) != (
-            world_info()[1], self.streams, self._batch)
-        if (state["history"] or layout_changed) and not dataset.has_counts:
-            raise StateError(f"{dataset.source}: resuming on another layout needs a manifest")
-        elastic = getattr(dataset, "elastic", None)
-        if elastic is None:
-            elastic = all(isinstance(p, int) for p in state["positions"])
-        if layout_changed and not elastic:
-            raise StateError("this pipeline's positions are not sample counts: resume it with "
-                             f"the layout it was saved with ({state['world']} ranks x "
-                             f"{state['workers']} workers, batch {state['batch_size']})")
-        rank = world_info()[0]
-        if not layout_changed and state.get("rank", rank) != rank and \
-                not all(isinstance(p, int) or _gathered(p) for p in state["positions"]):
-            raise StateError(f"this is rank {state['rank']}'s state, and this pipeline's "
-                             "positions are each rank's own (not sample counts): load rank "
-                             f"{rank}'s own state here")
+        rank, world = world_info()
+        check_loadable(state, self.dataset, world=world, rank=rank, workers=self.streams,
+                       batch_size=self._batch)
         self._pending = dict(state)
-
-
-def _gathered(position) -> bool:
-    """A position that holds every rank's (a stage's, see ``stage.gather_positions``)."""
-    from wdstream.stages.base import RANKS
-
-    return isinstance(position, dict) and RANKS in position
-
-
-def _check_options(dataset, batch_size, num_workers, collate_fn, drop_last,
-                   persistent_workers, bytes_as, kwargs) -> None:
-    owner = "DataLoader"
-    if not isinstance(dataset, Trackable):
-        raise OptionTypeError("DataLoader: needs a wdstream.StreamingDataset or a stage built "
-                              f"on one (Mix, PackedSequences), not {type(dataset).__name__}")
-    options.integer(owner, "batch_size", batch_size, minimum=1, allow_none=True)
-    options.integer(owner, "num_workers", num_workers, minimum=0)
-    options.function(owner, "collate_fn", collate_fn)
-    options.boolean(owner, "drop_last", drop_last)
-    options.choice(owner, "bytes_as", bytes_as)
-    if persistent_workers:
-        raise OptionError("DataLoader: persistent_workers=True is not supported: every epoch's "
-                          "plan and resume position are handed to freshly started workers")
-    if kwargs.get("in_order") is False:
-        raise OptionError("DataLoader: in_order=False would make the batch order, and so "
-                          "resume, non-deterministic")
-    if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
-        raise OptionError("DataLoader: the epoch plan decides the order; samplers do not apply")
-    if kwargs.get("shuffle"):
-        raise OptionError("DataLoader: shuffle=True does not apply; the dataset's shuffle and "
-                          "seed decide the order")
-    if kwargs.get("prefetch_factor") is not None:
-        options.integer(owner, "prefetch_factor", kwargs["prefetch_factor"], minimum=1)
-        if num_workers == 0:
-            raise OptionError("DataLoader: prefetch_factor needs num_workers > 0")
-    if "timeout" in kwargs:
-        options.number(owner, "timeout", kwargs["timeout"])
 
 
 def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
@@ -515,38 +369,3 @@ def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
 
 def _identity(sample):
     return sample
-
-
-_STATE_TYPES = {
-    "format": str, "version": int, "fingerprint": str, "seed": int, "epoch": int, "world": int,
-    "workers": int, "batch_size": int, "drop_last": bool, "positions": list, "batches": list,
-    "history": list,
-}
-
-
-def _validate(state) -> None:
-    if not isinstance(state, dict):
-        raise StateError(f"a loader state is a dict, not {type(state).__name__}")
-    for key, kind in _STATE_TYPES.items():
-        if key not in state:
-            raise StateError(f"loader state: missing key {key!r}")
-        if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool)):
-            raise StateError(f"loader state: {key!r} must be {kind.__name__}, "
-                             f"not {type(state[key]).__name__}")
-    if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
-        raise StateError(f"not a wdstream loader state (format {state['format']!r}, "
-                         f"version {state['version']})")
-    if state["world"] < 1 or state["workers"] < 1 or state["epoch"] < 0:
-        raise StateError("loader state: world, workers must be >= 1 and epoch >= 0")
-    for key in ("positions", "batches"):
-        if len(state[key]) != state["workers"]:
-            raise StateError(f"loader state: {key!r} needs one entry per worker")
-    if not all(isinstance(b, int) and b >= 0 for b in state["batches"]):
-        raise StateError("loader state: 'batches' must be counts >= 0")
-    for segment in state["history"]:
-        try:
-            parsed = HistorySegment.from_list(segment)
-        except (TypeError, ValueError) as error:
-            raise StateError(f"loader state: bad history segment {segment!r}") from error
-        if len(parsed.consumed) != parsed.workers or parsed.world < 1:
-            raise StateError(f"loader state: bad history segment {segment!r}")

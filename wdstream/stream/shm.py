@@ -2,9 +2,9 @@
 a copy: shared-memory segments, and regions of local files mapped from the page cache.
 
 A tensor in shared memory crosses from a worker to the training process as a file descriptor,
-where pickled ``bytes`` go through a pipe at a few hundred MB/s. A fresh segment costs more than
-the copy into it, though (the kernel zeroes and maps every page: ~2.5 GB/s here, against ~10
-GB/s to copy into memory already mapped), so each worker keeps an ``Arena``: segments mapped
+where pickled ``bytes`` are copied through a pipe. A fresh segment costs more than the copy
+into it, though (the kernel zeroes and maps every page, several times slower than a copy into
+memory already mapped: docs/benchmarks.md), so each worker keeps an ``Arena``: segments mapped
 once, cut in order into payloads (the tar reader reads large ones from remote streams straight
 into them) and, under ``bytes_as="tensor"``, packed batches, and reused once nothing cut from
 them is alive, in the worker or in the main process. Large payloads of local files are not
@@ -204,10 +204,8 @@ class Arena:
 
     ``SEGMENT`` and ``KEEP`` trade memory for speed: a segment holds what is in flight, and the
     fewer bytes it leaves unused the less is allocated (each new page costs more than a copy).
-    Measured from S3 (moto) with 1 MiB samples in batches of 32 (2 workers), segments of 64,
-    32, 16 and 8 MiB (keeping twice that idle) gave 0.76, 0.76, 0.82 and 0.76x a boto3 loop
-    as ``bytes`` (0.67 without the arena), 0.96, 1.00, 1.03 and 0.93x as tensors, for a
-    peak PSS of 796, 702, 657 and 643 MB (no arena: 539)."""
+    16 MiB was the fastest segment size measured, at close to the least memory
+    (docs/benchmarks.md)."""
 
     SEGMENT = 16 << 20  # bytes of a new segment (more when one span needs more)
     KEEP = 32 << 20  # bytes of idle segments kept mapped for reuse

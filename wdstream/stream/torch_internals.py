@@ -69,9 +69,8 @@ class LoaderInternals:
 
 def widen_result_pipe(iterator) -> None:
     """Let the workers' result pipe hold a whole fetch (1 MiB rather than 64 KiB), so that a
-    fetch crosses in one write and one read rather than a wake-up of each side every 64 KiB:
-    measured with 100,000 ~1 KiB samples, 2 workers, +25% samples/s and 60% fewer context
-    switches. Best effort: Linux only."""
+    fetch crosses in one write and one read rather than a wake-up of each side every 64 KiB
+    (fewer context switches; docs/benchmarks.md). Best effort: Linux only."""
     queue = getattr(iterator, "_worker_result_queue", None)
     reader = getattr(queue, "_reader", None)
     if reader is None or not sys.platform.startswith("linux"):

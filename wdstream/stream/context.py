@@ -1,0 +1,69 @@
+"""What the stream a process iterates reports, held in an object the code that reads it is
+handed rather than in module globals.
+
+``wdstream.DataLoader`` makes one ``StreamContext`` per iteration and gives that one object to
+both the dataset (``IterationSpec.context``) and its collate wrapper (``TaggedCollate``); each
+worker process gets its own copy of the two together, so within a worker they share it, and
+two loaders in one process never do. A dataset iterated directly (a plain loop, a plain torch
+DataLoader) makes its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from wdstream.errors import WdstreamError
+from wdstream.stream.read import ReadStats
+
+# Under wdstream.DataLoader a stream ends with this marker, so that the batch carrying the
+# stream's last samples (or an empty one after them) tells the loader the stream is done.
+END_OF_STREAM = object()
+
+
+class StreamFailure:
+    """Under wdstream.DataLoader, the WdstreamError that ended a stream, as the stream's last
+    item: it reaches the loader whole (its class and fields, not a worker's traceback text),
+    after the batches before it and with the reader's counters (retries made before it)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: WdstreamError):
+        self.error = error
+
+
+class StreamContext:
+    """One stream's reports while it is iterated.
+
+    ``stats``: the counters its readers count into (retries, skipped shards and samples, stray
+    members); the loader's collate wrapper sends what they gained with each fetch.
+    ``position``: the position after the last item handed out (direct iteration; the
+    dataset's torchdata ``state_dict()`` reads it). ``trail``: under the loader, the position
+    after each item not yet batched; a worker's fetcher pulls a fetch's items and then
+    collates, so the collate wrapper finds there the position after each of them."""
+
+    __slots__ = ("stats", "position", "trail")
+
+    def __init__(self, position: object = 0):
+        self.stats = ReadStats()
+        self.position = position
+        self.trail: list = []
+
+    def with_positions(self, items: Iterator[tuple[object, object]]) -> Iterator[object]:
+        """The items of (item, position after it) pairs, keeping each position."""
+        for item, position in items:
+            self.position = position
+            yield item
+
+    def with_trail(self, items: Iterator[tuple[object, object]]) -> Iterator[object]:
+        """``with_positions`` for wdstream.DataLoader: keeps the position after each item in
+        the trail instead (the collate wrapper cuts a fetch into batches and tags each with its
+        own position), and ends with ``END_OF_STREAM``, or a ``StreamFailure``."""
+        append = self.trail.append
+        try:
+            for item, position in items:
+                append(position)
+                yield item
+        except WdstreamError as error:
+            yield StreamFailure(error)
+            return
+        yield END_OF_STREAM

@@ -1,0 +1,109 @@
+"""The loader's resume state: a few integers, JSON-serialisable, whatever the dataset size.
+
+Per worker stream, the position the training loop has received and the batches it has had;
+the epoch, the layout (world size, workers, batch size, ``drop_last``) and the segments of
+this epoch consumed under other layouts (``HistorySegment``). ``make_state`` writes one,
+``check_loadable`` decides whether a dataset can resume from one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from wdstream.errors import StateError
+from wdstream.stream.contract import Trackable
+from wdstream.stream.plan import HistorySegment
+
+STATE_FORMAT = "wdstream.loader"  # the state format's name, not the module path
+STATE_VERSION = 1
+
+_STATE_TYPES = {
+    "format": str, "version": int, "fingerprint": str, "seed": int, "epoch": int, "world": int,
+    "workers": int, "batch_size": int, "drop_last": bool, "positions": list, "batches": list,
+    "history": list,
+}
+
+
+def make_state(dataset: Trackable, *, epoch: int, world: int, workers: int, batch_size: int,
+               drop_last: bool, positions: Sequence, batches: Sequence[int],
+               history: Sequence[HistorySegment], rank: int) -> dict:
+    return {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "fingerprint": dataset.fingerprint(),
+        "seed": dataset.options.seed,
+        "epoch": epoch,
+        "world": world,
+        "workers": workers,
+        "batch_size": batch_size,
+        "drop_last": drop_last,
+        "positions": list(positions),
+        "batches": list(batches),
+        "history": [segment.to_list() for segment in history],
+        "rank": rank,
+    }
+
+
+def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers: int,
+                   batch_size: int) -> None:
+    """Refuse a malformed state, or one of another dataset or seed, or one this dataset cannot
+    resume on this layout (``StateError``)."""
+    validate(state)
+    if state["seed"] != dataset.options.seed:
+        raise StateError(f"the state was saved with seed {state['seed']}, this dataset "
+                         f"uses seed {dataset.options.seed}")
+    if state["fingerprint"] != dataset.fingerprint():
+        raise StateError("the state belongs to another dataset or other shuffle options "
+                         f"(fingerprint {state['fingerprint']} != {dataset.fingerprint()})")
+    layout_changed = (state["world"], state["workers"], state["batch_size"]) != (
+        world, workers, batch_size)
+    if (state["history"] or layout_changed) and not dataset.has_counts:
+        raise StateError(f"{dataset.source}: resuming on another layout needs a manifest")
+    elastic = getattr(dataset, "elastic", None)
+    if elastic is None:
+        elastic = all(isinstance(p, int) for p in state["positions"])
+    if layout_changed and not elastic:
+        raise StateError("this pipeline's positions are not sample counts: resume it with "
+                         f"the layout it was saved with ({state['world']} ranks x "
+                         f"{state['workers']} workers, batch {state['batch_size']})")
+    if not layout_changed and state.get("rank", rank) != rank and \
+            not all(isinstance(p, int) or _gathered(p) for p in state["positions"]):
+        raise StateError(f"this is rank {state['rank']}'s state, and this pipeline's "
+                         "positions are each rank's own (not sample counts): load rank "
+                         f"{rank}'s own state here")
+
+
+def _gathered(position) -> bool:
+    """A position that holds every rank's (a stage's, see ``stages.base.gather_positions``)."""
+    from wdstream.stages.base import RANKS
+
+    return isinstance(position, dict) and RANKS in position
+
+
+def validate(state) -> None:
+    """The state's keys, their types and their consistency (``StateError``)."""
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state is a dict, not {type(state).__name__}")
+    for key, kind in _STATE_TYPES.items():
+        if key not in state:
+            raise StateError(f"loader state: missing key {key!r}")
+        if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool)):
+            raise StateError(f"loader state: {key!r} must be {kind.__name__}, "
+                             f"not {type(state[key]).__name__}")
+    if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
+        raise StateError(f"not a wdstream loader state (format {state['format']!r}, "
+                         f"version {state['version']})")
+    if state["world"] < 1 or state["workers"] < 1 or state["epoch"] < 0:
+        raise StateError("loader state: world, workers must be >= 1 and epoch >= 0")
+    for key in ("positions", "batches"):
+        if len(state[key]) != state["workers"]:
+            raise StateError(f"loader state: {key!r} needs one entry per worker")
+    if not all(isinstance(b, int) and b >= 0 for b in state["batches"]):
+        raise StateError("loader state: 'batches' must be counts >= 0")
+    for segment in state["history"]:
+        try:
+            parsed = HistorySegment.from_list(segment)
+        except (TypeError, ValueError) as error:
+            raise StateError(f"loader state: bad history segment {segment!r}") from error
+        if len(parsed.consumed) != parsed.workers or parsed.world < 1:
+            raise StateError(f"loader state: bad history segment {segment!r}")

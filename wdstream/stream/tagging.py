@@ -1,0 +1,72 @@
+"""The loader's collate wrapper, run in a worker on each fetch: it cuts the fetched items into
+batches, collates each and tags it with the stream's position after it."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from functools import partial
+
+import torch.utils.data
+
+from wdstream.stream.batching import collate, share_raw
+from wdstream.stream.context import END_OF_STREAM, StreamContext, StreamFailure
+
+
+class TaggedCollate:
+    """A fetch travels as one transfer of ``(stream, [(position, batch), ...], reader
+    counters, stream ended, error that ended it)``. With ``batch_size=None`` a fetch is one
+    sample.
+
+    ``wdstream.DataLoader`` makes one for each iteration (``for_iteration``), with the
+    iteration's ``rotation`` and the ``StreamContext`` it also gives the dataset, where the
+    dataset's iterator keeps the position after each item (``trail``) and its readers'
+    counters (``stats``)."""
+
+    def __init__(self, collate_fn: Callable, workers: int, batch_size: int | None,
+                 drop_last: bool, share_bytes: bool = False):
+        self.share_bytes = share_bytes  # bytes_as="tensor": all bytes into shared memory
+        if collate_fn is collate:  # the default collate pools large bytes under "tensor"
+            collate_fn = partial(collate, pooled=share_bytes)
+        self.collate_fn = collate_fn
+        self.workers = workers
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.rotation = 0
+        self.context = StreamContext()
+
+    def for_iteration(self, rotation: int, context: StreamContext) -> TaggedCollate:
+        """This wrapper for one iteration: its first stream and the context of its streams."""
+        tagger = copy.copy(self)
+        tagger.rotation, tagger.context = rotation, context
+        return tagger
+
+    def __call__(self, samples):
+        info = torch.utils.data.get_worker_info()
+        stream = (self.rotation + (info.id if info is not None else 0)) % self.workers
+        context = self.context
+        trail = context.trail
+        collate_fn = self._collate_and_share
+        failure = None
+        if self.batch_size is None:  # one sample per fetch
+            if isinstance(samples, StreamFailure):
+                failure, samples = samples.error, END_OF_STREAM
+            ended = samples is END_OF_STREAM
+            batches = [] if ended else [(trail[-1], collate_fn(samples))]
+        else:
+            if samples and isinstance(samples[-1], StreamFailure):
+                failure, samples = samples[-1].error, samples[:-1] + [END_OF_STREAM]
+            ended = bool(samples) and samples[-1] is END_OF_STREAM
+            if ended:
+                samples = samples[:-1]
+            size = self.batch_size
+            stop = len(samples)
+            if self.drop_last or failure is not None:
+                stop -= stop % size  # only a stream's last batch can be short
+            batches = [(trail[min(start + size, stop) - 1],
+                        collate_fn(samples[start:start + size])) for start in range(0, stop, size)]
+        trail.clear()
+        return stream, batches, context.stats.take(), ended, failure
+
+    def _collate_and_share(self, samples):
+        return share_raw(self.collate_fn(samples), self.share_bytes)
