@@ -337,7 +337,7 @@ def json_dataset(folder: str | Path, samples: int, per_shard: int, record_bytes:
     """Shards of one ``.json`` member per sample (a record of about ``record_bytes``), an
     ``index.json``, and (``jsonl``) the same records as one JSONL file per shard."""
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder = Path(folder)
     (folder / "tar").mkdir(parents=True, exist_ok=True)
@@ -382,7 +382,7 @@ def blob_dataset(folder: str | Path, samples: int, per_shard: int, sample_bytes:
     """Shards of one ``.bin`` member of ``sample_bytes`` per sample, and an ``index.json``.
     Payloads are pseudo-random (incompressible) and differ from sample to sample."""
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -146,7 +146,7 @@ def write_images(folder: Path, count: int, per_shard: int) -> dict:
 
     from wdstream.shards.index import index_shards
     from wdstream.shards.manifest import write_manifest
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(5)

@@ -63,7 +63,7 @@ def text_dataset(folder: Path, documents: int, per_shard: int) -> dict:
     import numpy as np
 
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     rng = random.Random(5)
     vocabulary = _words(5000)

@@ -9,7 +9,7 @@ import json
 import os
 
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 
 def sample_key(shard: int, index: int) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from datasets import write_dataset
 
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 SECRET = "TOP-SECRET-4242"
 COUNTS = [3, 3]

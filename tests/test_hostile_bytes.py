@@ -24,7 +24,10 @@ import wdstream
 from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.shards.identity import head_digest
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import BLOCK, DRAIN_MAX, TarWriter, iter_members
+from wdstream.shards.tar_buffer import DRAIN_MAX
+from wdstream.shards.tar_header import BLOCK
+from wdstream.shards.tar_reader import iter_members
+from wdstream.shards.tar_writer import TarWriter
 from wdstream.sources.cache import ShardCache
 from wdstream.stream.dataset import worker_stats
 from wdstream.stream.plan import Span

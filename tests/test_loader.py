@@ -212,7 +212,7 @@ def _binary_dataset(folder, payloads: dict[str, bytes]) -> str:
     import io
 
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     buffer = io.BytesIO()
     writer = TarWriter(buffer)
@@ -269,7 +269,7 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
     import wdstream.stream.dataset
     import wdstream.stream.shm as shm
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)  # the forked workers inherit these
     monkeypatch.setattr(shm.Arena, "KEEP", 2 << 20)

@@ -24,7 +24,8 @@ from wdstream.shards.manifest import (
     write_manifest,
 )
 from wdstream.shards.samples import StrayCount, check_key, iter_samples, split_name
-from wdstream.shards.tar import END_SIZE, TarWriter, iter_members, member_size
+from wdstream.shards.tar_reader import iter_members
+from wdstream.shards.tar_writer import END_SIZE, TarWriter, member_size
 
 LONG_DIR_NAME = "d" * 90 + "/" + "e" * 60 + "/" + "f" * 95 + ".txt"  # > 100 bytes, splits at "/"
 LONG_FLAT_NAME = "k" * 150 + ".json"  # > 100 bytes, no "/": GNU longname
@@ -234,10 +235,10 @@ def test_headers_match_the_reference_and_tarfile():
         for start, stop in ((0, 148), (156, 329), (345, 512)):
             assert header[start:stop] == expected[start:stop], (name, start)
     # Sizes beyond the octal field (GNU base-256), through the header function itself.
-    from wdstream.shards import tar
+    from wdstream.shards import tar_header
 
     for size in (8**11 - 1, 8**11, 5 << 40):
-        assert tar._header(b"big.bin", size, b"0") == _reference_header(b"big.bin", size, b"0")
+        assert tar_header.build_header(b"big.bin", size, b"0") == _reference_header(b"big.bin", size, b"0")
 
 
 # --- reader on tars written by others ----------------------------------------------------------

@@ -30,7 +30,7 @@ from servers import free_port
 import wdstream
 from wdstream.errors import ShardError, StreamError
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 from wdstream.stream.dataset import worker_stats
 
 ROOT = str(Path(__file__).resolve().parent.parent)

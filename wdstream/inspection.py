@@ -289,7 +289,7 @@ def _parse(check: ShardCheck, reader: _Hashing, url: str) -> None:
     failure, a cut compressed stream or a missing end-of-archive marker as a problem."""
     from wdstream.shards.compression import open_tar
     from wdstream.shards.samples import StrayCount, iter_samples
-    from wdstream.shards.tar import iter_members
+    from wdstream.shards.tar_reader import iter_members
 
     strays = StrayCount()
     count = 0
@@ -447,7 +447,7 @@ def read_samples(
     from wdstream.shards.compression import DecompressingStream, open_tar
     from wdstream.shards.identity import head_check
     from wdstream.shards.samples import iter_samples
-    from wdstream.shards.tar import iter_members
+    from wdstream.shards.tar_reader import iter_members
     from wdstream.sources.openers import open_read
 
     if limit is not None and limit < 0:

@@ -21,7 +21,7 @@ from wdstream.shards.identity import HeadRecorder
 from wdstream.shards.manifest import Manifest, ShardInfo, count_problem
 from wdstream.shards.names import outside_prefix
 from wdstream.shards.samples import StrayCount, iter_samples
-from wdstream.shards.tar import iter_members
+from wdstream.shards.tar_reader import iter_members
 from wdstream.sources import urls as urlmod
 
 
