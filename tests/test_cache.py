@@ -20,7 +20,7 @@ from datasets import all_keys, shard_bytes, write_dataset
 
 import wdstream
 from wdstream.errors import InputError, StreamError
-from wdstream.sources import cache as cachemod
+from wdstream.sources import cache_folder
 from wdstream.sources.cache import ShardCache
 from wdstream.sources.openers import open_read
 
@@ -28,7 +28,7 @@ COUNTS = [6, 5, 7, 4]
 
 
 def temporaries(folder) -> list[str]:
-    return [n for n in os.listdir(folder) if n.startswith(cachemod.TEMP_PREFIX)]
+    return [n for n in os.listdir(folder) if n.startswith(cache_folder.TEMP_PREFIX)]
 
 
 def entry_bytes(cache: ShardCache) -> list[bytes]:
@@ -280,16 +280,16 @@ def test_abandoned_temporaries_are_removed(tmp_path):
     dead = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
     dead.start()
     dead.join()
-    host = cachemod._host()
+    host = cache_folder.host()
     names = {
-        "dead": f"{cachemod.TEMP_PREFIX}{host}-{dead.pid}-abc",
-        "live": f"{cachemod.TEMP_PREFIX}{host}-{os.getpid()}-abc",
-        "old": f"{cachemod.TEMP_PREFIX}otherhost-1-abc",
-        "recent": f"{cachemod.TEMP_PREFIX}otherhost-2-abc",
+        "dead": f"{cache_folder.TEMP_PREFIX}{host}-{dead.pid}-abc",
+        "live": f"{cache_folder.TEMP_PREFIX}{host}-{os.getpid()}-abc",
+        "old": f"{cache_folder.TEMP_PREFIX}otherhost-1-abc",
+        "recent": f"{cache_folder.TEMP_PREFIX}otherhost-2-abc",
     }
     for name in names.values():
         (tmp_path / "cache" / name).write_bytes(b"x")
-    old = time.time() - cachemod.STALE_TEMP_SECONDS - 10
+    old = time.time() - cache_folder.STALE_TEMP_SECONDS - 10
     os.utime(tmp_path / "cache" / names["old"], (old, old))
     cache.evict()
     assert sorted(temporaries(tmp_path / "cache")) == sorted([names["live"], names["recent"]])

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from wdstream.errors import InputError, ManifestError, ShardError
-from wdstream.shards.index import index_shards, merge_manifests, relative_url
+from wdstream.shards.index import index_shards, merge_manifests
 from wdstream.shards.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -721,16 +721,6 @@ def test_merge_manifests(tmp_path):
     assert (
         Manifest.from_json(merged.to_json()).extra["merged_from"][0] == "s3://bkt/data/a/index.json"
     )
-
-
-def test_relative_url_local(tmp_path):
-    root = str(tmp_path / "root")
-    assert relative_url(os.path.join(root, "x", "s.tar"), root) == "x/s.tar"
-    assert relative_url(os.path.join(root + "2", "s.tar"), root) == os.path.join(
-        root + "2", "s.tar"
-    )
-    assert relative_url("s3://b/p/s.tar", root) == "s3://b/p/s.tar"
-    assert relative_url("s3://b/p2/s.tar", "s3://b/p") == "s3://b/p2/s.tar"
 
 
 @pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")

@@ -61,7 +61,7 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, im
     opener. Startup costs weigh on short runs; use an epoch or a few hundred batches.
     """
     from wdstream.errors import InputError
-    from wdstream.inspection import benchmark
+    from wdstream.inspection.throughput import benchmark
 
     if images is not None:
         if not decode:
