@@ -87,6 +87,15 @@ def markdown_table(columns: list[str], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_alone(name: str, title: str, run, argv: list[str] | None = None) -> int:
+    """One benchmark module run by itself (``python -m benchmarks.NAME [--quick]``): its
+    tables on stdout, no results file."""
+    argv = sys.argv[1:] if argv is None else argv
+    started = time.monotonic()
+    print_tables(name, title, run("--quick" in argv), time.monotonic() - started)
+    return 0
+
+
 def print_tables(name: str, title: str, rows: list[dict], seconds: float) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -275,6 +275,6 @@ def run(quick: bool) -> list[dict]:
 if __name__ == "__main__":
     import sys
 
-    quick_run = "--quick" in sys.argv
-    for row in run(quick_run):
-        print(row)
+    from .__main__ import run_alone
+
+    sys.exit(run_alone("compressed", TITLE, run))

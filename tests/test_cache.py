@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import all_keys, shard_bytes, write_dataset
+from datasets import all_keys, keys_of, shard_bytes, write_dataset
 
 import wdstream
 from wdstream.errors import InputError, StreamError
@@ -40,10 +40,6 @@ def read_through(cache: ShardCache, url: str, timeout: float = 10, **kwargs) -> 
         return stream.read()
 
 
-def keys_of(loader) -> list[str]:
-    return [k for batch in loader for k in batch["__key__"]]
-
-
 def fast_retries(ds, retries=2):
     ds.read_options = dataclasses.replace(ds.read_options, retries=retries, backoff=0.01)
     return ds
@@ -54,10 +50,7 @@ def s3_data(s3, s3_bucket, tmp_path):
     """COUNTS shards and their manifest under s3://BUCKET/data/; (prefix URL, local folder)."""
     folder = tmp_path / "data"
     write_dataset(folder, COUNTS)
-    client = s3.client()
-    for path in sorted(folder.iterdir()):
-        client.put_object(Bucket=s3_bucket, Key=f"data/{path.name}", Body=path.read_bytes())
-    return f"s3://{s3_bucket}/data/", folder
+    return s3.upload(folder, s3_bucket, "data"), folder
 
 
 def delete_shards(s3, url):
@@ -114,9 +107,7 @@ def test_replaced_shards_are_not_served_stale(s3, s3_data, tmp_path, single_rank
     assert set(texts().values()) == {""}
     replacement = tmp_path / "v2"
     write_dataset(replacement, COUNTS, payload=3)  # same keys, other bytes
-    client, bucket = s3.client(), url.split("/")[2]
-    for path in sorted(replacement.iterdir()):
-        client.put_object(Bucket=bucket, Key=f"data/{path.name}", Body=path.read_bytes())
+    s3.upload(replacement, url.split("/")[2], "data")
     assert set(texts().values()) == {"xxx"}
     assert len(ShardCache(cache_dir).entries()) == 2 * len(COUNTS)
 

@@ -7,7 +7,7 @@ import os
 from collections import Counter
 
 import pytest
-from datasets import all_keys, batch_keys, first_batches, write_dataset
+from datasets import all_keys, batch_keys, take, write_dataset
 
 import wdstream
 from wdstream.errors import StateError
@@ -28,10 +28,6 @@ def make(data, workers=2, batch_size=4, seed=3, window=5, **kwargs):
 
 
 keys_of = batch_keys
-
-
-def take(loader, n):
-    return batch_keys(first_batches(loader, n))
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
