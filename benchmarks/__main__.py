@@ -159,6 +159,21 @@ def existing_sections(text: str) -> dict[str, str]:
     return sections
 
 
+def kept_notes(text: str) -> list[str]:
+    """Hand-written blocks (``<!-- note:NAME -->`` ... ``<!-- /note:NAME -->``, e.g. a one-off
+    comparison of two versions): a rewrite keeps them, after the sections."""
+    notes, start = [], text.find("<!-- note:")
+    while start >= 0:
+        name = text[start + len("<!-- note:"): text.find(" -->", start)]
+        end = text.find(f"<!-- /note:{name} -->", start)
+        if end < 0:
+            break
+        end += len(f"<!-- /note:{name} -->")
+        notes.append(text[start:end])
+        start = text.find("<!-- note:", end)
+    return notes
+
+
 def machine_lines(info: dict) -> list[str]:
     versions = ", ".join(f"{k} {info[k]}" for k in (
         "torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
@@ -174,7 +189,8 @@ def machine_lines(info: dict) -> list[str]:
 
 def write_results(path: Path, info: dict, sections: dict[str, str], quick: bool,
                   ran: list[str]) -> None:
-    old = existing_sections(path.read_text()) if path.exists() else {}
+    text = path.read_text() if path.exists() else ""
+    old = existing_sections(text)
     merged = {**old, **sections}
     lines = [
         "# Benchmark results",
@@ -212,6 +228,8 @@ def write_results(path: Path, info: dict, sections: dict[str, str], quick: bool,
     for name in BENCHMARKS:
         if name in merged:
             lines += [merged[name], ""]
+    for note in kept_notes(text):
+        lines += [note, ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")
 

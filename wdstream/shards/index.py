@@ -22,7 +22,7 @@ from wdstream.shards.names import outside_prefix
 from wdstream.shards.samples import StrayCount, iter_samples
 from wdstream.shards.tar_reader import iter_members
 from wdstream.sources import urls as urlmod
-from wdstream.sources.hashing import HashingReader  # also what stream.read and the packer use
+from wdstream.sources.hashing import HashingReader  # importable from here too, as before
 
 
 def index_shard(

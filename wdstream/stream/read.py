@@ -20,10 +20,10 @@ from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamE
 from wdstream.options import CHOICES, choice
 from wdstream.shards.compression import DecompressingStream, open_tar, stored_bytes
 from wdstream.shards.identity import head_check
-from wdstream.shards.index import HashingReader
 from wdstream.shards.samples import StrayCount, iter_samples
 from wdstream.shards.tar_reader import iter_members
 from wdstream.sources.cache import ShardCache
+from wdstream.sources.hashing import HashingReader
 from wdstream.sources.openers import open_read
 from wdstream.stream.plan import Span
 
