@@ -87,6 +87,15 @@ def markdown_table(columns: list[str], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_alone(name: str, title: str, run, argv: list[str] | None = None) -> int:
+    """One benchmark module run by itself (``python -m benchmarks.NAME [--quick]``): its
+    tables on stdout, no results file."""
+    argv = sys.argv[1:] if argv is None else argv
+    started = time.monotonic()
+    print_tables(name, title, run("--quick" in argv), time.monotonic() - started)
+    return 0
+
+
 def print_tables(name: str, title: str, rows: list[dict], seconds: float) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -150,6 +159,21 @@ def existing_sections(text: str) -> dict[str, str]:
     return sections
 
 
+def kept_notes(text: str) -> list[str]:
+    """Hand-written blocks (``<!-- note:NAME -->`` ... ``<!-- /note:NAME -->``, e.g. a one-off
+    comparison of two versions): a rewrite keeps them, after the sections."""
+    notes, start = [], text.find("<!-- note:")
+    while start >= 0:
+        name = text[start + len("<!-- note:"): text.find(" -->", start)]
+        end = text.find(f"<!-- /note:{name} -->", start)
+        if end < 0:
+            break
+        end += len(f"<!-- /note:{name} -->")
+        notes.append(text[start:end])
+        start = text.find("<!-- note:", end)
+    return notes
+
+
 def machine_lines(info: dict) -> list[str]:
     versions = ", ".join(f"{k} {info[k]}" for k in (
         "torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
@@ -165,7 +189,8 @@ def machine_lines(info: dict) -> list[str]:
 
 def write_results(path: Path, info: dict, sections: dict[str, str], quick: bool,
                   ran: list[str]) -> None:
-    old = existing_sections(path.read_text()) if path.exists() else {}
+    text = path.read_text() if path.exists() else ""
+    old = existing_sections(text)
     merged = {**old, **sections}
     lines = [
         "# Benchmark results",
@@ -203,6 +228,8 @@ def write_results(path: Path, info: dict, sections: dict[str, str], quick: bool,
     for name in BENCHMARKS:
         if name in merged:
             lines += [merged[name], ""]
+    for note in kept_notes(text):
+        lines += [note, ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")
 

@@ -14,8 +14,9 @@ Data
     ``index.json`` manifest (and JSONL copies of the JSON records for peers that read JSONL).
 
 S3
-    ``LocalS3`` starts a moto server on 127.0.0.1 on a free port and gives the environment a
-    client needs; every request stays on the loopback interface.
+    ``LocalS3`` (``local_servers``, shared with the tests) starts a moto server on 127.0.0.1 on
+    a free port and gives the environment a client needs; every request stays on the loopback
+    interface.
 
 Peers installed outside the environment
     ``WDSTREAM_BENCH_SITE`` (paths separated by ``os.pathsep``) is appended to ``sys.path`` in
@@ -34,7 +35,6 @@ import platform
 import random
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +44,8 @@ import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+
+from .local_servers import LocalS3 as LocalS3  # the suite's common.LocalS3
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = int(os.environ.get("WDSTREAM_BENCH_RUNS", "3"))  # set by ``--runs``
@@ -337,7 +339,7 @@ def json_dataset(folder: str | Path, samples: int, per_shard: int, record_bytes:
     """Shards of one ``.json`` member per sample (a record of about ``record_bytes``), an
     ``index.json``, and (``jsonl``) the same records as one JSONL file per shard."""
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder = Path(folder)
     (folder / "tar").mkdir(parents=True, exist_ok=True)
@@ -382,7 +384,7 @@ def blob_dataset(folder: str | Path, samples: int, per_shard: int, sample_bytes:
     """Shards of one ``.bin`` member of ``sample_bytes`` per sample, and an ``index.json``.
     Payloads are pseudo-random (incompressible) and differ from sample to sample."""
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -450,79 +452,6 @@ def scratch(prefix: str = "wdstream-bench-"):
         yield Path(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------- local S3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LocalS3:
-    """A moto S3 server process on 127.0.0.1; ``env`` is what clients need."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._config = tempfile.mkdtemp(prefix="wdstream-bench-aws-")
-        Path(self._config, "config").write_text("[default]\nregion = us-east-1\n")
-        self.env = {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": str(Path(self._config, "config")),
-            "AWS_SHARED_CREDENTIALS_FILE": str(Path(self._config, "credentials")),
-        }
-        self.process: subprocess.Popen | None = None
-
-    def __enter__(self) -> LocalS3:
-        moto = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or "moto_server"
-        self.process = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(self.port)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self._config, ignore_errors=True)
-
-    def client(self):
-        import boto3
-
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
-                            aws_secret_access_key="testing", region_name="us-east-1")
-
-    def upload(self, folder: str | Path, bucket: str, prefix: str) -> str:
-        """Upload every file of ``folder`` under ``s3://bucket/prefix/``; returns that URL."""
-        client = self.client()
-        try:
-            client.create_bucket(Bucket=bucket)
-        except client.exceptions.BucketAlreadyOwnedByYou:
-            pass
-        for path in sorted(Path(folder).iterdir()):
-            if path.is_file():
-                client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
-        return f"s3://{bucket}/{prefix}/"
 
 
 # --------------------------------------------------------------------------- the machine

@@ -146,7 +146,7 @@ def write_images(folder: Path, count: int, per_shard: int) -> dict:
 
     from wdstream.shards.index import index_shards
     from wdstream.shards.manifest import write_manifest
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(5)
@@ -275,6 +275,6 @@ def run(quick: bool) -> list[dict]:
 if __name__ == "__main__":
     import sys
 
-    quick_run = "--quick" in sys.argv
-    for row in run(quick_run):
-        print(row)
+    from .__main__ import run_alone
+
+    sys.exit(run_alone("compressed", TITLE, run))

@@ -63,7 +63,7 @@ def text_dataset(folder: Path, documents: int, per_shard: int) -> dict:
     import numpy as np
 
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     rng = random.Random(5)
     vocabulary = _words(5000)
@@ -364,12 +364,9 @@ def run(quick: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .__main__ import print_tables
+    from .__main__ import run_alone
 
-    argv = sys.argv[1:] if argv is None else argv
-    started = time.monotonic()
-    print_tables("llm", TITLE, run("--quick" in argv), time.monotonic() - started)
-    return 0
+    return run_alone("llm", TITLE, run, argv)
 
 
 if __name__ == "__main__":

@@ -215,12 +215,9 @@ def run(quick: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .__main__ import print_tables
+    from .__main__ import run_alone
 
-    argv = sys.argv[1:] if argv is None else argv
-    started = time.monotonic()
-    print_tables("pack", TITLE, run("--quick" in argv), time.monotonic() - started)
-    return 0
+    return run_alone("pack", TITLE, run, argv)
 
 
 if __name__ == "__main__":

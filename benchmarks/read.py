@@ -129,7 +129,7 @@ def case_hf(files: list[str], builder: str, expected: int | None = None) -> dict
 
 def _litdata_record(path: str):
     """LitData ``optimize`` input function: one dict per tar member (module level: picklable)."""
-    from wdstream.shards.tar import iter_members
+    from wdstream.shards.tar_reader import iter_members
 
     with open(path, "rb") as file:
         for name, payload in iter_members(file, path):

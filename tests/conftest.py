@@ -27,6 +27,16 @@ def single_rank(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
 
+@pytest.fixture
+def scene(tmp_path):
+    """A dataset whose manifest tests make name what it should not, with a secret outside it
+    and a recording HTTP server (``hostile.Scene``)."""
+    from hostile import hostile_scene
+
+    with hostile_scene(tmp_path) as scene:
+        yield scene
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     server = MotoServer().start()

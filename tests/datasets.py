@@ -9,7 +9,7 @@ import json
 import os
 
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 
 def sample_key(shard: int, index: int) -> str:
@@ -59,3 +59,14 @@ def first_batches(loader, n: int) -> list:
 def batch_keys(batches) -> list[tuple[str, ...]]:
     """Each batch's ``__key__`` list, as a tuple."""
     return [tuple(batch["__key__"]) for batch in batches]
+
+
+def take(loader, n: int, view=batch_keys) -> list:
+    """``view`` of the first ``n`` batches of a fresh iteration (by default each batch's keys,
+    as a tuple), then stop."""
+    return view(first_batches(loader, n))
+
+
+def keys_of(loader) -> list[str]:
+    """Every key that one iteration of ``loader`` yields, in order."""
+    return [key for batch in loader for key in batch["__key__"]]

@@ -25,11 +25,10 @@ contribute 1) instead of hanging. Outputs, in DIR:
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import signal
 import sys
+
+from ddp_steps import die_on_cue, finish, join_group, lockstep, log_line, resume, write_json_atomic
 
 
 def parse_args(argv=None):
@@ -51,44 +50,21 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def write_json_atomic(path: str, value) -> None:
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as f:
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
     import wdstream
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = join_group(args.timeout)
     os.makedirs(args.out, exist_ok=True)
 
     ds = wdstream.StreamingDataset(args.url, seed=args.seed, shuffle_window=args.window)
     loader = wdstream.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
-    resumed_from = 0
-    if args.resume:
-        with open(args.resume) as f:
-            checkpoint = json.load(f)
-        loader.load_state_dict(checkpoint["loader"])  # rank 0's state, on every rank
-        resumed_from = int(checkpoint["batch"])
+    resumed_from = resume(loader, args.resume)  # rank 0's state, on every rank
     write_json_atomic(os.path.join(args.out, f"meta-{rank}.json"), {
         "rank": rank, "world": world, "workers": args.workers, "len_loader": len(loader),
         "len_dataset": len(ds), "resumed_from": resumed_from,
         # the remainder of a whole epoch on this layout, as the plan reports it
         "remainder": ds.plan(ds.next_epoch(), world, max(1, args.workers)).remainder_samples})
-
-    def lockstep(value: float) -> float:
-        tensor = torch.tensor([value])
-        dist.all_reduce(tensor)
-        return float(tensor.item())
 
     index, delivered = resumed_from, 0
     with open(os.path.join(args.out, f"rank-{rank}.jsonl"), "a") as log:
@@ -101,11 +77,8 @@ def main(argv=None) -> int:
                 print(f"rank {rank}: another rank ran out of batches before batch {index}",
                       file=sys.stderr, flush=True)
                 return 3
-            log.write(json.dumps({"batch": index, "keys": list(batch["__key__"])}) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
-            if args.die_at == index and rank == args.die_rank:
-                os.kill(os.getpid(), signal.SIGKILL)
+            log_line(log, {"batch": index, "keys": list(batch["__key__"])})
+            die_on_cue(args.die_at, args.die_rank, index, rank)
             if rank == 0 and args.checkpoint and args.every and index % args.every == 0:
                 checkpoint = {"batch": index, "loader": loader.state_dict()}
                 write_json_atomic(args.checkpoint, checkpoint)
@@ -116,11 +89,8 @@ def main(argv=None) -> int:
         print(f"rank {rank}: ran out of batches after {delivered} while another rank had more",
               file=sys.stderr, flush=True)
         return 3
-    write_json_atomic(os.path.join(args.out, f"done-{rank}.json"),
-                      {"rank": rank, "delivered": delivered, "last_batch": index})
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return finish(os.path.join(args.out, f"done-{rank}.json"),
+                  {"rank": rank, "delivered": delivered, "last_batch": index})
 
 
 if __name__ == "__main__":

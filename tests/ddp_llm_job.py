@@ -16,11 +16,11 @@ positions) and rank 0 writes ``{"batch": i, "loader": state}`` to ``--checkpoint
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import signal
 import sys
+
+from ddp_steps import die_on_cue, finish, join_group, lockstep, log_line, resume, write_json_atomic
 
 
 def main(argv=None) -> int:
@@ -37,13 +37,9 @@ def main(argv=None) -> int:
     p.add_argument("--die-at", type=int)
     p.add_argument("--die-rank", type=int, default=1)
     args = p.parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
     import wdstream
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = join_group()
     os.makedirs(args.out, exist_ok=True)
     sources = [wdstream.StreamingDataset(os.path.join(args.data, name), seed=3 + i,
                                          shuffle_window=5) for i, name in enumerate("xy")]
@@ -51,43 +47,23 @@ def main(argv=None) -> int:
     packed = wdstream.PackedSequences(mixture, None, args.seq_len, eos=0,
                                       text_field="tokens.npy", sequences_per_epoch=args.per_epoch)
     loader = wdstream.DataLoader(packed, batch_size=args.batch_size, num_workers=args.workers)
-    index = 0
-    if args.resume:
-        with open(args.resume) as f:
-            checkpoint = json.load(f)
-        loader.load_state_dict(checkpoint["loader"])  # rank 0's state, on every rank
-        index = int(checkpoint["batch"])
+    index = resume(loader, args.resume)  # rank 0's state, on every rank
     with open(os.path.join(args.out, f"meta-{rank}.json"), "w") as f:
         json.dump({"len_loader": len(loader), "resumed_from": index}, f)
     with open(os.path.join(args.out, f"rank-{rank}.jsonl"), "a") as log:
         for batch in loader:
             index += 1
-            tensor = torch.tensor([1.0])
-            dist.all_reduce(tensor)
-            if tensor.item() != world:
+            if lockstep(1.0) != world:
                 return 3
-            log.write(json.dumps({"batch": index,
-                                  "ids": batch["input_ids"].flatten().tolist()}) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
-            if args.die_at == index and rank == args.die_rank:
-                os.kill(os.getpid(), signal.SIGKILL)
+            log_line(log, {"batch": index, "ids": batch["input_ids"].flatten().tolist()})
+            die_on_cue(args.die_at, args.die_rank, index, rank)
             if args.checkpoint and args.every and index % args.every == 0:
                 state = loader.state_dict()  # every rank: it gathers their positions
                 if rank == 0:
-                    temporary = args.checkpoint + ".tmp"
-                    with open(temporary, "w") as f:
-                        json.dump({"batch": index, "loader": state}, f)
-                    os.replace(temporary, args.checkpoint)
-    tensor = torch.tensor([0.0])
-    dist.all_reduce(tensor)
-    if tensor.item() != 0:
+                    write_json_atomic(args.checkpoint, {"batch": index, "loader": state})
+    if lockstep(0.0) != 0:
         return 3
-    with open(os.path.join(args.out, f"done-{rank}.json"), "w") as f:
-        json.dump({"last_batch": index}, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return finish(os.path.join(args.out, f"done-{rank}.json"), {"last_batch": index})
 
 
 if __name__ == "__main__":

@@ -12,12 +12,13 @@ import shutil
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import write_dataset
 
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 SECRET = "TOP-SECRET-4242"
 COUNTS = [3, 3]
@@ -81,8 +82,10 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def start_scene(tmp_path: Path):
-    """(Scene, stop function)."""
+@contextmanager
+def hostile_scene(tmp_path: Path):
+    """The Scene under ``tmp_path``, its HTTP server stopped at the end of the block (the
+    ``scene`` fixture of conftest.py)."""
     dataset = tmp_path / "ds"
     write_dataset(dataset, COUNTS)
     outside = tmp_path / "outside" / "shard.tar"
@@ -93,14 +96,13 @@ def start_scene(tmp_path: Path):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
 
-    def stop():
+    try:
+        yield Scene(tmp_path, dataset, outside, tmp_path / "PWNED",
+                    f"http://127.0.0.1:{server.server_address[1]}", server.requests)
+    finally:
         server.shutdown()
         server.server_close()
         thread.join(10)
-
-    scene = Scene(tmp_path, dataset, outside, tmp_path / "PWNED",
-                  f"http://127.0.0.1:{server.server_address[1]}", server.requests)
-    return scene, stop
 
 
 def wdstream(*args, code=0, cwd=None, env=None, timeout=60):

@@ -12,7 +12,7 @@ import random
 import numpy as np
 
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 WORDS = ("the a stream shard epoch token batch resume seed rank worker model data loss step "
          "train pack mix weight source window order plan sample text code def return if for "

@@ -1,100 +1,34 @@
-"""Real local servers for tests and benchmarks: a moto S3 server and a GCS emulator, each a
-separate process listening on 127.0.0.1 on a free port."""
+"""Real local servers for tests: a moto S3 server and a GCS emulator, each a separate process
+listening on 127.0.0.1 on a free port.
+
+The process plumbing and the S3 server are the benchmarks' (``benchmarks/local_servers.py``,
+standard library only): benchmarks run from a checkout with only the package installed, so
+they cannot lean on the test tree, while the tests can import them.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
+_REPO = str(Path(__file__).resolve().parents[1])
+if _REPO not in sys.path:
+    sys.path.append(_REPO)  # appended: the installed wdstream stays the one imported
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from benchmarks.local_servers import LocalS3, free_port, launch, stop  # noqa: E402
 
-
-def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode} before listening on {port}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"no server on 127.0.0.1:{port} after {timeout}s")
+__all__ = ["GcsEmulator", "MotoServer", "environ", "free_port"]
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-class MotoServer:
-    """A moto S3 server process. ``env`` is what a client needs (endpoint, fake credentials);
-    ``restart()`` stops and starts it on the same port (its buckets are lost)."""
+class MotoServer(LocalS3):
+    """A moto S3 server process (``LocalS3``) whose clients give up after two attempts, so a
+    test of a failing server fails fast."""
 
     def __init__(self, port: int | None = None):
-        self.port = port or free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-        self._config = tempfile.mkdtemp(prefix="wdstream-aws-")
-        Path(self._config, "config").write_text("[default]\nregion = us-east-1\n")
-        self.env = {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": str(Path(self._config, "config")),
-            "AWS_SHARED_CREDENTIALS_FILE": str(Path(self._config, "credentials")),
-            "AWS_MAX_ATTEMPTS": "2",
-        }
-
-    def start(self) -> MotoServer:
-        moto = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or "moto_server"
-        self.process = subprocess.Popen(
-            [moto, "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for_port(self.port, self.process)
-        return self
-
-    def stop(self) -> None:
-        if self.process is not None:
-            stop(self.process)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def client(self):
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        )
-
-    def create_bucket(self, name: str) -> str:
-        self.client().create_bucket(Bucket=name)
-        return name
+        super().__init__(port, extra_env={"AWS_MAX_ATTEMPTS": "2"})
 
 
 class GcsEmulator:
@@ -104,7 +38,7 @@ class GcsEmulator:
         self.port = port or free_port()
         self.bucket = bucket
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
+        self.process = None
         self._config = tempfile.mkdtemp(prefix="wdstream-gcloud-")
         self.env = {
             "STORAGE_EMULATOR_HOST": self.endpoint,
@@ -118,14 +52,9 @@ class GcsEmulator:
         }
 
     def start(self) -> GcsEmulator:
-        exe = shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable))
-        self.process = subprocess.Popen(
-            [exe or "gcp-storage-emulator", "start", "--host", "127.0.0.1",
-             "--port", str(self.port), "--default-bucket", self.bucket, "--in-memory"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for_port(self.port, self.process)
+        self.process = launch(["gcp-storage-emulator", "start", "--host", "127.0.0.1",
+                               "--port", str(self.port), "--default-bucket", self.bucket,
+                               "--in-memory"], self.port)
         return self
 
     def stop(self) -> None:

@@ -16,11 +16,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import all_keys, shard_bytes, write_dataset
+from datasets import all_keys, keys_of, shard_bytes, write_dataset
 
 import wdstream
 from wdstream.errors import InputError, StreamError
-from wdstream.sources import cache as cachemod
+from wdstream.sources import cache_folder
 from wdstream.sources.cache import ShardCache
 from wdstream.sources.openers import open_read
 
@@ -28,7 +28,7 @@ COUNTS = [6, 5, 7, 4]
 
 
 def temporaries(folder) -> list[str]:
-    return [n for n in os.listdir(folder) if n.startswith(cachemod.TEMP_PREFIX)]
+    return [n for n in os.listdir(folder) if n.startswith(cache_folder.TEMP_PREFIX)]
 
 
 def entry_bytes(cache: ShardCache) -> list[bytes]:
@@ -38,10 +38,6 @@ def entry_bytes(cache: ShardCache) -> list[bytes]:
 def read_through(cache: ShardCache, url: str, timeout: float = 10, **kwargs) -> bytes:
     with cache.open(url, lambda: open_read(url, timeout=timeout), **kwargs) as stream:
         return stream.read()
-
-
-def keys_of(loader) -> list[str]:
-    return [k for batch in loader for k in batch["__key__"]]
 
 
 def fast_retries(ds, retries=2):
@@ -54,10 +50,7 @@ def s3_data(s3, s3_bucket, tmp_path):
     """COUNTS shards and their manifest under s3://BUCKET/data/; (prefix URL, local folder)."""
     folder = tmp_path / "data"
     write_dataset(folder, COUNTS)
-    client = s3.client()
-    for path in sorted(folder.iterdir()):
-        client.put_object(Bucket=s3_bucket, Key=f"data/{path.name}", Body=path.read_bytes())
-    return f"s3://{s3_bucket}/data/", folder
+    return s3.upload(folder, s3_bucket, "data"), folder
 
 
 def delete_shards(s3, url):
@@ -114,9 +107,7 @@ def test_replaced_shards_are_not_served_stale(s3, s3_data, tmp_path, single_rank
     assert set(texts().values()) == {""}
     replacement = tmp_path / "v2"
     write_dataset(replacement, COUNTS, payload=3)  # same keys, other bytes
-    client, bucket = s3.client(), url.split("/")[2]
-    for path in sorted(replacement.iterdir()):
-        client.put_object(Bucket=bucket, Key=f"data/{path.name}", Body=path.read_bytes())
+    s3.upload(replacement, url.split("/")[2], "data")
     assert set(texts().values()) == {"xxx"}
     assert len(ShardCache(cache_dir).entries()) == 2 * len(COUNTS)
 
@@ -280,16 +271,16 @@ def test_abandoned_temporaries_are_removed(tmp_path):
     dead = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
     dead.start()
     dead.join()
-    host = cachemod._host()
+    host = cache_folder.host()
     names = {
-        "dead": f"{cachemod.TEMP_PREFIX}{host}-{dead.pid}-abc",
-        "live": f"{cachemod.TEMP_PREFIX}{host}-{os.getpid()}-abc",
-        "old": f"{cachemod.TEMP_PREFIX}otherhost-1-abc",
-        "recent": f"{cachemod.TEMP_PREFIX}otherhost-2-abc",
+        "dead": f"{cache_folder.TEMP_PREFIX}{host}-{dead.pid}-abc",
+        "live": f"{cache_folder.TEMP_PREFIX}{host}-{os.getpid()}-abc",
+        "old": f"{cache_folder.TEMP_PREFIX}otherhost-1-abc",
+        "recent": f"{cache_folder.TEMP_PREFIX}otherhost-2-abc",
     }
     for name in names.values():
         (tmp_path / "cache" / name).write_bytes(b"x")
-    old = time.time() - cachemod.STALE_TEMP_SECONDS - 10
+    old = time.time() - cache_folder.STALE_TEMP_SECONDS - 10
     os.utime(tmp_path / "cache" / names["old"], (old, old))
     cache.evict()
     assert sorted(temporaries(tmp_path / "cache")) == sorted([names["live"], names["recent"]])

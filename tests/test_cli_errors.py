@@ -146,13 +146,13 @@ def test_verify_an_http_shard_without_content_length(http_without_length, cli_en
 
 GUARDED = """
 import sys
-import wdstream.inspection
+import wdstream.inspection.summary
 from wdstream.cli.main import main
 
 def hostile(*args, **kwargs):  # what a bug or an unforeseen input would raise
     raise RecursionError("maximum recursion depth exceeded")
 
-wdstream.inspection.describe = hostile
+wdstream.inspection.summary.describe = hostile
 main(sys.argv[1:], prog_name="wdstream")
 """
 

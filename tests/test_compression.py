@@ -348,7 +348,7 @@ def test_bad_compression_options(records, tmp_path):
 
 @pytest.mark.parametrize("bytes_as", ["bytes", "tensor"])
 def test_large_payloads_of_compressed_shards_through_workers(tmp_path, single_rank, bytes_as):
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     payloads = {f"k{i:02d}": os.urandom(200_000 + i * 1000) for i in range(10)}
     import io
@@ -374,7 +374,7 @@ def test_large_payloads_of_compressed_shards_through_workers(tmp_path, single_ra
 
 
 def test_stray_members_are_reported_everywhere(tmp_path, single_rank):
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder = tmp_path / "ds"
     folder.mkdir()

@@ -37,11 +37,7 @@ def s3_data(moto_server, tmp_path_factory):
     """The dataset uploaded to the moto server with boto3; its s3:// prefix."""
     folder = tmp_path_factory.mktemp("ddp-data")
     write_dataset(folder, COUNTS)
-    bucket = moto_server.create_bucket(f"ddp-{os.getpid()}")
-    client = moto_server.client()
-    for path in sorted(folder.iterdir()):
-        client.put_object(Bucket=bucket, Key=f"data/{path.name}", Body=path.read_bytes())
-    return f"s3://{bucket}/data/"
+    return moto_server.upload(folder, f"ddp-{os.getpid()}", "data")
 
 
 def torchrun(moto_server, url, nproc, out, *args, expect_ok=True):

@@ -20,7 +20,7 @@ from test_inspect import wdstream
 
 import wdstream as wds
 from wdstream.errors import ShardError
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 from wdstream.stream.decode import IMAGE_MODES, build_decoders, decode_sample
 
 H, W = 24, 40

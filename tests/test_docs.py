@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

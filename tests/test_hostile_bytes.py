@@ -11,20 +11,23 @@ import http.server
 import io
 import json
 import os
-import socket
 import threading
 import time
 import tracemalloc
 
 import pytest
 from datasets import sample_key, shard_bytes, write_dataset
+from proxy import TcpProxy
 from servers import free_port
 
 import wdstream
 from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.shards.identity import head_digest
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import BLOCK, DRAIN_MAX, TarWriter, iter_members
+from wdstream.shards.tar_buffer import DRAIN_MAX
+from wdstream.shards.tar_header import BLOCK
+from wdstream.shards.tar_reader import iter_members
+from wdstream.shards.tar_writer import TarWriter
 from wdstream.sources.cache import ShardCache
 from wdstream.stream.plan import Span
 from wdstream.stream.read import ReadOptions, ShardTable, SpanReader
@@ -311,50 +314,24 @@ def test_poisoned_same_size_entry_is_not_served(cached_dataset, verify_digest, i
 # --------------------------------------------------------------------------- swapped objects
 
 
-class SwappingProxy:
+class SwappingProxy(TcpProxy):
     """A TCP proxy in front of the S3 server that rewrites the first ``swaps`` requests for
     ``key`` into requests for ``other`` (same length): the reader gets another object of the
     same size in place of the one it asked for."""
 
     def __init__(self, target_port: int, key: str, other: str, swaps: int):
         assert len(key) == len(other)
-        self.port, self.target = free_port(), target_port
         self.key, self.other, self.swaps = key.encode(), other.encode(), swaps
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._swap_lock = threading.Lock()
+        super().__init__(target_port, chunk=65536)
 
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False),
-                             daemon=True).start()
-
-    def _pump(self, src, dst, requests):
-        try:
-            while data := src.recv(65536):
-                if requests and b"GET " in data and self.key in data:
-                    with self._lock:
-                        if self.swaps > 0:
-                            self.swaps -= 1
-                            data = data.replace(self.key, self.other, 1)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self):
-        self._listener.close()
+    def rewrite_request(self, data: bytes) -> bytes:
+        if b"GET " in data and self.key in data:
+            with self._swap_lock:
+                if self.swaps > 0:
+                    self.swaps -= 1
+                    data = data.replace(self.key, self.other, 1)
+        return data
 
 
 @pytest.fixture

@@ -8,19 +8,12 @@ import json
 
 import pytest
 from datasets import shard_bytes, write_dataset
-from hostile import start_scene, wdstream
+from hostile import wdstream
 
 import wdstream as wds
 from wdstream.errors import ManifestError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def scene(tmp_path):
-    scene, stop = start_scene(tmp_path)
-    yield scene
-    stop()
 
 
 def edit(doc, **changes):

@@ -12,7 +12,7 @@ import os
 
 import pytest
 from datasets import shard_bytes, write_dataset
-from hostile import SECRET, start_scene, wdstream
+from hostile import SECRET, wdstream
 
 import wdstream as wds
 from wdstream.errors import InputError, ManifestError
@@ -20,13 +20,6 @@ from wdstream.inspection import benchmark, describe, read_samples, verify
 from wdstream.shards.manifest import load_manifest
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def scene(tmp_path):
-    scene, stop = start_scene(tmp_path)
-    yield scene
-    stop()
 
 
 # entry id -> the URL shard 1 of the manifest is given (built from the scene)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from datasets import sample_key, write_dataset
 
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 COUNTS = [5, 3, 4]
 

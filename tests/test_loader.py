@@ -7,7 +7,7 @@ import os
 from collections import Counter
 
 import pytest
-from datasets import all_keys, batch_keys, first_batches, write_dataset
+from datasets import all_keys, batch_keys, take, write_dataset
 
 import wdstream
 from wdstream.errors import StateError
@@ -28,10 +28,6 @@ def make(data, workers=2, batch_size=4, seed=3, window=5, **kwargs):
 
 
 keys_of = batch_keys
-
-
-def take(loader, n):
-    return batch_keys(first_batches(loader, n))
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
@@ -212,7 +208,7 @@ def _binary_dataset(folder, payloads: dict[str, bytes]) -> str:
     import io
 
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     buffer = io.BytesIO()
     writer = TarWriter(buffer)
@@ -269,7 +265,7 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
     import wdstream.stream.dataset
     import wdstream.stream.shm as shm
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)  # the forked workers inherit these
     monkeypatch.setattr(shm.Arena, "KEEP", 2 << 20)

@@ -105,6 +105,18 @@ def test_join_parent_relative_to():
     assert urls.relative_to(os.path.abspath("d/x.tar"), "d") == "x.tar"
 
 
+def test_relative_to_local_paths(tmp_path):
+    root = str(tmp_path / "root")
+    assert urls.relative_to(os.path.join(root, "x", "s.tar"), root) == "x/s.tar"
+    assert urls.relative_to(os.path.join(root + "2", "s.tar"), root) == os.path.join(
+        root + "2", "s.tar"
+    )
+    assert urls.relative_to("s3://b/p/s.tar", root) == "s3://b/p/s.tar"
+    assert urls.relative_to("s3://b/p2/s.tar", "s3://b/p") == "s3://b/p2/s.tar"
+    assert urls.relative_to("file://" + os.path.join(root, "s.tar"), root) == "s.tar"
+    assert urls.relative_to(os.path.join(root, "x", "..", "s.tar"), root + "/") == "s.tar"
+
+
 def test_expand_and_local_paths():
     assert urls.expand("s3://b/shard-{000000..000002}.tar") == [
         "s3://b/shard-000000.tar", "s3://b/shard-000001.tar", "s3://b/shard-000002.tar"]

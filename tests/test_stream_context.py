@@ -14,7 +14,7 @@ import torch
 
 import wdstream
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 

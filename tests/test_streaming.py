@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -24,13 +23,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import all_keys, sample_key, shard_bytes, write_dataset
-from servers import free_port
+from datasets import all_keys, keys_of, sample_key, shard_bytes, write_dataset
+from proxy import TcpProxy
 
 import wdstream
 from wdstream.errors import ShardError, StreamError
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.shards.tar import TarWriter
+from wdstream.shards.tar_writer import TarWriter
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 COUNTS = [5, 3, 4]  # small: every `aws` call costs ~0.7 s, every `gcloud` call ~1.3 s
@@ -53,10 +52,6 @@ def dataset(source, *, retries=1, backoff=0.01, **kwargs):
 def comparable(samples) -> list[dict]:
     """Samples without ``__url__`` (which names where they came from)."""
     return [{k: v for k, v in s.items() if k != "__url__"} for s in samples]
-
-
-def keys_of(loader) -> list[str]:
-    return [key for batch in loader for key in batch["__key__"]]
 
 
 def prefix_bytes(shard: int, samples: int) -> int:
@@ -90,82 +85,7 @@ def reference(local_data):
 @pytest.fixture(scope="module")
 def s3_data(moto_server, local_data):
     """The local dataset uploaded to the moto server; its s3:// prefix."""
-    bucket = moto_server.create_bucket(f"streaming-{os.getpid()}")
-    client = moto_server.client()
-    for path in sorted(local_data.iterdir()):
-        client.put_object(Bucket=bucket, Key=f"data/{path.name}", Body=path.read_bytes())
-    return f"s3://{bucket}/data/"
-
-
-class Proxy:
-    """A TCP proxy on 127.0.0.1 in front of ``target_port``. Responses are throttled to
-    ``rate`` bytes/s per connection, so downloads are still running when ``cut()`` drops every
-    connection and refuses new ones (as a server that went down); ``restore()`` listens again
-    on the same port."""
-
-    def __init__(self, target_port: int, rate: float):
-        self.port, self.target, self.rate = free_port(), target_port, rate
-        self.connections = 0
-        self._pairs: list[tuple[socket.socket, socket.socket]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
-        self.restore()
-
-    def restore(self) -> None:
-        self._stop.clear()
-        listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR on POSIX
-        listener.settimeout(0.05)
-        self._thread = threading.Thread(target=self._accept, args=(listener,), daemon=True)
-        self._thread.start()
-
-    def _accept(self, listener) -> None:
-        with listener:
-            while not self._stop.is_set():
-                try:
-                    client, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                client.settimeout(None)
-                upstream = socket.create_connection(("127.0.0.1", self.target))
-                with self._lock:
-                    self._pairs.append((client, upstream))
-                    self.connections += 1
-                for src, dst, rate in ((client, upstream, None), (upstream, client, self.rate)):
-                    threading.Thread(target=self._pump, args=(src, dst, rate), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst, rate) -> None:
-        try:
-            while data := src.recv(16384):
-                dst.sendall(data)
-                if rate:
-                    time.sleep(len(data) / rate)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def cut(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        with self._lock:
-            pairs, self._pairs = self._pairs, []
-        for client, upstream in pairs:
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            for sock in (client, upstream):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sock.close()
-
-    def close(self) -> None:
-        self.cut()
+    return moto_server.upload(local_data, f"streaming-{os.getpid()}", "data")
 
 
 # --------------------------------------------------------------------------- clouds
@@ -349,7 +269,7 @@ def test_s3_down_and_back_mid_epoch(s3, moto_server, monkeypatch, tmp_path, capl
     options = dict(opener="sdk", seed=4, shuffle=True, shuffle_window=4, timeout=5)
     undisturbed = keys_of(wdstream.DataLoader(dataset(url, **options), batch_size=2))
 
-    proxy = Proxy(moto_server.port, rate=4_000_000)  # ~0.6 s per shard and connection
+    proxy = TcpProxy(moto_server.port, rate=4_000_000)  # ~0.6 s per shard and connection
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
     try:
         loader = wdstream.DataLoader(dataset(url, retries=8, backoff=0.05, **options),

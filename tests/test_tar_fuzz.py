@@ -18,7 +18,8 @@ import tarfile
 import pytest
 
 from wdstream.errors import WdstreamError
-from wdstream.shards.tar import TarWriter, iter_members
+from wdstream.shards.tar_reader import iter_members
+from wdstream.shards.tar_writer import TarWriter
 
 BLOCK = 512
 CASES = int(os.environ.get("WDSTREAM_FUZZ_CASES", "3000"))

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torchdata")
 
-from datasets import all_keys, batch_keys, first_batches, write_dataset  # noqa: E402
+from datasets import all_keys, batch_keys, take, write_dataset  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 import wdstream  # noqa: E402
@@ -38,10 +38,6 @@ def make(data, workers, seed=3, window=5):
 
 
 keys_of = batch_keys
-
-
-def take(loader, n):
-    return batch_keys(first_batches(loader, n))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

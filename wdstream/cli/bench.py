@@ -14,6 +14,7 @@ from wdstream.cli.output import (
     quiet_option,
     show_progress,
 )
+from wdstream.options import CHOICES
 from wdstream.printable import printable
 
 
@@ -31,7 +32,7 @@ from wdstream.printable import printable
               metavar="B", help="Samples per batch (0: one sample at a time, batch_size=None).")
 @click.option("--batches", "-n", type=click.IntRange(min=1), default=None, metavar="N",
               help="Stop after N batches (default: one whole epoch).")
-@click.option("--opener", type=click.Choice(["auto", "cli", "fsspec", "sdk"]), default="auto",
+@click.option("--opener", type=click.Choice(CHOICES["opener"]), default="auto",
               show_default=True,
               help="How shards are read: auto ($WDSTREAM_OPENER, else the scheme's default), "
                    "cli (aws / gcloud as a pipe), fsspec, sdk (botocore, s3:// only).")
@@ -42,9 +43,9 @@ from wdstream.printable import printable
 @click.option("--images", metavar="MODE",
               help="Also decode images in the workers, as decode=MODE would: pil, rgb8, "
                    "torchrgb8, torchrgb... (needs Pillow).")
-@click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise",
+@click.option("--on-error", type=click.Choice(CHOICES["on_error"]), default="raise",
               show_default=True, help="What a shard that cannot be read does; skips are counted.")
-@click.option("--bytes-as", type=click.Choice(["bytes", "tensor"]), default="bytes",
+@click.option("--bytes-as", type=click.Choice(CHOICES["bytes_as"]), default="bytes",
               show_default=True,
               help="How undecoded members reach the loop: bytes, or uint8 tensors sharing the "
                    "workers' memory (no copy; the fast way for large binary members).")
@@ -61,7 +62,7 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, im
     opener. Startup costs weigh on short runs; use an epoch or a few hundred batches.
     """
     from wdstream.errors import InputError
-    from wdstream.inspection import benchmark
+    from wdstream.inspection.throughput import benchmark
 
     if images is not None:
         if not decode:

@@ -64,7 +64,8 @@ def ls_command(ctx, url, scan, workers, allow_external_shards, as_json, quiet):
     so, and names the kinds of other files it left out. A shard that
     cannot be read is reported and makes the exit code 1.
     """
-    from wdstream.inspection import describe, find_shards
+    from wdstream.inspection.summary import describe
+    from wdstream.shards.locate import find_shards
 
     # the manifest, or a listing; no shard is read yet
     found = find_shards(url, allow_external_shards=allow_external_shards)
@@ -157,7 +158,8 @@ def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_js
     there is nothing to compare with: each shard is parsed (as with --deep) and the output
     says so.
     """
-    from wdstream.inspection import find_shards, verify
+    from wdstream.inspection.verification import verify
+    from wdstream.shards.locate import find_shards
 
     found = find_shards(url, allow_external_shards=allow_external_shards)
     with progress_bar(_known_total(found.sizes), description="verifying",
@@ -218,7 +220,7 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_ext
     Each line holds __key__, __url__ and one entry per member: decoded .json/.txt/.cls, and
     binary members as their size ({"jpg": {"bytes": 1234}}) or, with --base64, their bytes.
     """
-    from wdstream.inspection import read_samples, sample_to_json
+    from wdstream.inspection.raw_samples import read_samples, sample_to_json
 
     field_list = None
     if fields is not None:

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 
 from wdstream.errors import ShardMismatchError
-from wdstream.shards.tar import HEAD_BYTES
+from wdstream.shards.tar_reader import HEAD_BYTES
 
 HEAD_DIGITS = 32
 HEAD_PATTERN = re.compile(f"[0-9a-f]{{{HEAD_DIGITS}}}")

@@ -4,7 +4,6 @@ merging manifests."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,36 +20,9 @@ from wdstream.shards.identity import HeadRecorder
 from wdstream.shards.manifest import Manifest, ShardInfo, count_problem
 from wdstream.shards.names import outside_prefix
 from wdstream.shards.samples import StrayCount, iter_samples
-from wdstream.shards.tar import iter_members
+from wdstream.shards.tar_reader import iter_members
 from wdstream.sources import urls as urlmod
-
-
-class HashingReader:
-    """Wraps a stream: hashes and reports what is read, so one pass gives count and digest."""
-
-    def __init__(self, stream, progress: Callable[[int], object] | None = None):
-        self._stream = stream
-        self._progress = progress
-        self.sha256 = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        self.sha256.update(data)
-        if self._progress is not None and data:
-            self._progress(len(data))
-        return data
-
-
-def relative_url(url: str, prefix: str) -> str:
-    """``url`` relative to ``prefix`` when it lies under it; else a local path made absolute (a
-    relative one would later resolve against the wrong prefix), or a remote URL unchanged."""
-    path, root = urlmod.to_local_path(url), urlmod.to_local_path(prefix)
-    if path is None or root is None:
-        return urlmod.relative_to(url, prefix)
-    path, root = os.path.abspath(path), os.path.abspath(root)
-    if path != root and os.path.commonpath([path, root]) == root:
-        return os.path.relpath(path, root).replace(os.sep, "/")
-    return path
+from wdstream.sources.hashing import HashingReader  # importable from here too, as before
 
 
 def index_shard(
@@ -97,7 +69,7 @@ def index_shard(
     if problem is not None:
         raise ShardError(f"{printable(url)}: {samples:,} samples in {nbytes:,} bytes: a "
                          f"manifest could not list it (bytes {problem})")
-    info = ShardInfo(url, samples, nbytes, reader.sha256.hexdigest(), head.head, key)
+    info = ShardInfo(url, samples, nbytes, reader.hexdigest(), head.head, key)
     return info, extensions
 
 
@@ -123,7 +95,7 @@ def index_shards(
         except UnicodeEncodeError:
             raise InputError(f"{url!r}: the file name is not valid UTF-8, so no manifest can "
                              "list it; rename the shard") from None
-        _check_listable(url, relative_url(url, base))
+        _check_listable(url, urlmod.relative_to(url, base))
     counts = [StrayCount() for _ in urls]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
@@ -142,7 +114,7 @@ def index_shards(
             strays.merge(count)
     shards, extensions = [], set()
     for info, exts in results:
-        shards.append(dataclasses.replace(info, url=relative_url(info.url, base)))
+        shards.append(dataclasses.replace(info, url=urlmod.relative_to(info.url, base)))
         extensions |= exts
     return Manifest(shards=shards, extensions=sorted(extensions), base=base)
 
@@ -172,7 +144,7 @@ def merge_manifests(manifests: list[Manifest], output_prefix: str) -> Manifest:
         for i, shard in enumerate(m.shards):
             if m.base is None and not urlmod.is_absolute(shard.url):
                 raise ManifestError(f"{where}: shard {shard.url!r} is relative and has no base")
-            url = relative_url(m.shard_url(i), output_prefix)
+            url = urlmod.relative_to(m.shard_url(i), output_prefix)
             if url in seen:
                 raise ManifestError(f"{where}: shard {shard.url!r} is also listed in {seen[url]}")
             seen[url] = where

@@ -81,20 +81,25 @@ def parent(url: str) -> str:
 
 
 def relative_to(url: str, base: str) -> str:
-    """``url`` relative to the prefix ``base`` when it lies under it, else ``url`` unchanged.
+    """``url`` relative to the prefix ``base`` when it lies under it; else a local path made
+    absolute (a relative one would later resolve against the wrong prefix), or any other URL
+    unchanged.
 
     So ``join(base, relative_to(url, base)) == url`` whenever both are written the same way;
-    manifests use this to store shard names relative to the manifest's folder. Local paths are
-    compared as absolute paths when only one of them is relative.
+    manifests use this to store shard names relative to the manifest's folder. Local paths
+    (plain or ``file://``) are compared as absolute, normalised paths.
     """
+    path, root = to_local_path(url), to_local_path(base)
+    if path is not None and root is not None:
+        path, root = os.path.abspath(path), os.path.abspath(root)
+        if path != root and os.path.commonpath([path, root]) == root:
+            return os.path.relpath(path, root).replace(os.sep, "/")
+        return path
     if not base:
         return url
-    path = url
-    if "://" not in url and "://" not in base and os.path.isabs(url) != os.path.isabs(base):
-        path, base = os.path.abspath(url), os.path.abspath(base)
     folder = base.rstrip("/") + "/"
-    if path.startswith(folder) and len(path) > len(folder):
-        return path[len(folder):]
+    if url.startswith(folder) and len(url) > len(folder):
+        return url[len(folder):]
     return url
 
 

@@ -20,10 +20,10 @@ from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamE
 from wdstream.options import CHOICES, choice
 from wdstream.shards.compression import DecompressingStream, open_tar, stored_bytes
 from wdstream.shards.identity import head_check
-from wdstream.shards.index import HashingReader
 from wdstream.shards.samples import StrayCount, iter_samples
-from wdstream.shards.tar import iter_members
+from wdstream.shards.tar_reader import iter_members
 from wdstream.sources.cache import ShardCache
+from wdstream.sources.hashing import HashingReader
 from wdstream.sources.openers import open_read
 from wdstream.stream.plan import Span
 
@@ -135,7 +135,7 @@ class SpanReader:
     def __init__(self, spans: Sequence[Span], shards: ShardTable, options: ReadOptions,
                  stats: ReadStats | None = None, payload_target=None):
         self.visits = _visits(spans)
-        self.payload_target = payload_target  # see wdstream.shards.tar.iter_members
+        self.payload_target = payload_target  # see wdstream.shards.tar_reader.iter_members
         self.shards = shards
         self.options = options
         self.stats = stats if stats is not None else ReadStats()

@@ -67,7 +67,7 @@ from wdstream.shards.compression import WRITE_SUFFIXES
 from wdstream.shards.identity import HEAD_BYTES, head_digest
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from wdstream.shards.samples import check_extension, check_key
-from wdstream.shards.tar import END_SIZE, TarWriter, member_size
+from wdstream.shards.tar_writer import END_SIZE, TarWriter, member_size
 from wdstream.sizes import format_size, parse_size
 from wdstream.write.inputs import (
     Batch,

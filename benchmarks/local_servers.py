@@ -1,0 +1,125 @@
+"""Real local servers for benchmarks and tests: processes listening on 127.0.0.1 on a free
+port, and ``LocalS3``, a moto S3 server with the environment its clients need.
+
+Standard library only (boto3 is imported by ``client()``), so that the test suite can import
+it too (``tests/servers.py``) without the benchmarks' other dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"no server on 127.0.0.1:{port} after {timeout}s")
+
+
+def launch(command: list[str], port: int) -> subprocess.Popen:
+    """Start a server process (its output discarded) and wait until it listens on ``port``.
+    ``command[0]`` is looked up beside this interpreter first (a virtualenv's scripts)."""
+    exe = shutil.which(command[0], path=os.path.dirname(sys.executable)) or command[0]
+    process = subprocess.Popen([exe, *command[1:]], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process)
+    except BaseException:
+        stop(process)
+        raise
+    return process
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class LocalS3:
+    """A moto S3 server process. ``env`` is what a client needs (endpoint, fake credentials,
+    plus ``extra_env``); ``restart()`` stops and starts it on the same port (its buckets are
+    lost). As a context manager it is started and, at the end, stopped."""
+
+    def __init__(self, port: int | None = None, extra_env: dict[str, str] | None = None):
+        self.port = port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+        self._config = tempfile.mkdtemp(prefix="wdstream-aws-")
+        Path(self._config, "config").write_text("[default]\nregion = us-east-1\n")
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(Path(self._config, "config")),
+            "AWS_SHARED_CREDENTIALS_FILE": str(Path(self._config, "credentials")),
+            **(extra_env or {}),
+        }
+
+    def start(self) -> LocalS3:
+        self.process = launch(["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
+                              self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LocalS3:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        shutil.rmtree(self._config, ignore_errors=True)
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def create_bucket(self, name: str) -> str:
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def upload(self, folder: str | Path, bucket: str, prefix: str) -> str:
+        """Upload every file of ``folder`` under ``s3://bucket/prefix/`` (the bucket is created
+        if need be); returns that URL."""
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+        return f"s3://{bucket}/{prefix}/"

@@ -1,0 +1,40 @@
+"""The benchmark suite's plumbing that the results page depends on: a rewrite of
+docs/benchmarks-results.md keeps the sections of benchmarks not run and hand-written notes,
+and the local S3 server the suite (and these tests) start serves uploads."""
+
+from __future__ import annotations
+
+import servers  # noqa: F401 - puts the repository root on sys.path for ``benchmarks``
+
+from benchmarks.__main__ import write_results
+
+
+def test_a_rewrite_keeps_other_sections_and_notes(tmp_path):
+    path = tmp_path / "results.md"
+    path.write_text("# old\n\n<!-- benchmark:resume -->\n## Resumption\nold resume\n"
+                    "<!-- /benchmark:resume -->\n\n<!-- note:relayout -->\n## After the move\n"
+                    "kept by hand\n<!-- /note:relayout -->\n\n<!-- benchmark:read -->\nold read\n"
+                    "<!-- /benchmark:read -->\n")
+    info = {"date": "d", "cpus": 2, "cpu": "c", "memory": "m", "os": "o", "load": "l",
+            "python": "p", "source": "s", **{k: "v" for k in (
+                "torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
+                "datasets", "litdata", "mosaicml-streaming", "psutil")}}
+    new_read = "<!-- benchmark:read -->\nnew read\n<!-- /benchmark:read -->"
+    write_results(path, info, {"read": new_read}, quick=True, ran=["read"])
+    text = path.read_text()
+    assert "new read" in text and "old read" not in text
+    assert "old resume" in text
+    assert text.count("kept by hand") == 1
+    assert text.index("<!-- /benchmark:resume -->") < text.index("<!-- note:relayout -->")
+
+
+def test_local_s3_serves_an_upload(tmp_path):
+    from benchmarks.local_servers import LocalS3
+
+    (tmp_path / "a.txt").write_bytes(b"payload")
+    with LocalS3() as s3:
+        url = s3.upload(tmp_path, "bench-bucket", "p")
+        body = s3.client().get_object(Bucket="bench-bucket", Key="p/a.txt")["Body"].read()
+        assert s3.process.poll() is None
+    assert url == "s3://bench-bucket/p/" and body == b"payload"
+    assert s3.process.poll() is not None  # stopped at the end of the block

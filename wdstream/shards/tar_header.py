@@ -1,0 +1,155 @@
+"""The 512-byte tar header of the shard format: its layout, building one, reading its fields.
+
+A header is: name (100) | mode, uid, gid (24) | size (12) | mtime (12) | checksum (8) |
+typeflag (1), linkname (100), magic + version (8), uname + gname (64), devmajor + devminor
+(16) | prefix (155) | padding (12). The writer (``tar_writer``) fixes every field that could
+vary between runs; the reader (``tar_reader``) reads what GNU tar, ``tarfile`` and webdataset
+write, and uses the field parsers below for the fields out of its fast path.
+"""
+
+from __future__ import annotations
+
+from wdstream.errors import InputError
+
+BLOCK = 512
+END_SIZE = 2 * BLOCK  # the end-of-archive marker: two zero blocks
+
+NAME_MAX = 100
+PREFIX_MAX = 155
+LONGLINK = b"././@LongLink"
+USTAR_MAGIC = b"ustar\x0000"  # magic + version of POSIX ustar
+GNU_MAGIC = b"ustar  \x00"  # magic + version of GNU tar, used around a longname entry
+OCTAL_SIZE_MAX = 8**11 - 1  # the largest size that fits 11 octal digits (8 GiB - 1)
+
+# Type flags. Regular files yield a member; links, devices, directories and FIFOs carry no
+# payload whatever their size field says; extended headers (GNU long name/link, PAX per-file
+# and global) describe the next member; sparse files are refused; any other type is skipped
+# with its payload (as tarfile and GNU tar do), taking the pending extended headers with it.
+REGULAR = frozenset(b"07\x00")
+NO_PAYLOAD = frozenset(b"123456")
+EXTENDED = frozenset(b"LKxXg")
+SPARSE = 83  # 'S'
+AREGTYPE = 0  # the old regular type; a name ending in "/" makes it a directory
+
+
+def padding(n: int) -> int:
+    """The zero bytes after a payload of ``n`` bytes, up to the next block."""
+    return -n % BLOCK
+
+
+def size_field(size: int) -> bytes:
+    if size <= OCTAL_SIZE_MAX:
+        return b"%011o\x00" % size
+    # GNU base-256: a set high bit, then the number big-endian in the remaining 11 bytes.
+    return b"\x80" + size.to_bytes(11, "big")
+
+
+# Everything but the name, size and prefix is the same for every member of a kind, so those
+# bytes are joined once here, and their share of the checksum (the unsigned sum of all 512
+# bytes, the checksum field counted as 8 spaces) summed once: a member's checksum is that
+# constant plus the sums of its name, size and prefix bytes.
+MODE_UID_GID = b"0000644\x000000000\x000000000\x00"
+MTIME = b"00000000000\x00"
+PREFIX_PAD = bytes(12)
+
+
+def _tail(typeflag: bytes, magic: bytes) -> bytes:
+    """The header bytes after the checksum field and before the prefix."""
+    return typeflag + bytes(NAME_MAX) + magic + bytes(64) + b"0000000\x000000000\x00"
+
+
+def _fixed_sum(tail: bytes) -> int:
+    return sum(MODE_UID_GID) + sum(MTIME) + 8 * 32 + sum(tail) + sum(PREFIX_PAD)
+
+
+REGULAR_TAIL = _tail(b"0", USTAR_MAGIC)  # a regular file, POSIX ustar
+REGULAR_TAIL_EMPTY_PREFIX = REGULAR_TAIL + bytes(PREFIX_MAX) + PREFIX_PAD
+REGULAR_SUM = _fixed_sum(REGULAR_TAIL)
+_TAILS = {
+    (typeflag, magic): (_tail(typeflag, magic), _fixed_sum(_tail(typeflag, magic)))
+    for typeflag in (b"0", b"L")
+    for magic in (USTAR_MAGIC, GNU_MAGIC)
+}
+
+
+def build_header(
+    name: bytes, size: int, typeflag: bytes, prefix: bytes = b"", magic: bytes = USTAR_MAGIC
+) -> bytes:
+    """A 512-byte header; ``name`` and ``prefix`` fit their fields (100 and 155 bytes)."""
+    tail, fixed = _TAILS[typeflag, magic]
+    field = size_field(size)
+    checksum = fixed + sum(name) + sum(field) + sum(prefix)
+    return b"".join(
+        (
+            name.ljust(NAME_MAX, b"\x00"),
+            MODE_UID_GID,
+            field,
+            MTIME,
+            b"%06o\x00 " % checksum,
+            tail,
+            prefix.ljust(PREFIX_MAX, b"\x00"),
+            PREFIX_PAD,
+        )
+    )
+
+
+def split_name(name: bytes) -> tuple[bytes, bytes] | None:
+    """(prefix, name) for a ustar header, or None when a GNU longname entry is needed.
+
+    Takes the shortest prefix that fits, as Python's tarfile does."""
+    if len(name) <= NAME_MAX:
+        return b"", name
+    parts = name.split(b"/")
+    for i in range(1, len(parts)):
+        prefix, rest = b"/".join(parts[:i]), b"/".join(parts[i:])
+        if len(prefix) <= PREFIX_MAX and 0 < len(rest) <= NAME_MAX:
+            return prefix, rest
+    return None
+
+
+def encode_name(name: str) -> bytes:
+    raw = name.encode("utf-8")
+    if not raw or b"\x00" in raw:
+        raise InputError(f"tar member name {name!r}: empty or contains a NUL character")
+    return raw
+
+
+def cstr(field: bytes) -> bytes:
+    """A NUL-terminated field's text."""
+    end = field.find(b"\x00")
+    return field if end < 0 else field[:end]
+
+
+def signed_sum(header: bytes) -> int:
+    chk = header[148:156]
+    return (
+        sum(b - 256 if b > 127 else b for b in header)
+        - sum(b - 256 if b > 127 else b for b in chk)
+        + 256
+    )
+
+
+def number(field: bytes) -> int:
+    """A numeric header field: octal text, or GNU base-256 when the high bit is set."""
+    if field[0] == 0x80 or field[0] == 0xFF:
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
+    return int(cstr(field).strip() or b"0", 8)
+
+
+def parse_pax(payload: bytes) -> dict[bytes, bytes]:
+    """Records of the form b"<length> <key>=<value>\\n"; ValueError when they are malformed."""
+    records: dict[bytes, bytes] = {}
+    pos = 0
+    while pos < len(payload) and payload[pos]:
+        space = payload.find(b" ", pos, pos + 21)
+        digits = payload[pos:space] if space > pos else b""
+        length = int(digits) if digits.isdigit() else 0
+        record = payload[space + 1 : pos + length]
+        if length <= space + 1 - pos or pos + length > len(payload) \
+                or not record.endswith(b"\n") or record.find(b"=") <= 0:
+            raise ValueError("bad PAX header")
+        key, value = record[:-1].split(b"=", 1)
+        records[key] = value
+        pos += length
+    return records

@@ -1,0 +1,41 @@
+"""A read stream that hashes, counts and reports every byte read through it, so that one pass
+over a shard gives its size and sha256 while it is parsed."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+
+class HashingReader:
+    """Wraps ``stream``: ``sha256`` (a ``hashlib`` object) and ``count`` take in every byte that
+    ``read`` hands out, and ``progress(nbytes)`` is called for each non-empty read.
+
+    ``read1``: answer each read with what the stream has at hand (its ``read1``, where it has
+    one) rather than wait for ``n`` bytes, so that progress (and an interruption raised from
+    the progress callback) come chunk by chunk.
+    """
+
+    def __init__(self, stream, progress: Callable[[int], object] | None = None, *,
+                 read1: bool = False):
+        self._read = getattr(stream, "read1", stream.read) if read1 else stream.read
+        self._progress = progress
+        self.sha256 = hashlib.sha256()
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._read(n)
+        if data:
+            self.sha256.update(data)
+            self.count += len(data)
+            if self._progress is not None:
+                self._progress(len(data))
+        return data
+
+    def drain(self, chunk: int = 1 << 20) -> None:
+        """Read the rest of the stream."""
+        while self.read(chunk):
+            pass
+
+    def hexdigest(self) -> str:
+        return self.sha256.hexdigest()
