@@ -16,8 +16,9 @@ from servers import environ  # noqa: E402
 
 from benchmarks.shaped_link import ShapedProxy  # noqa: E402
 from wdstream.errors import StreamError  # noqa: E402
-from wdstream.sources.openers import ByteStream, open_read  # noqa: E402
+from wdstream.sources.openers import open_read  # noqa: E402
 from wdstream.sources.ranged import RangedS3Source  # noqa: E402
+from wdstream.sources.streams import ByteStream  # noqa: E402
 
 KiB = 1 << 10
 PART = 64 * KiB

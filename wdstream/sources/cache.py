@@ -65,7 +65,7 @@ from wdstream.shards.identity import HEAD_BYTES as _HEAD_BYTES
 from wdstream.shards.identity import head_digest
 from wdstream.sizes import parse_size
 from wdstream.sources import urls
-from wdstream.sources.openers import LocalFile
+from wdstream.sources.streams import LocalFile
 
 log = logging.getLogger(__name__)
 

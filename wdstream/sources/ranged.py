@@ -33,7 +33,9 @@ import time
 
 from wdstream.errors import StreamError
 from wdstream.sources import urls
-from wdstream.sources.openers import CHUNK_SIZE, ChunkSource, s3_client, stream_error
+from wdstream.sources.clients import s3_client
+from wdstream.sources.failures import stream_error
+from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 
 PART_SIZE = 8 << 20
 INITIAL_PARTS = 2
