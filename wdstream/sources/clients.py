@@ -23,7 +23,7 @@ _CLIENT_SETTINGS = {
 }
 
 
-def _cached_client(kind: str, scheme: str, timeout: float, make: Callable[[], object]):
+def cached_client(kind: str, scheme: str, timeout: float, make: Callable[[], object]):
     """One client per process (clients do not survive a fork), kind, timeout and environment."""
     key = (os.getpid(), kind, timeout, tuple(os.environ.get(n) for n in _CLIENT_SETTINGS[scheme]))
     with _clients_lock:
@@ -47,7 +47,7 @@ def s3_client(timeout: float):
         )
         return _botocore_session().create_client("s3", config=config)
 
-    return _cached_client("botocore", "s3", timeout, make)
+    return cached_client("botocore", "s3", timeout, make)
 
 
 _sessions: dict[tuple, object] = {}
@@ -84,11 +84,11 @@ def filesystem(url: str, timeout: float = 60.0):
         raise InputError(f"{url}: not an fsspec URL")
     try:
         if kind == "s3":
-            fs = _cached_client("s3fs", "s3", timeout, lambda: fsspec.filesystem(
+            fs = cached_client("s3fs", "s3", timeout, lambda: fsspec.filesystem(
                 "s3", skip_instance_cache=True, use_listings_cache=False,
                 config_kwargs={"connect_timeout": timeout, "read_timeout": timeout}))
         elif kind == "gs":
-            fs = _cached_client("gcsfs", "gs", timeout, lambda: fsspec.filesystem(
+            fs = cached_client("gcsfs", "gs", timeout, lambda: fsspec.filesystem(
                 "gs", skip_instance_cache=True, use_listings_cache=False))
         else:
             return fsspec.core.url_to_fs(url, use_listings_cache=False)

@@ -76,12 +76,15 @@ def resolve_opener(opener: str | None, url: str) -> str:
 
 
 def open_read(
-    url: str, *, opener: str | None = None, timeout: float = 60.0, start: int = 0
+    url: str, *, opener: str | None = None, timeout: float = 60.0, start: int = 0,
+    size: int | None = None,
 ) -> ByteStream | LocalFile:
     """Open ``url`` for streaming, from byte ``start`` on. See the module docstring.
 
     ``timeout`` is the longest wait for data (and the connect/read timeout of the SDK client).
     For pipes and CLIs ``start`` bytes are read and dropped; other readers seek or ask for a range.
+    ``size``: the object's size if known (a manifest's or a listing's), a plan only: the S3
+    reader then asks for several parts at once instead of waiting for a first response.
     """
     if timeout <= 0:
         raise InputError(f"{url}: timeout must be positive, got {timeout}")
@@ -107,9 +110,9 @@ def open_read(
     elif reader == "cli":
         source = ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
     elif reader == "sdk":
-        from wdstream.sources.ranged import RangedS3Source
+        from wdstream.sources.ranged import RangedS3Source, shared_link
 
-        source = RangedS3Source(url, start, timeout)
+        source = RangedS3Source(url, start, timeout, size=size, link=shared_link(timeout))
     else:
         source = FsspecSource(url, start, timeout)
     return ByteStream(url, source, timeout)
