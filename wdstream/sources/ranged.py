@@ -8,8 +8,9 @@ chunks arrive, the parts after it are held until their turn.
 
 How a read starts
     - When the object's size is known beforehand (``size``, from the manifest or a listing),
-      ``START_PARTS`` parts are asked for at once: the first batch does not wait for a link
-      to prove slow.
+      ``START_PARTS`` parts are asked for from the start (the first one, then the others as
+      soon as its response is in, so that it is served first): the first batch does not wait
+      for a link to prove slow.
     - Otherwise it starts with one GET of the rest of the object (its response gives the size
       and ETag); once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times,
       longer in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH``
@@ -240,6 +241,8 @@ class RangedS3Source(ChunkSource):
                 begin = self._following
                 if begin >= end or (parts and parts[-1].end > begin):
                     break  # nothing left, or the first GET still covers what follows
+                if parts and self._size is None:
+                    break  # the rest once the first response is in: it goes first
                 stop = end if self._rest_as_one else min(begin + self._part_size, end)
                 part = _Part(begin, stop)
                 self._following = stop
