@@ -258,10 +258,9 @@ class RangedS3Source(ChunkSource):
         rate = part.received / max(part.done_at - part.responded_at, 1e-3)
         link = self.link
         with link.lock:
-            if rate >= ONE_GET_ENOUGH:
-                if link.parallel is None:
-                    link.parallel = False
-                self._rest_as_one = link.parallel is False
+            if rate >= ONE_GET_ENOUGH:  # the latest verdict wins: a link may change
+                link.parallel = False
+                self._rest_as_one = True
                 return
             if part.end == _OPEN_END or part.size > self.max_part_size:
                 return  # a single GET that the consumer kept slow says nothing of the link
