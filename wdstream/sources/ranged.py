@@ -221,7 +221,8 @@ class RangedS3Source(ChunkSource):
             consumer += time.monotonic() - began
             if finished and not head.chunks:
                 self._finish(head)
-                parts.popleft()
+                with self._cond:  # _learn goes through the parts from the part threads
+                    parts.popleft()
                 self._observe(head)
 
     def _end(self) -> int:
