@@ -12,12 +12,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datasets import all_keys, write_dataset  # noqa: E402
 from servers import environ  # noqa: E402
 
 from benchmarks.shaped_link import ShapedProxy  # noqa: E402
 from wdstream.errors import StreamError  # noqa: E402
-from wdstream.sources.openers import ByteStream, open_read  # noqa: E402
-from wdstream.sources.ranged import RangedS3Source  # noqa: E402
+from wdstream.sources import ranged  # noqa: E402
+from wdstream.sources.openers import open_read  # noqa: E402
+from wdstream.sources.ranged import Link, RangedS3Source  # noqa: E402
+from wdstream.sources.streams import ByteStream  # noqa: E402
 
 KiB = 1 << 10
 PART = 64 * KiB
@@ -45,6 +48,18 @@ def put(s3, bucket: str, key: str, data: bytes) -> str:
 
 def stream(url: str, source_args: dict | None = None, start: int = 0):
     source = RangedS3Source(url, start, 10.0, part_size=PART, **(source_args or {}))
+    return ByteStream(url, source, 10.0), source
+
+
+def slow_link(monkeypatch) -> None:
+    """Every part is slower than one GET that needs no parts: the link wants parts."""
+    monkeypatch.setattr(ranged, "ONE_GET_ENOUGH", 1e15)
+
+
+def sized(url: str, size: int, link: Link | None = None, **args):
+    """A stream that knows the object's size beforehand, as the loader does from a manifest."""
+    args.setdefault("part_size", PART)
+    source = RangedS3Source(url, 0, 10.0, size=size, link=link, **args)
     return ByteStream(url, source, 10.0), source
 
 
@@ -113,12 +128,16 @@ def test_a_response_shorter_than_its_range_is_an_error_not_data(s3, proxied):
             reader.read()
 
 
-def test_an_object_replaced_during_the_read_fails(s3, proxied):
+@pytest.mark.parametrize("known_size", [False, True])
+def test_an_object_replaced_during_the_read_fails(s3, proxied, known_size):
     bucket, make = proxied
     url = put(s3, bucket, "replaced.bin", os.urandom(16 * PART))
-    proxy = make(rate=2e6)  # slow: it is replaced before the parts after the first GET start
+    proxy = make(rate=2e6)  # slow: it is replaced before the parts after the first ones start
     with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
-        reader, _source = stream(url, {"max_parts": 1, "initial_parts": 1})
+        if known_size:
+            reader, _source = sized(url, 16 * PART, max_parts=2, start_parts=2)
+        else:
+            reader, _source = stream(url, {"max_parts": 1, "initial_parts": 1})
         with pytest.raises(StreamError, match="changed while it was being read"), reader:
             reader.read(1000)
             put(s3, bucket, "replaced.bin", os.urandom(16 * PART))
@@ -179,3 +198,115 @@ def test_a_server_that_ignores_range_is_read_as_one_bounded_stream(s3, proxied):
                 assert reader.read() == data[start:]
             assert source.peak_parts == 1
     assert proxy.requests == 2
+
+
+# --------------------------------------------------------------------------- sizes and links
+
+
+def test_a_known_size_asks_for_several_parts_at_once(s3, proxied):
+    bucket, make = proxied
+    data = os.urandom(12 * PART + 5)
+    url = put(s3, bucket, "known.bin", data)
+    proxy = make(rate=10e6, delay=0.05)
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = sized(url, len(data), start_parts=4)
+        with reader:
+            first = reader.read(PART + 1)
+            # the first part was asked alone, the others as soon as its response came: all
+            # of them were on their way before it was read
+            assert source.requests >= 4 and source.peak_parts >= 4
+            assert first + reader.read() == data
+        # without the size: one GET first, parts only once it proved slow
+        reader, source = stream(url)
+        with reader:
+            reader.read(1)
+            assert source.requests == 1
+            assert reader.read() == data[1:]
+
+
+@pytest.mark.parametrize("planned", [3 * PART, 20 * PART + 17])
+def test_a_wrong_size_beforehand_is_only_a_plan(s3, proxied, planned):
+    """A manifest may be wrong or the object replaced: the bytes read are the object's."""
+    bucket, make = proxied
+    data = os.urandom(9 * PART + 1)
+    url = put(s3, bucket, "planned.bin", data)
+    proxy = make(rate=50e6, delay=0.01)
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, _source = sized(url, planned, start_parts=4)
+        with reader:
+            assert reader.read() == data
+
+
+def test_what_a_stream_learns_the_next_one_starts_with(s3, proxied, monkeypatch):
+    """The next shard, opened while the current one is read, fetches parts at once, of the
+    size and as many as the link proved to need."""
+    slow_link(monkeypatch)
+    bucket, make = proxied
+    part = 4 * PART  # several of the proxy's chunks: a rate to measure
+    data = os.urandom(16 * part)
+    current, following = (put(s3, bucket, name, data) for name in ("current.bin", "next.bin"))
+    proxy = make(rate=10e6, delay=0.05)
+    link = Link()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = sized(current, len(data), link, start_parts=2, max_parts=6,
+                               part_size=part)
+        with reader:
+            assert reader.read(len(data) // 2) == data[: len(data) // 2]
+            assert link.parallel is True and link.window > 2
+            # 9 first-byte waits of 50 ms at the measured rate is well past the largest part
+            assert link.part_size == 2 * part
+            ahead, ahead_source = sized(following, len(data), link, max_parts=6, part_size=part)
+            deadline = time.monotonic() + 5
+            while ahead_source.peak_parts < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # read ahead, several parts (of the larger size) in flight, before anything was
+            # asked of it
+            assert ahead_source.peak_parts == 3 and ahead_source._part_size == 2 * part
+            assert reader.read() == data[len(data) // 2:]
+        with ahead:
+            assert ahead.read() == data
+        assert ahead_source.peak_parts <= 6 * part // (2 * part)  # the bytes bound
+        assert ahead_source.peak_held <= 6 * part
+
+
+def test_a_fast_link_reads_the_rest_as_one_get(s3, proxied, monkeypatch):
+    monkeypatch.setattr(ranged, "ONE_GET_ENOUGH", 1.0)  # every part counts as fast
+    bucket, make = proxied
+    data = os.urandom(30 * PART)
+    url = put(s3, bucket, "fast.bin", data)
+    proxy = make()
+    link = Link()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = sized(url, len(data), link, start_parts=2)
+        with reader:
+            assert reader.read() == data
+        assert link.parallel is False
+        assert source.requests <= 2 + 1  # the first parts, then the rest in one GET
+        # the next stream of this link: one GET from the start, size known or not
+        reader, source = sized(url, len(data), link)
+        with reader:
+            assert reader.read() == data
+        assert source.requests == 1
+
+
+def test_the_loader_asks_for_parts_from_the_manifests_sizes(s3, proxied, tmp_path,
+                                                            monkeypatch):
+    """The default loader path: the manifest's shard sizes reach the S3 reader, which asks
+    for several parts at once (here the link then proves fast: the rest is one GET)."""
+    import wdstream
+
+    monkeypatch.setattr(ranged, "ONE_GET_ENOUGH", 1.0)
+    bucket, make = proxied
+    folder = tmp_path / "data"
+    write_dataset(folder, [24, 24], payload=400_000)  # ~9.6 MB shards: 2 parts of 8 MiB
+    client = s3.client()
+    for path in sorted(folder.iterdir()):
+        client.upload_file(str(path), bucket, f"parts/{path.name}")
+    proxy = make()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        dataset = wdstream.StreamingDataset(f"s3://{bucket}/parts/", shuffle=False,
+                                            decode=False)
+        keys = [sample["__key__"] for sample in dataset]
+    assert keys == sorted(all_keys([24, 24]))
+    # the manifest, then both parts of the first shard at once; the second shard's
+    assert proxy.requests >= 1 + 2 + 1

@@ -22,12 +22,9 @@ from wdstream.sources.objects import (
     size,
     write_bytes,
 )
-from wdstream.sources.openers import (
-    CLI_READ_COMMANDS,
-    LocalFile,
-    open_read,
-    resolve_opener,
-)
+from wdstream.sources.openers import open_read, resolve_opener
+from wdstream.sources.processes import CLI_READ_COMMANDS
+from wdstream.sources.streams import LocalFile
 
 DATA = bytes(range(256)) * 12_000 + b"tail"  # ~3 MB: several 1 MiB chunks
 # A key that a shell would run: it must reach the CLI and the SDK as a plain key.

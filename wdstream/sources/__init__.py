@@ -6,6 +6,9 @@ other fsspec URLs.
 - ``openers``: ``open_read(url, opener=..., timeout=..., start=...)`` -> ``ByteStream``, a
   binary stream filled by a background thread (prefetch), with stall detection and an exit
   status check on close; ``OPENERS`` and ``resolve_opener`` say which reader serves a URL.
+  The streams are in ``streams`` (``ByteStream``, ``LocalFile``, ``ChunkSource``), commands
+  in ``processes``, clients and fsspec in ``clients``, ranged S3 reads in ``ranged``, error
+  classification in ``failures``.
 - ``objects``: ``open_write`` (commit makes the object appear whole, abort leaves nothing),
   ``write_bytes``, ``read_bytes``, ``exists``, ``delete``, ``size``, ``list_files``.
 - ``cache``: ``ShardCache(directory, limit)``, the optional local shard cache: ``open(url,

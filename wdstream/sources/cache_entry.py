@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from wdstream.shards.identity import HEAD_BYTES as _HEAD_BYTES
 from wdstream.shards.identity import head_digest
 from wdstream.sources.hashing import HashingReader
-from wdstream.sources.openers import LocalFile
+from wdstream.sources.streams import LocalFile
 
 if TYPE_CHECKING:
     from wdstream.sources.cache import ShardCache

@@ -36,14 +36,10 @@ from collections.abc import Callable
 from wdstream.errors import InputError, StreamError, WdstreamError
 from wdstream.printable import printable
 from wdstream.sources import urls
-from wdstream.sources.openers import (
-    ChildProcess,
-    cli_url,
-    command_failed,
-    filesystem,
-    open_read,
-    stream_error,
-)
+from wdstream.sources.clients import filesystem
+from wdstream.sources.failures import command_failed, stream_error
+from wdstream.sources.openers import open_read
+from wdstream.sources.processes import ChildProcess, cli_url
 
 log = logging.getLogger(__name__)
 

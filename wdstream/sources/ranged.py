@@ -2,49 +2,90 @@
 
 One GET streams at one connection's share of the link; on a cloud link that share is a
 fraction of what the link carries (a cap per connection, a delay before the first byte). So
-the "sdk" reader starts with one GET of the rest of the object (its response gives the size
-and ETag) and, once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times, longer
-in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH`` bytes/s, cuts it short
-a part past what it delivered and fetches the rest as parts of ``PART_SIZE`` bytes, several in
-flight, each on its own thread and connection, handing their bytes over in order: the part
-being read is handed over as its chunks arrive, the parts after it are held until their turn.
-A fast single stream (loopback, a fast in-region link) stays one GET.
+the "sdk" reader fetches an object as parts, several in flight, each on its own thread and
+connection, handing their bytes over in order: the part being read is handed over as its
+chunks arrive, the parts after it are held until their turn.
 
-How many parts are in flight follows the link, not the number of DataLoader workers: it starts
-at ``INITIAL_PARTS`` and grows by one each time the stream had to wait for a part, up to
-``MAX_PARTS``; a stream whose consumer is the slower side stays small. The bytes one stream
-holds are bounded by ``MAX_PARTS * PART_SIZE`` (parts fetched but not yet handed over); the
-first GET holds at most a part's size ahead of the stream.
+How a read starts
+    - When the object's size is known beforehand (``size``, from the manifest or a listing),
+      ``START_PARTS`` parts are asked for from the start (the first one, then the others as
+      soon as its response is in, so that it is served first): the first batch does not wait
+      for a link to prove slow.
+    - Otherwise it starts with one GET of the rest of the object (its response gives the size
+      and ETag); once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times,
+      longer in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH``
+      bytes/s, it is cut short a part past what it delivered and the rest follows as parts.
+    A part that came at ``ONE_GET_ENOUGH`` or faster shows a fast link (loopback, a fast
+    in-region link): the rest of the object is one GET.
 
-The parts ask for the first response's ETag (``If-Match``), so an object replaced during the
-read fails instead of mixing two versions. A part that fails with a transient error (reset,
-timeout, short body, 5xx) is asked again for its remaining bytes, up to ``PART_RETRIES`` times;
-then, or on a permanent error, the stream fails with that part's error. A part that ends short
-of its range is a transient error; a server that ignores ``Range`` (status 200) is read as one
-plain stream.
+What a process learns (``Link``, one per process and endpoint, shared by its streams: the
+shard being read and the next one, opened ahead)
+    Whether parts pay on this link, how many to keep in flight, and their size. A stream
+    starts where the last one left off, so the next shard, opened while the current one is
+    read, starts fetching parts at once and keeps the link busy across the boundary. The
+    window grows by one each time a stream had to wait for a part, up to ``MAX_PARTS``; a
+    stream whose consumer is the slower side stays small. Parts are sized so that the wait
+    for a part's first byte is about a tenth of its transfer (``PART_SIZE`` up to
+    ``MAX_PART_SIZE``).
+
+Memory
+    A stream holds at most ``MAX_PARTS * PART_SIZE`` bytes fetched but not handed over (with
+    larger parts, fewer of them in flight); a part longer than ``MAX_PART_SIZE`` (a single
+    GET) holds at most ``PART_SIZE`` ahead of the stream.
+
+Integrity
+    Parts asked for once the first response's ETag is known send it (``If-Match``); parts
+    asked for before compare their response's ETag with it. An object replaced during the
+    read fails instead of mixing two versions; so does a size that differs between responses.
+    A ``size`` given beforehand is only a plan: the first response's size wins. A part that
+    fails with a transient error (reset, timeout, short body, 5xx) is asked again for its
+    remaining bytes, up to ``PART_RETRIES`` times; then, or on a permanent error, the stream
+    fails with that part's error. A part that ends short of its range is a transient error; a
+    server that ignores ``Range`` (status 200) is read as one plain stream.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import re
 import threading
 import time
 
 from wdstream.errors import StreamError
 from wdstream.sources import urls
-from wdstream.sources.openers import CHUNK_SIZE, ChunkSource, s3_client, stream_error
+from wdstream.sources.clients import cached_client, s3_client
+from wdstream.sources.failures import stream_error
+from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 
 PART_SIZE = 8 << 20
-INITIAL_PARTS = 2
+MAX_PART_SIZE = 16 << 20
+START_PARTS = 4  # parts asked for at once when the size is known and the link is not yet
+INITIAL_PARTS = 2  # parts in flight after a first GET proved slow
 MAX_PARTS = 8
 PART_RETRIES = 3
 RETRY_BACKOFF = 0.2  # seconds before a part's first retry; doubled on each further one
+WAIT_SHARE = 9  # a part is at least this many first-byte waits' worth of transfer
 
 SWITCH_WAITS = 4  # waits for the first GET's bytes before parts may start
-ONE_GET_ENOUGH = 120e6  # bytes/s: a first GET this fast is left alone (no parts)
+ONE_GET_ENOUGH = 120e6  # bytes/s: one connection this fast needs no parts
 _OPEN_END = 1 << 62  # the first GET's end until the object's size is known
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+class Link:
+    """What a process learned of its link to one endpoint (see the module docstring)."""
+
+    def __init__(self, window: int = INITIAL_PARTS):
+        self.lock = threading.Lock()
+        self.parallel: bool | None = None  # True: parts pay; False: one GET is as fast
+        self.window = window
+        self.part_size: int | None = None  # None: the stream's smallest
+
+
+def shared_link(timeout: float) -> Link:
+    """The process's ``Link`` for the S3 endpoint of the environment."""
+    return cached_client("s3-link", "s3", timeout, Link)
 
 
 class _Part:
@@ -55,7 +96,10 @@ class _Part:
         self.chunks: collections.deque[bytes] = collections.deque()
         self.received = 0  # bytes appended so far
         self.pending = 0  # bytes appended and not yet taken
-        self.first_byte_at: float | None = None  # time.monotonic() of its first chunk
+        self.asked_at: float | None = None  # time.monotonic() of its first request
+        self.responded_at: float | None = None  # and of its response's headers
+        self.first_byte_at: float | None = None  # and of its first chunk
+        self.done_at: float | None = None
         self.done = False
         self.error: BaseException | None = None
 
@@ -67,56 +111,85 @@ class _Part:
 class RangedS3Source(ChunkSource):
     """A ``ChunkSource`` for ``ByteStream``: the object from ``start`` on, in parts (see above).
 
-    ``peak_held`` is the most bytes fetched but not yet handed over at any time, ``peak_parts``
-    the most parts in flight (for tests and benchmarks)."""
+    ``size``: the object's size if known beforehand; ``link``: what the process learned of the
+    link (None: a new one for this stream alone). ``peak_held`` is the most bytes fetched but
+    not yet handed over at any time, ``peak_parts`` the most parts in flight, ``requests``
+    the GETs asked (for tests and benchmarks)."""
 
-    def __init__(self, url: str, start: int, timeout: float, *, part_size: int = PART_SIZE,
+    def __init__(self, url: str, start: int, timeout: float, *, size: int | None = None,
+                 part_size: int = PART_SIZE, max_part_size: int | None = None,
                  max_parts: int = MAX_PARTS, initial_parts: int = INITIAL_PARTS,
-                 retries: int | None = None, backoff: float = RETRY_BACKOFF):
+                 start_parts: int = START_PARTS, retries: int | None = None,
+                 backoff: float = RETRY_BACKOFF, link: Link | None = None):
         retries = PART_RETRIES if retries is None else retries
-        if part_size <= 0 or max_parts < 1 or not 1 <= initial_parts <= max_parts:
-            raise ValueError("part_size must be positive and 1 <= initial_parts <= max_parts")
+        max_part_size = part_size * MAX_PART_SIZE // PART_SIZE if max_part_size is None \
+            else max_part_size
+        if part_size <= 0 or max_part_size < part_size or max_parts < 1 \
+                or not 1 <= initial_parts <= max_parts or start_parts < 1:
+            raise ValueError("part sizes must be positive, max_part_size >= part_size, "
+                             "1 <= initial_parts <= max_parts and start_parts >= 1")
         self.url, self.start, self.timeout = url, start, timeout
         self.bucket, self.key = urls.bucket_key(url)
-        self.part_size, self.max_parts, self.initial_parts = part_size, max_parts, initial_parts
+        self.part_size, self.max_part_size = part_size, max_part_size
+        self.max_parts, self.initial_parts = max_parts, initial_parts
+        self.start_parts = min(start_parts, max_parts)
         self.retries, self.backoff = retries, backoff
+        self.link = link if link is not None else Link(initial_parts)
+        self._planned = size if size is not None and size > start else None
         self._cond = threading.Condition()
         self._stopped = False
         self._size: int | None = None  # the object's size, from the first response
         self._etag: str | None = None
-        self._whole = False  # the server ignored Range: part 0 is the whole object
+        self._whole = False  # the server ignored Range: the first part is the whole object
+        self._parts: collections.deque[_Part] = collections.deque()
+        self._following = start  # where the next part begins
+        self._rest_as_one = False  # a fast link: the next part is the rest of the object
+        self._part_size = part_size
         self._held = 0
         self.peak_held = 0
         self.peak_parts = 0
+        self.requests = 0
 
     # the consumer side (ByteStream's reader thread) ---------------------------------------
 
     def run(self, put):
         client = s3_client(self.timeout)
-        first = _Part(self.start, _OPEN_END)  # the rest of the object, in one GET
-        parts = collections.deque([first])
-        self._launch(client, first)
-        with self._cond:
-            while self._size is None and not first.done and not self._stopped:
-                self._cond.wait()
-        if self._size is None:  # part 0 failed before its headers, or the stream was closed
-            self._finish(first)
-            return
-        window = self.initial_parts
-        following = first.end
+        link = self.link
+        with link.lock:
+            parallel, learned_window = link.parallel, link.window
+            if link.part_size is not None:
+                self._part_size = min(max(link.part_size, self.part_size), self.max_part_size)
+        parts = self._parts
+        first = None  # the single first GET, while it may still be cut short
+        if self._planned is not None and parallel is not False \
+                and self._planned - self.start > self._part_size:
+            window = learned_window if parallel else max(self.start_parts, learned_window)
+        else:
+            first = _Part(self.start, _OPEN_END)  # the rest of the object, in one GET
+            parts.append(first)
+            self._launch(client, first)
+            with self._cond:
+                while self._size is None and not first.done and not self._stopped:
+                    self._cond.wait()
+            if self._size is None:  # it failed before its headers, or the stream was closed
+                self._finish(first)
+                return
+            self._following = first.end
+            window = learned_window if parallel else self.initial_parts
+            if parallel and not self._whole and first.end - first.begin > self._part_size:
+                self._following = self._cut(first)  # this link is known to want parts
+                first = None
         network = consumer = 0.0  # seconds waiting for the first GET's bytes / in put()
         waits = 0
-        while parts or following < self._size:
-            if (parts and first is parts[0] and following == first.end and not self._whole
-                    and waits >= SWITCH_WAITS and network > consumer
-                    and self._rate(first) < ONE_GET_ENOUGH):
-                following = self._cut(first)  # the link is the slower side: go parallel
-            while len(parts) < window and following < self._size and following >= first.end:
-                part = _Part(following, min(following + self.part_size, self._size))
-                following = part.end
-                parts.append(part)
-                self._launch(client, part)
-            self.peak_parts = max(self.peak_parts, len(parts))
+        while parts or self._following < self._end():
+            if (first is not None and parts and first is parts[0] and not self._whole
+                    and self._following == first.end and waits >= SWITCH_WAITS
+                    and network > consumer and self._rate(first) < ONE_GET_ENOUGH):
+                self._following = self._cut(first)  # the link is the slower side: go parallel
+                first = None
+                with link.lock:
+                    link.parallel = True
+            self._launch_parts(client, window)
             head = parts[0]
             with self._cond:
                 waited = False
@@ -136,6 +209,8 @@ class RangedS3Source(ChunkSource):
                 self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
             if waited and head is not first and window < self.max_parts:
                 window += 1  # the network was the slower side: one more part in flight
+                with link.lock:
+                    link.window = max(link.window, window)
             began = time.monotonic()
             for chunk in chunks:
                 with self._cond:
@@ -146,7 +221,55 @@ class RangedS3Source(ChunkSource):
             consumer += time.monotonic() - began
             if finished and not head.chunks:
                 self._finish(head)
-                parts.popleft()
+                with self._cond:  # _learn goes through the parts from the part threads
+                    parts.popleft()
+                self._observe(head)
+
+    def _end(self) -> int:
+        """Where the object ends: its size once a response said it, else the planned size."""
+        with self._cond:
+            if self._size is not None:
+                return self._size
+            return self._planned if self._planned is not None else self.start
+
+    def _launch_parts(self, client, window: int) -> None:
+        """Parts up to ``window`` in flight, and as many as the bytes bound allows."""
+        parts = self._parts
+        room = max(1, self.max_parts * self.part_size // self._part_size)
+        while len(parts) < min(window, room):
+            end = self._end()
+            with self._cond:
+                begin = self._following
+                if begin >= end or (parts and parts[-1].end > begin):
+                    break  # nothing left, or the first GET still covers what follows
+                if parts and self._size is None:
+                    break  # the rest once the first response is in: it goes first
+                stop = end if self._rest_as_one else min(begin + self._part_size, end)
+                part = _Part(begin, stop)
+                self._following = stop
+                parts.append(part)
+            self._launch(client, part)
+        self.peak_parts = max(self.peak_parts, len(parts))
+
+    def _observe(self, part: _Part) -> None:
+        """Learn from a finished part: whether parts pay, and how large they should be."""
+        if part.responded_at is None or part.done_at is None or part.asked_at is None \
+                or part.received < self.part_size or self._whole:
+            return  # a small object or a short read says nothing of the link
+        rate = part.received / max(part.done_at - part.responded_at, 1e-3)
+        link = self.link
+        with link.lock:
+            if rate >= ONE_GET_ENOUGH:  # the latest verdict wins: a link may change
+                link.parallel = False
+                self._rest_as_one = True
+                return
+            if part.end == _OPEN_END or part.size > self.max_part_size:
+                return  # a single GET that the consumer kept slow says nothing of the link
+            link.parallel = True
+            wait = max(part.responded_at - part.asked_at, 0.0)
+            wanted = math.ceil(WAIT_SHARE * wait * rate / self.part_size) * self.part_size
+            link.part_size = min(max(wanted, self.part_size), self.max_part_size)
+            self._part_size = link.part_size
 
     @staticmethod
     def _rate(part: _Part) -> float:
@@ -159,7 +282,7 @@ class RangedS3Source(ChunkSource):
         """End the first GET a part's size past what it delivered; the parts after it follow
         from there. Returns where they start."""
         with self._cond:
-            first.end = min(first.end, first.begin + first.received + self.part_size)
+            first.end = min(first.end, first.begin + first.received + self._part_size)
             self._cond.notify_all()
             return first.end
 
@@ -193,6 +316,8 @@ class RangedS3Source(ChunkSource):
                 error = stream_error(self.url, exc)
             with self._cond:
                 stopped = self._stopped
+                if error is not None and part.received >= part.size:
+                    error = None  # its range shrank to what it has (a smaller object)
             if error is None or stopped:
                 break
             if not error.transient or attempt >= self.retries:
@@ -202,35 +327,41 @@ class RangedS3Source(ChunkSource):
         with self._cond:
             part.error = error if not self._stopped else None
             part.done = True
+            part.done_at = time.monotonic()
             self._cond.notify_all()
 
     def _fetch_once(self, client, part: _Part) -> None:
         from botocore.exceptions import ClientError
 
         begin = part.begin + part.received
-        if begin >= part.end and self._size is not None:
-            return
-        last = "" if part.end == _OPEN_END else part.end - 1
+        with self._cond:
+            if begin >= part.end and self._size is not None:
+                return
+            last = "" if part.end == _OPEN_END else part.end - 1
+            etag = self._etag
+            self.requests += 1
         request = {"Bucket": self.bucket, "Key": self.key, "Range": f"bytes={begin}-{last}"}
-        if self._etag is not None:
-            request["IfMatch"] = self._etag
+        if etag is not None:
+            request["IfMatch"] = etag
+        if part.asked_at is None:
+            part.asked_at = time.monotonic()
         try:
             response = client.get_object(**request)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = error.get("Code")
-            if (code == "InvalidRange" and self._size is None
-                    and error.get("ActualObjectSize") == str(begin)):
-                self._learn(part, size=begin, etag=None, whole=False)  # starting at the end
+            actual = str(error.get("ActualObjectSize", ""))
+            if code == "InvalidRange" and actual.isdigit() and begin >= int(actual):
+                self._learn(part, size=int(actual), etag=None, whole=False)  # past the end
                 return
             if code == "PreconditionFailed":
-                raise StreamError(self.url, "the object changed while it was being read "
-                                  f"(its ETag is no longer {self._etag})") from exc
+                raise self._changed(f"its ETag is no longer {etag}") from exc
             raise
+        if part.responded_at is None:
+            part.responded_at = time.monotonic()
         body = response["Body"]
         try:
-            if self._size is None:
-                self._headers(part, response)
+            self._check(part, begin, response)
             skip = begin if self._whole else 0  # Range ignored: the body starts at byte 0
             while True:
                 room = part.end - part.begin - part.received  # the end may move (_cut)
@@ -246,9 +377,9 @@ class RangedS3Source(ChunkSource):
                     if not chunk:
                         continue
                 with self._cond:
-                    # a part longer than PART_SIZE (the first GET, a whole object) holds at
-                    # most a part's size that the stream has not taken
-                    while (part.size > self.part_size and part.pending >= self.part_size
+                    # a part longer than the largest part (the first GET, a whole object)
+                    # holds at most a part's size that the stream has not taken
+                    while (part.size > self.max_part_size and part.pending >= self.part_size
                            and not self._stopped):
                         self._cond.wait()
                     if self._stopped:
@@ -270,15 +401,19 @@ class RangedS3Source(ChunkSource):
             raise StreamError(self.url, f"bytes {part.begin}-{part.end - 1}: the response "
                               f"ended after {part.received} of {part.size}", transient=True)
 
-    def _headers(self, part: _Part, response: dict) -> None:
-        """The object's size and ETag from the first response (206, or 200: Range ignored)."""
+    def _changed(self, why: str) -> StreamError:
+        return StreamError(self.url, f"the object changed while it was being read ({why})")
+
+    def _check(self, part: _Part, begin: int, response: dict) -> None:
+        """Size and ETag from a response (206, or 200: Range ignored), checked against what
+        the earlier responses said."""
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         match = _CONTENT_RANGE.fullmatch(str(response.get("ContentRange") or ""))
         etag = response.get("ETag")
         if status == 206 and match:
             first, _last, size = (int(g) for g in match.groups())
-            if first != part.begin:
-                raise StreamError(self.url, f"asked for bytes from {part.begin}, got "
+            if first != begin:
+                raise StreamError(self.url, f"asked for bytes from {begin}, got "
                                   f"{response.get('ContentRange')}")
             self._learn(part, size=size, etag=etag, whole=False)
         else:
@@ -286,8 +421,19 @@ class RangedS3Source(ChunkSource):
 
     def _learn(self, part: _Part, *, size: int, etag: str | None, whole: bool) -> None:
         with self._cond:
-            self._size, self._etag, self._whole = size, etag, whole
-            part.end = size if whole else min(part.end, size)
-            if part.end < part.begin:
-                part.end = part.begin  # starting past the end: nothing to read
+            if self._size is not None and size != self._size:
+                raise self._changed(f"{self._size} bytes, then {size}")
+            if self._etag is not None and etag is not None and etag != self._etag:
+                raise self._changed(f"ETag {self._etag}, then {etag}")
+            self._size = size
+            self._etag = self._etag or etag
+            self._whole = self._whole or whole
+            for each in (*self._parts, part):
+                if self._whole:  # the first part reads everything, the others nothing
+                    each.end = size if each.begin == self.start and each is self._parts[0] \
+                        else each.begin
+                else:
+                    each.end = max(each.begin, min(each.end, size))
+            if self._whole:
+                self._following = size
             self._cond.notify_all()

@@ -170,13 +170,14 @@ class SpanReader:
     def _open_shard(self, shard: int, retry: bool = False):
         """The shard's stream, through the cache if there is one (a retry drops its copy)."""
         url = self.shards.urls[shard]
+        size = self.shards.bytes[shard] if self.shards.bytes is not None else None
 
         def source():
-            return open_read(url, opener=self.options.opener, timeout=self.options.timeout)
+            return open_read(url, opener=self.options.opener, timeout=self.options.timeout,
+                             size=size or None)
 
         if self._cache is None:
             return source()
-        size = self.shards.bytes[shard] if self.shards.bytes is not None else None
         sha256 = self.shards.sha256[shard] if self.shards.sha256 is not None else None
         if retry:
             self._cache.forget(url, size, sha256)

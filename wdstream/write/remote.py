@@ -47,7 +47,7 @@ def has_glob(url: str) -> bool:
 
 def _failure(url: str, error: BaseException) -> InputError:
     """A listing or opening failure as an InputError naming ``url`` ("access denied", ...)."""
-    from wdstream.sources.openers import stream_error
+    from wdstream.sources.failures import stream_error
 
     reason = stream_error(url, error)
     text = str(reason)
@@ -55,7 +55,7 @@ def _failure(url: str, error: BaseException) -> InputError:
 
 
 def _filesystem(url: str):
-    from wdstream.sources.openers import filesystem
+    from wdstream.sources.clients import filesystem
 
     try:
         return filesystem(url)

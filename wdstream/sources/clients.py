@@ -1,0 +1,113 @@
+"""Cloud clients, one per process and environment: botocore's S3 client and fsspec
+filesystems (s3fs, gcsfs, any other), and the fsspec read source."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from wdstream.errors import InputError, StreamError
+from wdstream.sources import urls
+from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
+
+_clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
+
+# Settings that change which client we need: a new one is made when one of them changes.
+_CLIENT_SETTINGS = {
+    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_DEFAULT_REGION",
+           "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"),
+    "gs": ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT",
+           "CLOUDSDK_CONFIG"),
+}
+
+
+def cached_client(kind: str, scheme: str, timeout: float, make: Callable[[], object]):
+    """One client per process (clients do not survive a fork), kind, timeout and environment."""
+    key = (os.getpid(), kind, timeout, tuple(os.environ.get(n) for n in _CLIENT_SETTINGS[scheme]))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = make()
+    return client
+
+
+def s3_client(timeout: float):
+    """The process's botocore S3 client with connect and read timeouts of ``timeout``.
+
+    botocore resolves the endpoint (``AWS_ENDPOINT_URL``), region and credentials the usual way.
+    """
+
+    def make():
+        import botocore.config
+
+        config = botocore.config.Config(
+            connect_timeout=timeout, read_timeout=timeout, max_pool_connections=32
+        )
+        return _botocore_session().create_client("s3", config=config)
+
+    return cached_client("botocore", "s3", timeout, make)
+
+
+_sessions: dict[tuple, object] = {}
+
+
+def _botocore_session():
+    """A botocore session per environment (called with ``_clients_lock`` held).
+
+    Unlike clients, sessions are kept across a fork: a session holds no connection, only the
+    loaded service models and the resolved configuration, so a DataLoader worker makes its
+    client from the session the main process already loaded (the manifest read) in ~20 ms
+    instead of ~100-250 ms of parsing the S3 model again."""
+    import botocore.session
+
+    key = tuple(os.environ.get(n) for n in _CLIENT_SETTINGS["s3"])
+    session = _sessions.get(key)
+    if session is None:
+        session = _sessions[key] = botocore.session.Session()
+    return session
+
+
+def filesystem(url: str, timeout: float = 60.0):
+    """``(fs, path)`` for an fsspec URL.
+
+    Listing caches are off: a shard written meanwhile, by us or by another process, must show
+    up. s3fs and gcsfs instances are cached here rather than by fsspec so that a changed
+    endpoint or identity in the environment gets a new one; s3fs gets botocore timeouts of
+    ``timeout``.
+    """
+    import fsspec
+
+    kind = urls.scheme(url)
+    if kind in ("file", "pipe"):
+        raise InputError(f"{url}: not an fsspec URL")
+    try:
+        if kind == "s3":
+            fs = cached_client("s3fs", "s3", timeout, lambda: fsspec.filesystem(
+                "s3", skip_instance_cache=True, use_listings_cache=False,
+                config_kwargs={"connect_timeout": timeout, "read_timeout": timeout}))
+        elif kind == "gs":
+            fs = cached_client("gcsfs", "gs", timeout, lambda: fsspec.filesystem(
+                "gs", skip_instance_cache=True, use_listings_cache=False))
+        else:
+            return fsspec.core.url_to_fs(url, use_listings_cache=False)
+    except ImportError as exc:
+        raise StreamError(url, f"cannot open {kind}:// URLs: {exc}") from exc
+    return fs, fs._strip_protocol(url)
+
+
+
+class FsspecSource(ChunkSource):
+    def __init__(self, url: str, start: int, timeout: float):
+        self.url, self.start, self.timeout = url, start, timeout
+
+    def run(self, put):
+        fs, path = filesystem(self.url, self.timeout)
+        with fs.open(path, "rb") as file:
+            if self.start:
+                file.seek(self.start)
+            while chunk := file.read(CHUNK_SIZE):
+                if not put(chunk):
+                    return
+

@@ -1,0 +1,97 @@
+"""Failures of reads and writes as wdstream's errors: ``transient`` is False for a missing
+object, a permission problem or missing credentials (a retry will not help), True for resets,
+timeouts, 5xx, stalls and failed commands. Errors name the URL."""
+
+from __future__ import annotations
+
+import sys
+
+from wdstream.errors import AccessError, StreamError, WdstreamError
+
+_MISSING_MARKERS = ("404", "not found", "does not exist", "nosuchkey", "nosuchbucket",
+                    "matched no objects", "no urls matched", "no such file")
+_DENIED_MARKERS = ("403", "accessdenied", "access denied", "forbidden",
+                   "unable to locate credentials")
+
+
+def command_failed(url: str, message: str, stderr: str) -> StreamError:
+    """The error for a command that exited non-zero: permanent when its stderr says why
+    (not found, access denied...), else transient."""
+    what = permanent_failure(stderr)
+    kind = AccessError if what in _ACCESS_PROBLEMS else StreamError
+    return kind(url, f"{what} ({message})" if what else message, stderr=stderr,
+                transient=what is None)
+
+
+def permanent_failure(stderr: str) -> str | None:
+    """"not found" or "access denied" when a command's stderr says so (a retry will not help),
+    else None. Shared with the CLI upload in ``writers``."""
+    text = stderr.lower()
+    if any(marker in text for marker in _MISSING_MARKERS):
+        return "not found"
+    if any(marker in text for marker in _DENIED_MARKERS):
+        return "access denied"
+    return None
+
+
+
+def stream_error(url: str, exc: BaseException) -> WdstreamError:
+    """``exc`` as a StreamError naming ``url``, with ``transient`` set from its kind.
+
+    wdstream's own errors are returned unchanged. Used by the readers and by ``writers``.
+    """
+    if isinstance(exc, WdstreamError):
+        return exc
+    transient, what = _classify(exc)
+    detail = str(exc) or type(exc).__name__
+    kind = AccessError if what in _ACCESS_PROBLEMS else StreamError
+    error = kind(url, f"{what} ({detail})" if what else detail, transient=transient)
+    error.__cause__ = exc
+    return error
+
+
+_ACCESS_PROBLEMS = ("access denied", "no usable AWS credentials")
+_TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException",
+                    "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
+
+
+def _classify(exc: BaseException) -> tuple[bool, str]:
+    """(transient, what happened) for an exception from the OS, botocore, s3fs or gcsfs."""
+    botocore_errors = sys.modules.get("botocore.exceptions")
+    if botocore_errors is not None:
+        if isinstance(exc, botocore_errors.ClientError):
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
+                return False, "not found"
+            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") \
+                    or status in (401, 403):
+                return False, "access denied"
+            if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+                return True, "server error"
+            return False, "request failed"
+        if isinstance(exc, botocore_errors.NoCredentialsError | botocore_errors.PartialCredentialsError):
+            return False, "no usable AWS credentials"
+        if isinstance(exc, botocore_errors.HTTPClientError | botocore_errors.ConnectionError
+                      | botocore_errors.IncompleteReadError):
+            return True, "connection failed"
+    status = getattr(exc, "code", None)  # gcsfs.retry.HttpError, aiohttp response errors
+    if isinstance(status, int) and not isinstance(exc, OSError):
+        if status == 404:
+            return False, "not found"
+        if status in (401, 403):
+            return False, "access denied"
+        return status >= 500 or status == 429, f"HTTP status {status}"
+    if isinstance(exc, FileNotFoundError):
+        return False, "not found"
+    if isinstance(exc, PermissionError):
+        return False, "access denied"
+    if isinstance(exc, IsADirectoryError | NotADirectoryError):
+        return False, "not a file"
+    if isinstance(exc, OSError):  # resets, timeouts, refused connections, s3fs's other errors
+        return True, "I/O error"
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        return True, "connection failed"
+    return False, type(exc).__name__
