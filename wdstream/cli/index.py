@@ -80,7 +80,7 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     strays = None
     if merge:
         from wdstream.shards.manifest import load_manifest
-        from wdstream.write.packer import merge_parts
+        from wdstream.write.merge import merge_parts
 
         if not output:
             raise InputError("--merge needs --output PREFIX")
