@@ -639,7 +639,7 @@ def test_tokenize_errors(tmp_path, cli_env, tokenizer_file):
         (tmp_path / name).write_text(content)
         error = fail(["pack", source, "--tokenizer", tmp_path / name, *tokenize,
                       "--output", tmp_path / "o"], cli_env)
-        assert name in error and "not a valid tokenizer.json" in error
+        assert name in error and "not a usable tokenizer.json" in error
     assert "--tokenizer" in fail(["pack", source, *tokenize, "--output", tmp_path / "o"], cli_env)
     assert "--tokenize" in fail(["pack", source, "--tokenizer", path, "--output", tmp_path / "o"],
                                 cli_env)

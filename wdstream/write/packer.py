@@ -24,7 +24,7 @@ records. Otherwise a record's key is its index among all records of all inputs, 
 run replace old ones of the same name, and old shards beyond the new run's count stay in place,
 unlisted. A failed overwrite therefore leaves no dataset rather than a mixed one.
 
-Tokenizing (``tokenize``, with a ``TokenEncoder``): the column's texts are checked by the main
+Tokenizing (``tokenize``, with a ``wdstream.tokenizer.Tokenizer``): the column's texts are checked by the main
 process and tokenized by the pool workers (or this process, ``workers=1``), so ``workers``
 parallelises tokenizing. With ``max_size`` the members' sizes decide the shard boundaries, so
 batches are tokenized before they are cut into shards (a few batches ahead, in the pool); with
@@ -54,6 +54,7 @@ from wdstream.shards.compress import check_compression, tar_limit
 from wdstream.shards.compression import WRITE_SUFFIXES
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from wdstream.sizes import parse_size
+from wdstream.tokenizer import Tokenizer
 from wdstream.write.batches import ReadCounter
 from wdstream.write.inputs import Input, check_inputs, iter_batches
 from wdstream.write.jobs import SampleBatch, ShardJob, part_manifest_name, shard_name
@@ -61,7 +62,6 @@ from wdstream.write.options import DEFAULT_MAX_SIZE, check_options
 from wdstream.write.pool import InlineWriter, PoolWriter
 from wdstream.write.sample_maker import SampleMaker
 from wdstream.write.sharder import Sharder
-from wdstream.write.tokens import TokenEncoder
 
 
 @dataclass
@@ -169,7 +169,7 @@ class PackRun:
         self.settings = settings
         self.progress = progress
         # Checked before the output is touched (--overwrite deletes the old manifest).
-        self.encoder = TokenEncoder.load(settings.tokenizer) if settings.tokenize else None
+        self.encoder = Tokenizer.load(settings.tokenizer) if settings.tokenize else None
         self.maker = SampleMaker(settings.fields, settings.key, settings.tokenize)
         self.sharder = Sharder(settings.max_count, settings.tar_max,
                                check_duplicates=settings.keys_from_data())

@@ -10,14 +10,15 @@ import sys
 from collections.abc import Iterable, Iterator
 
 from wdstream.shards.manifest import ShardInfo
+from wdstream.tokenizer import Tokenizer
 from wdstream.write.jobs import SampleBatch, ShardJob, by_reference
 from wdstream.write.shard_writer import write_shard
-from wdstream.write.tokens import TokenEncoder, with_tokens
+from wdstream.write.tokens import with_tokens
 
-_worker_encoder: TokenEncoder | None = None  # a pool worker's, set by _init_worker
+_worker_encoder: Tokenizer | None = None  # a pool worker's, set by _init_worker
 
 
-def _init_worker(encoder: TokenEncoder | None) -> None:
+def _init_worker(encoder: Tokenizer | None) -> None:
     """Pool initializer: Ctrl-C is handled by the main process, which stops the pool; a worker
     interrupted while idle would only print a traceback. A worker tokenizes on one thread:
     ``--workers`` sets how many cores tokenize."""
@@ -52,13 +53,13 @@ def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
 
 
 def _tokenize_in_worker(texts: list[list[str]]) -> list[list[bytes]]:
-    return [_worker_encoder(column) for column in texts]
+    return [_worker_encoder.encode_npy(column) for column in texts]
 
 
 class InlineWriter:
     """Tokenizes and writes each shard as it comes, in this process."""
 
-    def __init__(self, via: str, encoder: TokenEncoder | None = None):
+    def __init__(self, via: str, encoder: Tokenizer | None = None):
         self.via = via
         self.encoder = encoder
 
@@ -67,7 +68,7 @@ class InlineWriter:
         for samples in batches:
             if samples.tokenize:
                 samples = with_tokens(
-                    samples, [self.encoder(samples.columns[i]) for i in samples.tokenize]
+                    samples, [self.encoder.encode_npy(samples.columns[i]) for i in samples.tokenize]
                 )
             yield samples
 
@@ -89,7 +90,7 @@ class PoolWriter:
     bounds memory to a few shards.
     """
 
-    def __init__(self, via: str, workers: int, encoder: TokenEncoder | None = None):
+    def __init__(self, via: str, workers: int, encoder: Tokenizer | None = None):
         import multiprocessing
         import threading
         from concurrent.futures import ProcessPoolExecutor

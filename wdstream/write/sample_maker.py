@@ -20,7 +20,7 @@ class SampleMaker:
     Default: the whole record is one ``.json`` member (a JSON line byte for byte, a row as
     compact JSON). ``fields`` ({column: extension}) stores those columns as members instead,
     and ``tokenize`` ({column: extension}) stores text columns as token ids: their columns of
-    the SampleBatch hold the texts (checked here) for a ``TokenEncoder`` to turn into ``.npy``
+    the SampleBatch hold the texts (checked here) for a ``Tokenizer`` to turn into ``.npy``
     members later, in a pool worker (see ``pack``). ``key_field`` takes keys from a column; otherwise keys are
     the global record index.
     """
