@@ -36,12 +36,14 @@ class Batch(NamedTuple):
     offsets: Sequence[int] | None = None
 
     def where(self, i: int) -> str:
-        """``data.jsonl line 17``, ``x.parquet row 5``, ``photos/a.{jpg,json}``."""
+        """``data.jsonl:17`` (a line), ``x.parquet row 5``, ``photos/a.{jpg,json}``."""
         value = self.values[i]
         if isinstance(value, FolderSample):
             exts = [ext for ext, _, _ in value.files]
             names = exts[0] if len(exts) == 1 else "{" + ",".join(exts) + "}"
             return f"{self.source.rstrip('/')}/{value.key}.{names}"
+        if self.unit == "line":
+            return f"{self.source}:{self.numbers[i]}"
         return f"{self.source} {self.unit} {self.numbers[i]}"
 
 

@@ -11,7 +11,7 @@ as a stream without a local copy. The readers: ``jsonl``, ``tables``, ``folders`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from wdstream.errors import InputError
@@ -97,19 +97,36 @@ def _folder_size(path: str) -> int:
 
 
 
+def read_in_worker(item: Input) -> bool:
+    """Whether a pool worker reads this input (``worker_reads``): JSON Lines that is
+    compressed or remote. A plain local file is cheap to read here, and its lines go to the
+    shard writers by reference."""
+    if item.kind != "jsonl" or item.path == STDIN:
+        return False
+    name = item.path.split("?", 1)[0].lower() if is_remote(item.path) else item.path.lower()
+    return is_remote(item.path) or name.endswith((".gz", ".zst"))
+
+
 def iter_batches(inputs: Iterable[Input | tuple], *, max_record: int = MAX_RECORD,
-                 counter: ReadCounter | None = None) -> Iterator[Batch]:
+                 counter: ReadCounter | None = None,
+                 worker_reader: Callable[[str, int, ReadCounter], Iterator[Batch]] | None = None,
+                 ) -> Iterator[Batch]:
     """Batches of records of every input in order; InputError if there are no records at all.
 
     ``max_record``: the longest JSON line or CSV/TSV line accepted, in bytes; a longer one is
     refused as soon as that much of it is read, so memory stays within about twice this.
+    ``worker_reader``: reads the inputs that ``read_in_worker`` names in a pool worker (the
+    same batches as ``read_jsonl``).
     """
     inputs = [item if isinstance(item, Input) else Input(item[0], item[1], 0) for item in inputs]
     counter = counter if counter is not None else ReadCounter()
     count = 0
     for item in inputs:
         before = counter.read
-        for batch in _READERS[item.kind](item.path, max_record, counter):
+        read = _READERS[item.kind]
+        if worker_reader is not None and read_in_worker(item):
+            read = worker_reader
+        for batch in read(item.path, max_record, counter):
             count += len(batch.values)
             yield batch
         if item.size:

@@ -54,18 +54,18 @@ def parse_json_line(line: bytes, source: str, number: int) -> dict:
     try:
         value = _decode_json(line.decode("utf-8"))
     except UnicodeDecodeError as error:
-        raise InputError(f"{source} line {number}: not UTF-8: {error}") from None
+        raise InputError(f"{source}:{number}: not UTF-8: {error}") from None
     except RecursionError:
-        raise InputError(f"{source} line {number}: JSON nested too deeply for this "
+        raise InputError(f"{source}:{number}: JSON nested too deeply for this "
                          "reader") from None
     except ValueError as error:
-        raise InputError(f"{source} line {number}: malformed JSON: {error}") from None
+        raise InputError(f"{source}:{number}: malformed JSON: {error}") from None
     if not isinstance(value, dict):
         raise InputError(
-            f"{source} line {number}: expected a JSON object, got {type(value).__name__}"
+            f"{source}:{number}: expected a JSON object, got {type(value).__name__}"
         )
     if not _valid_unicode(line, value):
-        raise InputError(f"{source} line {number}: holds a \\u escape of a lone surrogate, "
+        raise InputError(f"{source}:{number}: holds a \\u escape of a lone surrogate, "
                          "which is not text (strict JSON readers refuse it)")
     return value
 

@@ -23,7 +23,7 @@ _ONE = 1  # _ONE.__add__: a line's length plus its newline, without a Python fra
 
 def too_long(source: str, number: int, max_record: int) -> InputError:
     limit = f"{max_record >> 20} MiB" if max_record % (1 << 20) == 0 else format_size(max_record)
-    return InputError(f"{source} line {number}: longer than {limit}, the longest record pack "
+    return InputError(f"{source}:{number}: longer than {limit}, the longest record pack "
                       "accepts")
 
 
@@ -105,7 +105,7 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
                     offsets = list(itertools.accumulate(map(_ONE.__add__, map(len, lines)),
                                                         initial=line_start))
                     line_start = offsets[-1]
-                stripped = [line.strip() for line in lines]
+                stripped = list(map(bytes.strip, lines))
                 if all(stripped):
                     yield Batch(source, "line", range(first, number + 1), stripped, offsets)
                 else:
@@ -133,7 +133,7 @@ def read_lines(path: str, start: int, stop: int, count: int) -> list[bytes]:
             data = file.read(stop - start)
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror or error}") from None
-    lines = [line for line in map(bytes.strip, data.split(b"\n")) if line]
+    lines = list(filter(None, map(bytes.strip, data.split(b"\n"))))
     if len(lines) != count:
         raise InputError(f"{path}: changed while packing (bytes {start}-{stop} no longer hold "
                          f"the {count} lines read there)")

@@ -10,7 +10,9 @@ How a run goes:
    written (``tar_sizes``), so shard boundaries do not depend on who writes the shards.
 3. Each shard is written whole - tar, SHA-256, upload - in this process (``workers=1``) or by a
    pool of ``workers`` processes. The bytes are the same either way. A pool worker reads the
-   JSON lines of a plain local file from the file itself (``jobs.ShardPiece.lines_at``).
+   JSON lines of a plain local file from the file itself (``jobs.ShardPiece.lines_at``), and
+   with ``workers > 1`` compressed and remote JSON Lines are read and decompressed by a pool
+   worker rather than this process (``worker_reads``), the records in the same order.
 4. The manifest is written last, after every shard is complete. If anything fails (a bad
    record, an upload error, Ctrl-C), the shards this run wrote are deleted and no manifest is
    written; the error is raised again.
@@ -180,6 +182,7 @@ class PackRun:
         self.started: list[str] = []  # URLs of shards this run began to write
         self.next_index = 0  # of the next shard cut, counting other parts' shards
         self.suffix = WRITE_SUFFIXES[settings.compress] if settings.compress else ".tar"
+        self.writer: InlineWriter | PoolWriter | None = None  # while the shards are written
 
     def run(self) -> Manifest:
         settings = self.settings
@@ -207,6 +210,7 @@ class PackRun:
         settings = self.settings
         writer = (PoolWriter(settings.via, settings.workers, self.encoder)
                   if settings.workers > 1 else InlineWriter(settings.via, self.encoder))
+        self.writer = writer
         failed = True
         try:
             for job in self._shard_jobs(writer):
@@ -223,7 +227,8 @@ class PackRun:
 
     def _sample_batches(self) -> Iterator[SampleBatch]:
         first_index = 0  # of the batch's first record among all records
-        for batch in iter_batches(self.settings.inputs, counter=self.read_counter):
+        for batch in iter_batches(self.settings.inputs, counter=self.read_counter,
+                                  worker_reader=self.writer.read_batches):
             yield self.maker.make(batch, first_index)
             first_index += len(batch.values)
 

@@ -1,6 +1,7 @@
 """Who writes the shards: ``InlineWriter`` (this process, ``workers=1``) or ``PoolWriter`` (a
 pool of processes, results in submission order). Both also tokenize batches ahead of the
-sharder when tokens decide the shard boundaries."""
+sharder when tokens decide the shard boundaries; the pool's workers also read compressed and
+remote JSON Lines inputs (``worker_reads``)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,25 @@ from collections.abc import Iterable, Iterator
 
 from wdstream.shards.manifest import ShardInfo
 from wdstream.tokenizer import Tokenizer
+from wdstream.write.batches import Batch, ReadCounter
 from wdstream.write.jobs import SampleBatch, ShardJob, by_reference
 from wdstream.write.shard_writer import write_shard
 from wdstream.write.tokens import with_tokens
+from wdstream.write.worker_reads import receive_batches, send_batches
 
-_worker_encoder: Tokenizer | None = None  # a pool worker's, set by _init_worker
+# A pool worker's tokenizer and the pipe it sends the batches of an input it reads into, set
+# by _init_worker in each worker process (a pool initializer's only way to hand them on).
+_worker_encoder: Tokenizer | None = None
+_worker_batches = None
 
 
-def _init_worker(encoder: Tokenizer | None) -> None:
+def _init_worker(encoder: Tokenizer | None, batches=None) -> None:
     """Pool initializer: Ctrl-C is handled by the main process, which stops the pool; a worker
     interrupted while idle would only print a traceback. A worker tokenizes on one thread:
     ``--workers`` sets how many cores tokenize."""
-    global _worker_encoder
+    global _worker_encoder, _worker_batches
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker_encoder = encoder
+    _worker_encoder, _worker_batches = encoder, batches
     if encoder is not None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
@@ -52,12 +58,23 @@ def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _read_in_worker(path: str, max_record: int) -> None:
+    """Read a JSON Lines input and send its batches to the main process (``worker_reads``)."""
+    signal.signal(signal.SIGINT, _interrupt_once)
+    try:
+        send_batches(_worker_batches, path, max_record)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _tokenize_in_worker(texts: list[list[str]]) -> list[list[bytes]]:
     return [_worker_encoder.encode_npy(column) for column in texts]
 
 
 class InlineWriter:
     """Tokenizes and writes each shard as it comes, in this process."""
+
+    read_batches = None  # every input is read by this process
 
     def __init__(self, via: str, encoder: Tokenizer | None = None):
         self.via = via
@@ -101,13 +118,21 @@ class PoolWriter:
         # fork starts workers in milliseconds, but is safe only in a single-threaded process
         # (and on Linux); checking a cloud prefix starts fsspec's I/O thread: then forkserver.
         fork_is_safe = sys.platform == "linux" and threading.active_count() == 1
-        method = "fork" if fork_is_safe else "forkserver"
+        context = multiprocessing.get_context("fork" if fork_is_safe else "forkserver")
+        # Batches of inputs a worker reads (read_batches) come back through this pipe.
+        self._batches, self._batches_sender = context.Pipe(duplex=False)
         self._pool = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=multiprocessing.get_context(method),
+            mp_context=context,
             initializer=_init_worker,
-            initargs=(encoder,),
+            initargs=(encoder, self._batches_sender),
         )
+
+    def read_batches(self, path: str, max_record: int, counter: ReadCounter) -> Iterator[Batch]:
+        """The batches of the JSON Lines input ``path`` as ``read_jsonl`` gives them, read and
+        decompressed by a worker (one input at a time)."""
+        future = self._pool.submit(_read_in_worker, path, max_record)
+        yield from receive_batches(self._batches, future, path, counter)
 
     def tokenized(self, batches: Iterable[SampleBatch]) -> Iterator[SampleBatch]:
         """``batches`` in order, their texts tokenized by the workers, several at a time."""
@@ -149,4 +174,6 @@ class PoolWriter:
                 except (ProcessLookupError, PermissionError, AttributeError):
                     pass
         self._pool.shutdown(wait=True, cancel_futures=failed)
+        self._batches.close()
+        self._batches_sender.close()
 

@@ -49,11 +49,11 @@ def _read_table(path: str, delimiter: str, max_record: int,
                 header = row
                 duplicates = sorted({name for name in header if header.count(name) > 1})
                 if duplicates:
-                    raise InputError(f"{path} line {reader.line_num}: duplicate columns {duplicates}")
+                    raise InputError(f"{path}:{reader.line_num}: duplicate columns {duplicates}")
                 continue
             if len(row) != len(header):
                 raise InputError(
-                    f"{path} line {reader.line_num}: {len(row)} fields, the header has {len(header)}"
+                    f"{path}:{reader.line_num}: {len(row)} fields, the header has {len(header)}"
                 )
             numbers.append(reader.line_num)
             rows.append(dict(zip(header, row, strict=True)))
@@ -65,7 +65,7 @@ def _read_table(path: str, delimiter: str, max_record: int,
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: not UTF-8 text: {error}") from None
     except csv.Error as error:
-        raise InputError(f"{path} line {reader.line_num}: {error}") from None
+        raise InputError(f"{path}:{reader.line_num}: {error}") from None
     except read_errors() as error:
         raise InputError(f"{path}: cannot read: {error}") from None
     finally:
