@@ -72,6 +72,23 @@ def _process_cpu(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _forkserver_cpu() -> float:
+    """CPU seconds of the pool workers started from multiprocessing's fork server (as they are
+    when the packer has threads, e.g. after listing an S3 input): they are the server's
+    children, not this process's, so RUSAGE_CHILDREN misses them; the server reaps them."""
+    import multiprocessing.forkserver as forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def case_wdstream(source: str, output: str, workers: int, per_shard: int,
                   server_pid: int | None = None) -> dict:
     from wdstream.write.packer import pack
@@ -83,6 +100,8 @@ def case_wdstream(source: str, output: str, workers: int, per_shard: int,
     seconds = time.perf_counter() - started
     main_cpu = _cpu_seconds(resource.RUSAGE_SELF) - main_cpu
     workers_cpu = _cpu_seconds(resource.RUSAGE_CHILDREN) - workers_cpu  # the pool, once joined
+    time.sleep(0.2)  # for the fork server to reap the workers (outside the time measured)
+    workers_cpu += _forkserver_cpu()
     result = {"seconds": seconds, "records": manifest.samples, "tar_bytes": manifest.bytes,
               "main_cpu_s": main_cpu, "cpu_s": main_cpu + workers_cpu}
     if server_cpu is not None:

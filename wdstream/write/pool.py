@@ -119,6 +119,8 @@ class PoolWriter:
         # (and on Linux); checking a cloud prefix starts fsspec's I/O thread: then forkserver.
         fork_is_safe = sys.platform == "linux" and threading.active_count() == 1
         context = multiprocessing.get_context("fork" if fork_is_safe else "forkserver")
+        if not fork_is_safe:  # workers fork from a server that has imported what they run
+            context.set_forkserver_preload([__name__])
         # Batches of inputs a worker reads (read_batches) come back through this pipe.
         self._batches, self._batches_sender = context.Pipe(duplex=False)
         self._pool = ProcessPoolExecutor(
