@@ -15,7 +15,11 @@ itself a floor of over a second. ``WDSTREAM_BENCH_PACK_OUT`` names another folde
 Cloud inputs: the same records as ``.jsonl.zst`` (200 MB uncompressed; quick: 20 MB) on a
 moto server on 127.0.0.1, packed with 2 workers into the same server, against that file
 packed from local disk to local disk (the tmpfs folder above). moto runs on the same cores, so
-its own CPU time (receiving every shard, serving the input) is part of the S3 figure. Peak RSS
+its own CPU time (receiving every shard, serving the input) is part of the S3 figure; the
+"server CPU s" column is that time (the server process's, read from /proc). With
+``WDSTREAM_BENCH_S3RVER`` naming the ``s3rver`` command (``npm install s3rver``: a Node.js S3
+server, far lighter than moto), the S3 case also runs against it, to tell wdstream's cost from
+the server's. Peak RSS
 (the packing process and its workers) of the S3 case for 200 MB and for 1 GB of input (the
 200 MB file five times; quick: 20 and 100 MB) shows that memory does not grow with the input.
 
@@ -24,6 +28,7 @@ its own CPU time (receiving every shard, serving the input) is part of the S3 fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -43,6 +48,8 @@ FULL = {"bytes": 200 * 1000**2, "per_shard": 10_000, "times": 5}
 QUICK = {"bytes": 20 * 1000**2, "per_shard": 2_000, "times": 5}
 LOCAL_ZST, S3_ZST, S3_BIG = ("wdstream .zst local → local, 2 workers",
                              "wdstream .zst S3 → S3, 2 workers", "wdstream .zst S3 → S3, 5× input")
+S3RVER_ZST = "wdstream .zst S3 → S3 (s3rver), 2 workers"
+S3RVER_VARIABLE = "WDSTREAM_BENCH_S3RVER"
 
 
 # =========================================================================== cases (child side)
@@ -53,17 +60,53 @@ def _cpu_seconds(who) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def case_wdstream(source: str, output: str, workers: int, per_shard: int) -> dict:
+def _process_cpu(pid: int | None) -> float | None:
+    """CPU seconds a process (the S3 server) has used so far, from /proc; None if unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _forkserver_cpu() -> float:
+    """CPU seconds of the pool workers started from multiprocessing's fork server (as they are
+    when the packer has threads, e.g. after listing an S3 input): they are the server's
+    children, not this process's, so RUSAGE_CHILDREN misses them; the server reaps them."""
+    import multiprocessing.forkserver as forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def case_wdstream(source: str, output: str, workers: int, per_shard: int,
+                  server_pid: int | None = None) -> dict:
     from wdstream.write.packer import pack
 
+    server_cpu = _process_cpu(server_pid)
     started = time.perf_counter()
     main_cpu, workers_cpu = _cpu_seconds(resource.RUSAGE_SELF), _cpu_seconds(resource.RUSAGE_CHILDREN)
     manifest = pack([source], output, max_count=per_shard, workers=workers, overwrite=True)
     seconds = time.perf_counter() - started
     main_cpu = _cpu_seconds(resource.RUSAGE_SELF) - main_cpu
     workers_cpu = _cpu_seconds(resource.RUSAGE_CHILDREN) - workers_cpu  # the pool, once joined
-    return {"seconds": seconds, "records": manifest.samples, "tar_bytes": manifest.bytes,
-            "main_cpu_s": main_cpu, "cpu_s": main_cpu + workers_cpu}
+    time.sleep(0.2)  # for the fork server to reap the workers (outside the time measured)
+    workers_cpu += _forkserver_cpu()
+    result = {"seconds": seconds, "records": manifest.samples, "tar_bytes": manifest.bytes,
+              "main_cpu_s": main_cpu, "cpu_s": main_cpu + workers_cpu}
+    if server_cpu is not None:
+        result["server_cpu_s"] = _process_cpu(server_pid) - server_cpu
+    return result
 
 
 def case_shardwriter(source: str, output: str, per_shard: int) -> dict:
@@ -117,6 +160,47 @@ def make_zst(source: Path, path: Path, times: int = 1) -> int:
     return written
 
 
+class S3rver(common.LocalS3):
+    """An s3rver (Node.js) S3 server on 127.0.0.1, storing under a temporary folder (on
+    tmpfs when there is one); the same interface as ``common.LocalS3``."""
+
+    def __init__(self, command: str):
+        super().__init__()
+        self.command = command
+        self.env = {**self.env, "AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}
+        self._data = tempfile.mkdtemp(prefix="wdstream-bench-s3rver-", dir=_output_parent())
+
+    def __enter__(self) -> S3rver:
+        import socket
+        import subprocess
+
+        self.process = subprocess.Popen(
+            [self.command, "-d", self._data, "-a", "127.0.0.1", "-p", str(self.port), "-s",
+             "--allow-mismatched-signatures", "--no-vhost-buckets"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"s3rver exited with {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("s3rver did not start") from None
+                time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        shutil.rmtree(self._data, ignore_errors=True)
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="S3RVER",
+                            aws_secret_access_key="S3RVER", region_name="us-east-1")
+
+
 def _output_parent() -> str | None:
     chosen = os.environ.get("WDSTREAM_BENCH_PACK_OUT")
     if chosen:
@@ -139,12 +223,17 @@ def run(quick: bool) -> list[dict]:
         make_zst(source, zst)
         big_bytes = make_zst(source, big, sizes["times"])
         try:
-            with common.LocalS3() as s3:
-                common.log("pack: uploading the .zst inputs to moto")
-                client = s3.client()
-                client.create_bucket(Bucket="bench")
-                client.upload_file(str(zst), "bench", "raw/records.jsonl.zst")
-                client.upload_file(str(big), "bench", "raw/big.jsonl.zst")
+            with contextlib.ExitStack() as servers:
+                s3 = servers.enter_context(common.LocalS3())
+                s3rver_command = os.environ.get(S3RVER_VARIABLE)
+                lighter = servers.enter_context(S3rver(s3rver_command)) if s3rver_command \
+                    else None
+                common.log("pack: uploading the .zst inputs to the S3 server(s)")
+                for server in (s3, lighter) if lighter else (s3,):
+                    client = server.client()
+                    client.create_bucket(Bucket="bench")
+                    client.upload_file(str(zst), "bench", "raw/records.jsonl.zst")
+                s3.client().upload_file(str(big), "bench", "raw/big.jsonl.zst")  # moto only
                 per_shard = sizes["per_shard"]
                 cases = {
                     ONE: ("benchmarks.pack:case_wdstream", args("one", workers=1)),
@@ -154,13 +243,21 @@ def run(quick: bool) -> list[dict]:
                                 {**args("zst", workers=2), "source": str(zst)}),
                     S3_ZST: ("benchmarks.pack:case_wdstream",
                              {"source": "s3://bench/raw/records.jsonl.zst",
-                              "output": "s3://bench/out/", "workers": 2, "per_shard": per_shard},
+                              "output": "s3://bench/out/", "workers": 2, "per_shard": per_shard,
+                              "server_pid": s3.process.pid},
                              s3.env),
                     S3_BIG: ("benchmarks.pack:case_wdstream",
                              {"source": "s3://bench/raw/big.jsonl.zst",
-                              "output": "s3://bench/big/", "workers": 2, "per_shard": per_shard},
+                              "output": "s3://bench/big/", "workers": 2, "per_shard": per_shard,
+                              "server_pid": s3.process.pid},
                              s3.env),
                 }
+                if lighter:
+                    cases[S3RVER_ZST] = (
+                        "benchmarks.pack:case_wdstream",
+                        {"source": "s3://bench/raw/records.jsonl.zst", "output": "s3://bench/out/",
+                         "workers": 2, "per_shard": per_shard, "server_pid": lighter.process.pid},
+                        lighter.env)
                 results = common.repeat(cases, progress=lambda text: common.log(f"pack: {text}"))
         finally:
             shutil.rmtree(outputs, ignore_errors=True)
@@ -180,7 +277,8 @@ def run(quick: bool) -> list[dict]:
         size = big_bytes if name == S3_BIG else data["bytes"]
         rows.append({**row, "MB/s": size / common.MB / seconds,
                      "records/s": expected / seconds, "seconds": seconds,
-                     "CPU s": result.get("cpu_s"), "tar MB": result["tar_bytes"] / common.MB,
+                     "CPU s": result.get("cpu_s"), "server CPU s": result.get("server_cpu_s"),
+                     "tar MB": result["tar_bytes"] / common.MB,
                      "peak RSS MB": result.get("peak_rss_mb")})
     output = _output_parent() or "the system's temporary folder"
     rows.append({"table": table, "note": f"Shards written under {output}; input read from the "
@@ -203,10 +301,13 @@ def run(quick: bool) -> list[dict]:
 
     big, small = results[S3_BIG].get("peak_rss_mb"), results[S3_ZST].get("peak_rss_mb")
     memory = common.ratio(big, small)
+    lighter_goal = [goal(".zst S3 → S3 ÷ local → local speed, 2 workers, on s3rver", S3RVER_ZST,
+                         LOCAL_ZST, 0.8)] if S3RVER_ZST in results else []
     return [
         goal("wdstream (1 worker) speed ÷ ShardWriter loop", ONE, PEER, 1.0),
         goal("wdstream 2 workers ÷ 1 worker", TWO, ONE, 1.6),
         goal(".zst S3 → S3 ÷ local → local speed, 2 workers", S3_ZST, LOCAL_ZST, 0.8),
+        *lighter_goal,
         {"table": "Goals", "goal": f"peak RSS, {sizes['times']}× input ÷ 1× (S3 → S3)",
          "measured": memory, "target": "≤ 1.1",
          "met": "n/a" if memory is None else ("yes" if memory <= 1.1 else "no")},

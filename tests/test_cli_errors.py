@@ -42,7 +42,7 @@ def deep_record(depth: int) -> str:
 def test_a_deeply_nested_record_is_an_error_line(tmp_path, cli_env, options):
     name = write(tmp_path / "deep.jsonl", '{"a": 1}\n' + deep_record(990) + "\n")
     result = run(["pack", name, "--output", "out", *options], cli_env, tmp_path)
-    assert_clean_error(result, "deep.jsonl line 2", "nested too deeply")
+    assert_clean_error(result, "deep.jsonl:2", "nested too deeply")
     assert not (tmp_path / "out" / "index.json").exists()
 
 
@@ -50,7 +50,7 @@ def test_a_deeply_nested_record_is_an_error_line(tmp_path, cli_env, options):
 def test_a_lone_surrogate_is_an_error_line(tmp_path, cli_env, options):
     name = write(tmp_path / "s.jsonl", '{"id": "ok", "t": 1}\n{"id": "a\\udc80b", "t": 2}\n')
     result = run(["pack", name, "--output", "out", *options], cli_env, tmp_path)
-    assert_clean_error(result, "s.jsonl line 2", "lone surrogate")
+    assert_clean_error(result, "s.jsonl:2", "lone surrogate")
 
 
 def test_a_file_name_not_in_utf8_is_an_error_line(tmp_path, cli_env):
@@ -74,7 +74,7 @@ def test_a_surrogate_pair_is_text(tmp_path, cli_env):
 def test_nan_and_infinity_are_refused(tmp_path, cli_env, constant, options):
     name = write(tmp_path / "n.jsonl", f'{{"v": 1}}\n{{"v": {constant}}}\n')
     result = run(["pack", name, "--output", "out", *options], cli_env, tmp_path)
-    assert_clean_error(result, "n.jsonl line 2", f"{constant} is not JSON")
+    assert_clean_error(result, "n.jsonl:2", f"{constant} is not JSON")
 
 
 def test_nan_in_a_parquet_row_is_refused(tmp_path, cli_env):

@@ -137,7 +137,7 @@ def test_remote_input_errors_name_the_url_and_publish_nothing(tmp_path, s3, s3_b
     out = f"s3://{s3_bucket}/out/"
     error = fail(["pack", f"s3://{s3_bucket}/raw/part-3.jsonl.zst", "--output", out,
                   "--max-count", 5], cli_env)
-    assert f"s3://{s3_bucket}/raw/part-3.jsonl.zst line 21: malformed JSON" in error
+    assert f"s3://{s3_bucket}/raw/part-3.jsonl.zst:21: malformed JSON" in error
     assert _s3_files(client, s3_bucket, "out/") == []
 
     error = fail(["pack", f"s3://{s3_bucket}/raw/missing.jsonl", "--output", out], cli_env)
@@ -242,7 +242,7 @@ def test_a_huge_line_is_refused_early_and_long_lines_read_in_linear_time(tmp_pat
             file.write(block)
     started = time.monotonic()
     error = fail(["pack", huge, "--output", tmp_path / "out"], cli_env)
-    assert f"{huge} line 2: longer than 256 MiB" in error
+    assert f"{huge}:2: longer than 256 MiB" in error
     assert time.monotonic() - started < 20
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
@@ -250,7 +250,7 @@ def test_a_huge_line_is_refused_early_and_long_lines_read_in_linear_time(tmp_pat
     with open(csv_file, "w") as file:
         file.write("a,b\n1,2\n3," + "x" * (300 << 20))
     error = fail(["pack", csv_file, "--output", tmp_path / "out"], cli_env)
-    assert f"{csv_file} line 3: longer than 256 MiB" in error
+    assert f"{csv_file}:3: longer than 256 MiB" in error
 
     # a 40 MB line (ten read chunks) among short ones is read once, not re-joined per chunk
     long_lines = tmp_path / "long.jsonl"
@@ -263,7 +263,7 @@ def test_a_huge_line_is_refused_early_and_long_lines_read_in_linear_time(tmp_pat
 
 
 def test_line_splitting_over_chunk_boundaries(tmp_path):
-    from wdstream.write import inputs
+    from wdstream.write import jsonl as inputs
 
     lines = [b'{"i": %d, "pad": "%s"}' % (i, b"p" * (i * 37 % 700)) for i in range(600)]
     data = b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n\n  \n" + b'{"last": 1}'
@@ -279,7 +279,7 @@ def test_line_splitting_over_chunk_boundaries(tmp_path):
         finally:
             inputs._CHUNK = original
         assert got == [(i + 1, line) for i, line in enumerate(lines)] + [(603, b'{"last": 1}')]
-    with pytest.raises(InputError, match=r"x.jsonl line \d+: longer than"):
+    with pytest.raises(InputError, match=r"x.jsonl:\d+: longer than"):
         list(inputs.read_jsonl(str(path), max_record=699))
 
 
@@ -302,4 +302,66 @@ def test_workers_read_lines_from_the_file_and_give_the_same_bytes(tmp_path, cli_
     bad.write_text("\n".join(lines[:20]) + "\n\n{oops\n" + "\n".join(lines[20:]) + "\n")
     error = fail(["pack", bad, "--output", tmp_path / "bad", "--max-count", 7, "--workers", 2],
                  cli_env)
-    assert f"{bad} line 22: malformed JSON" in error
+    assert f"{bad}:22: malformed JSON" in error
+
+
+# --- compressed and remote JSON Lines read by a pool worker -----------------------------------
+
+
+def _mixed_text(count: int, last: bool = True) -> bytes:
+    """JSON Lines with a BOM, blank and whitespace-only lines, CRLF and (``last``) a last
+    record without an id nor a final newline."""
+    lines = [json.dumps(r) for r in records(count)]
+    half = count // 2
+    return ("\ufeff" + lines[0] + "\r\n\n" + "\n".join(lines[1:half]) + "\n  \t\n\n"
+            + "\r\n".join(lines[half:]) + "\n\n" + ('{"last": true}' if last else "")).encode()
+
+
+def test_workers_decompress_inputs_and_give_the_same_shards(tmp_path, s3, s3_bucket, cli_env):
+    # .zst, .gz and remote JSON Lines are read by a pool worker with --workers > 1: the same
+    # shards and manifest as one process reading them, inputs in order, across file ends
+    text = _mixed_text(90)
+    zst = _zst(tmp_path / "a.jsonl.zst", text)
+    gz = tmp_path / "b.jsonl.gz"
+    gz.write_bytes(gzip.compress(text.replace(b'"r', b'"g')))
+    plain = tmp_path / "c.jsonl"
+    plain.write_bytes(text.replace(b'"r', b'"p'))
+    client = s3.client()
+    client.put_object(Bucket=s3_bucket, Key="raw/d.jsonl.zst", Body=zst.read_bytes())
+    remote = f"s3://{s3_bucket}/raw/d.jsonl.zst"
+    for workers in (1, 2, 3):
+        run(["pack", zst, plain, remote, gz, "--output", tmp_path / f"w{workers}",
+             "--max-count", 13, "--workers", workers, "--quiet"], cli_env)
+    assert folder_bytes(tmp_path / "w1") == folder_bytes(tmp_path / "w2") == \
+        folder_bytes(tmp_path / "w3")
+    manifest, samples = check_local_dataset(tmp_path / "w2")
+    assert manifest["samples"] == 4 * 91 and len(samples) == 4 * 91
+    # with --key the reading process parses the records a worker read: same shards again
+    keyed = _zst(tmp_path / "keyed.jsonl.zst", _mixed_text(90, last=False))
+    for workers in (1, 2):
+        run(["pack", keyed, "--key", "id", "--output", tmp_path / f"k{workers}",
+             "--max-count", 13, "--workers", workers, "--quiet"], cli_env)
+    assert folder_bytes(tmp_path / "k1") == folder_bytes(tmp_path / "k2")
+
+
+def test_errors_from_a_reading_worker_name_the_file_and_line(tmp_path, cli_env):
+    lines = [json.dumps(r) for r in records(40)]
+    bad = _zst(tmp_path / "bad.jsonl.zst",
+               ("\n".join(lines[:30]) + "\n\n{oops\n" + "\n".join(lines[30:]) + "\n").encode())
+    for extra in ([], ["--key", "id"]):  # parsed by a shard writer, or by the reading process
+        error = fail(["pack", bad, "--output", tmp_path / "o", "--max-count", 7,
+                      "--workers", 2, *extra], cli_env)
+        assert f"{bad}:32: malformed JSON" in error and len(error.splitlines()) == 1
+        assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress("\n".join(lines).encode())[:-40])
+    error = fail(["pack", cut, "--output", tmp_path / "o", "--workers", 2], cli_env)
+    assert f"{cut}: cannot read after line" in error
+    huge = tmp_path / "huge.jsonl.gz"
+    with gzip.open(huge, "wb", compresslevel=1) as file:
+        file.write(b'{"ok": 1}\n{"ok": 2}\n')
+        for _ in range(260):  # 260 MiB of spaces on line 3
+            file.write(b" " * (1 << 20))
+    error = fail(["pack", huge, "--output", tmp_path / "o", "--workers", 2], cli_env)
+    assert f"{huge}:3: longer than 256 MiB" in error
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())

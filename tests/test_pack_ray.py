@@ -70,7 +70,7 @@ def test_a_failed_part_publishes_nothing(tmp_path, local_ray):
     source = tmp_path / "bad.jsonl"
     source.write_text("\n".join(rows) + "\n")
     out = tmp_path / "out"
-    with pytest.raises(InputError, match=r"bad.jsonl line 46: malformed JSON"):
+    with pytest.raises(InputError, match=r"bad.jsonl:46: malformed JSON"):
         pack_on_ray([source], out, parts=3, max_count=6)
     assert not out.exists() or list(out.iterdir()) == []
     with pytest.raises(InputError, match="no such file"):
@@ -96,5 +96,5 @@ def test_cli_packs_on_ray(tmp_path, local_ray, cli_env):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(rows) + "\n")
     error = fail(["pack", bad, "--output", tmp_path / "bad", "--max-count", 5, "--ray", 3], env)
-    assert f"{bad} line 26: expected a JSON object" in error and len(error.splitlines()) == 1
+    assert f"{bad}:26: expected a JSON object" in error and len(error.splitlines()) == 1
     assert not (tmp_path / "bad").exists() or list((tmp_path / "bad").iterdir()) == []

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import click
 
-from wdstream.cli.output import external_option
+from wdstream.cli.output import (
+    external_option,
+    manifest_rows,
+    print_pairs,
+    progress_bar,
+    show_progress,
+)
 from wdstream.errors import InputError
 
 EXAMPLES = """
@@ -28,35 +33,6 @@ def _refuse_existing(prefix: str, overwrite: bool) -> None:
     url = urls.join(prefix, MANIFEST_NAME)
     if not overwrite and exists(url):
         raise InputError(f"{url} already exists; use --overwrite to replace it")
-
-
-class _BytesProgress:
-    """A transient bar on stderr over the bytes of the shards being read."""
-
-    def __init__(self, total: int):
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TransferSpeedColumn,
-        )
-
-        self._progress = Progress(
-            BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            console=Console(stderr=True), transient=True,
-        )
-        self._task = self._progress.add_task("index", total=total)
-
-    def __enter__(self):
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc_info):
-        self._progress.stop()
-
-    def __call__(self, nbytes: int) -> None:
-        self._progress.advance(self._task, nbytes)
 
 
 @click.command("index", epilog=EXAMPLES)
@@ -80,7 +56,7 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     strays = None
     if merge:
         from wdstream.shards.manifest import load_manifest
-        from wdstream.write.packer import merge_parts
+        from wdstream.write.merge import merge_parts
 
         if not output:
             raise InputError("--merge needs --output PREFIX")
@@ -113,21 +89,17 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
             click.echo(f"note: {not_shards_note(others)}", err=True)
         shard_urls = [url for url, _ in found]
         strays = StrayCount()
-        if quiet or not sys.stderr.isatty():
-            manifest = index_shards(shard_urls, base=prefix, workers=workers, strays=strays)
-        else:
-            with _BytesProgress(sum(size for _, size in found)) as bar:
-                manifest = index_shards(shard_urls, base=prefix, workers=workers, progress=bar,
-                                        strays=strays)
+        show = show_progress(quiet)
+        with progress_bar(sum(size or 0 for _, size in found), enabled=show) as bar:
+            manifest = index_shards(shard_urls, base=prefix, workers=workers,
+                                    progress=bar if show else None, strays=strays)
     url = write_manifest(manifest, prefix)
     if quiet:
         return
-    from wdstream.cli.pack import manifest_rows, print_summary
-
     seconds = max(time.monotonic() - start, 1e-9)
     rows = manifest_rows(manifest)
     if not merge:  # merging reads manifests only
         rows.append(("MB/s read", f"{manifest.bytes / seconds / 1e6:.1f} ({seconds:.1f} s)"))
     if strays is not None and strays.count:
         rows.append(("stray members", f"{strays.describe()} skipped: no sample holds them"))
-    print_summary([*rows, ("manifest", url)])
+    print_pairs([*rows, ("manifest", url)])

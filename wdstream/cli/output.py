@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import click
 
+from wdstream.sources.openers import OPENERS
+
 EXIT_CODES = """
 \b
 Exit codes:
@@ -29,7 +31,7 @@ json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON document on stdout instead of tables.")
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 opener_option = click.option(
-    "--opener", type=click.Choice(["auto", "cli", "fsspec", "sdk"]), default=None,
+    "--opener", type=click.Choice(OPENERS), default=None,
     help="How shards are read: auto (default; $WDSTREAM_OPENER if set), cli (aws / gcloud "
          "as a pipe), fsspec, sdk (botocore, s3:// only).")
 
@@ -125,13 +127,19 @@ class Bar:
         if self._progress is not None:
             self._progress.update(self._task, total=total)
 
+    def describe(self, text: str) -> None:
+        """Replace the text shown (the whole line for ``unit=None``)."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+
 
 @contextmanager
 def progress_bar(total: int | None, *, unit: str = "bytes", description: str = "",
                  enabled: bool = True) -> Iterator[Bar]:
     """A transient bar on stderr; yields a ``Bar`` (doing nothing when not ``enabled``).
 
-    ``unit="bytes"`` shows bytes and MB/s; anything else counts items (``unit`` names them).
+    ``unit="bytes"`` shows bytes and MB/s; ``None`` a spinner and the text ``Bar.describe``
+    sets; anything else counts items (``unit`` names them).
     """
     if not enabled:
         yield Bar()
@@ -141,12 +149,15 @@ def progress_bar(total: int | None, *, unit: str = "bytes", description: str = "
         DownloadColumn,
         MofNCompleteColumn,
         Progress,
+        SpinnerColumn,
         TextColumn,
         TimeElapsedColumn,
         TransferSpeedColumn,
     )
 
-    if unit == "bytes":
+    if unit is None:
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+    elif unit == "bytes":
         columns = [TextColumn(description), BarColumn(), DownloadColumn(),
                    TransferSpeedColumn(), TimeElapsedColumn()]
     else:
@@ -156,6 +167,17 @@ def progress_bar(total: int | None, *, unit: str = "bytes", description: str = "
     task = progress.add_task(description, total=total)
     with progress:
         yield Bar(progress, task)
+
+
+def manifest_rows(manifest) -> list[tuple[str, str]]:
+    """The summary rows every command that writes a manifest prints first."""
+    from wdstream.sizes import format_size
+
+    return [
+        ("shards", f"{len(manifest.shards):,}"),
+        ("samples", f"{manifest.samples:,}"),
+        ("bytes", f"{manifest.bytes:,} ({format_size(manifest.bytes)})"),
+    ]
 
 
 def plural(count: int, word: str) -> str:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import time
 
 import click
 
+from wdstream.cli.output import manifest_rows, print_pairs, progress_bar, show_progress
 from wdstream.errors import InputError
 from wdstream.sizes import format_size
 
@@ -83,58 +83,6 @@ def describe_progress(status, seconds: float) -> str:
         read = min(status.input_bytes, status.input_total)
         text = f"{format_size(read)} of {format_size(status.input_total)} read · " + text
     return text
-
-
-class ProgressBar:
-    """A transient line on stderr: input bytes read of the total, records read, shards
-    written, MB/s."""
-
-    def __init__(self):
-        from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self._start = time.monotonic()
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self._task = self._progress.add_task("starting", total=None)
-
-    def __enter__(self):
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc_info):
-        self._progress.stop()
-
-    def __call__(self, status) -> None:
-        seconds = max(time.monotonic() - self._start, 1e-9)
-        self._progress.update(self._task, description=describe_progress(status, seconds))
-
-
-def manifest_rows(manifest) -> list[tuple[str, str]]:
-    """The summary rows every command that writes a manifest prints first."""
-    return [
-        ("shards", f"{len(manifest.shards):,}"),
-        ("samples", f"{manifest.samples:,}"),
-        ("bytes", f"{manifest.bytes:,} ({format_size(manifest.bytes)})"),
-    ]
-
-
-def print_summary(rows: list[tuple[str, str]]) -> None:
-    """A two-column table on stdout."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    for name, value in rows:
-        table.add_row(name, value)
-    Console(soft_wrap=True).print(table)
 
 
 EXAMPLES = """
@@ -224,11 +172,14 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
             if options.pop("part") is not None:
                 raise InputError("--ray runs the parts itself: leave out --part")
             manifest = pack_on_ray(inputs, output, parts=ray_parts, **options)
-        elif quiet or not sys.stderr.isatty():
-            manifest = pack(inputs, output, **options)
         else:
-            with ProgressBar() as bar:
-                manifest = pack(inputs, output, progress=bar, **options)
+            with progress_bar(None, unit=None, description="starting",
+                              enabled=show_progress(quiet)) as bar:
+                def report(status) -> None:
+                    seconds = max(time.monotonic() - start, 1e-9)
+                    bar.describe(describe_progress(status, seconds))
+
+                manifest = pack(inputs, output, progress=report, **options)
     if quiet:
         return
     seconds = max(time.monotonic() - start, 1e-9)
@@ -252,4 +203,4 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         pattern = urls.join(output, f"index.part-{{000..{count - 1:03d}}}-of-{count:03d}.json")
         rows.append(("next", f"when all {count} parts are done (bash): "
                              f"wdstream index --merge {pattern} --output {output}"))
-    print_summary(rows)
+    print_pairs(rows)

@@ -386,7 +386,7 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
         entries = fs.ls(folder, detail=True)
     except FileNotFoundError as exc:
         if urls.scheme(prefix) in ("s3", "gs"):
-            _check_bucket(prefix, fs)
+            check_bucket(prefix, fs)
             return []  # object stores have no folders: no objects under the prefix
         raise stream_error(prefix, exc) from exc
     except Exception as exc:
@@ -410,7 +410,12 @@ def _listed_size(entry: dict) -> int | None:
     return int(found)
 
 
-def _check_bucket(url: str, fs) -> None:
+def check_bucket(url: str, fs) -> None:
+    """For an s3:// or gs:// URL under which nothing was found: a StreamError (AccessError for
+    refused credentials) when the bucket itself is missing or cannot be reached, which says
+    more than "not found"; nothing for other URLs or an existing bucket."""
+    if urls.scheme(url) not in ("s3", "gs"):
+        return
     bucket, _ = urls.bucket_key(url)
     try:
         found = fs.exists(bucket)

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from wdstream.errors import InputError, OptionTypeError, StateError, UnsizedError, WdstreamError
+from wdstream.errors import InputError, OptionTypeError, StateError, UnsizedError
 from wdstream.options import CHOICES, choice
-from wdstream.sources import urls
-from wdstream.sources.objects import read_bytes
 from wdstream.stages.base import (
     Stage,
     StageOptions,
@@ -41,86 +38,9 @@ from wdstream.stages.base import (
 )
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
+from wdstream.tokenizer import Tokenizer
 
 LONG_DOCUMENTS = CHOICES["long_documents"]
-
-
-class Tokenizer:
-    """A picklable ``str -> np.ndarray`` of token ids: a Hugging Face ``tokenizers`` tokenizer
-    (a ``tokenizer.json`` path or a ``tokenizers.Tokenizer``; built lazily, once per process,
-    so DataLoader workers each get their own) or any callable ``str -> list[int]``."""
-
-    def __init__(self, tokenizer):
-        self._callable: Callable[[str], Sequence[int]] | None = None
-        self._json: str | None = None
-        if isinstance(tokenizer, str | os.PathLike):
-            self._json = _read_text(os.fspath(tokenizer))
-        elif hasattr(tokenizer, "to_str") and hasattr(tokenizer, "encode"):
-            self._json = tokenizer.to_str()
-        elif callable(tokenizer):
-            self._callable = tokenizer
-        else:
-            raise InputError(f"tokenizer: expected a tokenizer.json path, a tokenizers."
-                             f"Tokenizer or a callable, not {type(tokenizer).__name__}")
-        self._hf = None
-        self.identity = self._identity()
-        if self._json is not None:
-            self._loaded()  # a broken tokenizer.json fails now, not at the first next()
-
-    def _identity(self) -> str:
-        """What the fingerprint records: the tokenizer's JSON digest, or the callable's name
-        (a callable's behaviour cannot be hashed; keep it stable across a resume)."""
-        if self._json is not None:
-            try:  # the same tokenizer saved pretty-printed or compact hashes the same
-                canonical = json.dumps(json.loads(self._json), sort_keys=True)
-            except ValueError as error:
-                raise InputError(f"tokenizer: not a tokenizer.json: {error}") from error
-            return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-        f = self._callable
-        return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(f).__name__)}"
-
-    def _loaded(self):
-        if self._hf is None:
-            try:
-                from tokenizers import Tokenizer as HFTokenizer
-            except ImportError as error:
-                raise InputError("a tokenizer.json needs the 'tokenizers' package: "
-                                 "pip install 'wdstream[llm]'") from error
-            try:
-                self._hf = HFTokenizer.from_str(self._json)
-            except Exception as error:  # tokenizers raises a bare Exception ("Model missing")
-                raise InputError(f"tokenizer: not a usable tokenizer.json: {error}") from None
-        return self._hf
-
-    def token_id(self, token: str) -> int:
-        if self._json is None:
-            raise InputError(f"eos {token!r}: a token string needs a tokenizer.json to look it "
-                             "up; give the id as an integer")
-        found = self._loaded().token_to_id(token)
-        if found is None:
-            raise InputError(f"eos {token!r} is not in the tokenizer's vocabulary")
-        return int(found)
-
-    def __call__(self, text: str) -> np.ndarray:
-        if self._callable is not None:
-            return np.asarray(self._callable(text), dtype=np.int64)
-        ids = self._loaded().encode(text, add_special_tokens=False).ids
-        return np.asarray(ids, dtype=np.int64)
-
-    def __getstate__(self):
-        return {**self.__dict__, "_hf": None}  # rebuilt from the JSON in each process
-
-
-def _read_text(url: str) -> str:
-    """A local file or any URL wdstream reads (``s3://…/tokenizer.json``)."""
-    local = urls.to_local_path(url)
-    try:
-        if local is not None:
-            with open(local, encoding="utf-8") as f:
-                return f.read()
-        return read_bytes(url).decode("utf-8")
-    except (OSError, UnicodeDecodeError, WdstreamError) as error:
-        raise InputError(f"tokenizer {url!r}: cannot read it: {error}") from error
 
 
 class _Document:

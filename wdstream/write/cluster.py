@@ -51,7 +51,9 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
     from wdstream.shards.manifest import load_manifest, write_manifest
     from wdstream.sources import urls
     from wdstream.sources.objects import delete, exists
-    from wdstream.write.packer import _check_options, merge_parts, part_manifest_name
+    from wdstream.write.jobs import part_manifest_name
+    from wdstream.write.merge import merge_parts
+    from wdstream.write.options import check_options
 
     if "part" in options:
         raise InputError("--ray runs the parts itself: leave out --part")
@@ -65,8 +67,8 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
     output = os.fspath(output)
     if parts is not None and parts < 1:
         raise InputError(f"--ray must be at least 1, got {parts}")
-    _check_options(options.get("fields"), options.get("key"), options.get("max_count"), None,
-                   options.get("name", "shard"), options.get("workers", 1), None, via)
+    check_options(options.get("fields"), options.get("key"), options.get("max_count"), None,
+                  options.get("name", "shard"), options.get("workers", 1), None, via)
     from wdstream.write.inputs import check_inputs
 
     check_inputs(paths)  # a missing object or an empty glob fails here, not in n tasks

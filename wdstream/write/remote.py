@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.sources import urls
+from wdstream.sources.objects import check_bucket
 
 _GLOB_CHARS = ("*", "?", "[")
 _PARQUET_BLOCK = 8 << 20  # bytes per ranged read of a Parquet object
@@ -100,7 +101,7 @@ def expand_remote(url: str) -> list[Found]:
             return [Found(url, True, sum(size for _, _, size in list_folder(url)))]
         return [Found(url, False, int(info.get("size") or 0))]
     if not has_glob(url):
-        _check_bucket(url, fs)
+        check_bucket(url, fs)  # a StreamError if the bucket is missing or refused
         raise InputError(f"{url}: not found")
     try:
         matches = fs.glob(path, detail=True)
@@ -115,22 +116,9 @@ def expand_remote(url: str) -> list[Found]:
         else:
             found.append(Found(match, False, int(entry.get("size") or 0)))
     if not found:
-        _check_bucket(url, fs)
+        check_bucket(url, fs)  # a StreamError if the bucket is missing or refused
         raise InputError(f"{url}: no objects match")
     return found
-
-
-def _check_bucket(url: str, fs) -> None:
-    """A clearer error than "not found" when the bucket itself is missing or refused."""
-    if urls.scheme(url) not in ("s3", "gs"):
-        return
-    bucket, _ = urls.bucket_key(url)
-    try:
-        present = fs.exists(bucket)
-    except Exception as error:
-        raise _failure(url, error) from None
-    if not present:
-        raise InputError(f"{url}: bucket {bucket!r} not found (or not accessible)")
 
 
 def list_folder(url: str) -> list[tuple[str, str, int]]:

@@ -1,0 +1,63 @@
+"""Batches of records as the input readers hand them over, and where each record came from
+(``data.jsonl:17``, ``x.parquet row 5``, ``photos/a.{jpg,json}``) so that errors can name it.
+Line and row numbers count from 1."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+STDIN = "-"
+MAX_RECORD = 256 << 20  # the longest JSON or CSV/TSV line accepted (bytes); see read_jsonl
+
+
+class FolderSample(NamedTuple):
+    """Files of a folder that share a key: ``a.jpg`` + ``a.json`` -> key ``a``."""
+
+    key: str  # the relative path up to the first dot of the basename, "/"-separated
+    files: tuple[tuple[str, str, int], ...]  # (extension, path, size), sorted by extension
+
+
+class Batch(NamedTuple):
+    """Consecutive records of one input, and where each came from.
+
+    ``values`` holds ``bytes`` for JSON lines (stripped, not parsed), ``dict`` for Parquet and
+    CSV/TSV rows (column -> value), or ``FolderSample``. Readers hand over batches rather than
+    single records so that the per-record work in the reading process stays small.
+    """
+
+    source: str  # the input as the user named it; "<stdin>" for "-"
+    unit: str  # "line", "row" or "file"
+    numbers: Sequence[int]  # line or row number of each value, from 1 (0 for folder samples)
+    values: list
+    # JSON lines of a plain local file: the byte offset of each value's line, and one more
+    # (where the next line starts), so that another process can read values[a:b] again
+    # from the file (read_lines) rather than be sent their bytes
+    offsets: Sequence[int] | None = None
+
+    def where(self, i: int) -> str:
+        """``data.jsonl:17`` (a line), ``x.parquet row 5``, ``photos/a.{jpg,json}``."""
+        value = self.values[i]
+        if isinstance(value, FolderSample):
+            exts = [ext for ext, _, _ in value.files]
+            names = exts[0] if len(exts) == 1 else "{" + ",".join(exts) + "}"
+            return f"{self.source.rstrip('/')}/{value.key}.{names}"
+        if self.unit == "line":
+            return f"{self.source}:{self.numbers[i]}"
+        return f"{self.source} {self.unit} {self.numbers[i]}"
+
+
+
+class ReadCounter:
+    """Bytes of the inputs read so far (as stored: compressed bytes for .gz/.zst) and their
+    total from the listing, for progress."""
+
+    def __init__(self, total: int = 0):
+        self.total = total
+        self.read = 0
+
+
+
+def source_name(path: str) -> str:
+    return "<stdin>" if path == STDIN else path
+

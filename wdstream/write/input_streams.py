@@ -1,0 +1,85 @@
+"""The bytes of an input as a buffered stream: local, stdin or remote (streamed, never copied
+to a file), decompressed by its suffix (``.gz``, ``.zst``), counted for progress."""
+
+from __future__ import annotations
+
+import io
+import sys
+import zlib
+from typing import BinaryIO
+
+from wdstream.errors import InputError, WdstreamError
+from wdstream.write.batches import STDIN, ReadCounter
+from wdstream.write.remote import is_remote, open_stream
+
+
+class _Counted(io.RawIOBase):
+    """A raw stream that adds the bytes read through it to a ReadCounter."""
+
+    def __init__(self, stream, counter: ReadCounter):
+        self._stream, self._counter = stream, counter
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._stream.readinto(buffer)
+        self._counter.read += n or 0
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._stream.close()
+            finally:
+                super().close()
+
+
+def open_binary(path: str, counter: ReadCounter) -> BinaryIO:
+    """A buffered binary stream of the input's bytes, decompressed by its suffix; remote
+    inputs are streamed, never copied to a file."""
+    if path == STDIN:
+        return sys.stdin.buffer
+    name = path.split("?", 1)[0].lower() if is_remote(path) else path.lower()
+    if is_remote(path):
+        try:
+            stream = open_stream(path)
+        except WdstreamError as error:
+            raise InputError(str(error)) from None
+    else:
+        stream = open(path, "rb", buffering=0)  # returned to the caller
+    raw = io.BufferedReader(_Counted(stream, counter), 1 << 20)
+    if name.endswith(".gz"):
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # closing it leaves raw open: see close_binary
+    if name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            raw.close()
+            raise InputError(
+                f"{path}: reading .zst needs the zstandard package (pip install 'wdstream[zstd]')"
+            ) from None
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return io.BufferedReader(reader, 1 << 20)
+    return raw
+
+
+def close_binary(stream) -> None:
+    """Close a stream of ``open_binary`` and what it wraps (GzipFile leaves its fileobj)."""
+    inner = getattr(stream, "fileobj", None)
+    try:
+        stream.close()
+    finally:
+        if inner is not None:
+            inner.close()
+
+
+def read_errors():
+    """Exceptions that mean a compressed or binary file is damaged, not a bug here."""
+    errors: list[type[BaseException]] = [OSError, EOFError, zlib.error]
+    if "zstandard" in sys.modules:
+        errors.append(sys.modules["zstandard"].ZstdError)
+    return tuple(errors)
+
