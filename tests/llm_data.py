@@ -109,3 +109,22 @@ def _write_shard(folder, shard: int, count: int, data: bytes) -> ShardInfo:
     with open(os.path.join(folder, name), "wb") as f:
         f.write(data)
     return ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest())
+
+
+def write_sources(root, counts: dict) -> object:
+    """One sample dataset (tests/datasets.py's) per name of ``counts`` ({name: shard
+    counts}), in ``root/name``; returns ``root``."""
+    from datasets import write_dataset
+
+    for name, shard_counts in counts.items():
+        write_dataset(root / name, shard_counts)
+    return root
+
+
+def sources(root, names, **options) -> list:
+    """The datasets ``root/name``, seeded 1, 2, ... in order, each with a shuffle window of 7
+    (small enough for the tests' few samples to be well shuffled)."""
+    import wdstream
+
+    return [wdstream.StreamingDataset(str(root / name), seed=i + 1, shuffle_window=7, **options)
+            for i, name in enumerate(names)]

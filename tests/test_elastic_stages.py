@@ -13,8 +13,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from datasets import first_batches, write_dataset
-from llm_data import write_token_dataset
+from datasets import first_batches
+from llm_data import sources, write_sources, write_token_dataset
 
 import wdstream
 from wdstream.errors import StateError
@@ -25,10 +25,7 @@ TOKEN_COUNTS = {"x": [30, 25, 41], "y": [22, 35]}
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("elastic")
-    for name, counts in COUNTS.items():
-        write_dataset(root / name, counts)
-    return root
+    return write_sources(tmp_path_factory.mktemp("elastic"), COUNTS)
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +48,8 @@ def as_rank(monkeypatch, rank, world):
 
 
 def mix(data, weights=(0.7, 0.3), **kwargs):
-    sources = [wdstream.StreamingDataset(str(data / n), seed=i + 1, shuffle_window=7)
-               for i, n in enumerate(COUNTS)]
-    return wdstream.Mix(sources, list(weights), seed=5, names=list(COUNTS), **kwargs)
+    parts = sources(data, COUNTS)
+    return wdstream.Mix(parts, list(weights), seed=5, names=list(COUNTS), **kwargs)
 
 
 def keys(batches):

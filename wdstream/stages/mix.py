@@ -2,11 +2,9 @@
 resumably.
 
 Each worker stream of the mixture reads the same stream (rank, worker) of every source and
-draws from them in a sequence of source choices fixed by (seed, epoch, stream, draw index).
-The choices come in blocks of ``BLOCK`` draws: block b's counts per source are the weights
-times ``BLOCK``, the fractional seats given by systematic sampling (so every block is within
-one draw of the weights and their expectation is exact), shuffled by a generator seeded with
-(seed, epoch, stream, b). Resuming at draw n computes one block: no replay.
+draws from them in a sequence of source choices fixed by (seed, epoch, stream, draw index),
+in blocks of ``BLOCK`` draws (``wdstream.stages.choices``). Resuming at draw n computes one
+block: no replay.
 
 The choices do not depend on the rank: with equal source streams on every rank (the epoch
 plan guarantees it) every rank then stops after the same number of draws, so ranks get equal
@@ -33,55 +31,16 @@ from wdstream.stages.base import (
     StagePlan,
     cycle_epoch,
     fixed_plan,
-    generator,
     inner_history,
     rank_position,
     remaining_items,
 )
+from wdstream.stages.choices import BLOCK, block_choices, stream_length
 from wdstream.stages.schedule import make_schedule, normalise
 from wdstream.stream.dataset import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 
 STOP_RULES = CHOICES["stop"]
-BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
-_MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators
-
-
-def _block_counts(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """How many of a block's draws go to each source: the weights' share, the fractional
-    seats by systematic sampling (source i gets one more with probability frac_i exactly)."""
-    quota = weights * BLOCK
-    counts = np.floor(quota).astype(np.int64)
-    seats = BLOCK - int(counts.sum())
-    if seats:
-        edges = np.cumsum(quota - counts)
-        points = rng.random() + np.arange(seats)
-        picks = np.minimum(np.searchsorted(edges, points, side="right"), len(weights) - 1)
-        counts += np.bincount(picks, minlength=len(weights))
-    return counts
-
-
-def _block_generator(seed: int, epoch: int, stream: int, block: int, segment: int):
-    # segment 0 (no layout change yet) keeps the words it always had
-    words = (seed, epoch, stream, block) + ((segment,) if segment else ())
-    return generator(_MIX_CHOICES, *words)
-
-
-def block_counts(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int,
-                 segment: int = 0) -> np.ndarray:
-    """The draws of each source in block ``block`` (without computing their order)."""
-    return _block_counts(weights, _block_generator(seed, epoch, stream, block, segment))
-
-
-def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int,
-                  segment: int = 0) -> np.ndarray:
-    """The source index of each of the ``BLOCK`` draws of block ``block``."""
-    rng = _block_generator(seed, epoch, stream, block, segment)
-    choices = np.repeat(np.arange(len(weights)), _block_counts(weights, rng))
-    rng.shuffle(choices)
-    return choices
-
-
 _END = object()
 
 
@@ -271,41 +230,16 @@ class Mix(Stage):
     def _stream_length(self, source_sizes: list[int], epoch: int, stream: int,
                        segment: int = 0, bases: Sequence[int] | None = None,
                        block_weights=None) -> int:
-        """Draws a stream makes before it stops, given each source's stream size: the rules
-        of ``positioned`` computed from counts alone. Blocks before the one where the stream
-        stops need only their counts; that block's order then gives the exact draw. Under
+        """Draws a stream makes before it stops (see ``choices.stream_length``); under
         ``cycle``, a source whose first pass was read before this segment does not count."""
-        sizes = np.asarray(source_sizes, dtype=np.int64)
         if block_weights is None:
             def block_weights(_block):
                 return self.weights
         active = self.weights > 0 if self.schedule is None else self.schedule.ever_positive()
         if bases is not None and self.stop == "cycle":
-            active &= np.asarray(bases) == 0
-        before = np.zeros(len(sizes), dtype=np.int64)  # draws of each source in earlier blocks
-        seed, block = self.options.seed, 0
-        while True:
-            weights = block_weights(block)
-            after = before + block_counts(weights, seed, epoch, stream, block, segment)
-            if self.stop == "first_exhausted":
-                # the draw that finds a source empty (its size + 1-th) ends the stream
-                ending = np.flatnonzero(active & (after > sizes))
-            else:  # cycle: the draw that reads the last source's last sample ends it
-                ending = np.flatnonzero(active & (before < sizes) & (after >= sizes))
-                if not np.all(after[active] >= sizes[active]):
-                    ending = ending[:0]
-            if len(ending):
-                choices = block_choices(weights, seed, epoch, stream, block, segment)
-                draws = [int(np.flatnonzero(choices == source)[sizes[source] - before[source]
-                                                               - (self.stop == "cycle")])
-                         for source in ending]
-                if self.stop == "first_exhausted":
-                    return block * BLOCK + min(draws)
-                return block * BLOCK + max(draws) + 1
-            if self.stop == "cycle" and np.all(sizes[active] <= 0):
-                return 0  # every source empty: ended before the first draw
-            before = after
-            block += 1
+            active = active & (np.asarray(bases) == 0)
+        return stream_length(np.asarray(source_sizes, dtype=np.int64), self.stop, active,
+                             block_weights, self.options.seed, epoch, stream, segment)
 
     # ---- identity -------------------------------------------------------------------------
     def fingerprint(self) -> str:

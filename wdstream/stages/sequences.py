@@ -33,12 +33,12 @@ from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
-    cycle_epoch,
     fixed_plan,
     inner_history,
     rank_position,
     remaining_items,
 )
+from wdstream.stages.documents import Document, DocumentReader, where
 from wdstream.stream.dataset import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 
@@ -121,17 +121,6 @@ def _read_text(url: str) -> str:
         return read_bytes(url).decode("utf-8")
     except (OSError, UnicodeDecodeError, WdstreamError) as error:
         raise InputError(f"tokenizer {url!r}: cannot read it: {error}") from error
-
-
-class _Document:
-    __slots__ = ("tokens", "taken", "cycle", "before", "source")
-
-    def __init__(self, tokens: np.ndarray, taken: int, cycle: int, before, source: int = 0):
-        self.source = source  # 2 x the index of its source (its slot in the tally)
-        self.tokens = tokens  # the document's tokens, EOS included
-        self.taken = taken  # tokens already packed into earlier sequences
-        self.cycle = cycle  # inner pass it was read in
-        self.before = before  # inner position before it
 
 
 class PackedSequences(Stage):
@@ -261,12 +250,12 @@ class PackedSequences(Stage):
         value = self._field(sample)
         if isinstance(value, str):
             if self.tokenizer is None:
-                raise InputError(f"{_where(sample)}: text found but no tokenizer given")
+                raise InputError(f"{where(sample)}: text found but no tokenizer given")
             ids = self.tokenizer(value)
         else:
             ids = np.asarray(value)
             if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-                raise InputError(f"{_where(sample)}: field {self._field_name(sample)!r} holds "
+                raise InputError(f"{where(sample)}: field {self._field_name(sample)!r} holds "
                                  f"neither text nor a 1-d array of token ids")
             ids = ids.astype(np.int64, copy=False)
         tokens = np.empty(len(ids) + 1, dtype=np.int64)
@@ -283,7 +272,7 @@ class PackedSequences(Stage):
         if isinstance(self.text_field, dict):
             source = sample.get("__source__")
             if source not in self.text_field:
-                raise InputError(f"{_where(sample)}: no text_field for source {source!r}")
+                raise InputError(f"{where(sample)}: no text_field for source {source!r}")
             return self.text_field[source]
         return self.text_field
 
@@ -299,7 +288,7 @@ class PackedSequences(Stage):
         if isinstance(record, dict) and key in record:
             return record[key]
         members = sorted(k for k in sample if not k.startswith("__"))
-        raise InputError(f"{_where(sample)}: no field {name!r} (members: {members})")
+        raise InputError(f"{where(sample)}: no field {name!r} (members: {members})")
 
     # ---- iteration ------------------------------------------------------------------------
     def positioned(self, spec: IterationSpec, stream: int, start
@@ -317,9 +306,9 @@ class PackedSequences(Stage):
         if self.sequences_per_epoch is not None:
             quota = self.plan(spec.epoch, spec.world, spec.workers,
                               spec.history).stream_samples[stream]
-        documents = _DocumentReader(self, spec, stream, cycle, inner_start, offset,
+        documents = DocumentReader(self, spec, stream, cycle, inner_start, offset,
                                     restart=quota is not None, history=(base, inner_history))
-        queue: deque[_Document] = deque()
+        queue: deque[Document] = deque()
         available = 0
         seq_len = self.seq_len
         ramp = np.arange(seq_len, dtype=np.int64)
@@ -398,61 +387,3 @@ class PackedSequences(Stage):
                 deepest = max(deepest, self._parse(position)[1])
         return {name: {"tokens": totals[2 * i], "documents": totals[2 * i + 1],
                        "pass": deepest} for i, name in enumerate(self.names)}
-
-
-class _DocumentReader:
-    """The inner stream as documents, from a position: re-reads the document a resumed
-    sequence starts in and skips the tokens already packed; with ``restart``, goes on with the
-    next pass of the inner stream when one ends."""
-
-    def __init__(self, stage: PackedSequences, spec: IterationSpec, stream: int, cycle: int,
-                 before, offset: int, restart: bool, history: tuple[int, tuple] = (0, ())):
-        self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
-        self.history = history  # (inner pass, its segments already read on other layouts)
-        self.cycle = cycle
-        self.before = before  # the inner position before the next document
-        self._skip = offset
-        self._pass_is_empty = False  # a pass read from its start gave no document yet
-        names = stage.names
-        self._sources = {name: 2 * i for i, name in enumerate(names)} if len(names) > 1 else None
-        self._open()
-
-    def _open(self) -> None:
-        spec = self.spec
-        base, history = self.history
-        inner = IterationSpec(cycle_epoch(spec.epoch, self.cycle), spec.rank, spec.world,
-                              spec.workers, history=history if self.cycle == base else (),
-                              batch_size=spec.batch_size)
-        self._items = self.stage.dataset.positioned(inner, self.stream, self.before)
-
-    def next(self) -> _Document | None:
-        """The next document, or None at the end (without ``restart``)."""
-        while True:
-            item = next(self._items, None)
-            if item is None:
-                if not self.restart:
-                    return None
-                if self._pass_is_empty:
-                    raise InputError(f"{self.stage.source}: a whole pass of stream "
-                                     f"{self.stream} of rank {self.spec.rank} has no document")
-                self.cycle, self.before, self._pass_is_empty = self.cycle + 1, 0, True
-                self._open()
-                continue
-            sample, after = item
-            before, self.before = self.before, after
-            tokens = self.stage.tokens(sample)
-            if tokens is None:  # a long document under long_documents="drop"
-                continue
-            self._pass_is_empty = False
-            taken, self._skip = self._skip, 0
-            if taken >= len(tokens):
-                raise StateError(f"resume offset {taken} is past the end of the document at "
-                                 f"{_where(sample)} ({len(tokens)} tokens)")
-            source = self._sources.get(sample.get("__source__"), 0) if self._sources else 0
-            return _Document(tokens, taken, self.cycle, before, source)
-
-
-def _where(sample) -> str:
-    if isinstance(sample, dict):
-        return f"{sample.get('__url__', '?')}: sample {sample.get('__key__', '?')!r}"
-    return "a sample"

@@ -1,0 +1,80 @@
+"""The documents a ``PackedSequences`` stream packs: its inner stream read document by
+document from a position, each document's tokens with EOS, and the tokens of it already
+packed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wdstream.errors import InputError, StateError
+from wdstream.stages.base import cycle_epoch
+from wdstream.stream.dataset import IterationSpec
+
+
+class Document:
+    __slots__ = ("tokens", "taken", "cycle", "before", "source")
+
+    def __init__(self, tokens: np.ndarray, taken: int, cycle: int, before, source: int = 0):
+        self.source = source  # 2 x the index of its source (its slot in the tally)
+        self.tokens = tokens  # the document's tokens, EOS included
+        self.taken = taken  # tokens already packed into earlier sequences
+        self.cycle = cycle  # inner pass it was read in
+        self.before = before  # inner position before it
+
+
+class DocumentReader:
+    """The inner stream as documents, from a position: re-reads the document a resumed
+    sequence starts in and skips the tokens already packed; with ``restart``, goes on with the
+    next pass of the inner stream when one ends."""
+
+    def __init__(self, stage, spec: IterationSpec, stream: int, cycle: int,
+                 before, offset: int, restart: bool, history: tuple[int, tuple] = (0, ())):
+        self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
+        self.history = history  # (inner pass, its segments already read on other layouts)
+        self.cycle = cycle
+        self.before = before  # the inner position before the next document
+        self._skip = offset
+        self._pass_is_empty = False  # a pass read from its start gave no document yet
+        names = stage.names
+        self._sources = {name: 2 * i for i, name in enumerate(names)} if len(names) > 1 else None
+        self._open()
+
+    def _open(self) -> None:
+        spec = self.spec
+        base, history = self.history
+        inner = IterationSpec(cycle_epoch(spec.epoch, self.cycle), spec.rank, spec.world,
+                              spec.workers, history=history if self.cycle == base else (),
+                              batch_size=spec.batch_size)
+        self._items = self.stage.dataset.positioned(inner, self.stream, self.before)
+
+    def next(self) -> Document | None:
+        """The next document, or None at the end (without ``restart``)."""
+        while True:
+            item = next(self._items, None)
+            if item is None:
+                if not self.restart:
+                    return None
+                if self._pass_is_empty:
+                    raise InputError(f"{self.stage.source}: a whole pass of stream "
+                                     f"{self.stream} of rank {self.spec.rank} has no document")
+                self.cycle, self.before, self._pass_is_empty = self.cycle + 1, 0, True
+                self._open()
+                continue
+            sample, after = item
+            before, self.before = self.before, after
+            tokens = self.stage.tokens(sample)
+            if tokens is None:  # a long document under long_documents="drop"
+                continue
+            self._pass_is_empty = False
+            taken, self._skip = self._skip, 0
+            if taken >= len(tokens):
+                raise StateError(f"resume offset {taken} is past the end of the document at "
+                                 f"{where(sample)} ({len(tokens)} tokens)")
+            source = self._sources.get(sample.get("__source__"), 0) if self._sources else 0
+            return Document(tokens, taken, self.cycle, before, source)
+
+
+def where(sample) -> str:
+    if isinstance(sample, dict):
+        return f"{sample.get('__url__', '?')}: sample {sample.get('__key__', '?')!r}"
+    return "a sample"
