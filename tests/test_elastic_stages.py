@@ -65,7 +65,13 @@ def run_ranks(monkeypatch, make, world, workers, batch, state=None, n=None):
         loader = wdstream.DataLoader(make(), batch_size=batch, num_workers=workers)
         if state is not None:
             loader.load_state_dict(json.loads(json.dumps(state)))
+        expected = len(loader) if loader.dataset.has_counts else None
+        if state is not None and expected is not None and \
+                (state["world"], state["workers"], state["batch_size"]) == (world, workers, batch):
+            expected -= sum(state["batches"])  # same layout: len() is the whole epoch's
         out.append(first_batches(loader, n) if n is not None else list(loader))
+        if n is None and expected is not None:  # the rest of the epoch, on every rank
+            assert len(out[-1]) == expected
         states.append(loader.state_dict())
     return out, states
 
