@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from datasets import first_batches
-from llm_data import sources, write_sources, write_token_dataset
+from llm_data import as_rank, merged, run_ranks, sources, write_sources, write_token_dataset
 
 import wdstream
 from wdstream.errors import StateError
@@ -42,11 +42,6 @@ def tokens(tmp_path_factory):
 pytestmark = pytest.mark.usefixtures("single_rank")
 
 
-def as_rank(monkeypatch, rank, world):
-    monkeypatch.setenv("RANK", str(rank))
-    monkeypatch.setenv("WORLD_SIZE", str(world))
-
-
 def mix(data, weights=(0.7, 0.3), **kwargs):
     parts = sources(data, COUNTS)
     return wdstream.Mix(parts, list(weights), seed=5, names=list(COUNTS), **kwargs)
@@ -54,26 +49,6 @@ def mix(data, weights=(0.7, 0.3), **kwargs):
 
 def keys(batches):
     return [(s, k) for b in batches for s, k in zip(b["__source__"], b["__key__"], strict=True)]
-
-
-def run_ranks(monkeypatch, make, world, workers, batch, state=None, n=None):
-    """Every rank's batches (the first ``n``, or the whole rest of the epoch) and rank 0's
-    state after them."""
-    out, states = [], []
-    for rank in range(world):
-        as_rank(monkeypatch, rank, world)
-        loader = wdstream.DataLoader(make(), batch_size=batch, num_workers=workers)
-        if state is not None:
-            loader.load_state_dict(json.loads(json.dumps(state)))
-        expected = len(loader) if loader.dataset.has_counts else None
-        if state is not None and expected is not None and \
-                (state["world"], state["workers"], state["batch_size"]) == (world, workers, batch):
-            expected -= sum(state["batches"])  # same layout: len() is the whole epoch's
-        out.append(first_batches(loader, n) if n is not None else list(loader))
-        if n is None and expected is not None:  # the rest of the epoch, on every rank
-            assert len(out[-1]) == expected
-        states.append(loader.state_dict())
-    return out, states
 
 
 @pytest.mark.parametrize("stop", ["first_exhausted", "cycle"])
@@ -138,15 +113,6 @@ def packed(tokens, mixed=False, per_epoch=40):
         else sources[0]
     return wdstream.PackedSequences(inner, None, SEQ, eos=0, text_field="tokens.npy",
                                     sequences_per_epoch=per_epoch)
-
-
-def merged(states):
-    """Rank 0's state with every rank's positions, as state_dict() gathers them."""
-    state = json.loads(json.dumps(states[0]))
-    for k, position in enumerate(state["positions"]):
-        if isinstance(position, dict):
-            position["ranks"] = [s["positions"][k]["ranks"][r] for r, s in enumerate(states)]
-    return state
 
 
 def token_counts(batches):

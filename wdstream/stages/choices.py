@@ -12,6 +12,7 @@ from wdstream.stages.base import generator
 
 BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
 _MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators
+_TOKEN_STAGE_CHOICES = 102
 
 
 def _block_counts(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -28,7 +29,10 @@ def _block_counts(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return counts
 
 
-def _block_generator(seed: int, epoch: int, stream: int, block: int, segment: int):
+def _block_generator(seed: int, epoch: int, stream: int, block: int, segment: int,
+                     stage: int | None = None):
+    if stage is not None:  # a schedule by tokens: blocks counted within each stage
+        return generator(_TOKEN_STAGE_CHOICES, seed, epoch, stream, block, segment, stage)
     # segment 0 (no layout change yet) keeps the words it always had
     words = (seed, epoch, stream, block) + ((segment,) if segment else ())
     return generator(_MIX_CHOICES, *words)
@@ -41,9 +45,10 @@ def block_counts(weights: np.ndarray, seed: int, epoch: int, stream: int, block:
 
 
 def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int,
-                  segment: int = 0) -> np.ndarray:
-    """The source index of each of the ``BLOCK`` draws of block ``block``."""
-    rng = _block_generator(seed, epoch, stream, block, segment)
+                  segment: int = 0, stage: int | None = None) -> np.ndarray:
+    """The source index of each of the ``BLOCK`` draws of block ``block`` (of stage
+    ``stage`` of a schedule by tokens)."""
+    rng = _block_generator(seed, epoch, stream, block, segment, stage)
     choices = np.repeat(np.arange(len(weights)), _block_counts(weights, rng))
     rng.shuffle(choices)
     return choices

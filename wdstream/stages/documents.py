@@ -12,7 +12,7 @@ from wdstream.stream.dataset import IterationSpec
 
 
 class Document:
-    __slots__ = ("tokens", "taken", "cycle", "before", "source")
+    __slots__ = ("tokens", "taken", "cycle", "before", "source", "pulled")
 
     def __init__(self, tokens: np.ndarray, taken: int, cycle: int, before, source: int = 0):
         self.source = source  # 2 x the index of its source (its slot in the tally)
@@ -20,6 +20,7 @@ class Document:
         self.taken = taken  # tokens already packed into earlier sequences
         self.cycle = cycle  # inner pass it was read in
         self.before = before  # inner position before it
+        self.pulled = 0  # by tokens: the sequences delivered when it was drawn
 
 
 class DocumentReader:
@@ -28,8 +29,10 @@ class DocumentReader:
     next pass of the inner stream when one ends."""
 
     def __init__(self, stage, spec: IterationSpec, stream: int, cycle: int,
-                 before, offset: int, restart: bool, history: tuple[int, tuple] = (0, ())):
+                 before, offset: int, restart: bool, history: tuple[int, tuple] = (0, ()),
+                 clock=None):
         self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
+        self._options = {} if clock is None else {"clock": clock}  # a Mix's, by tokens
         self.history = history  # (inner pass, its segments already read on other layouts)
         self.cycle = cycle
         self.before = before  # the inner position before the next document
@@ -45,7 +48,8 @@ class DocumentReader:
         inner = IterationSpec(cycle_epoch(spec.epoch, self.cycle), spec.rank, spec.world,
                               spec.workers, history=history if self.cycle == base else (),
                               batch_size=spec.batch_size)
-        self._items = self.stage.dataset.positioned(inner, self.stream, self.before)
+        self._items = self.stage.dataset.positioned(inner, self.stream, self.before,
+                                                    **self._options)
 
     def next(self) -> Document | None:
         """The next document, or None at the end (without ``restart``)."""

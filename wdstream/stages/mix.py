@@ -98,7 +98,9 @@ class Mix(Stage):
 
     ``schedule`` (instead of ``weights``): weights changing over the epoch, a list of stages
     ``{"start": samples drawn over the job, "weights": [...]}`` or a pure function
-    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``).
+    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``);
+    ``{"start_tokens": ..., "weights": [...]}`` stages count the tokens that a
+    ``PackedSequences`` over the mixture delivered.
 
     ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
     ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
@@ -204,6 +206,8 @@ class Mix(Stage):
         draw, counted over the whole job (see ``wdstream.stages.schedule``)."""
         if self.schedule is None:
             return lambda _block: self.weights
+        if self.by_tokens:
+            return None  # the packing stage's clock decides (see positioned)
         schedule, before, step = self.schedule, self.drawn(epoch, history), BLOCK * world * workers
         return lambda block: schedule.weights_at(before + block * step)
 
@@ -212,6 +216,9 @@ class Mix(Stage):
         """Samples per stream of every rank (equal on every rank) in epoch ``epoch``."""
         if self.stop == "fixed":
             return fixed_plan(self._quota(history), world, workers)
+        if self.by_tokens:
+            raise UnsizedError(f"{self.source}: under a schedule by tokens, where a stream "
+                               "stops depends on the tokens; use stop='fixed'")
         if not self.has_counts:
             raise UnsizedError(f"{self.source}: a source without a manifest has no known length")
         key = (epoch, world, workers, json.dumps([s.to_list() for s in history]))
@@ -252,10 +259,20 @@ class Mix(Stage):
         return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # ---- iteration ------------------------------------------------------------------------
-    def positioned(self, spec: IterationSpec, stream: int, start
+    @property
+    def by_tokens(self) -> bool:
+        """Whether the schedule counts tokens (``start_tokens``): then only a packing stage
+        over this mixture knows the progress, and hands it to ``positioned`` as ``clock``."""
+        return getattr(self.schedule, "unit", "samples") == "tokens"
+
+    def positioned(self, spec: IterationSpec, stream: int, start, clock=None
                    ) -> Iterator[tuple[dict, list]]:
         """Stream ``stream``'s samples from position ``start`` (0, or a position this method
-        yielded), each with the position after it."""
+        yielded), each with the position after it. ``clock``: a ``schedule.TokenClock``, for
+        a schedule by tokens (its stage in force at each draw)."""
+        if self.by_tokens and clock is None:
+            raise InputError("Mix: a schedule by tokens ('start_tokens') needs PackedSequences "
+                             "over the mixture (it counts the tokens delivered)")
         histories = self.source_histories(spec.history)
         start = rank_position(start, spec.rank)
         draws, cycles, positions = self._parse(start)
@@ -270,6 +287,11 @@ class Mix(Stage):
         state = [draws] + [v for pair in zip(cycles, positions, strict=True) for v in pair]
         state += self.documents(start)  # documents drawn from each source (this segment)
         tally = 1 + 2 * len(self.datasets)
+        stage = stage_start = None  # by tokens: the stage in force and its first draw
+        if clock is not None:
+            stage, stage_start = start[-2:] if start != 0 else (clock.stage, 0)
+            state += [stage, stage_start]
+            weights_of = self.schedule.weights
         limit = math.inf
         if self.stop == "fixed":
             limit = fixed_plan(self._quota(spec.history), spec.world,
@@ -280,10 +302,20 @@ class Mix(Stage):
                    and cycles[i] == 0 and not sources.at_end(i)} if cycling else None
         labels = self.names
         while draws < limit and not (cycling and not pending):
-            block, first = divmod(draws, BLOCK)
-            choices = block_choices(block_weights(block), self.options.seed, spec.epoch,
-                                    stream, block, segment)
+            if clock is None:
+                block, first = divmod(draws, BLOCK)
+                choices = block_choices(block_weights(block), self.options.seed, spec.epoch,
+                                        stream, block, segment)
+            else:  # blocks counted from the stage's first draw, which the clock decides
+                if clock.stage != stage:
+                    stage, stage_start = clock.stage, draws
+                    state[-2:] = [stage, stage_start]
+                block, first = divmod(draws - stage_start, BLOCK)
+                choices = block_choices(weights_of[stage], self.options.seed, spec.epoch,
+                                        stream, block, segment, stage)
             for index in choices[first:].tolist():
+                if clock is not None and clock.stage != stage:
+                    break  # a new stage from this draw on
                 item = ahead[index]
                 if item is None:
                     item = next(iterators[index], _END)
@@ -322,9 +354,11 @@ class Mix(Stage):
             count = len(self.datasets)
             return 0, [0] * count, [0] * count
         count = len(self.datasets)
-        valid = (isinstance(start, list) and len(start) in (1 + 2 * count, 1 + 3 * count)
+        lengths = (3 + 3 * count,) if self.by_tokens else (1 + 2 * count, 1 + 3 * count)
+        valid = (isinstance(start, list) and len(start) in lengths
                  and all(isinstance(v, int) and v >= 0
-                         for v in [start[0], *start[1:1 + 2 * count:2], *start[1 + 2 * count:]]))
+                         for v in [start[0], *start[1:1 + 2 * count:2], *start[1 + 2 * count:]])
+                 and (not self.by_tokens or start[-2] < len(self.schedule.starts)))
         if not valid:
             raise StateError(f"not a position of this mixture: {start!r:.200}")
         return start[0], start[1:1 + 2 * count:2], start[2:1 + 2 * count:2]
@@ -335,7 +369,7 @@ class Mix(Stage):
         count = len(self.datasets)
         if position == 0 or len(position) == 1 + 2 * count:
             return [0] * count
-        return list(position[1 + 2 * count:])
+        return list(position[1 + 2 * count:1 + 3 * count])
 
     def accounting(self, positions, history, rank: int) -> dict:
         """Per source, this rank's documents drawn in the epoch (on earlier layouts: what

@@ -39,6 +39,7 @@ from wdstream.stages.base import (
     remaining_items,
 )
 from wdstream.stages.documents import Document, DocumentReader, where
+from wdstream.stages.schedule import TokenClock
 from wdstream.stream.dataset import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 
@@ -306,8 +307,17 @@ class PackedSequences(Stage):
         if self.sequences_per_epoch is not None:
             quota = self.plan(spec.epoch, spec.world, spec.workers,
                               spec.history).stream_samples[stream]
+        clock = None
+        if getattr(self.dataset, "by_tokens", False):  # the mixture's schedule counts tokens
+            delivered = 0 if self.sequences_per_epoch is None else \
+                self.sequences_per_epoch - self._quota(spec.history)
+            clock = TokenClock(self.dataset.schedule, delivered * self.seq_len,
+                               self.seq_len * spec.world * spec.workers)
+            # the document the next sequence starts in was drawn that many sequences ago
+            clock.at(sequences - self._lag(start))
         documents = DocumentReader(self, spec, stream, cycle, inner_start, offset,
-                                    restart=quota is not None, history=(base, inner_history))
+                                   restart=quota is not None, history=(base, inner_history),
+                                   clock=clock)
         queue: deque[Document] = deque()
         available = 0
         seq_len = self.seq_len
@@ -317,6 +327,9 @@ class PackedSequences(Stage):
                 document = documents.next()
                 if document is None:
                     return  # the stream's last tokens make no whole sequence: dropped
+                if clock is not None:
+                    document.pulled = clock.sequences
+                    clock.at(sequences)
                 queue.append(document)
                 available += len(document.tokens) - document.taken
             input_ids = np.empty(seq_len, dtype=np.int64)
@@ -339,18 +352,30 @@ class PackedSequences(Stage):
                 head = queue[0]
                 position = [sequences, head.cycle, head.before, head.taken, *tally]
             else:  # ... or at the next document to be read
+                head = None
                 position = [sequences, documents.cycle, documents.before, 0, *tally]
+            if clock is not None:
+                clock.at(sequences)
+                position.append(sequences - head.pulled if head is not None else 0)
             yield ({"input_ids": input_ids, "labels": input_ids.copy(),
                     "position_ids": position_ids}, position)
+
+    def _lag(self, position) -> int:
+        """By tokens: how many sequences before the position its head document was drawn
+        (the last entry of the position)."""
+        return position[-1] if position != 0 and len(position) == 5 + 2 * len(self.names) else 0
 
     def _parse(self, start) -> tuple[int, int, object, int]:
         if start == 0:
             return 0, 0, 0, 0
+        tallied = 4 + 2 * len(self.names)
+        lengths = (tallied + 1,) if getattr(self.dataset, "by_tokens", False) else (4, tallied)
         try:
             sequences, cycle, inner, offset = start[:4]
-            valid = isinstance(start, list) and len(start) in (4, 4 + 2 * len(self.names)) \
+            valid = isinstance(start, list) and len(start) in lengths \
                 and all(isinstance(v, int) and v >= 0
-                        for v in (sequences, cycle, offset, *start[4:]))
+                        for v in (sequences, cycle, offset, *start[4:])) \
+                and (len(start) <= tallied or start[-1] <= sequences)
         except (TypeError, ValueError):
             valid = False
         if not valid:
@@ -367,7 +392,7 @@ class PackedSequences(Stage):
         versions, which did not count them)."""
         if position == 0 or len(position) == 4:
             return [0] * (2 * len(self.names))
-        return list(position[4:])
+        return list(position[4:4 + 2 * len(self.names)])
 
     def accounting(self, positions, history, rank: int) -> dict:
         """Per source, this rank's tokens and documents (delivered to their end) in the
