@@ -10,6 +10,12 @@ A stream draws in blocks of ``mix.BLOCK`` draws; a block takes the weights of th
 force at its first draw, that is at global sample ``before + block * BLOCK * world * workers``
 (``before``: the samples drawn on earlier layouts this epoch). Stages switch at a block
 boundary, within ``BLOCK * world * workers`` samples of their start.
+
+By tokens (``{"start_tokens": ...}``, a mixture packed by ``PackedSequences``): the packing
+stage keeps a ``TokenClock`` per stream, the tokens delivered over the job counted from the
+stream's sequences (``before + sequences * seq_len * world * workers``, the same on every rank
+at the same step), and the mixture takes the stage in force at each draw; a stage's blocks
+count from its first draw.
 """
 
 from __future__ import annotations
