@@ -15,6 +15,7 @@ from datasets import first_batches
 import wdstream
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar import TarWriter
+from wdstream.stages.base import pack_positions, ranks_of
 
 WORDS = ("the a stream shard epoch token batch resume seed rank worker model data loss step "
          "train pack mix weight source window order plan sample text code def return if for "
@@ -161,5 +162,6 @@ def merged(states):
     state = json.loads(json.dumps(states[0]))
     for k, position in enumerate(state["positions"]):
         if isinstance(position, dict):
-            position["ranks"] = [s["positions"][k]["ranks"][r] for r, s in enumerate(states)]
+            position["ranks"] = pack_positions(
+                [ranks_of(s["positions"][k])[r] for r, s in enumerate(states)])
     return state

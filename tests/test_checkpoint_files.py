@@ -12,6 +12,7 @@ from datasets import first_batches, write_dataset
 import wdstream
 from wdstream.errors import StateError
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state, state_path
+from wdstream.stages.base import ranks_of
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_packing_refuses_another_ranks_ungathered_state(data, monkeypatch):
     loader = packed_loader()
     first_batches(loader, 2)
     state = loader.state_dict()
-    state["positions"] = [p["ranks"][0] for p in state["positions"]]  # rank 0's alone
+    state["positions"] = [ranks_of(p)[0] for p in state["positions"]]  # rank 0's alone
     as_rank(monkeypatch, 1, 2)
     with pytest.raises(StateError, match="this is rank 0's state.*load rank 1's own state"):
         packed_loader().load_state_dict(state)

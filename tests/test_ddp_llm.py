@@ -16,6 +16,8 @@ import pytest
 from llm_data import write_token_dataset
 from servers import free_port
 
+from wdstream.stages.base import ranks_of
+
 pytestmark = pytest.mark.slow
 
 JOB = str(Path(__file__).with_name("ddp_llm_job.py"))
@@ -63,7 +65,7 @@ def test_killed_rank_then_elastic_restart_trains_every_token_once(tmp_path):
     assert saved["batch"] == 8  # the last checkpoint before the kill
     state = saved["loader"]
     assert (state["world"], state["workers"]) == (2, 2)
-    assert all(len(p["ranks"]) == 2 for p in state["positions"])  # every rank's, gathered
+    assert all(len(ranks_of(p)) == 2 for p in state["positions"])  # every rank's, gathered
     before = [batches(tmp_path / "run0", r, upto=saved["batch"]) for r in range(2)]
     assert [sorted(b) for b in before] == [list(range(1, 9))] * 2
 
@@ -80,7 +82,7 @@ def test_killed_rank_then_elastic_restart_trains_every_token_once(tmp_path):
     ids = [i for part in before for b in part.values() for i in b]
     ids += [i for b in after.values() for i in b]
     counts = Counter(i for i in ids if i != 0)
-    cut = [p[3] for position in state["positions"] for p in position["ranks"]
+    cut = [p[3] for position in state["positions"] for p in ranks_of(position)
            if p != 0 and p[3]]
     # every token at most once, but for the first tokens of the documents in progress at the
     # cut, which the new layout reads again whole

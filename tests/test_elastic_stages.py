@@ -18,6 +18,7 @@ from llm_data import as_rank, merged, run_ranks, sources, write_sources, write_t
 
 import wdstream
 from wdstream.errors import StateError
+from wdstream.stages.base import ranks_of
 
 COUNTS = {"a": [50, 30, 40], "b": [20, 25, 17]}
 TOKEN_COUNTS = {"x": [30, 25, 41], "y": [22, 35]}
@@ -127,7 +128,7 @@ def test_packing_resumes_on_another_layout(tokens, monkeypatch, mixed):
 
     first, states = run_ranks(monkeypatch, make, 2, 2, 2, n=3)
     state = merged(states)
-    assert all(len(p["ranks"]) == 2 for p in state["positions"])
+    assert all(len(ranks_of(p)) == 2 for p in state["positions"])
     rest, _ = run_ranks(monkeypatch, make, 1, 3, 3, state=state)
     sequences = sum(len(b["input_ids"]) for batches in first + rest for b in batches)
     assert sequences == 40 - 40 % 1  # the epoch's sequences, over both layouts
@@ -142,7 +143,7 @@ def check_tokens(tokens, counts, state, streams_after):
     assert max(counts.values()) <= 2
     _root, docs = tokens
     all_docs = [d for name in TOKEN_COUNTS for d in docs[name]]
-    cut = [p[3] for ranks in state["positions"] for p in ranks["ranks"] if p != 0 and p[3]]
+    cut = [p[3] for ranks in state["positions"] for p in ranks_of(ranks) if p != 0 and p[3]]
     doubled = [d for d in all_docs if any(counts.get(int(t)) == 2 for t in d)]
     assert len(doubled) <= len(cut)
     for d in doubled:  # a prefix of the document, the rest once

@@ -33,6 +33,8 @@ class DocumentReader:
                  clock=None):
         self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
         self._options = {} if clock is None else {"clock": clock}  # a Mix's, by tokens
+        if hasattr(stage.dataset, "by_tokens"):  # a Mix: the packing counts the documents
+            self._options["tally"] = False
         self.history = history  # (inner pass, its segments already read on other layouts)
         self.cycle = cycle
         self.before = before  # the inner position before the next document

@@ -33,6 +33,7 @@ from wdstream.stages.base import (
     fixed_plan,
     inner_history,
     rank_position,
+    ranks_of,
     remaining_items,
 )
 from wdstream.stages.choices import BLOCK, block_choices, stream_length
@@ -191,7 +192,7 @@ class Mix(Stage):
         total = 0
         for index, segment in enumerate(history):
             for k, value in enumerate(segment.consumed):
-                ranks = value["ranks"] if isinstance(value, dict) else [value] * segment.world
+                ranks = ranks_of(value) if isinstance(value, dict) else [value] * segment.world
                 for position in ranks:
                     if position == STREAM_END:
                         total += self.plan(epoch, segment.world, segment.workers,
@@ -265,11 +266,12 @@ class Mix(Stage):
         over this mixture knows the progress, and hands it to ``positioned`` as ``clock``."""
         return getattr(self.schedule, "unit", "samples") == "tokens"
 
-    def positioned(self, spec: IterationSpec, stream: int, start, clock=None
-                   ) -> Iterator[tuple[dict, list]]:
+    def positioned(self, spec: IterationSpec, stream: int, start, clock=None,
+                   tally: bool = True) -> Iterator[tuple[dict, list]]:
         """Stream ``stream``'s samples from position ``start`` (0, or a position this method
         yielded), each with the position after it. ``clock``: a ``schedule.TokenClock``, for
-        a schedule by tokens (its stage in force at each draw)."""
+        a schedule by tokens (its stage in force at each draw). ``tally=False``: positions
+        without the documents drawn per source (a packing stage counts its own)."""
         if self.by_tokens and clock is None:
             raise InputError("Mix: a schedule by tokens ('start_tokens') needs PackedSequences "
                              "over the mixture (it counts the tokens delivered)")
@@ -285,8 +287,9 @@ class Mix(Stage):
         # The position, updated in place and copied for each sample: [draws, cycle_0,
         # position_0, cycle_1, position_1, ...].
         state = [draws] + [v for pair in zip(cycles, positions, strict=True) for v in pair]
-        state += self.documents(start)  # documents drawn from each source (this segment)
-        tally = 1 + 2 * len(self.datasets)
+        documents = 1 + 2 * len(self.datasets)
+        if tally:
+            state += self.documents(start)  # documents drawn from each source (this segment)
         stage = stage_start = None  # by tokens: the stage in force and its first draw
         if clock is not None:
             stage, stage_start = start[-2:] if start != 0 else (clock.stage, 0)
@@ -339,7 +342,8 @@ class Mix(Stage):
                 sample["__source__"] = labels[index]
                 draws += 1
                 state[0] = draws
-                state[tally + index] += 1
+                if tally:
+                    state[documents + index] += 1
                 yield sample, state.copy()
                 if draws >= limit:
                     return
@@ -354,7 +358,9 @@ class Mix(Stage):
             count = len(self.datasets)
             return 0, [0] * count, [0] * count
         count = len(self.datasets)
-        lengths = (3 + 3 * count,) if self.by_tokens else (1 + 2 * count, 1 + 3 * count)
+        lengths = (1 + 2 * count, 1 + 3 * count)  # without, with documents drawn
+        if self.by_tokens:  # and the stage in force and its first draw
+            lengths = tuple(n + 2 for n in lengths)
         valid = (isinstance(start, list) and len(start) in lengths
                  and all(isinstance(v, int) and v >= 0
                          for v in [start[0], *start[1:1 + 2 * count:2], *start[1 + 2 * count:]])
@@ -367,7 +373,7 @@ class Mix(Stage):
         """Documents drawn from each source in a stream's segment, from its position (0 for
         the positions of older versions, which did not count them)."""
         count = len(self.datasets)
-        if position == 0 or len(position) == 1 + 2 * count:
+        if position == 0 or len(position) == 1 + 2 * count + 2 * self.by_tokens:
             return [0] * count
         return list(position[1 + 2 * count:1 + 3 * count])
 
@@ -397,6 +403,6 @@ class Mix(Stage):
 def _rank_entry(value, rank: int):
     """A position of ``rank`` in a (possibly gathered) entry; None if it has none."""
     if isinstance(value, dict):
-        ranks = value.get("ranks") or []
+        ranks = ranks_of(value) or []
         return ranks[rank] if rank < len(ranks) else None
     return None if value == STREAM_END else value
