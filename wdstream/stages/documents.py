@@ -8,6 +8,7 @@ import numpy as np
 
 from wdstream.errors import InputError, StateError
 from wdstream.stages.base import cycle_epoch
+from wdstream.stages.cut import is_tail_marker
 from wdstream.stream.dataset import IterationSpec
 
 
@@ -30,19 +31,28 @@ class DocumentReader:
 
     def __init__(self, stage, spec: IterationSpec, stream: int, cycle: int,
                  before, offset: int, restart: bool, history: tuple[int, tuple] = (0, ()),
-                 clock=None):
+                 clock=None, tails=()):
         self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
         self._options = {} if clock is None else {"clock": clock}  # a Mix's, by tokens
         if hasattr(stage.dataset, "by_tokens"):  # a Mix: the packing counts the documents
             self._options["tally"] = False
         self.history = history  # (inner pass, its segments already read on other layouts)
         self.cycle = cycle
-        self.before = before  # the inner position before the next document
+        # documents cut by the last layout change, delivered first (``stages.cut``): while
+        # they last, ``before`` is [index of the next one]
+        self._tails, self._tail = list(tails), len(tails)
+        if is_tail_marker(before):
+            self._tail, before = before[0], 0
+        elif before == 0 and self._tails:
+            self._tail = 0
         self._skip = offset
         self._pass_is_empty = False  # a pass read from its start gave no document yet
         names = stage.names
         self._sources = {name: 2 * i for i, name in enumerate(names)} if len(names) > 1 else None
+        self.before = before
         self._open()
+        if self._tail < len(self._tails):
+            self.before = [self._tail]
 
     def _open(self) -> None:
         spec = self.spec
@@ -53,8 +63,37 @@ class DocumentReader:
         self._items = self.stage.dataset.positioned(inner, self.stream, self.before,
                                                     **self._options)
 
+    def _next_tail(self) -> Document | None:
+        while self._tail < len(self._tails):
+            index, tail = self._tail, self._tails[self._tail]
+            self._tail += 1
+            self.before = [self._tail] if self._tail < len(self._tails) else 0
+            taken, self._skip = self._skip or tail.offset, 0
+            spec = IterationSpec(cycle_epoch(self.spec.epoch, tail.cycle), tail.rank,
+                                 tail.world, tail.workers, history=tail.inner_history,
+                                 batch_size=tail.batch_size)
+            items = self.stage.dataset.positioned(spec, tail.stream, tail.before,
+                                                  **self._options)
+            try:
+                sample, after = next(items, (None, None))
+            finally:
+                items.close()
+            if after != tail.after:
+                continue  # not the sample after the position: the new layout reads it whole
+            tokens = self.stage.tokens(sample)
+            if tokens is None or taken >= len(tokens):
+                raise StateError(f"resume offset {taken} is past the end of the document at "
+                                 f"{where(sample)}")
+            source = self._sources.get(sample.get("__source__"), 0) if self._sources else 0
+            return Document(tokens, taken, self.cycle, [index], source)
+        return None
+
     def next(self) -> Document | None:
         """The next document, or None at the end (without ``restart``)."""
+        if self._tail < len(self._tails):
+            document = self._next_tail()
+            if document is not None:
+                return document
         while True:
             item = next(self._items, None)
             if item is None:

@@ -352,6 +352,38 @@ class Mix(Stage):
                     if not pending:
                         return
 
+    def advance(self, position, epoch: int, world: int, workers: int, stream: int,
+                history: Sequence[HistorySegment]) -> list | None:
+        """The position one draw after ``position`` of stream ``stream``, computed without
+        reading (for a packing stage's cut, ``wdstream.stages.cut``); None when it cannot be
+        told: a schedule by tokens, a source that is not a ``StreamingDataset`` or that
+        restarts at that draw."""
+        if self.by_tokens:
+            return None
+        passes = self.source_histories(history)
+        if position == 0:
+            position = [0] + [v for base, _ in passes for v in (base, 0)]
+        draws = self._parse(position)[0]
+        block, first = divmod(draws, BLOCK)
+        weights = self._block_weights(epoch, world, workers, history)(block)
+        index = int(block_choices(weights, self.options.seed, epoch, stream, block,
+                                  len(history))[first])
+        source = self.datasets[index]
+        cycle, consumed = position[1 + 2 * index], position[2 + 2 * index]
+        if not hasattr(source, "shards") or not isinstance(consumed, int):
+            return None
+        base, segments = passes[index]
+        size = source.plan(cycle_epoch(epoch, cycle), world, workers,
+                           segments if cycle == base else ()).stream_samples[stream]
+        if consumed >= size:
+            return None  # the source restarts at this draw
+        after = list(position)
+        after[0] += 1
+        after[2 + 2 * index] += 1
+        if len(after) > 1 + 2 * len(self.datasets):  # with documents drawn per source
+            after[1 + 2 * len(self.datasets) + index] += 1
+        return after
+
     def _parse(self, start) -> tuple[int, list[int], list]:
         """(draws, cycle of each source, position of each source)."""
         if start == 0:

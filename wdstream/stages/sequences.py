@@ -38,6 +38,7 @@ from wdstream.stages.base import (
     rank_position,
     remaining_items,
 )
+from wdstream.stages.cut import cut_history
 from wdstream.stages.documents import Document, DocumentReader, where
 from wdstream.stages.schedule import TokenClock
 from wdstream.stream.dataset import IterationSpec
@@ -221,19 +222,22 @@ class PackedSequences(Stage):
         return remaining_items(self.sequences_per_epoch, history,
                                lambda position: self._parse(position)[0])
 
-    def inner_history(self, history: Sequence[HistorySegment]) -> tuple[int, tuple[HistorySegment, ...]]:
+    def inner_history(self, history: Sequence[HistorySegment], epoch: int = 0
+                      ) -> tuple[int, tuple[HistorySegment, ...]]:
         """The inner pass in progress after the segments ``history`` run on other layouts,
         and the inner segments of it already read. A stream's inner dataset counts as read
-        up to the document its next sequence starts in: on the new layout that document is
-        read again, whole (its first ``offset`` tokens, already trained on, come again)."""
-        def extract(position, base):
-            if position == 0:
-                return base, 0
-            if position == STREAM_END:
-                return None, STREAM_END
-            _sequences, cycle, before, _offset = self._parse(position)
-            return cycle, before
-        return inner_history(history, extract)
+        up to the document its next sequence starts in, and past it when the new layout
+        delivers the rest of that document itself (``wdstream.stages.cut``)."""
+        return inner_history(cut_history(self, epoch, history)[0], self.extract)
+
+    def extract(self, position, base) -> tuple:
+        """(pass, inner position read) of a stream's position (see ``base.inner_history``)."""
+        if position == 0:
+            return base, 0
+        if position == STREAM_END:
+            return None, STREAM_END
+        _sequences, cycle, before, _offset = self._parse(position)
+        return cycle, before
 
     def fingerprint(self) -> str:
         """The inner dataset's and everything that shapes the sequences."""
@@ -300,7 +304,9 @@ class PackedSequences(Stage):
         sequences, cycle, inner_start, offset = self._parse(start)
         # per source: tokens delivered, documents delivered to their end (this segment)
         tally = self.tally(start)
-        base, inner_history = self.inner_history(spec.history)
+        history, tails = cut_history(self, spec.epoch, spec.history)
+        base, inner_segments = inner_history(history, self.extract)
+        tails = tails[spec.rank * spec.workers + stream::spec.world * spec.workers]
         if start == 0:
             cycle = base
         quota = None
@@ -316,8 +322,8 @@ class PackedSequences(Stage):
             # the document the next sequence starts in was drawn that many sequences ago
             clock.at(sequences - self._lag(start))
         documents = DocumentReader(self, spec, stream, cycle, inner_start, offset,
-                                   restart=quota is not None, history=(base, inner_history),
-                                   clock=clock)
+                                   restart=quota is not None, history=(base, inner_segments),
+                                   clock=clock, tails=tails)
         queue: deque[Document] = deque()
         available = 0
         seq_len = self.seq_len
