@@ -93,3 +93,26 @@ def test_a_second_cut_while_packing_the_first_ones(tokens, monkeypatch):
     left = PER_EPOCH - 2 * 2 * 5 * 2 // 2 - 3  # after the first two layouts
     assert sum(len(b["input_ids"]) for b in batches) == PER_EPOCH - left % 2
     check_once(tokens, token_counts(batches), streams=4 + 3 + 2)
+
+
+def test_a_schedule_by_tokens_cut_inside_documents(tokens, monkeypatch):
+    """By tokens, the document at the cut is drawn in the stage the old stream's clock was in
+    when it drew it: the new layout goes on inside it too."""
+    root, _ = tokens
+
+    def make():
+        sources = [wdstream.StreamingDataset(str(root / n), seed=i + 3, shuffle_window=4)
+                   for i, n in enumerate(COUNTS)]
+        mix = wdstream.Mix(sources, schedule=[{"start_tokens": 0, "weights": [3, 1]},
+                                              {"start_tokens": 30 * SEQ, "weights": [1, 3]}],
+                           seed=2, names=list(COUNTS))
+        return wdstream.PackedSequences(mix, None, SEQ, eos=0, text_field="tokens.npy",
+                                        sequences_per_epoch=PER_EPOCH)
+
+    first, states = run_ranks(monkeypatch, make, 2, 2, 2, n=5)
+    state = merged(states)
+    assert len(cut_offsets(state)) >= 2
+    rest, _ = run_ranks(monkeypatch, make, 1, 3, 3, state=state)
+    batches = [b for part in first + rest for b in part]
+    assert sum(len(b["input_ids"]) for b in batches) == PER_EPOCH
+    check_once(tokens, token_counts(batches), streams=4 + 3)

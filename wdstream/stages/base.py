@@ -189,6 +189,14 @@ def ranks_of(value):
     return unpack_positions(ranks) if isinstance(ranks, str) else ranks
 
 
+def rank_entry(value, rank: int):
+    """A position of ``rank`` in a (possibly gathered) entry; None if it has none."""
+    if isinstance(value, dict):
+        ranks = ranks_of(value) or []
+        return ranks[rank] if rank < len(ranks) else None
+    return None if value == STREAM_END else value
+
+
 def segment_entries(segment: HistorySegment) -> list[list]:
     """Per stream, the positions of every rank (one, if the same on every rank)."""
     entries = []

@@ -12,7 +12,7 @@ workers)``). A stream cut again while still packing its tails hands the rest on 
 layout, so no token is trained on twice and none is lost at any cut.
 
 When the inner position cannot be advanced without reading (a source that restarts at that
-draw, a schedule by tokens, a stage that is not a ``StreamingDataset`` or ``Mix`` of them),
+draw, a stage that is not a ``StreamingDataset`` or ``Mix`` of them),
 or the document is not the sample right after the position (samples dropped in between by
 ``map`` or ``on_error="skip"``), the document is read again whole by the new layout, and
 its first ``offset`` tokens come twice (as before this module existed).
@@ -41,24 +41,26 @@ class Tail:
     before: object
     after: object
     offset: int
+    clock: object = None  # a schedule by tokens: the old stream's clock when it was drawn
 
 
 def is_tail_marker(inner) -> bool:
     """A packing position's inner position ``[t]``: the stream was at its tail ``t``."""
-    return isinstance(inner, list) and len(inner) == 1
+    return isinstance(inner, list) and len(inner) == 1 and isinstance(inner[0], int) \
+        and not isinstance(inner[0], bool) and inner[0] >= 0
 
 
 def advance(dataset, position, epoch: int, rank: int, world: int, workers: int, stream: int,
-            history) -> object | None:
+            history, stage: int | None = None) -> object | None:
     """The inner position one document after ``position``, without reading; None when that
-    cannot be told."""
+    cannot be told. ``stage``: under a schedule by tokens, the stage it was drawn in."""
     if isinstance(position, int) and not isinstance(position, bool) and \
             hasattr(dataset, "shards"):  # a StreamingDataset: samples consumed in the stream
         return position + 1
     step = getattr(dataset, "advance", None)
     if step is None or position == STREAM_END:
         return None
-    return step(position, epoch, world, workers, stream, history)
+    return step(position, epoch, world, workers, stream, history, stage)
 
 
 def cut_history(stage, epoch: int, history) -> tuple[tuple[HistorySegment, ...], list[Tail]]:
@@ -74,7 +76,6 @@ def cut_history(stage, epoch: int, history) -> tuple[tuple[HistorySegment, ...],
         passes = [p[1] for ranks in parsed for p in ranks if p is not None]
         current = min(passes, default=base)  # the pass the next segment continues
         workers = segment.workers
-        old = len(tails)
         new_tails: dict[int, list[Tail]] = {}
         rewritten = [list(ranks) for ranks in entries]
         for k, ranks in enumerate(parsed):
@@ -84,9 +85,7 @@ def cut_history(stage, epoch: int, history) -> tuple[tuple[HistorySegment, ...],
                 sequences, cycle, inner, offset = p
                 g = r * workers + k  # the stream's number over the job
                 if is_tail_marker(inner):  # still packing its tails: the rest go on
-                    mine = tails[g::segment.world * workers] if old else []
-                    t = inner[0]
-                    carried = mine[t:]
+                    carried = tails[g::segment.world * workers][inner[0]:]
                     if carried and offset:
                         carried[0] = _with_offset(carried[0], offset)
                     new_tails[g] = carried
@@ -95,12 +94,16 @@ def cut_history(stage, epoch: int, history) -> tuple[tuple[HistorySegment, ...],
                 if not offset or cycle != current:
                     continue
                 inner_segments = segments if cycle == base else ()
+                clock = stage.clock(tuple(out), segment.world, workers)
+                if clock is not None:  # the stage it was drawn in, so many sequences ago
+                    clock.at(sequences - stage._lag(entries[k][r]))
                 after = advance(stage.dataset, inner, cycle_epoch(epoch, cycle), r,
-                                segment.world, workers, k, inner_segments)
+                                segment.world, workers, k, inner_segments,
+                                None if clock is None else clock.stage)
                 if after is None:
                     continue
                 new_tails[g] = [Tail(segment.world, workers, segment.batch_size, r, k, cycle,
-                                     inner_segments, inner, after, offset)]
+                                     inner_segments, inner, after, offset, clock)]
                 rewritten[k][r] = [sequences, cycle, after, 0, *entries[k][r][4:]]
         tails = [t for g in sorted(new_tails) for t in new_tails[g]]
         consumed = tuple({RANKS: ranks} if isinstance(raw, dict) else ranks[0]
@@ -112,4 +115,4 @@ def cut_history(stage, epoch: int, history) -> tuple[tuple[HistorySegment, ...],
 
 def _with_offset(tail: Tail, offset: int) -> Tail:
     return Tail(tail.world, tail.workers, tail.batch_size, tail.rank, tail.stream, tail.cycle,
-                tail.inner_history, tail.before, tail.after, offset)
+                tail.inner_history, tail.before, tail.after, offset, tail.clock)

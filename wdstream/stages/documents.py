@@ -72,8 +72,9 @@ class DocumentReader:
             spec = IterationSpec(cycle_epoch(self.spec.epoch, tail.cycle), tail.rank,
                                  tail.world, tail.workers, history=tail.inner_history,
                                  batch_size=tail.batch_size)
-            items = self.stage.dataset.positioned(spec, tail.stream, tail.before,
-                                                  **self._options)
+            options = self._options if tail.clock is None else \
+                {**self._options, "clock": tail.clock}
+            items = self.stage.dataset.positioned(spec, tail.stream, tail.before, **options)
             try:
                 sample, after = next(items, (None, None))
             finally:
@@ -117,6 +118,34 @@ class DocumentReader:
                                  f"{where(sample)} ({len(tokens)} tokens)")
             source = self._sources.get(sample.get("__source__"), 0) if self._sources else 0
             return Document(tokens, taken, self.cycle, before, source)
+
+
+def field_name(text_field, sample) -> str:
+    """The member or JSON field holding a sample's document (``text_field``, or its entry
+    for the sample's ``__source__``)."""
+    if isinstance(text_field, dict):
+        source = sample.get("__source__")
+        if source not in text_field:
+            raise InputError(f"{where(sample)}: no text_field for source {source!r}")
+        return text_field[source]
+    return text_field
+
+
+def field_value(text_field, sample):
+    """A sample's document: a member, a ``member.key`` of a JSON member, or a bare name
+    looked up as a member and then as a key of ``json``."""
+    if not isinstance(sample, dict):
+        raise InputError(f"PackedSequences needs dict samples, not {type(sample).__name__}")
+    name = field_name(text_field, sample)
+    if name in sample:
+        return sample[name]
+    member, dot, key = name.partition(".")
+    record = sample.get(member) if dot else sample.get("json")
+    key = key if dot else name
+    if isinstance(record, dict) and key in record:
+        return record[key]
+    members = sorted(k for k in sample if not k.startswith("__"))
+    raise InputError(f"{where(sample)}: no field {name!r} (members: {members})")
 
 
 def where(sample) -> str:

@@ -32,52 +32,18 @@ from wdstream.stages.base import (
     cycle_epoch,
     fixed_plan,
     inner_history,
+    rank_entry,
     rank_position,
     ranks_of,
     remaining_items,
 )
 from wdstream.stages.choices import BLOCK, block_choices, stream_length
+from wdstream.stages.mix_sources import END, SourceStreams
 from wdstream.stages.schedule import make_schedule, normalise
 from wdstream.stream.dataset import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 
 STOP_RULES = CHOICES["stop"]
-_END = object()
-
-
-class _Sources:
-    """The streams of the sources, each restartable for a new pass, with one sample of
-    look-ahead so that the ``cycle`` rule can tell when a source has just been read to its
-    end. Plain lists, read by ``Mix.positioned``'s loop directly: it runs once per sample."""
-
-    def __init__(self, datasets, spec: IterationSpec, stream: int, cycles: list[int], positions,
-                 histories):
-        self.datasets, self.spec, self.stream = datasets, spec, stream
-        self.cycles = list(cycles)
-        self.histories = histories  # per source: (pass, segments of it to leave out)
-        self.iterators = [self._open(i, positions[i]) for i in range(len(datasets))]
-        self.ahead: list = [None] * len(datasets)  # a looked-ahead (sample, position) or _END
-
-    def _open(self, index: int, position):
-        spec = self.spec
-        cycle = self.cycles[index]
-        base, history = self.histories[index]
-        inner = IterationSpec(cycle_epoch(spec.epoch, cycle), spec.rank, spec.world,
-                              spec.workers, history=history if cycle == base else (),
-                              batch_size=spec.batch_size)
-        return self.datasets[index].positioned(inner, self.stream, position)
-
-    def at_end(self, index: int) -> bool:
-        if self.ahead[index] is None:
-            self.ahead[index] = next(self.iterators[index], _END)
-        return self.ahead[index] is _END
-
-    def restart(self, index: int) -> None:
-        self.cycles[index] += 1
-        self.iterators[index] = self._open(index, 0)
-        self.ahead[index] = None
-
-
 class Mix(Stage):
     """Samples drawn from ``datasets`` (``StreamingDataset``s, or other stages) by ``weights``.
 
@@ -282,7 +248,7 @@ class Mix(Stage):
             cycles = [base for base, _ in histories]
         segment = len(spec.history)
         block_weights = self._block_weights(spec.epoch, spec.world, spec.workers, spec.history)
-        sources = _Sources(self.datasets, spec, stream, cycles, positions, histories)
+        sources = SourceStreams(self.datasets, spec, stream, cycles, positions, histories)
         iterators, ahead = sources.iterators, sources.ahead
         # The position, updated in place and copied for each sample: [draws, cycle_0,
         # position_0, cycle_1, position_1, ...].
@@ -321,16 +287,16 @@ class Mix(Stage):
                     break  # a new stage from this draw on
                 item = ahead[index]
                 if item is None:
-                    item = next(iterators[index], _END)
+                    item = next(iterators[index], END)
                 else:
                     ahead[index] = None
-                if item is _END:
+                if item is END:
                     if self.stop == "first_exhausted":
                         return
                     sources.restart(index)
                     state[1 + 2 * index] = sources.cycles[index]
-                    item = next(iterators[index], _END)
-                    if item is _END:
+                    item = next(iterators[index], END)
+                    if item is END:
                         raise InputError(
                             f"Mix: source {labels[index]!r} has no samples for stream {stream} "
                             f"of rank {spec.rank} ({spec.world} ranks x {spec.workers} "
@@ -353,21 +319,30 @@ class Mix(Stage):
                         return
 
     def advance(self, position, epoch: int, world: int, workers: int, stream: int,
-                history: Sequence[HistorySegment]) -> list | None:
+                history: Sequence[HistorySegment], stage: int | None = None) -> list | None:
         """The position one draw after ``position`` of stream ``stream``, computed without
         reading (for a packing stage's cut, ``wdstream.stages.cut``); None when it cannot be
-        told: a schedule by tokens, a source that is not a ``StreamingDataset`` or that
-        restarts at that draw."""
-        if self.by_tokens:
+        told: a source that is not a ``StreamingDataset`` or that restarts at that draw.
+        ``stage``: by tokens, the stage in force at that draw."""
+        if self.by_tokens and stage is None:
             return None
         passes = self.source_histories(history)
         if position == 0:
             position = [0] + [v for base, _ in passes for v in (base, 0)]
+            position += [stage, 0] if self.by_tokens else []
         draws = self._parse(position)[0]
-        block, first = divmod(draws, BLOCK)
-        weights = self._block_weights(epoch, world, workers, history)(block)
-        index = int(block_choices(weights, self.options.seed, epoch, stream, block,
-                                  len(history))[first])
+        if self.by_tokens:
+            current, start = position[-2:]
+            start = start if stage == current else draws  # a new stage from this draw
+            block, first = divmod(draws - start, BLOCK)
+            choices = block_choices(self.schedule.weights[stage], self.options.seed, epoch,
+                                    stream, block, len(history), stage)
+        else:
+            block, first = divmod(draws, BLOCK)
+            weights = self._block_weights(epoch, world, workers, history)(block)
+            choices = block_choices(weights, self.options.seed, epoch, stream, block,
+                                    len(history))
+        index = int(choices[first])
         source = self.datasets[index]
         cycle, consumed = position[1 + 2 * index], position[2 + 2 * index]
         if not hasattr(source, "shards") or not isinstance(consumed, int):
@@ -380,8 +355,10 @@ class Mix(Stage):
         after = list(position)
         after[0] += 1
         after[2 + 2 * index] += 1
-        if len(after) > 1 + 2 * len(self.datasets):  # with documents drawn per source
+        if len(after) > 1 + 2 * len(self.datasets) + 2 * self.by_tokens:  # documents drawn
             after[1 + 2 * len(self.datasets) + index] += 1
+        if self.by_tokens:
+            after[-2:] = [stage, start]
         return after
 
     def _parse(self, start) -> tuple[int, list[int], list]:
@@ -417,11 +394,11 @@ class Mix(Stage):
         passes = [0] * len(self.datasets)
         for segment in history:
             for value in segment.consumed:
-                position = _rank_entry(value, rank)
+                position = rank_entry(value, rank)
                 for i, n in enumerate(self.documents(position) if position else []):
                     totals[i] += n
         for position in positions:
-            position = _rank_entry(position, rank)
+            position = rank_entry(position, rank)
             if not position or position == STREAM_END:
                 continue
             _draws, cycles, _ = self._parse(position)
@@ -430,11 +407,3 @@ class Mix(Stage):
                 passes[i] = max(passes[i], cycles[i])
         return {name: {"documents": totals[i], "pass": passes[i]}
                 for i, name in enumerate(self.names)}
-
-
-def _rank_entry(value, rank: int):
-    """A position of ``rank`` in a (possibly gathered) entry; None if it has none."""
-    if isinstance(value, dict):
-        ranks = ranks_of(value) or []
-        return ranks[rank] if rank < len(ranks) else None
-    return None if value == STREAM_END else value

@@ -35,11 +35,12 @@ from wdstream.stages.base import (
     StagePlan,
     fixed_plan,
     inner_history,
+    rank_entry,
     rank_position,
     remaining_items,
 )
 from wdstream.stages.cut import cut_history
-from wdstream.stages.documents import Document, DocumentReader, where
+from wdstream.stages.documents import Document, DocumentReader, field_name, field_value, where
 from wdstream.stages.schedule import TokenClock
 from wdstream.stream.dataset import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
@@ -252,7 +253,7 @@ class PackedSequences(Stage):
     # ---- documents ------------------------------------------------------------------------
     def tokens(self, sample) -> np.ndarray | None:
         """A document's tokens with EOS, after the long-document rule (None: dropped)."""
-        value = self._field(sample)
+        value = field_value(self.text_field, sample)
         if isinstance(value, str):
             if self.tokenizer is None:
                 raise InputError(f"{where(sample)}: text found but no tokenizer given")
@@ -260,7 +261,7 @@ class PackedSequences(Stage):
         else:
             ids = np.asarray(value)
             if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-                raise InputError(f"{where(sample)}: field {self._field_name(sample)!r} holds "
+                raise InputError(f"{where(sample)}: field {field_name(self.text_field, sample)!r} holds "
                                  f"neither text nor a 1-d array of token ids")
             ids = ids.astype(np.int64, copy=False)
         tokens = np.empty(len(ids) + 1, dtype=np.int64)
@@ -272,28 +273,6 @@ class PackedSequences(Stage):
             if self.long_documents == "truncate":
                 tokens = np.concatenate([tokens[: self.seq_len - 1], tokens[-1:]])
         return tokens
-
-    def _field_name(self, sample) -> str:
-        if isinstance(self.text_field, dict):
-            source = sample.get("__source__")
-            if source not in self.text_field:
-                raise InputError(f"{where(sample)}: no text_field for source {source!r}")
-            return self.text_field[source]
-        return self.text_field
-
-    def _field(self, sample):
-        if not isinstance(sample, dict):
-            raise InputError(f"PackedSequences needs dict samples, not {type(sample).__name__}")
-        name = self._field_name(sample)
-        if name in sample:
-            return sample[name]
-        member, dot, key = name.partition(".")
-        record = sample.get(member) if dot else sample.get("json")
-        key = key if dot else name
-        if isinstance(record, dict) and key in record:
-            return record[key]
-        members = sorted(k for k in sample if not k.startswith("__"))
-        raise InputError(f"{where(sample)}: no field {name!r} (members: {members})")
 
     # ---- iteration ------------------------------------------------------------------------
     def positioned(self, spec: IterationSpec, stream: int, start
@@ -313,12 +292,8 @@ class PackedSequences(Stage):
         if self.sequences_per_epoch is not None:
             quota = self.plan(spec.epoch, spec.world, spec.workers,
                               spec.history).stream_samples[stream]
-        clock = None
-        if getattr(self.dataset, "by_tokens", False):  # the mixture's schedule counts tokens
-            delivered = 0 if self.sequences_per_epoch is None else \
-                self.sequences_per_epoch - self._quota(spec.history)
-            clock = TokenClock(self.dataset.schedule, delivered * self.seq_len,
-                               self.seq_len * spec.world * spec.workers)
+        clock = self.clock(spec.history, spec.world, spec.workers)
+        if clock is not None:
             # the document the next sequence starts in was drawn that many sequences ago
             clock.at(sequences - self._lag(start))
         documents = DocumentReader(self, spec, stream, cycle, inner_start, offset,
@@ -366,6 +341,17 @@ class PackedSequences(Stage):
             yield ({"input_ids": input_ids, "labels": input_ids.copy(),
                     "position_ids": position_ids}, position)
 
+    def clock(self, history, world: int, workers: int) -> TokenClock | None:
+        """A stream's clock for a mixture whose schedule counts tokens (else None), after
+        the segments ``history``: the tokens they delivered, then seq_len x world x workers a
+        sequence."""
+        if not getattr(self.dataset, "by_tokens", False):
+            return None
+        delivered = 0 if self.sequences_per_epoch is None else \
+            self.sequences_per_epoch - self._quota(history)
+        return TokenClock(self.dataset.schedule, delivered * self.seq_len,
+                          self.seq_len * world * workers)
+
     def _lag(self, position) -> int:
         """By tokens: how many sequences before the position its head document was drawn
         (the last entry of the position)."""
@@ -404,12 +390,10 @@ class PackedSequences(Stage):
         """Per source, this rank's tokens and documents (delivered to their end) in the
         epoch's sequences (on earlier layouts: what the rank of the same number delivered),
         and the pass of the inner stream in progress (1 and up: it restarted)."""
-        from wdstream.stages.mix import _rank_entry
-
         totals = [0] * (2 * len(self.names))
         deepest = 0
-        entries = [_rank_entry(v, rank) for s in history for v in s.consumed]
-        current = [_rank_entry(p, rank) for p in positions]
+        entries = [rank_entry(v, rank) for s in history for v in s.consumed]
+        current = [rank_entry(p, rank) for p in positions]
         for index, position in enumerate(entries + current):
             if not position or position == STREAM_END:
                 continue
