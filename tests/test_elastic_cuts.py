@@ -54,6 +54,18 @@ def cut_offsets(state):
     return [p[3] for p in entries if p != 0 and p[3]]
 
 
+def check_continued(tokens, before, after):
+    """Every document the first layout left part-way is finished by the next, from the token
+    where it was cut, none of its tokens again."""
+    _, docs = tokens
+    cut = [d for d in docs if 0 < sum(int(t) in before for t in d) < len(d)]
+    assert cut
+    for d in cut:
+        done = sum(int(t) in before for t in d)
+        assert all(int(t) in before for t in d[:done])
+        assert all(int(t) in after and int(t) not in before for t in d[done:])
+
+
 def check_once(tokens, counts, streams):
     """No token twice; every document read whole or not at all, but for fewer than
     ``streams`` (the ends of streams and of sources' passes: cut by the epoch's end)."""
@@ -72,6 +84,8 @@ def test_long_documents_go_on_from_the_cut(tokens, monkeypatch, mixed):
     state = merged(states)
     assert len(cut_offsets(state)) >= 2  # streams cut inside documents
     rest, _ = run_ranks(monkeypatch, make, 1, 3, 3, state=state)
+    check_continued(tokens, token_counts(b for part in first for b in part),
+                    token_counts(b for part in rest for b in part))
     batches = [b for part in first + rest for b in part]
     if mixed:  # the epoch's sequences over both layouts
         assert sum(len(b["input_ids"]) for b in batches) == PER_EPOCH
@@ -113,6 +127,8 @@ def test_a_schedule_by_tokens_cut_inside_documents(tokens, monkeypatch):
     state = merged(states)
     assert len(cut_offsets(state)) >= 2
     rest, _ = run_ranks(monkeypatch, make, 1, 3, 3, state=state)
+    check_continued(tokens, token_counts(b for part in first for b in part),
+                    token_counts(b for part in rest for b in part))
     batches = [b for part in first + rest for b in part]
     assert sum(len(b["input_ids"]) for b in batches) == PER_EPOCH
     check_once(tokens, token_counts(batches), streams=4 + 3)
