@@ -223,16 +223,10 @@ class PackedSequences(Stage):
         return remaining_items(self.sequences_per_epoch, history,
                                lambda position: self._parse(position)[0])
 
-    def inner_history(self, history: Sequence[HistorySegment], epoch: int = 0
-                      ) -> tuple[int, tuple[HistorySegment, ...]]:
-        """The inner pass in progress after the segments ``history`` run on other layouts,
-        and the inner segments of it already read. A stream's inner dataset counts as read
-        up to the document its next sequence starts in, and past it when the new layout
-        delivers the rest of that document itself (``wdstream.stages.cut``)."""
-        return inner_history(cut_history(self, epoch, history)[0], self.extract)
-
     def extract(self, position, base) -> tuple:
-        """(pass, inner position read) of a stream's position (see ``base.inner_history``)."""
+        """(pass, inner position read) of a stream's position (see ``base.inner_history``):
+        the inner dataset counts as read up to the document its next sequence starts in
+        (past it when the next layout delivers its rest itself, ``wdstream.stages.cut``)."""
         if position == 0:
             return base, 0
         if position == STREAM_END:
