@@ -8,11 +8,13 @@
 - ``Mix`` overhead: the same number of ~1 KiB JSON samples read through a ``Mix`` (of one
   source, and of two sources 50/50) and straight from one ``StreamingDataset``, 2 workers,
   batch 64; the ratio of times is the mixture's overhead (goal ≤ 1.1).
+- The same through the DataLoader for a packed 5-source mixture with a 5-stage schedule.
 - The packing stage alone, one worker's work in one process (CPU time): pre-tokenized
   documents (goal ≥ 10 M tokens/s per worker), the same as 5 sources through a ``Mix`` with
-  fixed weights and with a 5-stage schedule (with the per-source accounting; goal ≤ 1.05 ×
-  plain), and tokenize + pack.
-- The loader state of a packed 5-source scheduled mixture (goal < 4 KiB).
+  fixed weights, with a 5-stage schedule by samples and by tokens (with the per-source
+  accounting; goal ≤ 1.05 × plain), and tokenize + pack.
+- The loader state of a packed 5-source scheduled mixture on 1 rank x 2 workers, and
+  gathered from 8 ranks x 8 workers (goals < 4 KiB).
 
 Run alone: ``python -m benchmarks.llm [--quick]``.
 """
@@ -117,15 +119,18 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def case_pack(source: str, tokenizer: str | None, eos: int, field: str) -> dict:
-    """Tokenize (unless ``tokenizer`` is None: pre-tokenized) and pack one epoch."""
+def case_pack(source: str, tokenizer: str | None, eos: int, field: str,
+              documents: int | None = None) -> dict:
+    """Tokenize (unless ``tokenizer`` is None: pre-tokenized) and pack one epoch; with
+    ``documents``, of the 5-source Mix with a 5-stage schedule."""
     quiet_logs()
     import wdstream
     import wdstream.stages.sequences  # noqa: F401
     import wdstream.stream.loader  # noqa: F401 - torch imported before the clock
 
     started, cpu = time.perf_counter(), _cpu_seconds()
-    dataset = wdstream.StreamingDataset(source, seed=1)
+    dataset = wdstream.StreamingDataset(source, seed=1) if documents is None \
+        else _five_stage_mix(source, documents)
     packed = wdstream.PackedSequences(dataset, tokenizer, SEQ_LEN, eos=eos, text_field=field)
     loader = wdstream.DataLoader(packed, batch_size=PACK_BATCH, num_workers=WORKERS)
     sequences = 0
@@ -139,15 +144,21 @@ def case_pack(source: str, tokenizer: str | None, eos: int, field: str) -> dict:
 SCHEDULE_SOURCES = 5
 
 
-def _five_stage_mix(source: str, documents: int, scheduled: bool = True):
+TOKENS_PER_DOCUMENT = 200  # about the generated documents' mean, for stages by tokens
+
+
+def _five_stage_mix(source: str, documents: int, scheduled: bool = True,
+                    by_tokens: bool = False):
     """The documents as 5 sources (the same shards, 5 seeds) mixed by a 5-stage schedule
-    (or by the first stage's weights throughout) over one epoch of as many samples."""
+    (by samples drawn, or by tokens delivered; or by the first stage's weights throughout)
+    over one epoch of as many samples."""
     import wdstream
 
     parts = [wdstream.StreamingDataset(source, seed=1 + i) for i in range(SCHEDULE_SOURCES)]
     step = documents // SCHEDULE_SOURCES
-    schedule = [{"start": k * step, "weights": [1 + (i + k) % SCHEDULE_SOURCES
-                                                for i in range(SCHEDULE_SOURCES)]}
+    key, unit = ("start_tokens", TOKENS_PER_DOCUMENT) if by_tokens else ("start", 1)
+    schedule = [{key: k * step * unit, "weights": [1 + (i + k) % SCHEDULE_SOURCES
+                                                   for i in range(SCHEDULE_SOURCES)]}
                 for k in range(SCHEDULE_SOURCES)]
     weights = {"schedule": schedule} if scheduled else {"weights": schedule[0]["weights"]}
     return wdstream.Mix(parts, seed=2, stop="fixed", samples_per_epoch=documents,
@@ -166,7 +177,7 @@ def case_stage(source: str, tokenizer: str | None, eos: int, field: str, mixture
     from wdstream.stream.contract import IterationSpec
 
     inner = wdstream.StreamingDataset(source, seed=1) if mixture == "none" \
-        else _five_stage_mix(source, documents, mixture == "schedule")
+        else _five_stage_mix(source, documents, mixture != "weights", mixture == "tokens")
     packed = wdstream.PackedSequences(inner, tokenizer, SEQ_LEN, eos=eos, text_field=field)
     started = time.process_time()
     items = (item for item, _ in packed.positioned(IterationSpec(0, 0, 1, 1), 0, 0))
@@ -179,22 +190,38 @@ def case_stage(source: str, tokenizer: str | None, eos: int, field: str, mixture
 
 
 def case_state(source: str, eos: int, documents: int) -> dict:
-    """The loader state of a packed 5-source scheduled mixture, 2 workers, mid-epoch; and
-    the same positions gathered from 8 ranks x 8 workers."""
+    """The loader state of a packed 5-source scheduled mixture, 2 workers, after 20 batches;
+    and the state of 8 ranks x 8 workers after 20 batches of 16 per rank, each stream's
+    positions taken from that (rank, stream)'s own sequences and gathered as
+    ``loader.state_dict()`` gathers them under torch.distributed."""
     quiet_logs()
     import itertools
 
     import wdstream
+    from wdstream.stages.base import RANKS, pack_positions
+    from wdstream.stream.dataset import IterationSpec
 
-    packed = wdstream.PackedSequences(_five_stage_mix(source, documents), None, SEQ_LEN,
-                                      eos=eos, text_field="tokens.npy",
-                                      tokens_per_epoch=documents * 100)
-    loader = wdstream.DataLoader(packed, batch_size=PACK_BATCH, num_workers=WORKERS)
+    def packed():
+        return wdstream.PackedSequences(_five_stage_mix(source, documents), None, SEQ_LEN,
+                                        eos=eos, text_field="tokens.npy",
+                                        tokens_per_epoch=documents * 100)
+
+    loader = wdstream.DataLoader(packed(), batch_size=PACK_BATCH, num_workers=WORKERS)
     list(itertools.islice(loader, 20))
     state = loader.state_dict()
     one = len(json.dumps(state))
-    state.update(world=8, workers=8, positions=[{"ranks": [state["positions"][0]] * 8}] * 8,
-                 batches=[20] * 8)
+    world = workers = 8
+    per_stream = 20 * PACK_BATCH // workers
+    stage, positions = packed(), []
+    for stream in range(workers):
+        ranks = []
+        for rank in range(world):
+            items = stage.positioned(IterationSpec(0, rank, world, workers), stream, 0)
+            *_, (_, position) = itertools.islice(items, per_stream)
+            items.close()
+            ranks.append(position)
+        positions.append({RANKS: pack_positions(ranks)})
+    state.update(world=world, workers=workers, positions=positions, batches=[20] * workers)
     return {"bytes": one, "bytes_8x8": len(json.dumps(state))}
 
 
@@ -257,6 +284,10 @@ def run(quick: bool) -> list[dict]:
             "pre-tokenized tokens.npy": (
                 here + "case_pack", {"source": text["dir"], "tokenizer": None,
                                      "eos": text["eos"], "field": "tokens.npy"}),
+            "pre-tokenized, 5-source Mix, 5-stage schedule": (
+                here + "case_pack", {"source": text["dir"], "tokenizer": None,
+                                     "eos": text["eos"], "field": "tokens.npy",
+                                     "documents": text["documents"]}),
         }
         packs = common.repeat(pack_cases, progress=common.log)
         parts = halves(data, root / "halves")
@@ -275,6 +306,8 @@ def run(quick: bool) -> list[dict]:
                 **stage, "tokenizer": None, "field": "tokens.npy", "mixture": "weights"}),
             "pre-tokenized, 5-source Mix, 5-stage schedule": (here + "case_stage", {
                 **stage, "tokenizer": None, "field": "tokens.npy", "mixture": "schedule"}),
+            "pre-tokenized, 5-source Mix, 5-stage schedule by tokens": (here + "case_stage", {
+                **stage, "tokenizer": None, "field": "tokens.npy", "mixture": "tokens"}),
             "text through tokenizer.json (BPE 4096)": (here + "case_stage", {
                 **stage, "tokenizer": text["tokenizer"], "field": "text", "mixture": "none"}),
         }
@@ -341,6 +374,8 @@ def run(quick: bool) -> list[dict]:
     weighted = stages["pre-tokenized, 5-source Mix, fixed weights"]
     schedule_ratio = ratio(per_sequence(scheduled), per_sequence(plain))
     schedule_only = ratio(per_sequence(scheduled), per_sequence(weighted))
+    by_tokens = stages["pre-tokenized, 5-source Mix, 5-stage schedule by tokens"]
+    tokens_ratio = ratio(per_sequence(by_tokens), per_sequence(plain))
     rows.append({"table": T_STATE, "state": "packed 5-source schedule, 1 rank x 2 workers",
                  "bytes": state.get("bytes"), "error": state.get("error")})
     rows.append({"table": T_STATE, "state": "the same, gathered from 8 ranks x 8 workers",
@@ -353,8 +388,12 @@ def run(quick: bool) -> list[dict]:
              schedule_ratio, 1.05, higher_is_better=False, table=T_GOALS),
         goal("5-stage schedule ÷ fixed weights (5-source Mix, packed), CPU per sequence",
              schedule_only, 1.05, higher_is_better=False, table=T_GOALS),
+        goal("schedule by tokens + accounting + 5-source Mix ÷ plain PackedSequences, CPU "
+             "per sequence", tokens_ratio, 1.05, higher_is_better=False, table=T_GOALS),
         goal("state size, 5-source schedule, 1 rank x 2 workers (bytes)", state.get("bytes"),
              4096, higher_is_better=False, table=T_GOALS),
+        goal("state size, 5-source schedule, gathered from 8 ranks x 8 workers (bytes)",
+             state.get("bytes_8x8"), 4096, higher_is_better=False, table=T_GOALS),
         goal("Mix CPU time ÷ one StreamingDataset (worse of 1 and 2 sources)", worst("cpu_s"),
              1.1, higher_is_better=False, table=T_GOALS),
         goal("Mix wall time ÷ one StreamingDataset (worse of 1 and 2 sources)",

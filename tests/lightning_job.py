@@ -1,7 +1,7 @@
 """``lightning.Trainer.fit`` on a ``wdstream.DataLoader``, run by tests/test_lightning.py
 directly or under torchrun (gloo, CPU):
 
-    python tests/lightning_job.py --data DIR --work OUT
+    python tests/lightning_job.py --data DIR --work OUT [--mix]
 
 Fits 2 epochs, checkpointing every 3 steps; then a fresh model and loader resume from the
 checkpoint after step 6 (``ckpt_path``) in the same process. Writes ``OUT/rank-R.json``: the
@@ -47,12 +47,19 @@ def main() -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--mix", action="store_true", help="a Mix of DATA/a and DATA/b")
     args = p.parse_args()
     world = int(os.environ.get("WORLD_SIZE", 1))
     checkpoints = os.path.join(args.work, "checkpoints")
 
     def loader():
-        dataset = wdstream.StreamingDataset(args.data, seed=5, shuffle_window=8, map=features)
+        if args.mix:
+            dataset = wdstream.Mix([wdstream.StreamingDataset(
+                os.path.join(args.data, name), seed=5, shuffle_window=8, map=features)
+                for name in ("a", "b")], [0.6, 0.4], seed=7, stop="cycle")
+        else:
+            dataset = wdstream.StreamingDataset(args.data, seed=5, shuffle_window=8,
+                                                map=features)
         return wdstream.DataLoader(dataset, batch_size=4, num_workers=args.workers)
 
     def trainer():

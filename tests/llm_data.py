@@ -10,9 +10,12 @@ import os
 import random
 
 import numpy as np
+from datasets import first_batches
 
+import wdstream
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar_writer import TarWriter
+from wdstream.stages.base import pack_positions, ranks_of
 
 WORDS = ("the a stream shard epoch token batch resume seed rank worker model data loss step "
          "train pack mix weight source window order plan sample text code def return if for "
@@ -109,3 +112,56 @@ def _write_shard(folder, shard: int, count: int, data: bytes) -> ShardInfo:
     with open(os.path.join(folder, name), "wb") as f:
         f.write(data)
     return ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest())
+
+
+def write_sources(root, counts: dict) -> object:
+    """One sample dataset (tests/datasets.py's) per name of ``counts`` ({name: shard
+    counts}), in ``root/name``; returns ``root``."""
+    from datasets import write_dataset
+
+    for name, shard_counts in counts.items():
+        write_dataset(root / name, shard_counts)
+    return root
+
+
+def sources(root, names, **options) -> list:
+    """The datasets ``root/name``, seeded 1, 2, ... in order, each with a shuffle window of 7
+    (small enough for the tests' few samples to be well shuffled)."""
+    return [wdstream.StreamingDataset(str(root / name), seed=i + 1, shuffle_window=7, **options)
+            for i, name in enumerate(names)]
+
+
+# ---- ranks one after the other in this process (RANK / WORLD_SIZE set per loader) ---------
+def as_rank(monkeypatch, rank, world):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+
+
+def run_ranks(monkeypatch, make, world, workers, batch, state=None, n=None):
+    """Every rank's batches (the first ``n``, or the whole rest of the epoch) and rank 0's
+    state after them."""
+    out, states = [], []
+    for rank in range(world):
+        as_rank(monkeypatch, rank, world)
+        loader = wdstream.DataLoader(make(), batch_size=batch, num_workers=workers)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        expected = len(loader) if loader.dataset.has_counts else None
+        if state is not None and expected is not None and \
+                (state["world"], state["workers"], state["batch_size"]) == (world, workers, batch):
+            expected -= sum(state["batches"])  # same layout: len() is the whole epoch's
+        out.append(first_batches(loader, n) if n is not None else list(loader))
+        if n is None and expected is not None:  # the rest of the epoch, on every rank
+            assert len(out[-1]) == expected
+        states.append(loader.state_dict())
+    return out, states
+
+
+def merged(states):
+    """Rank 0's state with every rank's positions, as state_dict() gathers them."""
+    state = json.loads(json.dumps(states[0]))
+    for k, position in enumerate(state["positions"]):
+        if isinstance(position, dict):
+            position["ranks"] = pack_positions(
+                [ranks_of(s["positions"][k])[r] for r, s in enumerate(states)])
+    return state

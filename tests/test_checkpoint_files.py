@@ -1,5 +1,6 @@
-"""Per-rank loader states in a framework's checkpoint folder (wdstream.integrations.checkpoint),
-and the loader refusing another rank's state for a stage whose positions are per rank."""
+"""Per-rank loader states in a framework's checkpoint folder (wdstream.integrations.checkpoint);
+rank 0's state of a Mix resumes every rank, and a stage whose positions are per rank refuses
+another rank's ungathered state."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datasets import first_batches, write_dataset
 import wdstream
 from wdstream.errors import StateError
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state, state_path
+from wdstream.stages.base import ranks_of
 
 
 @pytest.fixture
@@ -57,17 +59,47 @@ def test_another_world_size_loads_rank_0s_state(data, monkeypatch, tmp_path):
     as_rank(monkeypatch, 0, 1)  # elastic: sample counts re-planned over one rank
     again = wdstream.DataLoader(wdstream.StreamingDataset(str(data / "a"), seed=1), batch_size=2)
     load_loader_state(again, tmp_path)
-    assert len(list(again)) == (32 - 2 * 2 * 2) // 2
+    assert len(again) == len(list(again)) == (32 - 2 * 2 * 2) // 2  # the rest of the epoch
+    assert len(again) == 32 // 2  # then whole epochs
 
 
-def test_a_stage_refuses_another_ranks_state(data, monkeypatch):
-    as_rank(monkeypatch, 0, 2)
+def keys(batches):
+    return [k for b in batches for k in b["__key__"]]
+
+
+def test_a_mix_resumes_every_rank_from_rank_0s_state(data, monkeypatch):
+    """A Mix's positions are the same on every rank (draws and source positions do not
+    depend on it), so rank 0's state, as Lightning writes it, resumes rank 1 too."""
+    states, rest = {}, {}
+    for rank in (0, 1):
+        as_rank(monkeypatch, rank, 2)
+        loader = mix_loader(data)
+        first_batches(loader, 2)
+        states[rank] = loader.state_dict()
+        own = mix_loader(data)
+        own.load_state_dict(states[rank])
+        rest[rank] = keys(own)
+    assert states[0]["positions"] == states[1]["positions"]
+    as_rank(monkeypatch, 1, 2)
     loader = mix_loader(data)
+    loader.load_state_dict(states[0])
+    assert keys(loader) == rest[1] and rest[1]
+
+
+def test_packing_refuses_another_ranks_ungathered_state(data, monkeypatch):
+    def packed_loader():
+        dataset = wdstream.StreamingDataset(str(data / "a"), seed=1)
+        return wdstream.DataLoader(wdstream.PackedSequences(
+            dataset, lambda text: [1, 2, 3], 4, eos=0, text_field="txt"), batch_size=2)
+
+    as_rank(monkeypatch, 0, 2)
+    loader = packed_loader()
     first_batches(loader, 2)
     state = loader.state_dict()
+    state["positions"] = [ranks_of(p)[0] for p in state["positions"]]  # rank 0's alone
     as_rank(monkeypatch, 1, 2)
     with pytest.raises(StateError, match="this is rank 0's state.*load rank 1's own state"):
-        mix_loader(data).load_state_dict(state)
+        packed_loader().load_state_dict(state)
 
 
 def test_a_missing_state_names_the_file(tmp_path, data):

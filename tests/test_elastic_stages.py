@@ -13,11 +13,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from datasets import first_batches, write_dataset
-from llm_data import write_token_dataset
+from datasets import first_batches
+from llm_data import as_rank, merged, run_ranks, sources, write_sources, write_token_dataset
 
 import wdstream
 from wdstream.errors import StateError
+from wdstream.stages.base import ranks_of
 
 COUNTS = {"a": [50, 30, 40], "b": [20, 25, 17]}
 TOKEN_COUNTS = {"x": [30, 25, 41], "y": [22, 35]}
@@ -25,10 +26,7 @@ TOKEN_COUNTS = {"x": [30, 25, 41], "y": [22, 35]}
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("elastic")
-    for name, counts in COUNTS.items():
-        write_dataset(root / name, counts)
-    return root
+    return write_sources(tmp_path_factory.mktemp("elastic"), COUNTS)
 
 
 @pytest.fixture(scope="module")
@@ -45,33 +43,13 @@ def tokens(tmp_path_factory):
 pytestmark = pytest.mark.usefixtures("single_rank")
 
 
-def as_rank(monkeypatch, rank, world):
-    monkeypatch.setenv("RANK", str(rank))
-    monkeypatch.setenv("WORLD_SIZE", str(world))
-
-
 def mix(data, weights=(0.7, 0.3), **kwargs):
-    sources = [wdstream.StreamingDataset(str(data / n), seed=i + 1, shuffle_window=7)
-               for i, n in enumerate(COUNTS)]
-    return wdstream.Mix(sources, list(weights), seed=5, names=list(COUNTS), **kwargs)
+    parts = sources(data, COUNTS)
+    return wdstream.Mix(parts, list(weights), seed=5, names=list(COUNTS), **kwargs)
 
 
 def keys(batches):
     return [(s, k) for b in batches for s, k in zip(b["__source__"], b["__key__"], strict=True)]
-
-
-def run_ranks(monkeypatch, make, world, workers, batch, state=None, n=None):
-    """Every rank's batches (the first ``n``, or the whole rest of the epoch) and rank 0's
-    state after them."""
-    out, states = [], []
-    for rank in range(world):
-        as_rank(monkeypatch, rank, world)
-        loader = wdstream.DataLoader(make(), batch_size=batch, num_workers=workers)
-        if state is not None:
-            loader.load_state_dict(json.loads(json.dumps(state)))
-        out.append(first_batches(loader, n) if n is not None else list(loader))
-        states.append(loader.state_dict())
-    return out, states
 
 
 @pytest.mark.parametrize("stop", ["first_exhausted", "cycle"])
@@ -138,15 +116,6 @@ def packed(tokens, mixed=False, per_epoch=40):
                                     sequences_per_epoch=per_epoch)
 
 
-def merged(states):
-    """Rank 0's state with every rank's positions, as state_dict() gathers them."""
-    state = json.loads(json.dumps(states[0]))
-    for k, position in enumerate(state["positions"]):
-        if isinstance(position, dict):
-            position["ranks"] = [s["positions"][k]["ranks"][r] for r, s in enumerate(states)]
-    return state
-
-
 def token_counts(batches):
     ids = np.concatenate([b["input_ids"].numpy().ravel() for b in batches])
     return Counter(ids[ids != 0].tolist())
@@ -159,7 +128,7 @@ def test_packing_resumes_on_another_layout(tokens, monkeypatch, mixed):
 
     first, states = run_ranks(monkeypatch, make, 2, 2, 2, n=3)
     state = merged(states)
-    assert all(len(p["ranks"]) == 2 for p in state["positions"])
+    assert all(len(ranks_of(p)) == 2 for p in state["positions"])
     rest, _ = run_ranks(monkeypatch, make, 1, 3, 3, state=state)
     sequences = sum(len(b["input_ids"]) for batches in first + rest for b in batches)
     assert sequences == 40 - 40 % 1  # the epoch's sequences, over both layouts
@@ -168,13 +137,13 @@ def test_packing_resumes_on_another_layout(tokens, monkeypatch, mixed):
 
 
 def check_tokens(tokens, counts, state, streams_after):
-    """No token trained on twice, but for the first ``offset`` tokens of the documents in
-    progress at the cut (read again whole on the new layout); every document read whole but
-    for those and the last one of each stream (its end cut by the epoch's)."""
-    assert max(counts.values()) <= 2
+    """No token trained on twice: the documents in progress at the cut go on from their
+    offset on the new layout; every document read whole but for the last one of each stream
+    (its end cut by the epoch's)."""
+    assert max(counts.values()) == 1
     _root, docs = tokens
     all_docs = [d for name in TOKEN_COUNTS for d in docs[name]]
-    cut = [p[3] for ranks in state["positions"] for p in ranks["ranks"] if p != 0 and p[3]]
+    cut = [p[3] for ranks in state["positions"] for p in ranks_of(ranks) if p != 0 and p[3]]
     doubled = [d for d in all_docs if any(counts.get(int(t)) == 2 for t in d)]
     assert len(doubled) <= len(cut)
     for d in doubled:  # a prefix of the document, the rest once
@@ -263,8 +232,8 @@ def test_a_repeating_source_shows_its_pass(data):
 def test_long_documents_across_shard_boundaries(tmp_path, monkeypatch):
     """Documents up to 6 sequences long, shards of 3 to 7 documents: the sequences are the
     documents' tokens (each + EOS) in stream order, cut every SEQ tokens, whatever shard a
-    document ends or starts in; resuming inside a long document, on another layout, reads it
-    again whole and goes on."""
+    document ends or starts in; resuming inside a long document, on another layout, goes on
+    from the token where the cut was: no token twice."""
     docs = write_token_dataset(tmp_path / "long", [3, 7, 4, 5], seed=9, max_tokens=100)
 
     def make():
@@ -286,5 +255,8 @@ def test_long_documents_across_shard_boundaries(tmp_path, monkeypatch):
     resumed.load_state_dict(state)
     rest = list(resumed)
     counts = token_counts(first + rest)
-    assert sum(c == 2 for c in counts.values()) == offset  # that document's first tokens
-    assert max(counts.values()) == 2
+    assert max(counts.values()) == 1
+    cut = docs[state["positions"][0][2]]  # in storage order (no shuffle)
+    before, after = token_counts(first), token_counts(rest)
+    assert all(before.get(int(t)) == 1 for t in cut[:offset])
+    assert all(after.get(int(t)) == 1 for t in cut[offset:])  # from the cut on, once

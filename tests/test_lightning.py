@@ -17,8 +17,8 @@ JOB = str(Path(__file__).with_name("lightning_job.py"))
 COUNTS = [30, 7, 25, 18]  # 80 samples: 20 batches of 4 per epoch on 1 rank, 10 on 2
 
 
-def run(data, work, nproc):
-    job = [JOB, "--data", str(data), "--work", str(work)]
+def run(data, work, nproc, *options):
+    job = [JOB, "--data", str(data), "--work", str(work), *options]
     return run_job(job if nproc == 1 else [*job, "--workers", "0"], nproc, work)
 
 
@@ -36,3 +36,16 @@ def test_fit_checkpoints_the_loader_and_resumes_exactly(tmp_path, nproc):
         first_epoch += [key for batch in record["reference"][:per_epoch] for key in batch]
     assert len(first_epoch) == len(set(first_epoch)) == sum(COUNTS)
     assert set(first_epoch) == all_keys(COUNTS)
+
+
+def test_a_mix_under_ddp_resumes_every_rank_from_rank_0s_checkpoint(tmp_path):
+    """Lightning writes rank 0's checkpoint and every rank loads it: a Mix's positions are
+    the same on every rank, so rank 1 resumes from it too, exactly."""
+    write_dataset(tmp_path / "data" / "a", COUNTS)
+    write_dataset(tmp_path / "data" / "b", [11, 13])
+    records = run(tmp_path / "data", tmp_path / "work", 2, "--mix")
+    for record in records:
+        assert len(record["reference"]) > 6
+        assert record["resumed"] == record["reference"][6:]
+    first, second = (set(map(tuple, r["reference"])) for r in records)
+    assert not first & second  # the ranks read different samples

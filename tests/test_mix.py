@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from datasets import first_batches, write_dataset
+from llm_data import sources, write_sources
 
 import wdstream
 from wdstream.errors import InputError, StateError
@@ -20,19 +21,15 @@ SOURCES = {"a": [50, 30, 40], "b": [20, 25], "c": [15]}
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mix")
-    for name, counts in SOURCES.items():
-        write_dataset(root / name, counts)
-    return root
+    return write_sources(tmp_path_factory.mktemp("mix"), SOURCES)
 
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def mix(data, names=("a", "b"), weights=(0.7, 0.3), seed=5, **kwargs):
-    sources = [wdstream.StreamingDataset(str(data / n), seed=i + 1, shuffle_window=7)
-               for i, n in enumerate(names)]
-    return wdstream.Mix(sources, list(weights), seed=seed, names=list(names), **kwargs)
+    parts = sources(data, names)
+    return wdstream.Mix(parts, list(weights), seed=seed, names=list(names), **kwargs)
 
 
 def loader(data, workers=2, batch_size=4, **kwargs):

@@ -8,7 +8,8 @@ import json
 from collections import Counter
 
 import pytest
-from datasets import first_batches, write_dataset
+from datasets import first_batches
+from llm_data import sources, write_sources
 
 import wdstream
 from wdstream.errors import InputError
@@ -21,20 +22,16 @@ SWITCH = 2 * BLOCK  # all "a" before, all "b" after
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("schedule")
-    for name, counts in COUNTS.items():
-        write_dataset(root / name, counts)
-    return root
+    return write_sources(tmp_path_factory.mktemp("schedule"), COUNTS)
 
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def scheduled(data, schedule=((0, [1, 0]), (SWITCH, [0, 1])), **kwargs):
-    sources = [wdstream.StreamingDataset(str(data / n), seed=i + 1, shuffle_window=7)
-               for i, n in enumerate(COUNTS)]
+    parts = sources(data, COUNTS)
     schedule = schedule if callable(schedule) else list(schedule)
-    return wdstream.Mix(sources, schedule=schedule, seed=5, names=list(COUNTS),
+    return wdstream.Mix(parts, schedule=schedule, seed=5, names=list(COUNTS),
                         stop="fixed", samples_per_epoch=TOTAL, **kwargs)
 
 

@@ -35,112 +35,33 @@ refused (write it in a dict passed from code), and in a config read from a URL
 (``s3://…/mix.yaml``) they are names under that URL's prefix unless
 ``allow_external_paths=True``. See docs/security.md.
 
-Each key is one row of ``TOP_KEYS`` or ``DATASET_KEYS`` (its type, limits, aliases); what it
-does is read in ``_build`` / ``_source``.
+Each key is one row of ``TOP_KEYS`` or ``DATASET_KEYS`` (``config_keys``: its type, limits,
+aliases); what it does is read in ``_build`` / ``_source``.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
-import logging
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from wdstream.errors import InputError, ManifestError, StreamError, WdstreamError
+from wdstream.errors import InputError, StreamError, WdstreamError
 from wdstream.printable import printable
 from wdstream.shards.names import outside_prefix
 from wdstream.sources import urls
 from wdstream.sources.objects import read_bytes
-from wdstream.sources.openers import OPENERS
-from wdstream.stream.plan import REMAINDER_POLICIES
+from wdstream.stages.config_keys import (
+    DATASET_KEYS,
+    TOP_KEYS,
+    Report,
+    check_entry,
+    check_top,
+    eos_of,
+    read_keys,
+)
 
-log = logging.getLogger("wdstream.config")  # the logger name users configure
-
-
-@dataclass(frozen=True)
-class Key:
-    """A known key: the types it accepts (``description`` says them in errors), an optional
-    minimum (numbers) or list of choices (strings), and ``alias_of``: the key it is another
-    name for."""
-
-    kinds: tuple[type, ...]
-    description: str
-    minimum: float | None = None
-    choices: tuple[str, ...] | None = None
-    alias_of: str | None = None
-
-    def problem(self, value) -> str | None:
-        if isinstance(value, bool) and bool not in self.kinds or not isinstance(value, self.kinds):
-            return f"must be {self.description}, not {type(value).__name__} {value!r:.60}"
-        if self.minimum is not None and isinstance(value, int | float) and value < self.minimum:
-            return f"must be at least {self.minimum:g}, not {value}"
-        if self.choices is not None and value not in self.choices:
-            return f"must be one of {', '.join(self.choices)}, not {value!r}"
-        return None
-
-
-def _int(minimum=None, alias_of=None):
-    return Key((int,), "an integer", minimum, alias_of=alias_of)
-
-
-def _str(choices=None, alias_of=None):
-    return Key((str,), "a string", choices=choices, alias_of=alias_of)
-
-
-_BOOL = Key((bool,), "true or false")
-_NUMBER = Key((int, float), "a number")
-_STOP_RULES = ("first_exhausted", "cycle", "fixed")  # wdstream.stages.mix.STOP_RULES
-_LONG_DOCUMENTS = ("split", "truncate", "drop")  # wdstream.stages.sequences.LONG_DOCUMENTS
-_ENTRIES = Key((list, Mapping), "a list of datasets")
-
-TOP_KEYS: dict[str, Key] = {
-    "datasets": _ENTRIES,
-    "pretraining_dataset": _ENTRIES,
-    "seed": _int(),
-    "stop": _str(_STOP_RULES),
-    "samples_per_epoch": _int(1),
-    "streaming": _BOOL,
-    "shuffle": _BOOL,
-    "shuffle_merged_datasets": Key((bool,), "true or false", alias_of="shuffle"),
-    "shuffle_window": _int(1),
-    "opener": _str(OPENERS),
-    "text_field": _str(),
-    "text_column": _str(alias_of="text_field"),
-    "seq_len": _int(1),
-    "sequence_len": _int(1, alias_of="seq_len"),
-    "tokenizer": _str(),
-    "eos": Key((int, str), "a token id or a token string"),
-    "special_tokens": Key((Mapping,), "a mapping of token names to tokens"),
-    "sequences_per_epoch": _int(1),
-    "tokens_per_epoch": _int(1),
-    "schedule": Key((list,), "a list of stages {start, weights}"),
-    "long_documents": _str(_LONG_DOCUMENTS),
-}
-
-DATASET_KEYS: dict[str, Key] = {
-    "path": _str(),
-    "name": _str(),  # a subset: the folder ``path/name/``
-    "split": _str(),  # a split: the folder ``path[/name]/split/``
-    "data_files": Key((str, list), "a file name or a list of them"),
-    "label": _str(),  # the source's name in the mixture (``__source__``)
-    "weight": _NUMBER,
-    "streaming": _BOOL,
-    "type": Key((str, Mapping), "a dataset type"),
-    "text_field": _str(),
-    "field": _str(alias_of="text_field"),
-    "text_column": _str(alias_of="text_field"),
-    "shuffle": _BOOL,
-    "shuffle_window": _int(1),
-    "seed": _int(),
-    "opener": _str(OPENERS),
-    "remainder": _str(REMAINDER_POLICIES),
-}
-
-TEXT_TYPES = ("pretrain", "completion")  # raw documents of text (or token ids), packed as is
-_PACKING_KEYS = ("tokenizer", "eos", "sequences_per_epoch", "long_documents", "tokens_per_epoch")
+__all__ = ["DATASET_KEYS", "TOP_KEYS", "from_config", "load_config_file"]
 
 
 def from_config(config, *, allow_external_paths: bool = False,
@@ -201,58 +122,6 @@ def load_config_file(url: str) -> dict:
         raise InputError(f"{url}: not valid YAML: {error}") from error
 
 
-class _Report:
-    """Collects every error of a config, and the keys it ignores."""
-
-    def __init__(self, where: str):
-        self.where = where
-        self.errors: list[str] = []
-        self.ignored: list[str] = []
-        self.manifest_errors = 0
-
-    def error(self, label: str, message: str, kind: type = InputError) -> None:
-        self.errors.append(f"{label}: {message}")
-        self.manifest_errors += kind is ManifestError
-
-    def raise_errors(self) -> None:
-        if len(self.errors) == 1:  # a bad manifest stays a ManifestError
-            raise (ManifestError if self.manifest_errors else InputError)(self.errors[0])
-        if self.errors:
-            raise InputError(f"{self.where}: {len(self.errors)} errors:\n  - "
-                             + "\n  - ".join(self.errors))
-
-    def warn_ignored(self) -> None:
-        if self.ignored:
-            log.warning("%s: ignored keys (not used by wdstream): %s", self.where,
-                        ", ".join(self.ignored))
-
-
-def _read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str,
-               report: _Report) -> dict:
-    """The entry's known keys, under their canonical names, each checked against its row;
-    unknown keys are noted as ignored (with the known key they resemble)."""
-    values: dict = {}
-    given: dict[str, str] = {}  # canonical name -> the key it was given as
-    for key, value in entry.items():
-        row = known.get(key)
-        if row is None:
-            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.8)
-            report.ignored.append(f"{prefix}{key}" + (f" (did you mean {close[0]!r}?)"
-                                                      if close else ""))
-            continue
-        problem = row.problem(value)
-        if problem is not None:
-            report.error(label, f"{key!r} {problem}")
-            continue
-        name = row.alias_of or key
-        if name in values and values[name] != value:
-            report.error(label, f"{given[name]!r} and {key!r} are the same setting with "
-                         f"different values ({values[name]!r}, {value!r})")
-            continue
-        values[name], given[name] = value, key
-    return values
-
-
 def _resolve(path: str, origin: _Origin | None, where: str) -> str:
     """A path read from a config file (``where`` names the key): a relative local path is
     relative to the file's folder; in a file read from a URL, a name under its prefix. A
@@ -290,7 +159,7 @@ def _subfolder(prefix: str, name: str) -> str:
     return urls.join(prefix.rstrip("/") + "/", name.strip("/") + "/")
 
 
-def _entries(config: Mapping, top: dict, report: _Report) -> list[tuple[str, object]]:
+def _entries(config: Mapping, top: dict, report: Report) -> list[tuple[str, object]]:
     """``(label, entry)`` of ``datasets:`` then ``pretraining_dataset:`` (a list or one
     mapping each)."""
     found = []
@@ -304,17 +173,6 @@ def _entries(config: Mapping, top: dict, report: _Report) -> list[tuple[str, obj
     if not found and not malformed:
         report.error(report.where, "'datasets' (or 'pretraining_dataset') is missing or empty")
     return found
-
-
-def _type_problem(kind) -> str | None:
-    if kind in TEXT_TYPES:
-        return None
-    shown = kind if isinstance(kind, str) else "a custom format"
-    return (f"'type' {shown!r} is a prompt format: formatting prompts and chats is the "
-            "trainer's part, and wdstream streams raw text (type: pretrain or completion). "
-            "Render each record into one text field first (the trainer's prompt template "
-            "applied), pack those with `wdstream pack`, and give that field with "
-            "'type: completion' and 'field'")
 
 
 def _source(entry: dict, origin: _Origin | None, label: str):
@@ -337,53 +195,6 @@ def _source(entry: dict, origin: _Origin | None, label: str):
     return joined, label
 
 
-def _check_entry(entry: dict, label: str, report: _Report) -> bool:
-    ok = True
-
-    def error(message):
-        nonlocal ok
-        ok = False
-        report.error(label, message)
-
-    if not entry.get("path"):
-        error("'path' is missing")
-    weight = entry.get("weight", 1.0)
-    if not math.isfinite(weight) or weight < 0:
-        error(f"'weight' must be a finite number >= 0, not {weight!r}")
-    if entry.get("streaming", True) is not True:
-        error("'streaming: false' is not supported: wdstream streams")
-    problem = _type_problem(entry.get("type", "pretrain"))
-    if problem:
-        error(problem)
-    files = entry.get("data_files")
-    if isinstance(files, list) and (not files or not all(isinstance(f, str) for f in files)):
-        error("'data_files' must be a file name or a non-empty list of them")
-    return ok
-
-
-def _check_top(top: dict, report: _Report) -> None:
-    where = report.where
-    if top.get("streaming", True) is not True:
-        report.error(where, "'streaming: false' is not supported: wdstream streams")
-    if (top.get("stop", "first_exhausted") == "fixed") != ("samples_per_epoch" in top):
-        report.error(where, "'samples_per_epoch' goes with 'stop: fixed', and only with it")
-    if "seq_len" not in top:
-        stray = [key for key in _PACKING_KEYS if key in top]
-        if stray:
-            report.error(where, f"{stray[0]!r} is for packing, which needs 'seq_len' "
-                         "('sequence_len')")
-    elif _eos(top) is None:
-        report.error(where, "packing ('seq_len') needs 'eos' (or special_tokens.eos_token), "
-                     "the end-of-document token")
-
-
-def _eos(top: dict):
-    if "eos" in top:
-        return top["eos"]
-    token = top.get("special_tokens", {}).get("eos_token")
-    return token if isinstance(token, int | str) and not isinstance(token, bool) else None
-
-
 def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
     from wdstream.stages.mix import Mix
     from wdstream.stages.schedule import mixture_weights
@@ -393,9 +204,9 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
     if not isinstance(config, Mapping):
         raise InputError(f"{where}: a config is a mapping with a 'datasets' list, not "
                          f"{type(config).__name__}")
-    report = _Report(where)
-    top = _read_keys(config, TOP_KEYS, where, "", report)
-    _check_top(top, report)
+    report = Report(where)
+    top = read_keys(config, TOP_KEYS, where, "", report)
+    check_top(top, report)
     seed = top.get("seed", 0)
     checked = []
     for label, entry in _entries(config, top, report):
@@ -406,8 +217,8 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
         if isinstance(entry.get("path"), str):
             label += f" ({printable(entry['path'])})"
         prefix = label.split(": ", 1)[1].split(" (")[0] + "."
-        values = _read_keys(entry, DATASET_KEYS, label, prefix, report)
-        if _check_entry(values, label, report):
+        values = read_keys(entry, DATASET_KEYS, label, prefix, report)
+        if check_entry(values, label, report):
             checked.append((label, values))
     report.raise_errors()
     report.warn_ignored()
@@ -455,7 +266,7 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
     return PackedSequences(
         mix, _resolve(tokenizer, origin, f"{where}: 'tokenizer'") if tokenizer else None,
         top["seq_len"],
-        eos=_eos(top), text_field=text_field,
+        eos=eos_of(top), text_field=text_field,
         long_documents=top.get("long_documents", "split"),
         sequences_per_epoch=top.get("sequences_per_epoch"),
         tokens_per_epoch=top.get("tokens_per_epoch"))

@@ -2,11 +2,9 @@
 resumably.
 
 Each worker stream of the mixture reads the same stream (rank, worker) of every source and
-draws from them in a sequence of source choices fixed by (seed, epoch, stream, draw index).
-The choices come in blocks of ``BLOCK`` draws: block b's counts per source are the weights
-times ``BLOCK``, the fractional seats given by systematic sampling (so every block is within
-one draw of the weights and their expectation is exact), shuffled by a generator seeded with
-(seed, epoch, stream, b). Resuming at draw n computes one block: no replay.
+draws from them in a sequence of source choices fixed by (seed, epoch, stream, draw index),
+in blocks of ``BLOCK`` draws (``wdstream.stages.choices``). Resuming at draw n computes one
+block: no replay.
 
 The choices do not depend on the rank: with equal source streams on every rank (the epoch
 plan guarantees it) every rank then stops after the same number of draws, so ranks get equal
@@ -33,91 +31,19 @@ from wdstream.stages.base import (
     StagePlan,
     cycle_epoch,
     fixed_plan,
-    generator,
     inner_history,
+    rank_entry,
     rank_position,
+    ranks_of,
     remaining_items,
 )
+from wdstream.stages.choices import BLOCK, block_choices, stream_length
+from wdstream.stages.mix_sources import END, SourceStreams
 from wdstream.stages.schedule import make_schedule, normalise
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 
 STOP_RULES = CHOICES["stop"]
-BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
-_MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators
-
-
-def _block_counts(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """How many of a block's draws go to each source: the weights' share, the fractional
-    seats by systematic sampling (source i gets one more with probability frac_i exactly)."""
-    quota = weights * BLOCK
-    counts = np.floor(quota).astype(np.int64)
-    seats = BLOCK - int(counts.sum())
-    if seats:
-        edges = np.cumsum(quota - counts)
-        points = rng.random() + np.arange(seats)
-        picks = np.minimum(np.searchsorted(edges, points, side="right"), len(weights) - 1)
-        counts += np.bincount(picks, minlength=len(weights))
-    return counts
-
-
-def _block_generator(seed: int, epoch: int, stream: int, block: int, segment: int):
-    # segment 0 (no layout change yet) keeps the words it always had
-    words = (seed, epoch, stream, block) + ((segment,) if segment else ())
-    return generator(_MIX_CHOICES, *words)
-
-
-def block_counts(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int,
-                 segment: int = 0) -> np.ndarray:
-    """The draws of each source in block ``block`` (without computing their order)."""
-    return _block_counts(weights, _block_generator(seed, epoch, stream, block, segment))
-
-
-def block_choices(weights: np.ndarray, seed: int, epoch: int, stream: int, block: int,
-                  segment: int = 0) -> np.ndarray:
-    """The source index of each of the ``BLOCK`` draws of block ``block``."""
-    rng = _block_generator(seed, epoch, stream, block, segment)
-    choices = np.repeat(np.arange(len(weights)), _block_counts(weights, rng))
-    rng.shuffle(choices)
-    return choices
-
-
-_END = object()
-
-
-class _Sources:
-    """The streams of the sources, each restartable for a new pass, with one sample of
-    look-ahead so that the ``cycle`` rule can tell when a source has just been read to its
-    end. Plain lists, read by ``Mix.positioned``'s loop directly: it runs once per sample."""
-
-    def __init__(self, datasets, spec: IterationSpec, stream: int, cycles: list[int], positions,
-                 histories):
-        self.datasets, self.spec, self.stream = datasets, spec, stream
-        self.cycles = list(cycles)
-        self.histories = histories  # per source: (pass, segments of it to leave out)
-        self.iterators = [self._open(i, positions[i]) for i in range(len(datasets))]
-        self.ahead: list = [None] * len(datasets)  # a looked-ahead (sample, position) or _END
-
-    def _open(self, index: int, position):
-        spec = self.spec
-        cycle = self.cycles[index]
-        base, history = self.histories[index]
-        inner = IterationSpec(cycle_epoch(spec.epoch, cycle), spec.rank, spec.world,
-                              spec.workers, history=history if cycle == base else (),
-                              batch_size=spec.batch_size, context=spec.context)
-        return self.datasets[index].positioned(inner, self.stream, position)
-
-    def at_end(self, index: int) -> bool:
-        if self.ahead[index] is None:
-            self.ahead[index] = next(self.iterators[index], _END)
-        return self.ahead[index] is _END
-
-    def restart(self, index: int) -> None:
-        self.cycles[index] += 1
-        self.iterators[index] = self._open(index, 0)
-        self.ahead[index] = None
-
-
 class Mix(Stage):
     """Samples drawn from ``datasets`` (``StreamingDataset``s, or other stages) by ``weights``.
 
@@ -139,7 +65,9 @@ class Mix(Stage):
 
     ``schedule`` (instead of ``weights``): weights changing over the epoch, a list of stages
     ``{"start": samples drawn over the job, "weights": [...]}`` or a pure function
-    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``).
+    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``);
+    ``{"start_tokens": ..., "weights": [...]}`` stages count the tokens that a
+    ``PackedSequences`` over the mixture delivered.
 
     ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
     ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
@@ -230,7 +158,7 @@ class Mix(Stage):
         total = 0
         for index, segment in enumerate(history):
             for k, value in enumerate(segment.consumed):
-                ranks = value["ranks"] if isinstance(value, dict) else [value] * segment.world
+                ranks = ranks_of(value) if isinstance(value, dict) else [value] * segment.world
                 for position in ranks:
                     if position == STREAM_END:
                         total += self.plan(epoch, segment.world, segment.workers,
@@ -245,6 +173,8 @@ class Mix(Stage):
         draw, counted over the whole job (see ``wdstream.stages.schedule``)."""
         if self.schedule is None:
             return lambda _block: self.weights
+        if self.by_tokens:
+            return None  # the packing stage's clock decides (see positioned)
         schedule, before, step = self.schedule, self.drawn(epoch, history), BLOCK * world * workers
         return lambda block: schedule.weights_at(before + block * step)
 
@@ -253,6 +183,9 @@ class Mix(Stage):
         """Samples per stream of every rank (equal on every rank) in epoch ``epoch``."""
         if self.stop == "fixed":
             return fixed_plan(self._quota(history), world, workers)
+        if self.by_tokens:
+            raise UnsizedError(f"{self.source}: under a schedule by tokens, where a stream "
+                               "stops depends on the tokens; use stop='fixed'")
         if not self.has_counts:
             raise UnsizedError(f"{self.source}: a source without a manifest has no known length")
         key = (epoch, world, workers, json.dumps([s.to_list() for s in history]))
@@ -271,41 +204,16 @@ class Mix(Stage):
     def _stream_length(self, source_sizes: list[int], epoch: int, stream: int,
                        segment: int = 0, bases: Sequence[int] | None = None,
                        block_weights=None) -> int:
-        """Draws a stream makes before it stops, given each source's stream size: the rules
-        of ``positioned`` computed from counts alone. Blocks before the one where the stream
-        stops need only their counts; that block's order then gives the exact draw. Under
+        """Draws a stream makes before it stops (see ``choices.stream_length``); under
         ``cycle``, a source whose first pass was read before this segment does not count."""
-        sizes = np.asarray(source_sizes, dtype=np.int64)
         if block_weights is None:
             def block_weights(_block):
                 return self.weights
         active = self.weights > 0 if self.schedule is None else self.schedule.ever_positive()
         if bases is not None and self.stop == "cycle":
-            active &= np.asarray(bases) == 0
-        before = np.zeros(len(sizes), dtype=np.int64)  # draws of each source in earlier blocks
-        seed, block = self.options.seed, 0
-        while True:
-            weights = block_weights(block)
-            after = before + block_counts(weights, seed, epoch, stream, block, segment)
-            if self.stop == "first_exhausted":
-                # the draw that finds a source empty (its size + 1-th) ends the stream
-                ending = np.flatnonzero(active & (after > sizes))
-            else:  # cycle: the draw that reads the last source's last sample ends it
-                ending = np.flatnonzero(active & (before < sizes) & (after >= sizes))
-                if not np.all(after[active] >= sizes[active]):
-                    ending = ending[:0]
-            if len(ending):
-                choices = block_choices(weights, seed, epoch, stream, block, segment)
-                draws = [int(np.flatnonzero(choices == source)[sizes[source] - before[source]
-                                                               - (self.stop == "cycle")])
-                         for source in ending]
-                if self.stop == "first_exhausted":
-                    return block * BLOCK + min(draws)
-                return block * BLOCK + max(draws) + 1
-            if self.stop == "cycle" and np.all(sizes[active] <= 0):
-                return 0  # every source empty: ended before the first draw
-            before = after
-            block += 1
+            active = active & (np.asarray(bases) == 0)
+        return stream_length(np.asarray(source_sizes, dtype=np.int64), self.stop, active,
+                             block_weights, self.options.seed, epoch, stream, segment)
 
     # ---- identity -------------------------------------------------------------------------
     def fingerprint(self) -> str:
@@ -318,10 +226,21 @@ class Mix(Stage):
         return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # ---- iteration ------------------------------------------------------------------------
-    def positioned(self, spec: IterationSpec, stream: int, start
-                   ) -> Iterator[tuple[dict, list]]:
+    @property
+    def by_tokens(self) -> bool:
+        """Whether the schedule counts tokens (``start_tokens``): then only a packing stage
+        over this mixture knows the progress, and hands it to ``positioned`` as ``clock``."""
+        return getattr(self.schedule, "unit", "samples") == "tokens"
+
+    def positioned(self, spec: IterationSpec, stream: int, start, clock=None,
+                   tally: bool = True) -> Iterator[tuple[dict, list]]:
         """Stream ``stream``'s samples from position ``start`` (0, or a position this method
-        yielded), each with the position after it."""
+        yielded), each with the position after it. ``clock``: a ``schedule.TokenClock``, for
+        a schedule by tokens (its stage in force at each draw). ``tally=False``: positions
+        without the documents drawn per source (a packing stage counts its own)."""
+        if self.by_tokens and clock is None:
+            raise InputError("Mix: a schedule by tokens ('start_tokens') needs PackedSequences "
+                             "over the mixture (it counts the tokens delivered)")
         histories = self.source_histories(spec.history)
         start = rank_position(start, spec.rank)
         draws, cycles, positions = self._parse(start)
@@ -329,13 +248,19 @@ class Mix(Stage):
             cycles = [base for base, _ in histories]
         segment = len(spec.history)
         block_weights = self._block_weights(spec.epoch, spec.world, spec.workers, spec.history)
-        sources = _Sources(self.datasets, spec, stream, cycles, positions, histories)
+        sources = SourceStreams(self.datasets, spec, stream, cycles, positions, histories)
         iterators, ahead = sources.iterators, sources.ahead
         # The position, updated in place and copied for each sample: [draws, cycle_0,
         # position_0, cycle_1, position_1, ...].
         state = [draws] + [v for pair in zip(cycles, positions, strict=True) for v in pair]
-        state += self.documents(start)  # documents drawn from each source (this segment)
-        tally = 1 + 2 * len(self.datasets)
+        documents = 1 + 2 * len(self.datasets)
+        if tally:
+            state += self.documents(start)  # documents drawn from each source (this segment)
+        stage = stage_start = None  # by tokens: the stage in force and its first draw
+        if clock is not None:
+            stage, stage_start = start[-2:] if start != 0 else (clock.stage, 0)
+            state += [stage, stage_start]
+            weights_of = self.schedule.weights
         limit = math.inf
         if self.stop == "fixed":
             limit = fixed_plan(self._quota(spec.history), spec.world,
@@ -346,22 +271,32 @@ class Mix(Stage):
                    and cycles[i] == 0 and not sources.at_end(i)} if cycling else None
         labels = self.names
         while draws < limit and not (cycling and not pending):
-            block, first = divmod(draws, BLOCK)
-            choices = block_choices(block_weights(block), self.options.seed, spec.epoch,
-                                    stream, block, segment)
+            if clock is None:
+                block, first = divmod(draws, BLOCK)
+                choices = block_choices(block_weights(block), self.options.seed, spec.epoch,
+                                        stream, block, segment)
+            else:  # blocks counted from the stage's first draw, which the clock decides
+                if clock.stage != stage:
+                    stage, stage_start = clock.stage, draws
+                    state[-2:] = [stage, stage_start]
+                block, first = divmod(draws - stage_start, BLOCK)
+                choices = block_choices(weights_of[stage], self.options.seed, spec.epoch,
+                                        stream, block, segment, stage)
             for index in choices[first:].tolist():
+                if clock is not None and clock.stage != stage:
+                    break  # a new stage from this draw on
                 item = ahead[index]
                 if item is None:
-                    item = next(iterators[index], _END)
+                    item = next(iterators[index], END)
                 else:
                     ahead[index] = None
-                if item is _END:
+                if item is END:
                     if self.stop == "first_exhausted":
                         return
                     sources.restart(index)
                     state[1 + 2 * index] = sources.cycles[index]
-                    item = next(iterators[index], _END)
-                    if item is _END:
+                    item = next(iterators[index], END)
+                    if item is END:
                         raise InputError(
                             f"Mix: source {labels[index]!r} has no samples for stream {stream} "
                             f"of rank {spec.rank} ({spec.world} ranks x {spec.workers} "
@@ -373,7 +308,8 @@ class Mix(Stage):
                 sample["__source__"] = labels[index]
                 draws += 1
                 state[0] = draws
-                state[tally + index] += 1
+                if tally:
+                    state[documents + index] += 1
                 yield sample, state.copy()
                 if draws >= limit:
                     return
@@ -382,15 +318,62 @@ class Mix(Stage):
                     if not pending:
                         return
 
+    def advance(self, position, epoch: int, world: int, workers: int, stream: int,
+                history: Sequence[HistorySegment], stage: int | None = None) -> list | None:
+        """The position one draw after ``position`` of stream ``stream``, computed without
+        reading (for a packing stage's cut, ``wdstream.stages.cut``); None when it cannot be
+        told: a source that is not a ``StreamingDataset`` or that restarts at that draw.
+        ``stage``: by tokens, the stage in force at that draw."""
+        if self.by_tokens and stage is None:
+            return None
+        passes = self.source_histories(history)
+        if position == 0:
+            position = [0] + [v for base, _ in passes for v in (base, 0)]
+            position += [stage, 0] if self.by_tokens else []
+        draws = self._parse(position)[0]
+        if self.by_tokens:
+            current, start = position[-2:]
+            start = start if stage == current else draws  # a new stage from this draw
+            block, first = divmod(draws - start, BLOCK)
+            choices = block_choices(self.schedule.weights[stage], self.options.seed, epoch,
+                                    stream, block, len(history), stage)
+        else:
+            block, first = divmod(draws, BLOCK)
+            weights = self._block_weights(epoch, world, workers, history)(block)
+            choices = block_choices(weights, self.options.seed, epoch, stream, block,
+                                    len(history))
+        index = int(choices[first])
+        source = self.datasets[index]
+        cycle, consumed = position[1 + 2 * index], position[2 + 2 * index]
+        if not hasattr(source, "shards") or not isinstance(consumed, int):
+            return None
+        base, segments = passes[index]
+        size = source.plan(cycle_epoch(epoch, cycle), world, workers,
+                           segments if cycle == base else ()).stream_samples[stream]
+        if consumed >= size:
+            return None  # the source restarts at this draw
+        after = list(position)
+        after[0] += 1
+        after[2 + 2 * index] += 1
+        if len(after) > 1 + 2 * len(self.datasets) + 2 * self.by_tokens:  # documents drawn
+            after[1 + 2 * len(self.datasets) + index] += 1
+        if self.by_tokens:
+            after[-2:] = [stage, start]
+        return after
+
     def _parse(self, start) -> tuple[int, list[int], list]:
         """(draws, cycle of each source, position of each source)."""
         if start == 0:
             count = len(self.datasets)
             return 0, [0] * count, [0] * count
         count = len(self.datasets)
-        valid = (isinstance(start, list) and len(start) in (1 + 2 * count, 1 + 3 * count)
+        lengths = (1 + 2 * count, 1 + 3 * count)  # without, with documents drawn
+        if self.by_tokens:  # and the stage in force and its first draw
+            lengths = tuple(n + 2 for n in lengths)
+        valid = (isinstance(start, list) and len(start) in lengths
                  and all(isinstance(v, int) and v >= 0
-                         for v in [start[0], *start[1:1 + 2 * count:2], *start[1 + 2 * count:]]))
+                         for v in [start[0], *start[1:1 + 2 * count:2], *start[1 + 2 * count:]])
+                 and (not self.by_tokens or start[-2] < len(self.schedule.starts)))
         if not valid:
             raise StateError(f"not a position of this mixture: {start!r:.200}")
         return start[0], start[1:1 + 2 * count:2], start[2:1 + 2 * count:2]
@@ -399,9 +382,9 @@ class Mix(Stage):
         """Documents drawn from each source in a stream's segment, from its position (0 for
         the positions of older versions, which did not count them)."""
         count = len(self.datasets)
-        if position == 0 or len(position) == 1 + 2 * count:
+        if position == 0 or len(position) == 1 + 2 * count + 2 * self.by_tokens:
             return [0] * count
-        return list(position[1 + 2 * count:])
+        return list(position[1 + 2 * count:1 + 3 * count])
 
     def accounting(self, positions, history, rank: int) -> dict:
         """Per source, this rank's documents drawn in the epoch (on earlier layouts: what
@@ -411,11 +394,11 @@ class Mix(Stage):
         passes = [0] * len(self.datasets)
         for segment in history:
             for value in segment.consumed:
-                position = _rank_entry(value, rank)
+                position = rank_entry(value, rank)
                 for i, n in enumerate(self.documents(position) if position else []):
                     totals[i] += n
         for position in positions:
-            position = _rank_entry(position, rank)
+            position = rank_entry(position, rank)
             if not position or position == STREAM_END:
                 continue
             _draws, cycles, _ = self._parse(position)
@@ -424,11 +407,3 @@ class Mix(Stage):
                 passes[i] = max(passes[i], cycles[i])
         return {name: {"documents": totals[i], "pass": passes[i]}
                 for i, name in enumerate(self.names)}
-
-
-def _rank_entry(value, rank: int):
-    """A position of ``rank`` in a (possibly gathered) entry; None if it has none."""
-    if isinstance(value, dict):
-        ranks = value.get("ranks") or []
-        return ranks[rank] if rank < len(ranks) else None
-    return None if value == STREAM_END else value

@@ -10,6 +10,12 @@ A stream draws in blocks of ``mix.BLOCK`` draws; a block takes the weights of th
 force at its first draw, that is at global sample ``before + block * BLOCK * world * workers``
 (``before``: the samples drawn on earlier layouts this epoch). Stages switch at a block
 boundary, within ``BLOCK * world * workers`` samples of their start.
+
+By tokens (``{"start_tokens": ...}``, a mixture packed by ``PackedSequences``): the packing
+stage keeps a ``TokenClock`` per stream, the tokens delivered over the job counted from the
+stream's sequences (``before + sequences * seq_len * world * workers``, the same on every rank
+at the same step), and the mixture takes the stage in force at each draw; a stage's blocks
+count from its first draw.
 """
 
 from __future__ import annotations
@@ -43,39 +49,59 @@ class ProgressSchedule:
         return np.ones(self.count, dtype=bool)  # unknown: any source may come
 
 
+START_KEYS = {"start": "samples", "start_tokens": "tokens"}  # a stage's start, by its unit
+
+
 class Schedule:
     """Stages ``(start, weights)`` (pairs, ``{"start", "weights"}`` mappings, or one mapping
-    {start: weights}), the starts increasing from 0; weights normalised."""
+    {start: weights}), the starts increasing from 0; weights normalised. ``unit``: what the
+    starts count, ``"samples"`` drawn (``start``) or ``"tokens"`` delivered (``start_tokens``,
+    in sequences packed from the mixture by ``PackedSequences``)."""
 
-    def __init__(self, stages, count: int):
+    def __init__(self, stages, count: int, unit: str | None = None):
         if isinstance(stages, Schedule):
+            unit = stages.unit
             stages = [(s, w.tolist()) for s, w in zip(stages.starts, stages.weights, strict=True)]
         items = list(stages.items()) if isinstance(stages, Mapping) else list(stages)
         if not items:
             raise InputError("schedule: needs at least one stage")
-        parsed = []
+        parsed, units = [], set()
         for index, stage in enumerate(items):
             if isinstance(stage, Mapping):
-                unknown = set(stage) - {"start", "weights"}
+                unknown = set(stage) - {"weights", *START_KEYS}
                 if unknown:
                     raise InputError(f"schedule[{index}]: unknown key {sorted(unknown)[0]!r} "
-                                     "(a stage has 'start' and 'weights')")
+                                     "(a stage has 'start' or 'start_tokens', and 'weights')")
                 if "weights" not in stage:
                     raise InputError(f"schedule[{index}]: 'weights' is missing")
-                start, weights = stage.get("start", 0), stage["weights"]
+                keys = [k for k in START_KEYS if k in stage]
+                if len(keys) > 1:
+                    raise InputError(f"schedule[{index}]: 'start' or 'start_tokens', not both")
+                units.update(START_KEYS[k] for k in keys)
+                start, weights = stage.get(keys[0], 0) if keys else 0, stage["weights"]
             else:
                 try:
                     start, weights = stage
                 except (TypeError, ValueError):
                     raise InputError(f"schedule[{index}]: a stage is {{start, weights}} or a "
                                      f"(start, weights) pair, not {stage!r:.80}") from None
+            if isinstance(start, float) and start.is_integer():
+                start = int(start)  # 2e9 tokens
             if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise InputError(f"schedule[{index}]: 'start' must be an integer >= 0 "
-                                 f"(samples drawn), not {start!r}")
+                raise InputError(f"schedule[{index}]: the start must be an integer >= 0 "
+                                 f"(samples drawn or tokens delivered), not {start!r}")
             parsed.append((start, normalise(weights, count, f"schedule[{index}]")))
+        if unit is not None:
+            if unit not in START_KEYS.values():
+                raise InputError(f"schedule_by: 'samples' or 'tokens', not {unit!r}")
+            units.add(unit)
+        if len(units) > 1:
+            raise InputError("schedule: the stages' starts count samples ('start') or tokens "
+                             "('start_tokens'), not both")
         starts = [s for s, _ in parsed]
         if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
             raise InputError(f"schedule: the starts must begin at 0 and increase, not {starts}")
+        self.unit = units.pop() if units else "samples"
         self.starts = starts
         self.weights = [w for _, w in parsed]
 
@@ -86,18 +112,52 @@ class Schedule:
         return self.weights[self.stage_at(progress)]
 
     def identity(self) -> list:
-        """What the fingerprint records."""
-        return [[s, w.tolist()] for s, w in zip(self.starts, self.weights, strict=True)]
+        """What the fingerprint records (a schedule by samples as it always did)."""
+        stages = [[s, w.tolist()] for s, w in zip(self.starts, self.weights, strict=True)]
+        return stages if self.unit == "samples" else [self.unit, stages]
 
     def ever_positive(self) -> np.ndarray:
         return np.any(np.stack(self.weights) > 0, axis=0)
 
 
-def make_schedule(schedule, count: int):
-    """A ``Schedule`` from stages, or a ``ProgressSchedule`` from a callable."""
+def make_schedule(schedule, count: int, unit: str | None = None):
+    """A ``Schedule`` from stages, or a ``ProgressSchedule`` from a callable (of samples)."""
     if callable(schedule) and not isinstance(schedule, Schedule):
+        if unit not in (None, "samples"):
+            raise InputError("schedule: a function of progress counts samples drawn; a "
+                             "schedule by tokens is a list of stages {start_tokens, weights}")
         return ProgressSchedule(schedule, count)
-    return Schedule(schedule, count)
+    return Schedule(schedule, count, unit)
+
+
+class TokenClock:
+    """How far a packing stream is, for a ``Mix`` whose schedule counts tokens: the stage in
+    force for the stream's next draw. The packing stage sets ``stage`` at each sequence it
+    delivers, from the tokens delivered over the job, counted as ``before + sequences *
+    step`` (``step``: seq_len x world x workers; ``before``: the tokens delivered on earlier
+    layouts), the same on every rank for the same stream and count."""
+
+    __slots__ = ("schedule", "before", "step", "stage", "sequences", "_next")
+
+    def __init__(self, schedule: Schedule, before: int, step: int):
+        self.schedule, self.before, self.step = schedule, before, step
+        self.stage, self.sequences, self._next = 0, 0, 0
+        self.at(0)
+
+    def stage_at(self, sequences: int) -> int:
+        return self.schedule.stage_at(self.before + sequences * self.step)
+
+    def at(self, sequences: int) -> None:
+        """The stream has delivered ``sequences`` (never fewer than at the last call): the
+        stage from now on."""
+        self.sequences = sequences
+        if sequences >= self._next:
+            self.stage = self.stage_at(sequences)
+            starts = self.schedule.starts
+            if self.stage + 1 < len(starts):  # the first count of the next stage
+                self._next = -(-(starts[self.stage + 1] - self.before) // self.step)
+            else:
+                self._next = 1 << 62
 
 
 def normalise(weights: Sequence[float] | None, count: int, what: str = "Mix") -> np.ndarray:
@@ -126,6 +186,8 @@ def mixture_weights(config: Mapping, names: Sequence[str], weights: Sequence[flo
         schedule:
           - {start: 0, weights: {web: 0.9, code: 0.1}}
           - {start: 2000000, weights: {web: 0.5, code: 0.5}}
+
+    (``start_tokens`` in place of ``start``: by tokens delivered, for a packed mixture.)
     """
     stages = config.get("schedule")
     if stages is None:
@@ -136,13 +198,19 @@ def mixture_weights(config: Mapping, names: Sequence[str], weights: Sequence[flo
     for index, stage in enumerate(stages):
         label = f"{where}: schedule[{index}]"
         if not isinstance(stage, Mapping) or not isinstance(stage.get("weights"), Mapping):
-            raise InputError(f"{label}: a stage is a mapping with 'start' and 'weights' "
+            raise InputError(f"{label}: a stage is a mapping with 'start' (or "
+                             "'start_tokens') and 'weights' "
                              "{dataset name: weight}")
         unknown = [name for name in stage["weights"] if name not in names]
         if unknown:
             raise InputError(f"{label}: no dataset named {unknown[0]!r} (names: {list(names)})")
         weights_by_name = [stage["weights"].get(name, 0) for name in names]
-        parsed.append({"start": stage.get("start", 0), "weights": weights_by_name})
+        starts = {key: stage[key] for key in START_KEYS if key in stage}
+        unknown = set(stage) - {"weights", *START_KEYS}
+        if unknown:
+            raise InputError(f"{label}: unknown key {sorted(unknown)[0]!r} (a stage has "
+                             "'start' or 'start_tokens', and 'weights')")
+        parsed.append({**(starts or {"start": 0}), "weights": weights_by_name})
     try:
         return {"weights": None, "schedule": Schedule(parsed, len(names))}
     except InputError as error:

@@ -30,12 +30,15 @@ from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
-    cycle_epoch,
     fixed_plan,
     inner_history,
+    rank_entry,
     rank_position,
     remaining_items,
 )
+from wdstream.stages.cut import cut_history
+from wdstream.stages.documents import Document, DocumentReader, field_name, field_value, where
+from wdstream.stages.schedule import TokenClock
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment
 from wdstream.tokenizer import Tokenizer
@@ -43,15 +46,6 @@ from wdstream.tokenizer import Tokenizer
 LONG_DOCUMENTS = CHOICES["long_documents"]
 
 
-class _Document:
-    __slots__ = ("tokens", "taken", "cycle", "before", "source")
-
-    def __init__(self, tokens: np.ndarray, taken: int, cycle: int, before, source: int = 0):
-        self.source = source  # 2 x the index of its source (its slot in the tally)
-        self.tokens = tokens  # the document's tokens, EOS included
-        self.taken = taken  # tokens already packed into earlier sequences
-        self.cycle = cycle  # inner pass it was read in
-        self.before = before  # inner position before it
 
 
 class PackedSequences(Stage):
@@ -151,19 +145,16 @@ class PackedSequences(Stage):
         return remaining_items(self.sequences_per_epoch, history,
                                lambda position: self._parse(position)[0])
 
-    def inner_history(self, history: Sequence[HistorySegment]) -> tuple[int, tuple[HistorySegment, ...]]:
-        """The inner pass in progress after the segments ``history`` run on other layouts,
-        and the inner segments of it already read. A stream's inner dataset counts as read
-        up to the document its next sequence starts in: on the new layout that document is
-        read again, whole (its first ``offset`` tokens, already trained on, come again)."""
-        def extract(position, base):
-            if position == 0:
-                return base, 0
-            if position == STREAM_END:
-                return None, STREAM_END
-            _sequences, cycle, before, _offset = self._parse(position)
-            return cycle, before
-        return inner_history(history, extract)
+    def extract(self, position, base) -> tuple:
+        """(pass, inner position read) of a stream's position (see ``base.inner_history``):
+        the inner dataset counts as read up to the document its next sequence starts in
+        (past it when the next layout delivers its rest itself, ``wdstream.stages.cut``)."""
+        if position == 0:
+            return base, 0
+        if position == STREAM_END:
+            return None, STREAM_END
+        _sequences, cycle, before, _offset = self._parse(position)
+        return cycle, before
 
     def fingerprint(self) -> str:
         """The inner dataset's and everything that shapes the sequences."""
@@ -178,15 +169,15 @@ class PackedSequences(Stage):
     # ---- documents ------------------------------------------------------------------------
     def tokens(self, sample) -> np.ndarray | None:
         """A document's tokens with EOS, after the long-document rule (None: dropped)."""
-        value = self._field(sample)
+        value = field_value(self.text_field, sample)
         if isinstance(value, str):
             if self.tokenizer is None:
-                raise InputError(f"{_where(sample)}: text found but no tokenizer given")
+                raise InputError(f"{where(sample)}: text found but no tokenizer given")
             ids = self.tokenizer(value)
         else:
             ids = np.asarray(value)
             if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-                raise InputError(f"{_where(sample)}: field {self._field_name(sample)!r} holds "
+                raise InputError(f"{where(sample)}: field {field_name(self.text_field, sample)!r} holds "
                                  f"neither text nor a 1-d array of token ids")
             ids = ids.astype(np.int64, copy=False)
         tokens = np.empty(len(ids) + 1, dtype=np.int64)
@@ -199,28 +190,6 @@ class PackedSequences(Stage):
                 tokens = np.concatenate([tokens[: self.seq_len - 1], tokens[-1:]])
         return tokens
 
-    def _field_name(self, sample) -> str:
-        if isinstance(self.text_field, dict):
-            source = sample.get("__source__")
-            if source not in self.text_field:
-                raise InputError(f"{_where(sample)}: no text_field for source {source!r}")
-            return self.text_field[source]
-        return self.text_field
-
-    def _field(self, sample):
-        if not isinstance(sample, dict):
-            raise InputError(f"PackedSequences needs dict samples, not {type(sample).__name__}")
-        name = self._field_name(sample)
-        if name in sample:
-            return sample[name]
-        member, dot, key = name.partition(".")
-        record = sample.get(member) if dot else sample.get("json")
-        key = key if dot else name
-        if isinstance(record, dict) and key in record:
-            return record[key]
-        members = sorted(k for k in sample if not k.startswith("__"))
-        raise InputError(f"{_where(sample)}: no field {name!r} (members: {members})")
-
     # ---- iteration ------------------------------------------------------------------------
     def positioned(self, spec: IterationSpec, stream: int, start
                    ) -> Iterator[tuple[dict, list]]:
@@ -230,16 +199,23 @@ class PackedSequences(Stage):
         sequences, cycle, inner_start, offset = self._parse(start)
         # per source: tokens delivered, documents delivered to their end (this segment)
         tally = self.tally(start)
-        base, inner_history = self.inner_history(spec.history)
+        history, tails = cut_history(self, spec.epoch, spec.history)
+        base, inner_segments = inner_history(history, self.extract)
+        tails = tails[spec.rank * spec.workers + stream::spec.world * spec.workers]
         if start == 0:
             cycle = base
         quota = None
         if self.sequences_per_epoch is not None:
             quota = self.plan(spec.epoch, spec.world, spec.workers,
                               spec.history).stream_samples[stream]
-        documents = _DocumentReader(self, spec, stream, cycle, inner_start, offset,
-                                    restart=quota is not None, history=(base, inner_history))
-        queue: deque[_Document] = deque()
+        clock = self.clock(spec.history, spec.world, spec.workers)
+        if clock is not None:
+            # the document the next sequence starts in was drawn that many sequences ago
+            clock.at(sequences - self._lag(start))
+        documents = DocumentReader(self, spec, stream, cycle, inner_start, offset,
+                                   restart=quota is not None, history=(base, inner_segments),
+                                   clock=clock, tails=tails)
+        queue: deque[Document] = deque()
         available = 0
         seq_len = self.seq_len
         ramp = np.arange(seq_len, dtype=np.int64)
@@ -248,6 +224,9 @@ class PackedSequences(Stage):
                 document = documents.next()
                 if document is None:
                     return  # the stream's last tokens make no whole sequence: dropped
+                if clock is not None:
+                    document.pulled = clock.sequences
+                    clock.at(sequences)
                 queue.append(document)
                 available += len(document.tokens) - document.taken
             input_ids = np.empty(seq_len, dtype=np.int64)
@@ -270,18 +249,41 @@ class PackedSequences(Stage):
                 head = queue[0]
                 position = [sequences, head.cycle, head.before, head.taken, *tally]
             else:  # ... or at the next document to be read
+                head = None
                 position = [sequences, documents.cycle, documents.before, 0, *tally]
+            if clock is not None:
+                clock.at(sequences)
+                position.append(sequences - head.pulled if head is not None else 0)
             yield ({"input_ids": input_ids, "labels": input_ids.copy(),
                     "position_ids": position_ids}, position)
+
+    def clock(self, history, world: int, workers: int) -> TokenClock | None:
+        """A stream's clock for a mixture whose schedule counts tokens (else None), after
+        the segments ``history``: the tokens they delivered, then seq_len x world x workers a
+        sequence."""
+        if not getattr(self.dataset, "by_tokens", False):
+            return None
+        delivered = 0 if self.sequences_per_epoch is None else \
+            self.sequences_per_epoch - self._quota(history)
+        return TokenClock(self.dataset.schedule, delivered * self.seq_len,
+                          self.seq_len * world * workers)
+
+    def _lag(self, position) -> int:
+        """By tokens: how many sequences before the position its head document was drawn
+        (the last entry of the position)."""
+        return position[-1] if position != 0 and len(position) == 5 + 2 * len(self.names) else 0
 
     def _parse(self, start) -> tuple[int, int, object, int]:
         if start == 0:
             return 0, 0, 0, 0
+        tallied = 4 + 2 * len(self.names)
+        lengths = (tallied + 1,) if getattr(self.dataset, "by_tokens", False) else (4, tallied)
         try:
             sequences, cycle, inner, offset = start[:4]
-            valid = isinstance(start, list) and len(start) in (4, 4 + 2 * len(self.names)) \
+            valid = isinstance(start, list) and len(start) in lengths \
                 and all(isinstance(v, int) and v >= 0
-                        for v in (sequences, cycle, offset, *start[4:]))
+                        for v in (sequences, cycle, offset, *start[4:])) \
+                and (len(start) <= tallied or start[-1] <= sequences)
         except (TypeError, ValueError):
             valid = False
         if not valid:
@@ -298,18 +300,16 @@ class PackedSequences(Stage):
         versions, which did not count them)."""
         if position == 0 or len(position) == 4:
             return [0] * (2 * len(self.names))
-        return list(position[4:])
+        return list(position[4:4 + 2 * len(self.names)])
 
     def accounting(self, positions, history, rank: int) -> dict:
         """Per source, this rank's tokens and documents (delivered to their end) in the
         epoch's sequences (on earlier layouts: what the rank of the same number delivered),
         and the pass of the inner stream in progress (1 and up: it restarted)."""
-        from wdstream.stages.mix import _rank_entry
-
         totals = [0] * (2 * len(self.names))
         deepest = 0
-        entries = [_rank_entry(v, rank) for s in history for v in s.consumed]
-        current = [_rank_entry(p, rank) for p in positions]
+        entries = [rank_entry(v, rank) for s in history for v in s.consumed]
+        current = [rank_entry(p, rank) for p in positions]
         for index, position in enumerate(entries + current):
             if not position or position == STREAM_END:
                 continue
@@ -318,61 +318,3 @@ class PackedSequences(Stage):
                 deepest = max(deepest, self._parse(position)[1])
         return {name: {"tokens": totals[2 * i], "documents": totals[2 * i + 1],
                        "pass": deepest} for i, name in enumerate(self.names)}
-
-
-class _DocumentReader:
-    """The inner stream as documents, from a position: re-reads the document a resumed
-    sequence starts in and skips the tokens already packed; with ``restart``, goes on with the
-    next pass of the inner stream when one ends."""
-
-    def __init__(self, stage: PackedSequences, spec: IterationSpec, stream: int, cycle: int,
-                 before, offset: int, restart: bool, history: tuple[int, tuple] = (0, ())):
-        self.stage, self.spec, self.stream, self.restart = stage, spec, stream, restart
-        self.history = history  # (inner pass, its segments already read on other layouts)
-        self.cycle = cycle
-        self.before = before  # the inner position before the next document
-        self._skip = offset
-        self._pass_is_empty = False  # a pass read from its start gave no document yet
-        names = stage.names
-        self._sources = {name: 2 * i for i, name in enumerate(names)} if len(names) > 1 else None
-        self._open()
-
-    def _open(self) -> None:
-        spec = self.spec
-        base, history = self.history
-        inner = IterationSpec(cycle_epoch(spec.epoch, self.cycle), spec.rank, spec.world,
-                              spec.workers, history=history if self.cycle == base else (),
-                              batch_size=spec.batch_size, context=spec.context)
-        self._items = self.stage.dataset.positioned(inner, self.stream, self.before)
-
-    def next(self) -> _Document | None:
-        """The next document, or None at the end (without ``restart``)."""
-        while True:
-            item = next(self._items, None)
-            if item is None:
-                if not self.restart:
-                    return None
-                if self._pass_is_empty:
-                    raise InputError(f"{self.stage.source}: a whole pass of stream "
-                                     f"{self.stream} of rank {self.spec.rank} has no document")
-                self.cycle, self.before, self._pass_is_empty = self.cycle + 1, 0, True
-                self._open()
-                continue
-            sample, after = item
-            before, self.before = self.before, after
-            tokens = self.stage.tokens(sample)
-            if tokens is None:  # a long document under long_documents="drop"
-                continue
-            self._pass_is_empty = False
-            taken, self._skip = self._skip, 0
-            if taken >= len(tokens):
-                raise StateError(f"resume offset {taken} is past the end of the document at "
-                                 f"{_where(sample)} ({len(tokens)} tokens)")
-            source = self._sources.get(sample.get("__source__"), 0) if self._sources else 0
-            return _Document(tokens, taken, self.cycle, before, source)
-
-
-def _where(sample) -> str:
-    if isinstance(sample, dict):
-        return f"{sample.get('__url__', '?')}: sample {sample.get('__key__', '?')!r}"
-    return "a sample"

@@ -97,6 +97,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         self._positions: list = []  # per stream: where the loop is (samples received)
         self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
+        self._reading = False  # an iteration of the epoch is in progress
         self._placement: Callable | None = None  # set by Accelerate's prepare(): to its device
 
     # ---- Accelerate ---------------------------------------------------------------------
@@ -158,14 +159,30 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         return list(stream_samples)
 
     def __len__(self) -> int:
-        """Batches per rank per epoch: the same on every rank."""
+        """Batches per rank per epoch: the same on every rank. After a resume on another
+        layout (loaded, or being read), the batches of the rest of the epoch."""
         dataset: Trackable = self.dataset
         _rank, world = world_info()
+        epoch, history = dataset.next_epoch(), ()
+        if self._pending is not None:
+            state = self._pending
+            epoch = state["epoch"]
+            history = tuple(HistorySegment.from_list(s) for s in state["history"])
+            if (state["world"], state["workers"], state["batch_size"], state["drop_last"]) != (
+                    world, self.streams, self._batch, self.drop_last):
+                history += (HistorySegment(state["world"], state["workers"],
+                                           state["batch_size"], tuple(state["positions"])),)
+        elif self._reading:
+            epoch, history = self._epoch, self._history
         try:
-            plan = dataset.plan(dataset.next_epoch(), world, self.streams)
+            batches = sum(self._stream_batches(
+                dataset.plan(epoch, world, self.streams, history).stream_samples))
+            if history and not batches and not self._reading:  # saved at the epoch's end
+                batches = sum(self._stream_batches(
+                    dataset.plan(epoch + 1, world, self.streams).stream_samples))
         except WdstreamError as error:  # a TypeError: what len() of an unsized object raises
             raise UnsizedError(str(error)) from None
-        return sum(self._stream_batches(plan.stream_samples))
+        return batches
 
     # ---- iteration ----------------------------------------------------------------------
     def _next_stream(self, batches: list[int], exhausted: list[bool]) -> int | None:
@@ -216,7 +233,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
             log.info("epoch %d: %d samples per rank, %d %s (remainder=%r)", epoch,
                      plan.rank_samples, plan.remainder_samples,
                      "dropped" if policy == "drop" else "repeated", policy)
-        self._epoch, self._history = epoch, history
+        self._epoch, self._history, self._reading = epoch, history, True
         self._positions, self._batches = list(positions), list(batches)
         # one context for the dataset and the collate wrapper: in each worker, its own copy
         context = StreamContext()
@@ -254,6 +271,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
             raise _without_worker_traceback(error) from None
         finally:
             unmap_workers(workers)  # the segments of this iteration's workers
+        self._reading = False
         if resumed and delivered == 0:
             # A state taken after the last batch of an epoch whose end could not be told from
             # the state alone (positions that are not sample counts): go on with the next.

@@ -66,7 +66,8 @@ def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers:
         raise StateError("this pipeline's positions are not sample counts: resume it with "
                          f"the layout it was saved with ({state['world']} ranks x "
                          f"{state['workers']} workers, batch {state['batch_size']})")
-    if not layout_changed and state.get("rank", rank) != rank and \
+    per_rank = getattr(dataset, "positions_per_rank", False)  # else the same on every rank
+    if not layout_changed and state.get("rank", rank) != rank and per_rank and \
             not all(isinstance(p, int) or _gathered(p) for p in state["positions"]):
         raise StateError(f"this is rank {state['rank']}'s state, and this pipeline's "
                          "positions are each rank's own (not sample counts): load rank "
