@@ -80,3 +80,28 @@ def test_shared_bytes_from_spans_and_bytes_round_trip(monkeypatch):
     shm.unmap_workers(list(shm._kept))
     unpooled = batching._SharedBytes(expected)  # the default: a fresh buffer, no flags
     assert unpooled.holds is None and unpooled.unpack() == expected
+
+
+def test_a_batch_maps_only_the_parts_of_a_file_it_reads(tmp_path, monkeypatch):
+    """A shuffled batch takes payloads from all over a shard: the main process maps in the
+    pages of those payloads (adjacent ones in one call), not everything between them."""
+    path = tmp_path / "shard.tar"
+    data = bytes(range(256)) * (16 << 12)  # 16 MiB
+    path.write_bytes(data)
+    status = path.stat()
+    region = (str(path), 0, status.st_size, status.st_dev, status.st_ino)
+    mib = 1 << 20
+
+    def span(offset, size=mib):
+        return shm.FileSpan((region[0], offset, *region[2:]), size)
+
+    monkeypatch.setattr(batching, "_in_worker", lambda: True)
+    values = [span(12 * mib), span(0), span(mib), span(6 * mib, 1000)]
+    received = _cross(batching._SharedBytes(values, pooled=True))
+    calls = []
+    monkeypatch.setattr(batching, "populate", lambda tensor: calls.append(tensor.numel()))
+    assert received.unpack() == [data[12 * mib: 13 * mib], data[:mib], data[mib: 2 * mib],
+                                 data[6 * mib: 6 * mib + 1000]]
+    assert sorted(calls) == [1000, mib, 2 * mib]  # three runs, not the 13 MiB they span
+    assert batching._runs([(0, 10), (10, 20), (100, 200), (150, 160)], gap=50) == [(0, 20),
+                                                                                  (100, 200)]

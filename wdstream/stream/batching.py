@@ -189,8 +189,9 @@ class _SharedBytes:
         for k, buffer in enumerate(self.buffers):
             if self.holds is not None and self.holds[k] is not None:
                 continue
-            ranges = [(start, end) for b, start, end in self.parts if b == k]
-            populate(buffer[min(r[0] for r in ranges) : max(r[1] for r in ranges)])
+            for start, end in _runs(sorted((start, end) for b, start, end in self.parts
+                                           if b == k)):
+                populate(buffer[start:end])
         return self.buffers
 
     def unpack(self) -> list[bytes]:
@@ -223,6 +224,19 @@ class _SharedBytes:
         values = [buffers[b][start:end] for b, start, end in self.parts]
         self.holds = self.buffers = None
         return values
+
+
+def _runs(ranges: list[tuple[int, int]], gap: int = 64 << 10) -> list[tuple[int, int]]:
+    """Sorted byte ranges merged where they touch or lie less than ``gap`` apart: the parts of
+    a file a batch reads, mapped in as few calls as possible without mapping the pages between
+    parts far apart (a shuffled batch takes payloads from all over its shards)."""
+    runs = [list(ranges[0])]
+    for start, end in ranges[1:]:
+        if start - runs[-1][1] < gap:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    return [(start, end) for start, end in runs]
 
 
 def _source_key(span) -> tuple:
