@@ -37,6 +37,7 @@ from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
 from wdstream.stream.batching import tune_worker_allocator
 from wdstream.stream.decode import build_decoders, decode_option, decode_sample, find_decoder
+from wdstream.stream.deferred import can_defer, deferring
 from wdstream.stream.lifetime import closed_at_exit
 from wdstream.stream.plan import (
     EpochPlan,
@@ -469,6 +470,10 @@ class StreamingDataset(PositionedDataset):
         position = start
         samples = self._samples(spec, stream, start)
         decoders, mapper = self.decoders, self.map
+        if spec.shared_payloads and mapper is None and can_defer(decoders) and \
+                self.read_options.on_error == "raise" and \
+                torch.utils.data.get_worker_info() is not None:
+            decoders = deferring(decoders)  # small JSON decoded by the main process
         for sample in samples:
             position += 1
             if sample is None:  # a sample skipped by on_error="skip"
