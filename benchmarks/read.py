@@ -136,6 +136,32 @@ def _litdata_record(path: str):
             yield {"key": name.split(".", 1)[0], "json": payload}
 
 
+def prepare_shardwriter(shards: list[str], output: str, per_shard: int) -> dict:
+    """The same samples written again by webdataset's ``ShardWriter`` (its tar headers: a PAX
+    header per member), with a manifest from ``wdstream.shards.index`` (not timed)."""
+    import webdataset as wds
+
+    from wdstream.shards.index import index_shards
+    from wdstream.shards.manifest import MANIFEST_NAME
+    from wdstream.shards.samples import iter_samples
+    from wdstream.shards.tar_reader import iter_members
+
+    started = time.perf_counter()
+    os.makedirs(output, exist_ok=True)
+    with wds.ShardWriter(os.path.join(output, "shard-%06d.tar"), maxcount=per_shard,
+                         verbose=0) as writer:
+        for path in shards:
+            with open(path, "rb") as file:
+                for sample in iter_samples(iter_members(file, path), path):
+                    writer.write({k: v for k, v in sample.items() if k != "__url__"})
+    names = sorted(str(p) for p in Path(output).glob("shard-*.tar"))
+    manifest = index_shards(names, base=output, workers=2)
+    Path(output, MANIFEST_NAME).write_text(manifest.to_json())
+    os.sync()
+    return {"seconds": time.perf_counter() - started, "shards": names,
+            "bytes": sum(os.path.getsize(name) for name in names)}
+
+
 def prepare_litdata(shards: list[str], output: str) -> dict:
     """Convert the tar shards to LitData's chunk format once (not timed in the benchmark)."""
     quiet_logs()
@@ -210,7 +236,8 @@ T_LARGE = "large samples: ~1 MiB samples, local shards"
 T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"
 T_S3 = "S3 (moto on 127.0.0.1): ~1 MiB samples, 2 workers, batch 32"
 T_GOALS = "goals (issues 3, 7 and 18)"
-DEFAULTS = "wdstream, every default (shuffle on, JSON parsed)"
+DEFAULTS = "wdstream, every default (shuffle on, JSON parsed), ShardWriter's shards"
+DEFAULTS_OWN = "wdstream, every default, wdstream's shards"
 TENSOR = 'wdstream, bytes_as="tensor" (views of the mapped shards: no copy)'
 TOUCHED = "wdstream, pages touched"
 TENSOR_TOUCHED = 'wdstream, bytes_as="tensor", pages touched'
@@ -265,14 +292,22 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     common.log(f"read: writing {samples:,} ~1 KiB JSON samples")
     data = common.json_dataset(root / "small", samples, sizes["small_per_shard"])
     lit_dir = str(root / "small-litdata")
+    written = common.run_case(f"{__name__}:prepare_shardwriter",
+                              {"shards": data["shards"], "output": str(root / "small-sw"),
+                               "per_shard": sizes["small_per_shard"]})
+    if "error" in written:
+        raise RuntimeError(f"ShardWriter copy: {written['error']}")
     prepared = common.run_case(f"{__name__}:prepare_litdata",
-                               {"shards": data["shards"], "output": lit_dir})
+                               {"shards": written["shards"], "output": lit_dir})
     here = f"{__name__}:"
+    sw_dir = str(root / "small-sw")
     cases = {
         ("wdstream", "json"): (here + "case_wdstream", {"source": data["dir"], "decode": True}),
         ("wdstream", "none"): (here + "case_wdstream", {"source": data["dir"], "decode": False}),
-        (DEFAULTS, "json"): (here + "case_wdstream", {"source": data["dir"], "decode": True,
+        (DEFAULTS, "json"): (here + "case_wdstream", {"source": sw_dir, "decode": True,
                                                       "shuffle": True}),
+        (DEFAULTS_OWN, "json"): (here + "case_wdstream", {"source": data["dir"],
+                                                          "decode": True, "shuffle": True}),
         ("webdataset", "json"): (here + "case_webdataset",
                                  {"urls": data["shards"], "decode": True}),
         ("webdataset", "none"): (here + "case_webdataset",
@@ -321,8 +356,12 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
             })
     rows.append(_note(T_SMALL, f"{samples:,} samples in {len(data['shards'])} shards "
                       f"({data['bytes'] / common.MB:.0f} MB of tar). Each library with its own "
-                      "default collate; MB/s counts tar bytes. LitData reads its own chunk format, "
-                      "converted once before timing"
+                      "default collate; MB/s counts tar bytes. The same samples written again "
+                      "by webdataset's ShardWriter (a PAX header per member: "
+                      f"{written['bytes'] / common.MB:.0f} MB) for the 'every default' row and "
+                      "LitData's conversion; the other wdstream, webdataset and HF rows read "
+                      "wdstream's shards. LitData reads its own chunk format, converted once "
+                      "before timing"
                       + (f" ({prepared['seconds']:.0f} s)." if "seconds" in prepared else ".")))
     if "error" in prepared:
         rows.append(_note(T_SMALL, f"LitData: not measured: {prepared['error']}; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
+import torch
 import torch.multiprocessing  # noqa: F401 - registers how tensors cross in shared memory
 
 import wdstream.stream.batching as batching
@@ -33,13 +34,37 @@ def test_arena_reuses_a_segment_only_when_nothing_holds_it(monkeypatch):
     shm.release(segment.tensor, flag)
     fourth = arena.cut(600_000)
     assert fourth.segment is segment and fourth.start == shm.MemorySegment.HOLDS
-    # once their spans go, the second segment is reused and the third let go: the main
-    # process, which has both mapped, is told
-    reused, let_go = second.segment, third.segment
-    reused.sent = let_go.sent = True
+    # once their spans go, the second segment is reused and the third kept: three segments
+    # were in use at once, and no more are mapped
+    reused, kept = second.segment, third.segment
+    reused.sent = kept.sent = True
     del second, third
-    assert arena.cut(600_000).segment is reused
-    assert list(arena.dropped) == [let_go.uid]
+    fifth = arena.cut(600_000)
+    assert fifth.segment is reused and not arena.dropped
+    # a span larger than any segment: a segment of its size, and the idle ones beyond the
+    # most ever in use (now this one and the two still cut from) let go; the main process,
+    # which has them mapped, is told
+    del fourth
+    large = arena.cut(3 << 20)
+    assert large.segment.capacity == shm.MemorySegment.HOLDS + (3 << 20)
+    assert list(arena.dropped) == [kept.uid] and fifth.segment is reused
+
+
+def test_a_shuffle_window_of_payloads_reuses_its_segments(monkeypatch):
+    """A window holds many payloads, then lets them all go: the next window is cut from the
+    same segments, with no new shared memory (each new page costs more than the copy)."""
+    monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)
+    monkeypatch.setattr(shm.Arena, "KEEP", 2 << 20)
+    allocated = []
+    monkeypatch.setattr(shm, "allocate",
+                        lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
+    arena = shm.Arena()
+    window = [arena.cut(300_000) for _ in range(30)]  # 10 segments, more than KEEP (2)
+    assert len(allocated) == 10
+    for _ in range(3):
+        window.clear()
+        window = [arena.cut(300_000) for _ in range(30)]
+    assert len(allocated) == 10 and not arena.dropped
 
 
 def test_a_segment_holds_many_batches_and_reports_when_all_flags_are_raised():
@@ -80,3 +105,28 @@ def test_shared_bytes_from_spans_and_bytes_round_trip(monkeypatch):
     shm.unmap_workers(list(shm._kept))
     unpooled = batching._SharedBytes(expected)  # the default: a fresh buffer, no flags
     assert unpooled.holds is None and unpooled.unpack() == expected
+
+
+def test_a_batch_maps_only_the_parts_of_a_file_it_reads(tmp_path, monkeypatch):
+    """A shuffled batch takes payloads from all over a shard: the main process maps in the
+    pages of those payloads (adjacent ones in one call), not everything between them."""
+    path = tmp_path / "shard.tar"
+    data = bytes(range(256)) * (16 << 12)  # 16 MiB
+    path.write_bytes(data)
+    status = path.stat()
+    region = (str(path), 0, status.st_size, status.st_dev, status.st_ino)
+    mib = 1 << 20
+
+    def span(offset, size=mib):
+        return shm.FileSpan((region[0], offset, *region[2:]), size)
+
+    monkeypatch.setattr(batching, "_in_worker", lambda: True)
+    values = [span(12 * mib), span(0), span(mib), span(6 * mib, 1000)]
+    received = _cross(batching._SharedBytes(values, pooled=True))
+    calls = []
+    monkeypatch.setattr(batching, "populate", lambda tensor: calls.append(tensor.numel()))
+    assert received.unpack() == [data[12 * mib: 13 * mib], data[:mib], data[mib: 2 * mib],
+                                 data[6 * mib: 6 * mib + 1000]]
+    assert sorted(calls) == [1000, mib, 2 * mib]  # three runs, not the 13 MiB they span
+    assert batching._runs([(0, 10), (10, 20), (100, 200), (150, 160)], gap=50) == [(0, 20),
+                                                                                  (100, 200)]

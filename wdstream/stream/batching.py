@@ -12,6 +12,8 @@ import torch
 import torch.utils.data
 
 from wdstream.options import CHOICES
+from wdstream.stream.decode import decode_error
+from wdstream.stream.deferred import Deferred, JsonColumn
 from wdstream.stream.shm import (
     FileSpan,
     MemorySegment,
@@ -41,6 +43,12 @@ def collate(samples: list[dict], *, pooled: bool = False) -> dict:
     for name in samples[0]:
         values = [sample[name] for sample in samples]
         first = values[0]
+        if type(first) is Deferred and all(type(v) is Deferred for v in values):
+            batch[name] = JsonColumn(values)  # decoded by the main process (stream.deferred)
+            continue
+        if any(type(v) is Deferred for v in values):  # beside a large member: decoded here
+            values = _decoded(values, samples, name)
+            first = values[0]
         if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
             batch[name] = _stack(values)
         elif isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
@@ -55,6 +63,29 @@ def collate(samples: list[dict], *, pooled: bool = False) -> dict:
         else:  # (payloads the reader placed go into shared memory in share_raw, after this)
             batch[name] = values
     return batch
+
+
+def _decoded(values: list, samples: list[dict], name: str) -> list:
+    """The column with its deferred JSON members decoded."""
+    out = []
+    for value, sample in zip(values, samples, strict=True):
+        if type(value) is Deferred:
+            try:
+                value = value.decode()
+            except Exception as error:
+                raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
+                                   error) from error
+        out.append(value)
+    return out
+
+
+def _numbers(values: list):
+    """The collate's rule for decoded JSON values: numbers of one type become a tensor."""
+    first = values[0]
+    if isinstance(first, (int, float)) and not isinstance(first, bool) and all(
+            type(v) is type(first) for v in values):
+        return torch.tensor(values)
+    return values
 
 
 def _stack(tensors: list) -> torch.Tensor:
@@ -184,8 +215,9 @@ class _SharedBytes:
         for k, buffer in enumerate(self.buffers):
             if self.holds is not None and self.holds[k] is not None:
                 continue
-            ranges = [(start, end) for b, start, end in self.parts if b == k]
-            populate(buffer[min(r[0] for r in ranges) : max(r[1] for r in ranges)])
+            for start, end in _runs(sorted((start, end) for b, start, end in self.parts
+                                           if b == k)):
+                populate(buffer[start:end])
         return self.buffers
 
     def unpack(self) -> list[bytes]:
@@ -218,6 +250,19 @@ class _SharedBytes:
         values = [buffers[b][start:end] for b, start, end in self.parts]
         self.holds = self.buffers = None
         return values
+
+
+def _runs(ranges: list[tuple[int, int]], gap: int = 64 << 10) -> list[tuple[int, int]]:
+    """Sorted byte ranges merged where they touch or lie less than ``gap`` apart: the parts of
+    a file a batch reads, mapped in as few calls as possible without mapping the pages between
+    parts far apart (a shuffled batch takes payloads from all over its shards)."""
+    runs = [list(ranges[0])]
+    for start, end in ranges[1:]:
+        if start - runs[-1][1] < gap:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    return [(start, end) for start, end in runs]
 
 
 def _source_key(span) -> tuple:
@@ -284,7 +329,9 @@ def share_raw(batch, all_bytes: bool):
     if isinstance(batch, dict):
         for name, value in batch.items():
             kind = type(value)
-            if kind in _RAW and (all_bytes or kind is not bytes):
+            if kind is Deferred:  # a sample of its own (batch_size=None)
+                batch[name] = JsonColumn([value], single=True)
+            elif kind in _RAW and (all_bytes or kind is not bytes):
                 batch[name] = _SharedBytes([value], pooled=True)
                 batch[name].single = True
             elif kind is list and value and all(type(v) in _RAW for v in value) and (
@@ -301,6 +348,9 @@ def unpack_shared(batch, bytes_as: str = "bytes"):
             if isinstance(value, _SharedBytes):
                 values = value.views() if bytes_as == "tensor" else value.unpack()
                 batch[name] = values[0] if value.single else values
+            elif type(value) is JsonColumn:
+                values = value.decode(name, batch.get("__url__"), batch.get("__key__"))
+                batch[name] = values[0] if value.single else _numbers(values)
     return batch
 
 
@@ -309,7 +359,7 @@ def approximate_bytes(value, depth: int = 3) -> int:
     first item); sizes the loader's fetches."""
     if isinstance(value, torch.Tensor):
         return value.nbytes
-    if isinstance(value, _SharedBytes):
+    if isinstance(value, (_SharedBytes, JsonColumn)):
         return value.nbytes
     if isinstance(value, (bytes, SharedSpan, FileSpan, bytearray, str, memoryview)):
         return len(value)

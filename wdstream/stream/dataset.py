@@ -25,6 +25,7 @@ from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import build_decoders, decode_option, decode_sample, find_decoder
+from wdstream.stream.deferred import can_defer, deferring
 from wdstream.stream.plan import (
     EpochPlan,
     HistorySegment,
@@ -218,6 +219,10 @@ class StreamingDataset(PositionedDataset):
         stats = spec.context.stats if spec.context is not None else ReadStats()
         samples = self._samples(spec, stream, start, stats)
         decoders, mapper = self.decoders, self.map
+        if spec.shared_payloads and mapper is None and can_defer(decoders) and \
+                self.read_options.on_error == "raise" and \
+                torch.utils.data.get_worker_info() is not None:
+            decoders = deferring(decoders)  # small JSON decoded by the main process
         for sample in samples:
             position += 1
             if sample is None:  # a sample skipped by on_error="skip"

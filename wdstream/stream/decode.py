@@ -26,7 +26,8 @@ except ImportError:  # a platform without an orjson wheel: the standard library
     _fast_loads, _FastJSONError = json.loads, json.JSONDecodeError
 
 
-def _json(data: bytes):
+def json_member(data: bytes):
+    """A JSON member's value (orjson; what it refuses and json accepts through json)."""
     try:
         return _fast_loads(data)
     except _FastJSONError:
@@ -100,8 +101,8 @@ def gunzip(data: bytes) -> bytes:
 
 
 DEFAULT_DECODERS: dict[str, Callable[[bytes], object]] = {
-    "json": _json,
-    "jsn": _json,
+    "json": json_member,
+    "jsn": json_member,
     "txt": _text,
     "text": _text,
     "transcript": _text,
@@ -254,6 +255,11 @@ def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
         try:
             decoded[name] = decode_member(table, name, value)
         except Exception as error:  # any decoder failure names the sample
-            raise ShardError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r}: "
-                             f"cannot decode .{name}: {error}") from error
+            raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
+                               error) from error
     return decoded
+
+
+def decode_error(url, key, name: str, error: Exception) -> ShardError:
+    """The error of a member that does not decode: its shard, sample and member."""
+    return ShardError(f"{url}: sample {key!r}: cannot decode .{name}: {error}")

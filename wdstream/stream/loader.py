@@ -259,13 +259,14 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         accounting = getattr(dataset, "accounting", None)  # stages: per-source counts
         try:
             for stream, position, batch in self._in_order(iterator):
+                # first: a batch that cannot be unpacked (JSON decoded here) is not consumed
+                batch = unpack_shared(batch, self.bytes_as)
                 self._positions[stream] = position
                 self._batches[stream] += 1
                 delivered += 1
                 if accounting is not None:
                     self.stats["sources"] = accounting(self._positions, self._history,
                                                        self._rank)
-                batch = unpack_shared(batch, self.bytes_as)
                 yield batch if self._placement is None else self._placement(batch)
         except WdstreamError as error:
             raise _without_worker_traceback(error) from None

@@ -208,13 +208,17 @@ class Arena:
     (docs/benchmarks.md)."""
 
     SEGMENT = 16 << 20  # bytes of a new segment (more when one span needs more)
-    KEEP = 32 << 20  # bytes of idle segments kept mapped for reuse
+    KEEP = 32 << 20  # bytes of idle segments kept mapped beyond those in use
     ALIGN = 64  # spans start on a cache line
 
     def __init__(self):
         self._current: MemorySegment | None = None
         self._set_aside: list[MemorySegment] = []
         self._uids = itertools.count()
+        # the most bytes of segments in use at once: idle segments are kept up to it, so a
+        # shuffle window that fills, empties and fills again reuses its segments rather
+        # than mapping (and the kernel zeroing) new ones each time
+        self._peak = 0
         # segments let go after the main process mapped them: it unmaps them when told (a
         # deque: batches are pickled in another thread, and append/popleft are atomic)
         self.dropped: collections.deque[int] = collections.deque()
@@ -232,18 +236,23 @@ class Arena:
             self._set_aside.append(self._current)
         idle = [s for s in self._set_aside if s.idle()]
         chosen = next((s for s in idle if s.capacity - MemorySegment.HOLDS >= nbytes), None)
-        kept = 0
-        for segment in idle:  # beyond KEEP, idle segments are let go (and unmapped)
+        size = chosen.capacity if chosen is not None else max(self.SEGMENT,
+                                                              MemorySegment.HOLDS + nbytes)
+        busy = sum(s.capacity for s in self._set_aside) - sum(s.capacity for s in idle) + size
+        self._peak = max(self._peak, busy)
+        limit = max(self._peak, busy + self.KEEP)  # bytes mapped, idle segments included
+        kept = busy
+        for segment in idle:  # beyond the limit, idle segments are let go (and unmapped)
             if segment is chosen:
                 continue
-            if kept + segment.capacity > self.KEEP:
+            if kept + segment.capacity > limit:
                 self._set_aside.remove(segment)
                 if segment.sent:
                     self.dropped.append(segment.uid)
             else:
                 kept += segment.capacity
         if chosen is None:
-            return MemorySegment(allocate(max(self.SEGMENT, MemorySegment.HOLDS + nbytes)), next(self._uids))
+            return MemorySegment(allocate(size), next(self._uids))
         self._set_aside.remove(chosen)
         chosen.used = MemorySegment.HOLDS
         return chosen

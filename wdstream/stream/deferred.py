@@ -1,0 +1,106 @@
+"""JSON members decoded in the training process rather than in DataLoader workers.
+
+A decoded JSON member crosses from a worker as pickled Python objects: the worker pickles
+them, the main process unpickles them, and both cost more than the decoding itself. Under
+``wdstream.DataLoader`` with workers and the default collate, small members that the built-in
+JSON decoder would decode therefore stay bytes in the worker (``Deferred``); the collate packs
+a batch's column of them into one ``JsonColumn`` (one ``bytes`` and the ends of its members),
+and the main process decodes it with the same decoder, then applies the collate's rules to
+the values. The result is the one the worker would have made: same decoder, same values,
+same types (numbers still become a tensor), same error naming the shard, sample and member.
+
+Nothing is deferred where anything in the worker needs the decoded value: a ``map``, a stage,
+a user's ``collate_fn``, a user's decoder for the extension, ``on_error="skip"`` (a sample
+that cannot be decoded must be dropped in the worker, before its batch is made), or without
+workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from wdstream.stream.decode import decode_error, json_member
+
+# Members from this size on are decoded in the worker: their objects are few for their bytes,
+# and the main process has one core to share with training.
+DEFER_MAX = 64 << 10
+
+
+class Deferred:
+    """A JSON member's bytes, still to be decoded (in the main process)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def decode(self):
+        return json_member(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        return f"Deferred({len(self.data)} bytes of JSON)"
+
+
+def _defer(data):
+    return Deferred(data) if type(data) is bytes and len(data) < DEFER_MAX else json_member(data)
+
+
+def deferring(table: Mapping[str, Callable]) -> dict[str, Callable]:
+    """``table`` with the built-in JSON decoder replaced by one that defers small members
+    (other decoders, a user's JSON decoder included, untouched)."""
+    return {ext: _defer if decoder is json_member else decoder for ext, decoder in table.items()}
+
+
+def can_defer(table: Mapping[str, Callable] | None) -> bool:
+    """Whether ``table`` decodes anything with the built-in JSON decoder."""
+    return table is not None and any(d is json_member for d in table.values())
+
+
+class JsonColumn:
+    """A batch's JSON members of one name, undecoded: one ``bytes`` and the members' ends.
+    ``single``: the column is one sample's member (``batch_size=None``), not a list."""
+
+    __slots__ = ("blob", "ends", "single")
+
+    def __init__(self, values: list[Deferred], single: bool = False):
+        self.blob = b"".join([value.data for value in values])
+        ends, end = [], 0
+        for value in values:
+            end += len(value.data)
+            ends.append(end)
+        self.ends = ends
+        self.single = single
+
+    def __getstate__(self):
+        return self.blob, self.ends, self.single
+
+    def __setstate__(self, state) -> None:
+        self.blob, self.ends, self.single = state
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blob)
+
+    def decode(self, name: str, urls, keys) -> list:
+        """The decoded values; a member that does not decode raises ``ShardError`` naming its
+        shard (``urls[i]``), sample (``keys[i]``) and member (``name``)."""
+        blob, values, start = self.blob, [], 0
+        append = values.append
+        for index, end in enumerate(self.ends):
+            try:
+                append(json_member(blob[start:end]))
+            except Exception as error:  # as decode_sample reports it
+                raise decode_error(_at(urls, index), _at(keys, index), name, error) from error
+            start = end
+        return values
+
+
+def _at(values, index: int):
+    if isinstance(values, (list, tuple)) and index < len(values):
+        return values[index]
+    return values if isinstance(values, str) else None
