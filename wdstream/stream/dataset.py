@@ -167,6 +167,8 @@ def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
     from wdstream.sources.openers import resolve_opener
 
     seen = set()
+    if hasattr(shard_urls, "one_per_scheme"):  # compact.Urls: not a million URLs made here
+        shard_urls = shard_urls.one_per_scheme()
     for url in shard_urls:
         kind = urls.scheme(url)
         if kind not in seen:
