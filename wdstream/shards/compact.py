@@ -55,6 +55,7 @@ class ShardArrays(Sequence):
         self._keys, self._key_ends, self._has_key = (columns["keys"], columns["key_ends"],
                                                      columns["has_key"])
         self._fingerprint: str | None = None
+        self.mapped_from: str | None = None  # the node-local file of wdstream.shards.shared
 
     @classmethod
     def from_columns(cls, columns: dict[str, np.ndarray]) -> ShardArrays | None:

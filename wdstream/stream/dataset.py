@@ -33,6 +33,7 @@ from wdstream.shards.compact import ShardArrays
 from wdstream.shards.locate import find_shards
 from wdstream.shards.manifest import Manifest, check_shard_names
 from wdstream.shards.samples import split_name
+from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
 from wdstream.stream.batching import tune_worker_allocator
@@ -146,6 +147,7 @@ def _check_options(given: dict) -> dict:
         options.choice(owner, name, given[name])
     options.mapping(owner, "decoders", given["decoders"])
     options.function(owner, "map", given["map"])
+    check_share_option(owner, "share_manifest", given["share_manifest"])
     return {
         "opener": given["opener"],
         "shuffle": options.boolean(owner, "shuffle", given["shuffle"]),
@@ -194,14 +196,16 @@ class _ResolvedSource:
     manifest: Manifest | None
 
 
-def _resolve_source(source, allow_external_shards: bool = False) -> _ResolvedSource:
+def _resolve_source(source, allow_external_shards: bool = False,
+                    share_manifest=False) -> _ResolvedSource:
     """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
     compressed tars), a brace pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
         if source.url is not None:  # read from storage (load_manifest): its names are data
             check_shard_names(source, allow_external=allow_external_shards)
         return _from_manifest(source)
-    found = find_shards(source, allow_external_shards=allow_external_shards)
+    found = find_shards(source, allow_external_shards=allow_external_shards,
+                        share_manifest=share_manifest)
     if found.manifest is not None:
         return _from_manifest(found.manifest)
     if found.how == "listing":
@@ -396,6 +400,10 @@ class StreamingDataset(PositionedDataset):
     unless ``allow_external_shards=True`` (for one manifest over several buckets or prefixes:
     then any URL or path it names is read), and a ``pipe:`` command is never taken from a
     manifest or a listing. ``pipe:`` sources given here in code work. See docs/security.md.
+
+    ``share_manifest``: a large manifest is parsed once per node and the other processes map
+    its arrays (True, or a directory of this user; see ``wdstream.shards.shared``); False:
+    each process parses its own.
     """
 
     def __init__(
@@ -419,11 +427,12 @@ class StreamingDataset(PositionedDataset):
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
         allow_external_shards: bool = False,
+        share_manifest: bool | str | os.PathLike = True,
     ):
         super().__init__()
         checked = _check_options(locals())  # every option, before any I/O
         self.source = source
-        resolved = _resolve_source(source, bool(allow_external_shards))
+        resolved = _resolve_source(source, bool(allow_external_shards), share_manifest)
         self.shards = resolved.table
         self.manifest = resolved.manifest
         _check_opener(checked["opener"], self.shards.urls)
