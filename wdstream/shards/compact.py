@@ -74,7 +74,7 @@ class ShardArrays(Sequence):
             if width is not None and column.size != count * width:
                 return None
         names = columns["names"]
-        if count == 0 or not _NAME_BYTES[names].all():
+        if count == 0 or np.bincount(names, minlength=256)[~_NAME_BYTES].any():
             return None
         raw = names.tobytes()
         if b".." in raw or b"//" in raw or b"/\n" in raw or raw.endswith(b"/"):

@@ -241,7 +241,9 @@ def open_entry(path: str, url: str, version: dict, base: str) -> Manifest | None
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or \
                 info.st_mode & 0o022 or info.st_size < _PREFIX:
             return _refused(path, "not a file of this user alone")
-        mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        # read whole at once (the digest reads every page): one call, not a fault per page
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapping = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
     except (OSError, ValueError):
         return None
     finally:
