@@ -234,3 +234,26 @@ def test_small_manifests_are_not_copied(tmp_path, parses):
     directory = tmp_path / "shared"
     assert len(load_manifest(str(folder), share=directory).shards) == 20
     assert entries(directory) == []
+
+
+def test_workers_stream_a_mapped_manifest_as_a_private_one(tmp_path, monkeypatch):
+    """DataLoader workers read through the mapped arrays (inherited by fork) and deliver the
+    epoch a private parse gives."""
+    from datasets import all_keys, write_dataset
+
+    counts = [5, 7, 6, 4]
+    folder = tmp_path / "data"
+    write_dataset(folder, counts)
+    monkeypatch.setattr(compact, "SMALL", 1)  # arrays (and so sharing) for 4 shards
+
+    def epoch(share):
+        dataset = wdstream.StreamingDataset(str(folder), seed=3, share_manifest=share)
+        loader = wdstream.DataLoader(dataset, batch_size=4, num_workers=2)
+        return dataset, [k for batch in loader for k in batch["__key__"]]
+
+    directory = tmp_path / "shared"
+    _, expected = epoch(False)
+    epoch(directory)
+    dataset, keys = epoch(directory)
+    assert dataset.manifest.shards.mapped_from is not None
+    assert keys == expected and set(keys) == all_keys(counts)

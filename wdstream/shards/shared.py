@@ -44,6 +44,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from wdstream.errors import ManifestError
 from wdstream.shards.compact import COLUMNS, ShardArrays
 from wdstream.shards.manifest import Manifest
 
@@ -87,8 +88,9 @@ def shared_manifest(url: str, base: str, read: Callable[[], bytes],
             return found
         text = read()
         manifest = parse(text)
-        if not isinstance(manifest.shards, ShardArrays) or object_version(url) != version:
-            return manifest  # small (nothing to share), or changed while it was read
+        if not isinstance(manifest.shards, ShardArrays) or manifest.samples < 1 or \
+                object_version(url) != version:
+            return manifest  # small or empty (not shared), or changed while it was read
         try:
             write_entry(folder, path, url, version, manifest, text)
         except OSError as error:
@@ -250,7 +252,7 @@ def open_entry(path: str, url: str, version: dict, base: str) -> Manifest | None
         os.close(fd)
     try:
         return _read_entry(mapping, path, url, version, base)
-    except (ValueError, TypeError, KeyError, OverflowError) as error:  # a malformed header
+    except (ValueError, TypeError, KeyError, OverflowError, ManifestError) as error:
         return _refused(path, f"unreadable ({error})")
 
 
@@ -291,7 +293,7 @@ def _read_entry(mapping: mmap.mmap, path: str, url: str, version: dict,
         return _refused(path, "its columns differ from their digest")
     shards = ShardArrays.from_columns(columns)
     head = header["head"]
-    if shards is None or head["samples"] != shards.total_samples or \
+    if shards is None or head["samples"] != shards.total_samples or head["samples"] < 1 or \
             head["bytes"] != shards.total_bytes:
         return _refused(path, "shards that are not a manifest's")
     manifest = Manifest.from_doc(
