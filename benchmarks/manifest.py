@@ -108,7 +108,14 @@ def case_workers(source: str, batches: int, share: str | None = None) -> dict:
     iterator = iter(loader)
     for _ in range(batches):
         next(iterator)
-    workers = [_smaps(child.pid) for child in psutil.Process().children()]
+    me = psutil.Process()
+    workers = []
+    for child in me.children():  # the DataLoader's workers: forks of this process
+        try:
+            if child.cmdline() == me.cmdline():
+                workers.append(_smaps(child.pid))
+        except (OSError, psutil.Error):
+            continue
     main = _smaps(os.getpid())
     del iterator
     return {"worker_pss_mb": common.median([w["pss"] for w in workers]),
@@ -283,12 +290,15 @@ def run(quick: bool) -> list[dict]:
                      "PSS per worker MB": result.get("worker_pss_mb"),
                      "USS per worker MB": result.get("worker_uss_mb"),
                      "RSS per worker MB": result.get("worker_rss_mb"),
-                     "main PSS MB": result.get("main_pss_mb"), "runs": result.get("runs"),
+                     "main PSS MB": result.get("main_pss_mb"), "workers": result.get("workers"),
+                     "runs": result.get("runs"),
                      "error": result.get("error")})
     rows.append({"table": T_WORKERS, "note": (
         f"2 workers, batch 32, after {batches} batches ({per_worker:,} shards of 4 samples per "
         "worker; a full epoch of a million shards takes too long here). USS: pages only that "
-        "worker holds; the manifest's cost to a worker is its USS above the 100-shard row.")})
+        "worker holds; the manifest's cost to a worker is its USS above the 3,000-shard row: the "
+        "manifest's arrays are shared; what a worker holds of its own is its epoch plan "
+        "(stream_spans: one Span per shard of its stream, some 500,000 here).")})
     for name, result in node_results.items():
         rows.append({"table": T_NODE, "ranks": name,
                      "first rank (parse + publish) s": result.get("first_s"),

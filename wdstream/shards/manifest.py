@@ -123,12 +123,14 @@ class Manifest:
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key. ``allow_empty``
         accepts a manifest without samples (a part of a run, to be merged)."""
-        from wdstream.shards.compact import parse_manifest
+        from wdstream.shards.compact import parse_manifest, release_free_memory
 
         given, where = where, printable(where)
         fast = parse_manifest(text)  # large manifests in to_json's layout, as arrays
         if fast is not None and _arrays_problem(fast[0], fast[1]):
             fast = None  # the general parser below names the entry
+        if fast is not None:
+            release_free_memory()
         try:
             doc = (dict(fast[0], shards=fast[1]) if fast is not None
                    else json.loads(text, object_pairs_hook=_unique_keys))

@@ -102,7 +102,9 @@ def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | N
     if text.find(b"\\", start, stop) >= 0:
         return None
     text = np.frombuffer(text, dtype=np.uint8, count=stop - start, offset=start)
-    newlines = np.flatnonzero(text == _NEWLINE)
+    step = 1 << 22  # in pieces: one comparison of the whole text is a temporary as large
+    newlines = np.concatenate([np.flatnonzero(text[at:at + step] == _NEWLINE) + at
+                               for at in range(0, len(text), step)] or [np.zeros(0, np.int64)])
     count = len(newlines) + 1
     if len(newlines) and (newlines[0] < 1 or newlines[-1] + 2 > len(text)):
         return None
@@ -235,3 +237,4 @@ def _hex(text, begin, end, width: int):
     good = (end - begin == width) & (nibbles >= 0).all(1)
     raw = (nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).astype(np.uint8)
     return raw, good
+
