@@ -257,3 +257,20 @@ def test_workers_stream_a_mapped_manifest_as_a_private_one(tmp_path, monkeypatch
     dataset, keys = epoch(directory)
     assert dataset.manifest.shards.mapped_from is not None
     assert keys == expected and set(keys) == all_keys(counts)
+
+
+def test_a_default_directory_others_may_enter_is_not_used(dataset, tmp_path, parses,
+                                                           monkeypatch, caplog):
+    """The default directory sits in a temporary directory everyone shares: one that someone
+    made beforehand, open to others, is not trusted."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    top = tmp_path / "tmp" / f"wdstream-{os.getuid()}"
+    top.mkdir(parents=True)
+    top.chmod(0o755)
+    load_manifest(str(dataset), share=True)
+    load_manifest(str(dataset), share=True)
+    assert len(parses) == 2 and not os.listdir(top)
+    assert "not a directory of this user alone" in caplog.text
