@@ -45,6 +45,7 @@ from collections.abc import Callable
 import numpy as np
 
 from wdstream.errors import ManifestError
+from wdstream.shards import compact
 from wdstream.shards.compact import COLUMNS, ShardArrays
 from wdstream.shards.manifest import Manifest
 
@@ -57,6 +58,7 @@ _ALIGN = 64
 _PREFIX = len(MAGIC) + 8 + 32  # the magic, the header's length and its sha256
 _MAX_HEADER = 64 << 20  # the head's extra keys: far below this in any manifest
 _OFF = ("0", "false", "no", "off")
+_MIN_LINE = 50  # bytes: no shard line of to_json is shorter
 _STRONG_VERSION = ("ETag", "etag", "generation", "md5Hash", "crc32c", "VersionId")
 
 
@@ -70,8 +72,8 @@ def shared_manifest(url: str, base: str, read: Callable[[], bytes],
     if folder is None:
         return None
     version = object_version(url)
-    if version is None:
-        return None
+    if version is None or version["size"] < compact.SMALL * _MIN_LINE:
+        return None  # too small to hold a manifest parsed into arrays: no lock, no files
     name = entry_name(url, version)
     path = os.path.join(folder, name + ENTRY_SUFFIX)
     found = open_entry(path, url, version, base)
