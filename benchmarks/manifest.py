@@ -1,19 +1,30 @@
-"""Large manifests: building a ``StreamingDataset`` on 100,000 and 1,000,000 shards, and the
-epoch plan, time and memory per rank.
+"""Large manifests: building a ``StreamingDataset`` on 100,000 and 1,000,000 shards, the epoch
+plan, DataLoader workers' memory, and the ranks of one node sharing one parse.
 
-Every case runs in a fresh process that imports wdstream (and torch) before its clock. It
-reports the seconds to build the dataset (read ``index.json`` from local disk, parse it, the
-shard table) and to compute one epoch's plan for 8 ranks of 4 workers, the resident memory the
-dataset keeps (RSS after it is built minus RSS before) and the peak above the RSS before.
+Every case runs in a fresh process that imports wdstream (and torch) before its clock.
 Manifests are written by ``Manifest.to_json`` (one shard per line, the layout ``wdstream pack``
-and ``wdstream index`` write); the same 1,000,000 shards as one-line JSON take the general
-parser (one ``ShardInfo`` per shard), as every manifest did before.
+and ``wdstream index`` write) with every key ``pack`` writes per shard: ``url``, ``samples``,
+``bytes``, ``sha256``, ``head`` and ``last_key``.
+
+- load: ``StreamingDataset(prefix, share_manifest=False)`` on a local ``index.json`` (read,
+  parse, shard table), then one epoch's plan for 8 ranks of 4 workers; the resident memory the
+  dataset keeps (RSS after minus before) and the peak above the start; CPU seconds beside wall
+  seconds (the machine may be shared).
+- workers: a DataLoader with 2 workers over the 1,000,000-shard manifest reads 1,000 shards per
+  worker (files hard-linked to one real shard, so the manifest's identity keys hold), then the
+  workers' PSS and USS (private pages) are read from ``/proc/PID/smaps_rollup``; beside it the
+  same over a 3,000-shard manifest, so the difference is what the manifest costs a worker.
+- node: N ranks (processes started together, as torchrun starts them) build the dataset with
+  the default ``share_manifest=True`` in a fresh directory: one parses and publishes, the
+  others wait and map; then N ranks again with the copy in place ("ranks 2..N": each maps).
+  PSS per rank is read while all N are alive.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -22,9 +33,11 @@ from . import common
 from .read import goal
 
 TITLE = "Large manifests"
-FULL = {"sizes": (100_000, 1_000_000)}
-QUICK = {"sizes": (100_000, 1_000_000)}
+FULL = {"sizes": (100_000, 1_000_000), "one_line": True, "ranks": 4, "worker_shards": 1000}
+QUICK = {"sizes": (100_000, 1_000_000), "one_line": False, "ranks": 4, "worker_shards": 1000}
 T_LOAD = "large manifests: StreamingDataset(prefix) on a local index.json, then one epoch's plan"
+T_WORKERS = "DataLoader workers on a 1,000,000-shard manifest: memory per worker"
+T_NODE = "ranks of one node on a 1,000,000-shard manifest (share_manifest=True, the default)"
 T_GOALS = "goals (issue 18)"
 
 
@@ -47,38 +60,182 @@ def _peak_mb() -> float:
     return 0.0
 
 
+def _smaps(pid: int) -> dict[str, float]:
+    """Rss, Pss and USS (private clean + dirty) of a process, MB."""
+    values = {}
+    with open(f"/proc/{pid}/smaps_rollup") as file:
+        for line in file:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                values[name] = int(rest.split()[0]) * 1024 / common.MB
+    return {"rss": values.get("Rss", 0.0), "pss": values.get("Pss", 0.0),
+            "uss": values.get("Private_Clean", 0.0) + values.get("Private_Dirty", 0.0)}
+
+
 def case_manifest(source: str) -> dict:
     import wdstream
     import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock
 
     before = _rss_mb()
     _reset_peak()
-    started = time.perf_counter()
-    dataset = wdstream.StreamingDataset(source, shuffle=True)
-    loaded = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
+    dataset = wdstream.StreamingDataset(source, shuffle=True, share_manifest=False)
+    loaded, cpu_loaded = time.perf_counter(), time.process_time()
     plan = dataset.plan(0, 8, 4)
     planned = time.perf_counter()
     spans = plan.stream_spans(3, 2)
     after = _rss_mb()
     peak = _peak_mb()
-    return {"load_s": loaded - started, "plan_s": planned - loaded, "kept_mb": after - before,
+    return {"load_s": loaded - started, "load_cpu_s": cpu_loaded - cpu,
+            "plan_s": planned - loaded, "kept_mb": after - before,
             "peak_mb": peak - before, "shards": len(dataset.shards.urls),
             "samples": len(dataset), "stream_spans": len(spans),
             "compact": type(dataset.manifest.shards).__name__ == "ShardArrays"}
 
 
-def write_manifests(folder: Path, count: int) -> dict[str, str]:
+# --------------------------------------------------------------------------- workers
+
+
+def case_workers(source: str, batches: int, share: str | None = None) -> dict:
+    """Read ``batches`` batches of 32 through 2 workers, then the workers' memory."""
+    import psutil
+
+    import wdstream
+
+    dataset = wdstream.StreamingDataset(source, seed=0, decode=False,
+                                        share_manifest=share or False)
+    loader = wdstream.DataLoader(dataset, batch_size=32, num_workers=2)
+    iterator = iter(loader)
+    for _ in range(batches):
+        next(iterator)
+    me = psutil.Process()
+    workers = []
+    for child in me.children():  # the DataLoader's workers: forks of this process
+        try:
+            if child.cmdline() == me.cmdline():
+                workers.append(_smaps(child.pid))
+        except (OSError, psutil.Error):
+            continue
+    main = _smaps(os.getpid())
+    del iterator
+    return {"worker_pss_mb": common.median([w["pss"] for w in workers]),
+            "worker_uss_mb": common.median([w["uss"] for w in workers]),
+            "worker_rss_mb": common.median([w["rss"] for w in workers]),
+            "main_pss_mb": main["pss"], "workers": len(workers),
+            "mapped": getattr(dataset.manifest.shards, "mapped_from", None) is not None}
+
+
+def write_worker_data(folder: Path, count: int, per_worker: int) -> tuple[str, int]:
+    """A manifest of ``count`` shards that all have one real shard's bytes, and hard links
+    for the shards the two workers of one rank read first; (prefix, batches to read)."""
+    import wdstream
+    from wdstream.shards.index import index_shard
+    from wdstream.shards.manifest import Manifest, ShardInfo
+    from wdstream.shards.tar import TarWriter
+
+    folder.mkdir(parents=True)
+    real = folder / "real.tar"
+    samples = 4
+    with open(real, "wb") as out:
+        writer = TarWriter(out)
+        for i in range(samples):
+            writer.add(f"{i:06d}.json", json.dumps({"i": i, "text": "x" * 200}).encode())
+        writer.close()
+    info, _ = index_shard(str(real))
+    shards = [ShardInfo(f"shard-{i:07d}.tar", info.samples, info.bytes, info.sha256, info.head,
+                        info.last_key) for i in range(count)]
+    (folder / "index.json").write_text(Manifest(shards, extensions=["json"]).to_json())
+    dataset = wdstream.StreamingDataset(str(folder), seed=0, share_manifest=False)
+    plan = dataset.plan(0, 1, 2)
+    for worker in range(2):
+        for span in plan.stream_spans(0, worker)[:per_worker + 200]:  # + what prefetch reads
+            path = folder / shards[span.shard].url
+            if not path.exists():
+                os.link(real, path)
+    return str(folder), per_worker * 2 * samples // 32
+
+
+# --------------------------------------------------------------------------- node
+
+
+def _rank(source: str, directory: str, ready, go, results, done) -> None:
+    import wdstream
+    import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock
+
+    ready.release()
+    go.wait()
+    before = _rss_mb()
+    started, cpu = time.perf_counter(), time.process_time()
+    dataset = wdstream.StreamingDataset(source, share_manifest=directory)
+    loaded, cpu_loaded = time.perf_counter(), time.process_time()
+    dataset.plan(0, 8, 4).stream_spans(0, 0)
+    shards = dataset.manifest.shards
+    results.put({"load_s": loaded - started, "cpu_s": cpu_loaded - cpu,
+                 "rss_mb": _rss_mb() - before, "pss_mb": _smaps(os.getpid())["pss"],
+                 "mapped": getattr(shards, "mapped_from", None) is not None})
+    done.wait()  # alive until every rank measured its PSS
+
+
+def _start_ranks(source: str, directory: str, count: int) -> list[dict]:
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    ready, go, done = context.Semaphore(0), context.Event(), context.Event()
+    results = context.Queue()
+    processes = [context.Process(target=_rank, args=(source, directory, ready, go, results,
+                                                     done)) for _ in range(count)]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.acquire()
+    go.set()
+    measured = [results.get(timeout=common.CASE_TIMEOUT) for _ in processes]
+    done.set()
+    for process in processes:
+        process.join()
+    return measured
+
+
+def case_node(source: str, ranks: int) -> dict:
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="wdstream-bench-shared-")
+    try:
+        together = _start_ranks(source, directory, ranks)
+        later = _start_ranks(source, directory, ranks)
+    finally:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
+    first = max(together, key=lambda r: r["load_s"])
+    others = [r for r in together if r is not first]
+    return {"first_s": first["load_s"], "first_cpu_s": first["cpu_s"],
+            "waiting_s": common.median([r["load_s"] for r in others]),
+            "later_s": common.median([r["load_s"] for r in later]),
+            "later_cpu_s": common.median([r["cpu_s"] for r in later]),
+            "later_rss_mb": common.median([r["rss_mb"] for r in later]),
+            "rank_pss_mb": common.median([r["pss_mb"] for r in later]),
+            "node_pss_mb": sum(r["pss_mb"] for r in later),
+            "mapped": sum(r["mapped"] for r in together + later), "ranks": ranks}
+
+
+# --------------------------------------------------------------------------- data, run
+
+
+def write_manifests(folder: Path, count: int, one_line: bool) -> dict[str, str]:
     from wdstream.shards.manifest import Manifest, ShardInfo
 
     infos = [ShardInfo(f"shard-{i:07d}.tar", 1000, 1_100_000 + i,
-                       hashlib.sha256(i.to_bytes(8, "little")).hexdigest())
+                       hashlib.sha256(i.to_bytes(8, "little")).hexdigest(),
+                       hashlib.md5(i.to_bytes(8, "little")).hexdigest(),
+                       f"{i * 1000 + 999:012d}")
              for i in range(count)]
     text = Manifest(infos, extensions=["json"]).to_json()
     lines = folder / f"lines-{count}"
     lines.mkdir(parents=True)
     (lines / "index.json").write_text(text)
     out = {"to_json layout": str(lines)}
-    if count >= 1_000_000:
+    if one_line and count >= 1_000_000:
         one = folder / f"one-line-{count}"
         one.mkdir()
         (one / "index.json").write_text(json.dumps(json.loads(text)))
@@ -89,30 +246,83 @@ def write_manifests(folder: Path, count: int) -> dict[str, str]:
 def run(quick: bool) -> list[dict]:
     sizes = QUICK if quick else FULL
     rows, goals = [], []
+    million = f"{1_000_000:,} shards, to_json layout"
     with common.scratch() as root:
         cases = {}
         for count in sizes["sizes"]:
             common.log(f"manifest: writing {count:,} shards")
-            for layout, folder in write_manifests(root, count).items():
+            for layout, folder in write_manifests(root, count, sizes["one_line"]).items():
                 cases[f"{count:,} shards, {layout}"] = (f"{__name__}:case_manifest",
                                                         {"source": folder})
+        common.log("manifest: writing the workers' data")
+        per_worker = sizes["worker_shards"]
+        big, batches = write_worker_data(root / "workers-1m", 1_000_000, per_worker)
+        small, _ = write_worker_data(root / "workers-3000", 3000, per_worker)
+        workers = {
+            "3,000 shards (baseline)": (f"{__name__}:case_workers",
+                                      {"source": small, "batches": batches}),
+            "1,000,000 shards, parsed by this rank": (
+                f"{__name__}:case_workers", {"source": big, "batches": batches}),
+            "1,000,000 shards, mapped node-local copy": (
+                f"{__name__}:case_workers", {"source": big, "batches": batches,
+                                             "share": str(root / "shared")}),
+        }
+        node = {f"{sizes['ranks']} ranks": (f"{__name__}:case_node",
+                                            {"source": str(root / "lines-1000000"),
+                                             "ranks": sizes["ranks"]})}
         results = common.repeat(cases, progress=common.log)
+        worker_results = common.repeat(workers, progress=common.log)
+        node_results = common.repeat(node, progress=common.log)
     for name, result in results.items():
         rows.append({"table": T_LOAD, "manifest": name, "load s": result.get("load_s"),
+                     "load CPU s": result.get("load_cpu_s"),
                      "plan s (8 ranks x 4 workers)": result.get("plan_s"),
                      "kept MB": result.get("kept_mb"), "peak MB above start": result.get("peak_mb"),
                      "as arrays": result.get("compact"), "runs": result.get("runs"),
                      "error": result.get("error")})
-    million = results.get("1,000,000 shards, to_json layout", {})
-    goals.append(goal("1,000,000 shards: StreamingDataset built, s", million.get("load_s"), 2.0,
-                      higher_is_better=False, table=T_GOALS))
-    goals.append(goal("1,000,000 shards: memory kept per rank, MB", million.get("kept_mb"), 200,
-                      higher_is_better=False, table=T_GOALS))
-    goals.append(goal("1,000,000 shards: the epoch plan, s", million.get("plan_s"), 1.0,
-                      higher_is_better=False, table=T_GOALS))
     rows.append({"table": T_LOAD, "note": (
-        "Each shard: a 17-character name, counts and a sha256 (144 MB of index.json for a "
-        "million). 'kept' is the RSS the dataset holds once built; 'peak' includes the file's "
-        "text while it is parsed. DataLoader workers inherit the arrays by fork: a few large "
-        "objects whose pages reference counting does not touch (by design; not measured here).")})
+        "Each shard: a 17-character name, counts, a sha256, a head and a 12-character last key "
+        "(216 MB of index.json for a million). 'kept' is the RSS the dataset holds once built; "
+        "'peak' includes the file's text while it is parsed. Each process parses its own copy "
+        "here (share_manifest=False).")})
+    for name, result in worker_results.items():
+        rows.append({"table": T_WORKERS, "manifest": name,
+                     "PSS per worker MB": result.get("worker_pss_mb"),
+                     "USS per worker MB": result.get("worker_uss_mb"),
+                     "RSS per worker MB": result.get("worker_rss_mb"),
+                     "main PSS MB": result.get("main_pss_mb"), "workers": result.get("workers"),
+                     "runs": result.get("runs"),
+                     "error": result.get("error")})
+    rows.append({"table": T_WORKERS, "note": (
+        f"2 workers, batch 32, after {batches} batches ({per_worker:,} shards of 4 samples per "
+        "worker; a full epoch of a million shards takes too long here). USS: pages only that "
+        "worker holds; the manifest's cost to a worker is its USS above the 3,000-shard row: the "
+        "manifest's arrays are shared; what a worker holds of its own is its epoch plan "
+        "(stream_spans: one Span per shard of its stream, some 500,000 here).")})
+    for name, result in node_results.items():
+        rows.append({"table": T_NODE, "ranks": name,
+                     "first rank (parse + publish) s": result.get("first_s"),
+                     "ranks 2..N started with it s": result.get("waiting_s"),
+                     "ranks 2..N, copy in place s": result.get("later_s"),
+                     "ranks 2..N CPU s": result.get("later_cpu_s"),
+                     "RSS per rank MB": result.get("later_rss_mb"),
+                     "PSS per rank MB": result.get("rank_pss_mb"),
+                     "node PSS MB": result.get("node_pss_mb"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    rows.append({"table": T_NODE, "note": (
+        "Ranks are processes started together (spawn, as torchrun does). 'started with it': "
+        "they wait on the entry's lock while the first parses, then map. 'copy in place': "
+        "the entry exists (a later job, or ranks that start later); each checks the entry "
+        "(header, sha256 of its 114 MB of columns, names) and maps it. PSS counts the mapped "
+        "pages shared among the ranks.")})
+    loaded = results.get(million, {})
+    node_result = node_results.get(f"{sizes['ranks']} ranks", {})
+    goals.append(goal("1,000,000 shards: StreamingDataset built, s", loaded.get("load_s"), 2.0,
+                      higher_is_better=False, table=T_GOALS))
+    goals.append(goal("1,000,000 shards: memory kept per rank, MB", loaded.get("kept_mb"), 200,
+                      higher_is_better=False, table=T_GOALS))
+    goals.append(goal("1,000,000 shards: the epoch plan, s", loaded.get("plan_s"), 1.0,
+                      higher_is_better=False, table=T_GOALS))
+    goals.append(goal("1,000,000 shards: rank 2..N with a node-local copy, s",
+                      node_result.get("later_s"), 2.0, higher_is_better=False, table=T_GOALS))
     return goals + rows

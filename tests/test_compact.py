@@ -186,3 +186,56 @@ def test_what_the_arrays_would_let_through_is_refused_by_the_general_parser(spoi
         text = text.replace(line, spoiled[spoil])
     with pytest.raises(ManifestError, match="manifest: key"):
         Manifest.from_json(text)
+
+
+def outcome(parse, text):
+    """What a parser makes of ``text``: its shards, or the error's message."""
+    try:
+        return [tuple(vars(s).values()) for s in parse(text).shards]
+    except ManifestError as error:
+        return str(error)
+
+
+@pytest.mark.parametrize("spoil", [
+    ('"samples": 11,', '"samples": 011,'),  # a leading zero is not JSON
+    ('"samples": 11,', '"samples": -11,'),
+    ('"samples": 11,', '"samples": 1.0,'),
+    ('"samples": 11,', '"samples": 1100000000000000000000,'),
+    ('"samples": 11,', '"samples":11,'),
+    ('"samples": 11,', '"samples": 11 ,'),
+    ('"samples": 11,', '"sampels": 11,'),
+    ('"url": "', '"url" : "'),
+    ('{"url"', '{ "url"'),
+    ('"sha256": "6b86', '"sha256": "6B86'),
+    ('"sha256": "6b86', '"sha256": "6b8'),
+    ('"head": "c4ca', '"head": "c4ca0'),
+    ('"head": "c4ca', '"head": null, "head": "c4ca'),
+    ('"last_key": "key-000000001"', '"last_key": "k\\u00e9y"'),
+    ('"last_key": "key-000000001"', '"last_key": "k\u00e9y"'),
+    ('"last_key": "key-000000001"', '"last_key": "k\x01y"'),
+    ('"last_key": "key-000000001"', '"last_key": ""'),
+    ('"last_key": "key-000000001"', '"last_key": 5'),
+    ('"last_key": "key-000000001"}', '"last_key": "key-000000001", "x": 1}'),
+    ('"last_key": "key-000000001"}', '"last_key": "key-000000001"} '),
+    ('"url": "part-1/shard-000001.tar"', '"url": "part-1/shard-000001.tar/"'),
+    ('"url": "part-1/shard-000001.tar"', '"url": "part-1//shard-000001.tar"'),
+    ('"url": "part-1/shard-000001.tar"', '"url": "part-1/sh\\"ard.tar"'),
+    ('"url": "part-1/shard-000001.tar"', '"url": "pipe:rm.tar"'),
+    ('"url": "part-1/shard-000001.tar"', '"url": "part-2/shard-000002.tar"'),
+])
+def test_the_scanner_reads_a_line_as_the_general_parser_does_or_leaves_it(spoil, monkeypatch):
+    """Each spoiled line (of shard 1) is either read with the general parser's meaning or the
+    whole manifest goes the general way; the results (shards or error) are the same."""
+    shards = with_identity(infos())
+    text = Manifest(shards, extensions=["json"]).to_json()
+    old, new = spoil
+    line = text.split("\n")[2]
+    assert old in line, (old, line)
+    spoiled = text.replace(line, line.replace(old, new), 1)
+    fast = compact.parse_manifest(spoiled)
+    ours = outcome(Manifest.from_json, spoiled)
+    monkeypatch.setattr(compact, "parse_manifest", lambda text: None)
+    general_only = outcome(Manifest.from_json, spoiled)
+    assert ours == general_only
+    if fast is not None and isinstance(general_only, list):  # read by the scanner: the same
+        assert [tuple(vars(s).values()) for s in fast[1]] == general_only

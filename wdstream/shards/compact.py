@@ -1,46 +1,99 @@
 """The shard list of a large manifest as arrays, not one Python object per shard.
 
-``ShardArrays`` holds the names in one ``bytes`` blob with offsets, and samples, bytes and
-digests as numpy arrays; it is a read-only ``Sequence[ShardInfo]`` (an item is made when asked
-for), so ``Manifest.shards`` keeps its meaning. A DataLoader worker inherits these few large
-objects from the main process and reads them without touching their pages, so fork shares
-them instead of copying them page by page as reference counts change.
+``ShardArrays`` holds every column as a numpy array: the names and last keys as bytes joined by
+newlines, samples and bytes as int64, the sha256 digests and heads as raw bytes (N x 32,
+N x 16), each with a mask of the shards that have one. It is a read-only
+``Sequence[ShardInfo]`` (an item is made when asked for), so ``Manifest.shards`` keeps its
+meaning. A DataLoader worker inherits these few arrays from the main process and reads them
+without touching their pages, so fork shares them instead of copying them page by page as
+reference counts change; ``wdstream.shards.shared`` maps the same arrays from a node-local
+file, so the ranks of a node share one copy.
 
 ``parse_manifest(text)`` reads the manifest layout ``Manifest.to_json`` writes (the head on the
-first line, one shard per line) in blocks of shards parsed with orjson, filling the arrays as
-it goes: a block's dicts are dropped before the next block is parsed, so memory stays near the
-size of the arrays. It handles only plain names (letters, digits, ``._-/``, no ``..``) and
-returns None for anything else (another layout, escapes, absolute URLs, a value of the wrong
-kind): the general parser then reads it and reports what is wrong.
+first line, one shard per line) with the scanner of ``wdstream.shards.scan``. It takes only
+plain names (letters, digits, ``._-/``, no ``..``) and returns None for anything else
+(another layout, escapes, absolute URLs, a value of the wrong kind): the general parser then
+reads it and reports what is wrong.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from operator import itemgetter
 
 import numpy as np
 
-from wdstream.shards.identity import HEAD_DIGITS
 from wdstream.shards.manifest import ShardInfo
 
-BLOCK = 20_000  # shards parsed at a time
 SMALL = 10_000  # manifests with fewer shards gain nothing from this path
 
 _SHARDS_OPEN = b', "shards": [\n '
+_NAME_BYTES = np.zeros(256, dtype=bool)
+_NAME_BYTES[np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/\n",
+                          dtype=np.uint8)] = True
+# column -> (dtype, bytes per shard or None for a blob); what a ShardArrays is made of
+COLUMNS = {
+    "names": (np.uint8, None), "name_ends": (np.int64, 1),
+    "samples": (np.int64, 1), "bytes": (np.int64, 1),
+    "sha256": (np.uint8, 32), "has_sha256": (np.bool_, 1),
+    "heads": (np.uint8, 16), "has_head": (np.bool_, 1),
+    "keys": (np.uint8, None), "key_ends": (np.int64, 1), "has_key": (np.bool_, 1),
+}
 
 
 class ShardArrays(Sequence):
-    """Shard names (as stored in the manifest), samples, bytes and sha256 digests."""
+    """Shard names (as stored in the manifest), samples, bytes, sha256 digests, heads and last
+    keys, as the arrays of ``columns`` (see ``COLUMNS``; made by ``from_columns``)."""
 
-    def __init__(self, names: bytes, ends: np.ndarray, samples: np.ndarray, sizes: np.ndarray,
-                 digests: bytes, has_digest: np.ndarray, identity: _Identity | None = None):
-        # the names joined by newlines; name i ends at ends[i], one byte after ends[i-1]
-        self._names, self._ends = names, ends
-        self.samples, self.bytes = samples, sizes
-        self._digests, self._has_digest = digests, has_digest  # 32 bytes per shard
-        self._identity = identity  # the shards' head and last_key, where the manifest has them
+    def __init__(self, columns: dict[str, np.ndarray]):
+        self.columns = columns
+        self._names, self._ends = columns["names"], columns["name_ends"]
+        self.samples, self.bytes = columns["samples"], columns["bytes"]
+        self._digests, self._has_digest = columns["sha256"], columns["has_sha256"]
+        self._heads, self._has_head = columns["heads"], columns["has_head"]
+        self._keys, self._key_ends, self._has_key = (columns["keys"], columns["key_ends"],
+                                                     columns["has_key"])
+        self._fingerprint: str | None = None
+        self.mapped_from: str | None = None  # the node-local file of wdstream.shards.shared
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, np.ndarray]) -> ShardArrays | None:
+        """The shards of ``columns`` (``scan.scan_shards``' or a shared copy's, with or
+        without the ``*_ends``), or None unless every column has its dtype and length and
+        every name is a plain relative name, spelled one way."""
+        columns = dict(columns)
+        for blob, ends in (("names", "name_ends"), ("keys", "key_ends")):
+            if ends not in columns and isinstance(columns.get(blob), np.ndarray):
+                columns[ends] = _ends(columns[blob])
+        count = len(columns.get("samples", ()))
+        for name, (dtype, width) in COLUMNS.items():
+            column = columns.get(name)
+            if not isinstance(column, np.ndarray) or column.dtype != dtype:
+                return None
+            if width is not None and column.size != count * width:
+                return None
+        names = columns["names"]
+        if count == 0 or np.bincount(names, minlength=256)[~_NAME_BYTES].any():
+            return None
+        raw = names.tobytes()
+        if b".." in raw or b"//" in raw or b"/\n" in raw or raw.endswith(b"/"):
+            return None
+        if b"/./" in raw or b"\n./" in raw or raw.startswith(b"./"):  # one spelling per name
+            return None
+        ends = columns["name_ends"]
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        if ends[-1] != len(names) or (ends <= starts).any():
+            return None
+        if names[0] == ord("/") or (names[starts[1:]] == ord("/")).any():  # no absolute paths
+            return None
+        if columns["key_ends"][-1] != len(columns["keys"]):
+            return None
+        if (columns["samples"] < 0).any() or (columns["bytes"] < 0).any():
+            return None
+        columns["sha256"] = columns["sha256"].reshape(count, 32)
+        columns["heads"] = columns["heads"].reshape(count, 16)
+        return cls(columns)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -68,43 +121,25 @@ class ShardArrays(Sequence):
 
     def name(self, index: int) -> str:
         begin = int(self._ends[index - 1]) + 1 if index else 0
-        return self._names[begin:int(self._ends[index])].decode("ascii")
-
-    def head(self, index: int) -> str | None:
-        return None if self._identity is None else self._identity.head(index)
-
-    def last_key(self, index: int) -> str | None:
-        return None if self._identity is None else self._identity.last_key(index)
-
-    def heads(self) -> Sequence[str | None]:
-        return _Column(self, self.head)
-
-    def last_keys(self) -> Sequence[str | None]:
-        return _Column(self, self.last_key)
-
-    def compressed_names(self) -> np.ndarray:
-        """Per shard, whether its name is not a plain ``.tar`` (a compressed tar's)."""
-        codes = np.frombuffer(self._names, dtype=np.uint8)
-        tail = np.frombuffer(b".tar", dtype=np.uint8)
-        ends = self._ends
-        short = ends - np.concatenate(([0], ends[:-1] + 1)) < 4
-        at = np.clip(ends[:, None] - 4 + np.arange(4), 0, max(len(codes) - 1, 0))
-        return short | (codes[at] != tail).any(axis=1)
-
-    def has_duplicate_names(self) -> bool:
-        names = self._names.split(b"\n")
-        return len(set(names)) != len(names)
+        return self._names[begin:int(self._ends[index])].tobytes().decode("ascii")
 
     def digest(self, index: int) -> str | None:
-        if not self._has_digest[index]:
+        return self._digests[index].tobytes().hex() if self._has_digest[index] else None
+
+    def head(self, index: int) -> str | None:
+        return self._heads[index].tobytes().hex() if self._has_head[index] else None
+
+    def last_key(self, index: int) -> str | None:
+        if not self._has_key[index]:
             return None
-        return self._digests[32 * index:32 * index + 32].hex()
+        begin = int(self._key_ends[index - 1]) + 1 if index else 0
+        return self._keys[begin:int(self._key_ends[index])].tobytes().decode("utf-8")
 
-    def urls(self, base: str) -> Urls:
-        """The URL of each shard, ``urls.join(base, name)``, made when asked for."""
-        from wdstream.sources.urls import join
+    def heads(self) -> Sequence[str | None] | None:
+        return _Column(self, self.head) if self._has_head.any() else None
 
-        return Urls(self, base, join)
+    def last_keys(self) -> Sequence[str | None] | None:
+        return _Column(self, self.last_key) if self._has_key.any() else None
 
     def digests(self) -> Sequence[str | None]:
         return _Column(self, self.digest)
@@ -115,6 +150,41 @@ class ShardArrays(Sequence):
     def sizes(self) -> Ints:
         return Ints(self.bytes)
 
+    def urls(self, base: str) -> Urls:
+        """The URL of each shard, ``urls.join(base, name)``, made when asked for."""
+        from wdstream.sources.urls import join
+
+        return Urls(self, base, join)
+
+    def compressed_names(self) -> np.ndarray:
+        """Per shard, whether its name is not a plain ``.tar`` (a compressed tar's)."""
+        codes, ends = self._names, self._ends
+        tail = np.frombuffer(b".tar", dtype=np.uint8)
+        short = ends - np.concatenate(([0], ends[:-1] + 1)) < 4
+        at = np.clip(ends[:, None] - 4 + np.arange(4), 0, max(len(codes) - 1, 0))
+        return short | (codes[at] != tail).any(axis=1)
+
+    def has_duplicate_names(self) -> bool:
+        """Whether a name is given twice: a 64-bit hash of each name, and the names compared
+        only where two hashes are equal."""
+        ends = self._ends
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        lengths = ends - starts
+        hashes = lengths.astype(np.uint64)
+        with np.errstate(over="ignore"):
+            for place in range(int(lengths.max())):
+                byte = self._names[np.minimum(starts + place, len(self._names) - 1)]
+                hashes = hashes * np.uint64(1099511628211) + np.where(
+                    place < lengths, byte, 0).astype(np.uint64)
+        ordered = np.sort(hashes)
+        if not (ordered[1:] == ordered[:-1]).any():
+            return False
+        order = np.argsort(hashes, kind="stable")
+        same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+        suspects = np.unique(np.concatenate((order[same], order[same + 1])))
+        names = [self.name(int(i)) for i in suspects]
+        return len(set(names)) != len(names)
+
     @property
     def total_samples(self) -> int:
         return int(self.samples.sum())
@@ -123,35 +193,27 @@ class ShardArrays(Sequence):
     def total_bytes(self) -> int:
         return int(self.bytes.sum())
 
-    def fingerprint_text(self) -> str:
-        """``json.dumps([[url, samples, bytes], ...], separators=(",", ":"))`` of the shards
-        (plain names need no escaping)."""
-        names = self._names.decode("ascii").split("\n")
-        return "[" + ",".join(f'["{n}",{s},{b}]' for n, s, b in zip(
-            names, self.samples.tolist(), self.bytes.tolist(), strict=True)) + "]"
+    def fingerprint(self) -> str:
+        """``Manifest.fingerprint()``: the sha256 of ``json.dumps([[url, samples, bytes],
+        ...], separators=(",", ":"))`` (plain names need no escaping), computed once."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(b"[")
+            step = 1 << 16
+            for first in range(0, len(self), step):
+                last = min(len(self), first + step)
+                begin = int(self._ends[first - 1]) + 1 if first else 0
+                names = self._names[begin:int(self._ends[last - 1])].tobytes().decode("ascii")
+                part = ",".join(f'["{n}",{s},{b}]' for n, s, b in zip(
+                    names.split("\n"), self.samples[first:last].tolist(),
+                    self.bytes[first:last].tolist(), strict=True))
+                digest.update((b"," if first else b"") + part.encode("ascii"))
+            digest.update(b"]")
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
 
 
-class _Identity:
-    """Heads (``HEAD_DIGITS`` hex digits, stored as bytes) and last keys (joined by newlines,
-    which no JSON string in the fast layout holds), each with a mask of the shards that have
-    one."""
-
-    def __init__(self, heads: bytes, has_head: np.ndarray, keys: bytes, key_ends: np.ndarray,
-                 has_key: np.ndarray):
-        self._heads, self._has_head = heads, has_head
-        self._keys, self._key_ends, self._has_key = keys, key_ends, has_key
-
-    def head(self, index: int) -> str | None:
-        if not self._has_head[index]:
-            return None
-        width = HEAD_DIGITS // 2
-        return self._heads[width * index:width * index + width].hex()
-
-    def last_key(self, index: int) -> str | None:
-        if not self._has_key[index]:
-            return None
-        begin = int(self._key_ends[index - 1]) + 1 if index else 0
-        return self._keys[begin:int(self._key_ends[index])].decode("utf-8")
+def _ends(blob: np.ndarray) -> np.ndarray:
+    return np.append(np.flatnonzero(blob == ord("\n")), len(blob)).astype(np.int64)
 
 
 class _Column(Sequence):
@@ -186,6 +248,10 @@ class Urls(Sequence):
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
 
+    def one_per_scheme(self) -> list[str]:
+        """A URL of each scheme among these: plain relative names all take the base's."""
+        return [self[0]] if len(self) else []
+
 
 class Ints(Sequence):
     """An integer array seen as a sequence of Python ints."""
@@ -205,20 +271,12 @@ class Ints(Sequence):
 def parse_manifest(text: bytes | str) -> tuple[dict, ShardArrays] | None:
     """(the head's keys, the shards) of a manifest in ``to_json``'s layout with plain names,
     else None (see the module docstring)."""
-    try:
-        import orjson
-    except ImportError:
-        return None
+    from wdstream.shards.scan import scan_shards
+
     if isinstance(text, str):
         text = text.encode("utf-8")
     head_end = text.find(_SHARDS_OPEN)
     if head_end < 0 or text.count(b"\n", 0, head_end):
-        return None
-    try:  # the head is small: the standard parser, which can see a key given twice
-        head = json.loads(text[:head_end] + b"}", object_pairs_hook=_unique_pairs)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(head, dict) or "shards" in head:
         return None
     body_start = head_end + len(_SHARDS_OPEN)
     end = len(text)
@@ -226,7 +284,19 @@ def parse_manifest(text: bytes | str) -> tuple[dict, ShardArrays] | None:
         end -= 1
     if text[end - 3:end] != b"\n]}":
         return None
-    return _parse_body(orjson, memoryview(text)[body_start:end - 3], head)
+    if text.count(b"\n", body_start, end) < SMALL - 1:
+        return None  # small: the general parser is as quick
+    try:  # the head is small: the standard parser, which can see a key given twice
+        head = json.loads(text[:head_end] + b"}", object_pairs_hook=_unique_pairs)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(head, dict) or "shards" in head:
+        return None
+    columns = scan_shards(text, body_start, end - 3)
+    if columns is None:
+        return None
+    shards = ShardArrays.from_columns(columns)
+    return None if shards is None else (head, shards)
 
 
 def _unique_pairs(pairs):
@@ -236,155 +306,12 @@ def _unique_pairs(pairs):
     return doc
 
 
-def _keys_spelled(body: memoryview) -> int | None:
-    """How many keys the shard lines name, each spelled ``"key": ``, or None when the body
-    holds a backslash. Without one no string can hold a quote, so each ``": `` ends a key: a
-    key given twice in one line (which a dict keeps once) makes this more than the dicts'
-    keys."""
-    raw = bytes(body)
-    return None if b"\\" in raw else raw.count(b'": ')
+def release_free_memory() -> None:
+    """Hand back to the system the heap pages a large parse's temporaries freed (glibc keeps
+    them: some 80 MB after a million shards); a no-op elsewhere."""
+    import ctypes
 
-
-def _parse_body(orjson, body: memoryview, head: dict) -> tuple[dict, ShardArrays] | None:
-    newlines = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == ord("\n"))
-    count = len(newlines) + 1
-    spelled = _keys_spelled(body) if count >= SMALL else None
-    if spelled is None:
-        return None
-    keys = 0
-    cuts = [*newlines[BLOCK - 1::BLOCK].tolist(), len(body)]
-    names: list[bytes] = []
-    digests: list[bytes] = []
-    identities: list[tuple] = []
-    samples = np.empty(count, dtype=np.int64)
-    sizes = np.empty(count, dtype=np.int64)
-    has_digest = np.empty(count, dtype=bool)
-    done = position = 0
-    for cut in cuts:
-        if cut <= position:
-            continue
-        try:
-            # a line ends with "," but the last: the block is its lines without the final ","
-            last = cut - 1 if cut < len(body) else cut
-            block = orjson.loads(b"[" + body[position:last] + b"]")
-        except orjson.JSONDecodeError:
-            return None
-        position = cut + 1
-        keys += sum(map(len, block)) if _only(block, dict) else 0
-        parsed = _block(block)
-        if parsed is None or done + len(block) > count:
-            return None
-        end = done + len(block)
-        block_names, samples[done:end], sizes[done:end], block_digests, has_digest[done:end], \
-            identity = parsed
-        names.append(block_names)
-        digests.append(block_digests)
-        identities.append(identity)
-        done = end
-    if done != count or keys != spelled:
-        return None
-    blob = b"\n".join(names)
-    codes = np.frombuffer(blob, dtype=np.uint8)
-    if not _NAME_BYTES[codes].all() or b".." in blob or b"//" in blob:
-        return None
-    separators = np.flatnonzero(codes == ord("\n"))
-    ends = np.append(separators, len(blob)).astype(np.int64)
-    starts = np.concatenate(([0], separators + 1))
-    if len(ends) != count or (ends == starts).any():
-        return None
-    if (codes[starts[starts < len(codes)]] == ord("/")).any():  # no absolute paths
-        return None
-    if b"/./" in blob or b"\n./" in blob or blob.startswith(b"./"):  # one spelling per name
-        return None
-    return head, ShardArrays(blob, ends, samples, sizes, b"".join(digests), has_digest,
-                             _join_identities(identities))
-
-
-def _join_identities(blocks: list[tuple]) -> _Identity | None:
-    """One ``_Identity`` from the blocks' (heads, has_head, keys, has_key), or None when no
-    shard has either key."""
-    if not any(has_head.any() or has_key.any() for _, has_head, _, has_key in blocks):
-        return None
-    keys = b"\n".join(block[2] for block in blocks)
-    key_ends = np.append(np.flatnonzero(np.frombuffer(keys, dtype=np.uint8) == ord("\n")),
-                         len(keys)).astype(np.int64)
-    return _Identity(b"".join(block[0] for block in blocks),
-                     np.concatenate([block[1] for block in blocks]), keys, key_ends,
-                     np.concatenate([block[3] for block in blocks]))
-
-
-_NAME_BYTES = np.zeros(256, dtype=bool)
-_NAME_BYTES[np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/\n",
-                          dtype=np.uint8)] = True
-_HEX_BYTES = np.zeros(256, dtype=bool)
-_HEX_BYTES[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = True
-_NO_DIGEST = "0" * 64
-
-
-def _only(values, kind) -> bool:
-    return set(map(type, values)) <= {kind}
-
-
-def _block(block: list) -> tuple | None:
-    """One block of shard dicts as (names, samples, bytes, digests, has_digest), or None when
-    an entry is not a plain, well-formed shard."""
-    if not _only(block, dict) or set(map(len, block)) - {4, 5, 6}:
-        return None
-    identity = _block_identity(block)
-    if identity is None:
-        return None
     try:
-        urls = list(map(itemgetter("url"), block))
-        counts = list(map(itemgetter("samples"), block))
-        lengths = list(map(itemgetter("bytes"), block))
-        shas = list(map(itemgetter("sha256"), block))
-    except KeyError:
-        return None
-    if not (_only(urls, str) and _only(counts, int) and _only(lengths, int)):
-        return None
-    samples = np.array(counts, dtype=np.int64)
-    sizes = np.array(lengths, dtype=np.int64)
-    if len(block) and (samples.min() < 0 or sizes.min() < 0):
-        return None
-    missing = shas.count(None)
-    if missing:
-        has = np.array([s is not None for s in shas], dtype=bool)
-        shas = [_NO_DIGEST if s is None else s for s in shas]
-    else:
-        has = np.ones(len(shas), dtype=bool)
-    if not _only(shas, str):
-        return None
-    hexes = "".join(shas).encode("ascii", "replace")
-    if len(hexes) != 64 * len(shas) or not _HEX_BYTES[np.frombuffer(hexes, np.uint8)].all():
-        return None
-    if "" in urls:
-        return None
-    try:
-        names = "\n".join(urls).encode("ascii")
-    except UnicodeEncodeError:
-        return None
-    return names, samples, sizes, bytes.fromhex(hexes.decode("ascii")), has, identity
-
-
-_SHARD_KEYS = frozenset(("url", "samples", "bytes", "sha256", "head", "last_key"))
-_NO_HEAD = "0" * HEAD_DIGITS
-
-
-def _block_identity(block: list) -> tuple | None:
-    """(heads as bytes, has_head, last keys joined by newlines, has_key) of a block, or None
-    when an entry has a key of another name or a value of the wrong kind."""
-    if any(len(entry) > 4 and not entry.keys() <= _SHARD_KEYS for entry in block):
-        return None
-    heads = [entry.get("head") for entry in block]
-    keys = [entry.get("last_key") for entry in block]
-    if not set(map(type, heads)) <= {str, type(None)} or \
-            not set(map(type, keys)) <= {str, type(None)}:
-        return None
-    has_head = np.array([h is not None for h in heads], dtype=bool)
-    has_key = np.array([k is not None for k in keys], dtype=bool)
-    hexes = "".join(_NO_HEAD if h is None else h for h in heads).encode("ascii", "replace")
-    if len(hexes) != HEAD_DIGITS * len(heads) or \
-            not _HEX_BYTES[np.frombuffer(hexes, np.uint8)].all():
-        return None
-    return (bytes.fromhex(hexes.decode("ascii")), has_head,
-            "\n".join("" if k is None else k for k in keys).encode("utf-8"), has_key)
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

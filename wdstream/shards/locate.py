@@ -35,8 +35,8 @@ class Shards:
         return self.source
 
 
-def find_shards(source: str | Sequence[str] | Shards, *,
-                allow_external_shards: bool = False) -> Shards:
+def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: bool = False,
+                share_manifest=False) -> Shards:
     """Resolve ``source`` the way ``StreamingDataset`` does (a ``Shards`` is returned as is,
     so callers can resolve once and pass the result on).
 
@@ -44,7 +44,8 @@ def find_shards(source: str | Sequence[str] | Shards, *,
     naming a shard outside its prefix (unless ``allow_external_shards``) or a ``pipe:``
     command, and for a prefix with neither ``index.json`` nor shard files (``*.tar``,
     ``*.tar.gz``...); StreamError when storage is unreachable. Listed objects are names under
-    the prefix, whatever they are called.
+    the prefix, whatever they are called. ``share_manifest``: see ``load_manifest``'s
+    ``share``.
     """
     if isinstance(source, Shards):
         return source
@@ -59,7 +60,8 @@ def find_shards(source: str | Sequence[str] | Shards, *,
         found = urlmod.expand(source)
         return Shards(source, found, _short_names(found), [None] * len(found), how="pattern")
     try:
-        manifest = load_manifest(source, allow_external_shards=allow_external_shards)
+        manifest = load_manifest(source, allow_external_shards=allow_external_shards,
+                                 share=share_manifest)
     except ManifestNotFoundError as error:
         if source.endswith(".json"):
             raise

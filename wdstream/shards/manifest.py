@@ -110,11 +110,10 @@ class Manifest:
 
         Identifies the dataset for resume state; unchanged when the dataset is copied elsewhere.
         """
-        if hasattr(self.shards, "fingerprint_text"):  # compact.ShardArrays: the same text
-            text = self.shards.fingerprint_text()
-        else:
-            text = json.dumps([[s.url, s.samples, s.bytes] for s in self.shards],
-                              separators=(",", ":"))
+        if hasattr(self.shards, "fingerprint"):  # compact.ShardArrays: of the same text
+            return self.shards.fingerprint()
+        text = json.dumps([[s.url, s.samples, s.bytes] for s in self.shards],
+                          separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     @classmethod
@@ -124,12 +123,14 @@ class Manifest:
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key. ``allow_empty``
         accepts a manifest without samples (a part of a run, to be merged)."""
-        from wdstream.shards.compact import ShardArrays, parse_manifest
+        from wdstream.shards.compact import parse_manifest, release_free_memory
 
-        where = printable(where)
+        given, where = where, printable(where)
         fast = parse_manifest(text)  # large manifests in to_json's layout, as arrays
         if fast is not None and _arrays_problem(fast[0], fast[1]):
             fast = None  # the general parser below names the entry
+        if fast is not None:
+            release_free_memory()
         try:
             doc = (dict(fast[0], shards=fast[1]) if fast is not None
                    else json.loads(text, object_pairs_hook=_unique_keys))
@@ -140,6 +141,16 @@ class Manifest:
             raise ManifestError(f"{where}: JSON nested too deeply for a manifest") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise ManifestError(f"{where}: not valid JSON ({e})") from None
+        return cls.from_doc(doc, base, given, allow_empty=allow_empty)
+
+    @classmethod
+    def from_doc(cls, doc, base: str | None = None, where: str = "manifest", *,
+                 allow_empty: bool = False) -> Manifest:
+        """``from_json`` of a parsed document (its ``shards`` a list of dicts, or
+        ``compact.ShardArrays`` already checked)."""
+        from wdstream.shards.compact import ShardArrays
+
+        where = printable(where)
         if not isinstance(doc, dict):
             raise ManifestError(f"{where}: expected a JSON object, got {type(doc).__name__}")
         extra = {k: v for k, v in doc.items() if k not in _REQUIRED}
@@ -319,33 +330,53 @@ def manifest_location(source: str) -> tuple[str, str]:
 
 
 def load_manifest(source: str, *, allow_external_shards: bool = False,
-                  allow_empty: bool = False) -> Manifest:
+                  allow_empty: bool = False, share=False) -> Manifest:
     """Read a manifest from a URL ending in .json, or ``prefix/index.json`` for a prefix
     (``allow_empty``: one without samples, such as a part of a run to merge).
+
+    ``share``: True or a directory: a large manifest is parsed once per node and the
+    processes of the node map its arrays from there (``wdstream.shards.shared``); False:
+    this process reads and parses its own copy.
 
     Raises ManifestNotFoundError (a ManifestError) when there is none, ManifestError when it is
     invalid or names a shard it may not (``check_shard_names``); other read failures propagate
     as StreamError.
     """
-    from wdstream.sources.objects import exists, read_bytes
-
     url, base = manifest_location(source)
-    try:
-        text = read_bytes(url)
-    except StreamError as e:
-        # Ask again rather than parse the error text: the back-ends word "not found" differently.
-        if e.transient or exists(url):
-            raise
-        raise ManifestNotFoundError(f"{url}: no manifest found") from None
-    manifest = Manifest.from_json(text, base=base, where=url, allow_empty=allow_empty)
+
+    def parse(text: bytes) -> Manifest:
+        return Manifest.from_json(text, base=base, where=url, allow_empty=allow_empty)
+
+    manifest = None
+    if share:
+        from wdstream.shards.shared import shared_manifest
+
+        manifest = shared_manifest(url, base, lambda: _read_manifest(url), parse,
+                                   None if share is True else share)
+    if manifest is None:
+        manifest = parse(_read_manifest(url))
     manifest.url = url
     check_shard_names(manifest, allow_external=allow_external_shards)
     return manifest
 
 
+def _read_manifest(url: str) -> bytes:
+    from wdstream.sources.objects import exists, read_bytes
+
+    try:
+        return read_bytes(url)
+    except StreamError as e:
+        # Ask again rather than parse the error text: the back-ends word "not found" differently.
+        if e.transient or exists(url):
+            raise
+        raise ManifestNotFoundError(f"{url}: no manifest found") from None
+
+
 def check_shard_names(manifest: Manifest, *, allow_external: bool = False) -> None:
     """ManifestError naming the manifest and the entry if a shard URL is not a name under the
     manifest's prefix (unless ``allow_external``) or is a ``pipe:`` command (always)."""
+    if hasattr(manifest.shards, "columns"):  # compact.ShardArrays: plain relative names only
+        return
     where = manifest.url or manifest.base or "manifest"
     for i, shard in enumerate(manifest.shards):
         problem = names.shard_name_problem(shard.url, allow_external=allow_external)

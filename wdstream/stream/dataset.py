@@ -21,6 +21,7 @@ import torch.utils.data
 from wdstream import options
 from wdstream.errors import ManifestError, OptionError, ShardError, StateError
 from wdstream.shards.samples import split_name
+from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
 from wdstream.stream.contract import IterationSpec, world_info
@@ -55,6 +56,7 @@ def _check_options(given: dict) -> dict:
         options.choice(owner, name, given[name])
     options.mapping(owner, "decoders", given["decoders"])
     options.function(owner, "map", given["map"])
+    check_share_option(owner, "share_manifest", given["share_manifest"])
     return {
         "opener": given["opener"],
         "shuffle": options.boolean(owner, "shuffle", given["shuffle"]),
@@ -76,6 +78,8 @@ def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
     from wdstream.sources.openers import resolve_opener
 
     seen = set()
+    if hasattr(shard_urls, "one_per_scheme"):  # compact.Urls: not a million URLs made here
+        shard_urls = shard_urls.one_per_scheme()
     for url in shard_urls:
         kind = urls.scheme(url)
         if kind not in seen:
@@ -143,6 +147,10 @@ class StreamingDataset(PositionedDataset):
     unless ``allow_external_shards=True`` (for one manifest over several buckets or prefixes:
     then any URL or path it names is read), and a ``pipe:`` command is never taken from a
     manifest or a listing. ``pipe:`` sources given here in code work. See docs/security.md.
+
+    ``share_manifest``: a large manifest is parsed once per node and the other processes map
+    its arrays (True, or a directory of this user; see ``wdstream.shards.shared``); False:
+    each process parses its own.
     """
 
     def __init__(
@@ -166,11 +174,12 @@ class StreamingDataset(PositionedDataset):
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
         allow_external_shards: bool = False,
+        share_manifest: bool | str | os.PathLike = True,
     ):
         super().__init__()
         checked = _check_options(locals())  # every option, before any I/O
         self.source = source
-        resolved = resolve_source(source, bool(allow_external_shards))
+        resolved = resolve_source(source, bool(allow_external_shards), share_manifest)
         self.shards = resolved.table
         self.manifest = resolved.manifest
         _check_opener(checked["opener"], self.shards.urls)

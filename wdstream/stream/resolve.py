@@ -20,14 +20,16 @@ class ResolvedSource:
     manifest: Manifest | None
 
 
-def resolve_source(source, allow_external_shards: bool = False) -> ResolvedSource:
+def resolve_source(source, allow_external_shards: bool = False,
+                   share_manifest=False) -> ResolvedSource:
     """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
     compressed tars), a brace pattern, or a list of shard URLs."""
     if isinstance(source, Manifest):
         if source.url is not None:  # read from storage (load_manifest): its names are data
             check_shard_names(source, allow_external=allow_external_shards)
         return from_manifest(source)
-    found = find_shards(source, allow_external_shards=allow_external_shards)
+    found = find_shards(source, allow_external_shards=allow_external_shards,
+                        share_manifest=share_manifest)
     if found.manifest is not None:
         return from_manifest(found.manifest)
     if found.how == "listing":
