@@ -131,7 +131,7 @@ def write_worker_data(folder: Path, count: int, per_worker: int) -> tuple[str, i
     import wdstream
     from wdstream.shards.index import index_shard
     from wdstream.shards.manifest import Manifest, ShardInfo
-    from wdstream.shards.tar import TarWriter
+    from wdstream.shards.tar_writer import TarWriter
 
     folder.mkdir(parents=True)
     real = folder / "real.tar"
