@@ -20,8 +20,6 @@ import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from wdstream.errors import StateError
 from wdstream.stream.plan import STREAM_END, HistorySegment, stream_sizes
 from wdstream.stream.positioned import PositionedDataset
@@ -41,11 +39,6 @@ def cycle_epoch(epoch: int, cycle: int) -> int:
         return epoch
     n = epoch + cycle - 1
     return _CYCLE_EPOCHS + n * (n + 1) // 2 + cycle - 1
-
-
-def generator(*words: int) -> np.random.Generator:
-    """A generator seeded by every word (SeedSequence mixes them all)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(w) for w in words])))
 
 
 @dataclass(frozen=True)

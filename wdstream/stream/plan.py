@@ -90,8 +90,9 @@ def consumed_at(value, rank: int):
     return value
 
 
-def _generator(*words: int) -> np.random.Generator:
-    # SeedSequence mixes every word, so (seed, epoch) and (seed, epoch + 1) are unrelated.
+def generator(*words: int) -> np.random.Generator:
+    """A generator seeded by every word: SeedSequence mixes them all, so (seed, epoch) and
+    (seed, epoch + 1) are unrelated. The one source of randomness of plans and stages."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(w) for w in words])))
 
 
@@ -102,7 +103,7 @@ def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarr
     """The order in which an epoch visits the shards."""
     if not shuffle:
         return np.arange(n_shards)
-    return _generator(_SHARD_ORDER, seed, epoch).permutation(n_shards)
+    return generator(_SHARD_ORDER, seed, epoch).permutation(n_shards)
 
 
 def window_order(size: int, seed: int, epoch: int, segment: int, rank: int, stream: int,
@@ -110,7 +111,7 @@ def window_order(size: int, seed: int, epoch: int, segment: int, rank: int, stre
     """The order in which one shuffle window of ``size`` samples is yielded."""
     if not shuffle:
         return np.arange(size)
-    return _generator(_WINDOW_ORDER, seed, epoch, segment, rank, stream, window).permutation(size)
+    return generator(_WINDOW_ORDER, seed, epoch, segment, rank, stream, window).permutation(size)
 
 
 def samples_per_rank(total: int, world: int, remainder: str) -> int:
