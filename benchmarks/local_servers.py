@@ -69,8 +69,7 @@ class LocalS3:
         self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
-        self._config = tempfile.mkdtemp(prefix="wdstream-aws-")
-        Path(self._config, "config").write_text("[default]\nregion = us-east-1\n")
+        self._config = tempfile.mkdtemp(prefix="wdstream-aws-")  # removed by stop()
         self.env = {
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_ACCESS_KEY_ID": "testing",
@@ -82,6 +81,8 @@ class LocalS3:
         }
 
     def start(self) -> LocalS3:
+        os.makedirs(self._config, exist_ok=True)
+        Path(self._config, "config").write_text("[default]\nregion = us-east-1\n")
         self.process = launch(["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
                               self.port)
         return self
@@ -89,6 +90,7 @@ class LocalS3:
     def stop(self) -> None:
         if self.process is not None:
             stop(self.process)
+        shutil.rmtree(self._config, ignore_errors=True)
 
     def restart(self) -> None:
         self.stop()
@@ -99,7 +101,6 @@ class LocalS3:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-        shutil.rmtree(self._config, ignore_errors=True)
 
     def client(self):
         import boto3

@@ -9,6 +9,7 @@ they cannot lean on the test tree, while the tests can import them.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ class GcsEmulator:
         }
 
     def start(self) -> GcsEmulator:
+        os.makedirs(self._config, exist_ok=True)
         self.process = launch(["gcp-storage-emulator", "start", "--host", "127.0.0.1",
                                "--port", str(self.port), "--default-bucket", self.bucket,
                                "--in-memory"], self.port)
@@ -60,6 +62,7 @@ class GcsEmulator:
     def stop(self) -> None:
         if self.process is not None:
             stop(self.process)
+        shutil.rmtree(self._config, ignore_errors=True)
 
 
 @contextmanager
