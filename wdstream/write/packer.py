@@ -47,6 +47,7 @@ malformed JSON line is reported by the part that owns it.
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -297,6 +298,7 @@ def prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> N
 def delete_quietly(urls_to_delete: Iterable[str]) -> None:
     """Delete what a failed run wrote, once its uploads have ended (one interrupted in this
     thread goes on in fsspec's I/O loop, and would land after the delete)."""
+    from wdstream.sources import urls
     from wdstream.sources.objects import delete, settle_uploads
 
     settle_uploads()
@@ -305,6 +307,15 @@ def delete_quietly(urls_to_delete: Iterable[str]) -> None:
             delete(url)  # a shard that never appeared is fine
         except WdstreamError:
             pass  # best effort: the original error is the one to report
+        local = urls.to_local_path(url)
+        if local is not None:  # a writer interrupted before its own clean-up: its temporary
+            folder, name = os.path.split(local)
+            for temporary in glob.glob(os.path.join(glob.escape(folder),
+                                                    f".{glob.escape(name)}.*.tmp")):
+                try:
+                    os.remove(temporary)
+                except OSError:
+                    pass
 
 
 
