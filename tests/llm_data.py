@@ -106,6 +106,19 @@ def write_token_dataset(folder, counts, *, seed: int = 0, first_id: int = 1,
     return docs
 
 
+def write_token_sources(root, counts_by_name: dict, *, first_seed: int = 0,
+                        max_tokens: int = 40) -> dict[str, list[np.ndarray]]:
+    """One token dataset per name under ``root`` (``root / name``), the ``i``-th written
+    with seed ``first_seed + i``; token ids go on from one source to the next, so every id
+    occurs once over all of them. Returns each source's documents in storage order."""
+    docs, first = {}, 1
+    for seed, (name, counts) in enumerate(counts_by_name.items(), start=first_seed):
+        docs[name] = write_token_dataset(root / name, counts, seed=seed, first_id=first,
+                                         max_tokens=max_tokens)
+        first = int(docs[name][-1][-1]) + 1
+    return docs
+
+
 def _write_shard(folder, shard: int, count: int, data: bytes) -> ShardInfo:
     """Write shard number ``shard`` (``count`` samples) into ``folder``; its manifest entry."""
     name = f"shard-{shard:06d}.tar"

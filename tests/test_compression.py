@@ -11,6 +11,7 @@ import hashlib
 import json
 import lzma
 import os
+import shutil
 import subprocess
 from collections import Counter
 
@@ -154,13 +155,17 @@ def test_index_records_stored_bytes_and_digests(mixed):
     assert bench["samples"] == sum(COUNTS)
 
 
+def cut_copy(dataset, folder, name: str | None = None, cut: int = 0):
+    """A copy of ``dataset`` in ``folder``, the last ``cut`` bytes of member ``name`` gone."""
+    shutil.copytree(dataset, folder)
+    if name is not None:
+        damaged = folder / name
+        damaged.write_bytes(damaged.read_bytes()[:-cut])
+    return folder
+
+
 def test_verify_finds_a_cut_compressed_shard(mixed, tmp_path):
-    folder = tmp_path / "ds"
-    folder.mkdir()
-    for path in mixed.iterdir():
-        (folder / path.name).write_bytes(path.read_bytes())
-    damaged = folder / "shard-000001.tar.gz"
-    damaged.write_bytes(damaged.read_bytes()[:-20])
+    folder = cut_copy(mixed, tmp_path / "ds", "shard-000001.tar.gz", 20)
     (folder / "index.json").unlink()  # no manifest: only the stream can tell
     result = wdstream("verify", folder, code=1)
     assert "shard-000001.tar.gz" in result.stdout and "truncated" in result.stdout
@@ -211,12 +216,7 @@ def test_elastic_resume_over_compressed_shards(mixed, monkeypatch):
 
 
 def test_a_cut_compressed_shard_is_an_error_not_a_short_shard(mixed, tmp_path, single_rank):
-    folder = tmp_path / "ds"
-    folder.mkdir()
-    for path in mixed.iterdir():
-        (folder / path.name).write_bytes(path.read_bytes())
-    damaged = folder / "shard-000002.tar.zst"
-    damaged.write_bytes(damaged.read_bytes()[:-30])
+    folder = cut_copy(mixed, tmp_path / "ds", "shard-000002.tar.zst", 30)
     ds = wds.StreamingDataset(str(folder), shuffle=False, retries=0)
     with pytest.raises(ShardError, match="shard-000002.tar.zst"):
         list(wds.DataLoader(ds, batch_size=4, num_workers=0))
@@ -259,10 +259,7 @@ def test_from_s3(s3, s3_bucket, mixed, single_rank, tmp_path):
 
 def test_digest_mismatch_is_about_stored_bytes(mixed, tmp_path, single_rank):
     manifest = json.loads((mixed / "index.json").read_text())
-    folder = tmp_path / "ds"
-    folder.mkdir()
-    for path in mixed.iterdir():
-        (folder / path.name).write_bytes(path.read_bytes())
+    folder = cut_copy(mixed, tmp_path / "ds")
     # same tar content, compressed differently: another stored digest and size
     name = "shard-000001.tar.gz"
     tar = gzip.decompress((folder / name).read_bytes())

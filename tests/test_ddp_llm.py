@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from llm_data import write_token_dataset
+from llm_data import write_token_sources
 from servers import free_port
 
 from wdstream.stages.base import ranks_of
@@ -53,10 +53,7 @@ def batches(out, rank, upto=None):
 
 def test_killed_rank_then_elastic_restart_trains_every_token_once(tmp_path):
     data = tmp_path / "data"
-    docs, first = [], 1
-    for seed, (name, counts) in enumerate(COUNTS.items()):
-        docs += write_token_dataset(data / name, counts, seed=seed, first_id=first)
-        first = int(docs[-1][-1]) + 1
+    docs = [d for ds in write_token_sources(data, COUNTS).values() for d in ds]
 
     result, output = torchrun(data, 2, tmp_path / "run0", "--workers", 2, "--checkpoint",
                               tmp_path / "ckpt.json", "--every", EVERY, "--die-at", DIE_AT)

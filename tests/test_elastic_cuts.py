@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from llm_data import merged, run_ranks, write_token_dataset
+from llm_data import merged, run_ranks, write_token_sources
 
 import wdstream
 from wdstream.stages.base import ranks_of
@@ -24,12 +24,8 @@ pytestmark = pytest.mark.usefixtures("single_rank")
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
     root = tmp_path_factory.mktemp("cuts")
-    docs, first = {}, 1
-    for seed, (name, counts) in enumerate(COUNTS.items()):
-        # 1 to 80 tokens: up to 10 sequences a document
-        docs[name] = write_token_dataset(root / name, counts, seed=seed + 4, first_id=first,
-                                         max_tokens=80)
-        first = int(docs[name][-1][-1]) + 1
+    # 1 to 80 tokens: up to 10 sequences a document
+    docs = write_token_sources(root, COUNTS, first_seed=4, max_tokens=80)
     return root, [d for name in COUNTS for d in docs[name]]
 
 

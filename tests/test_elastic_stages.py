@@ -14,7 +14,15 @@ from collections import Counter
 import numpy as np
 import pytest
 from datasets import first_batches
-from llm_data import as_rank, merged, run_ranks, sources, write_sources, write_token_dataset
+from llm_data import (
+    as_rank,
+    merged,
+    run_ranks,
+    sources,
+    write_sources,
+    write_token_dataset,
+    write_token_sources,
+)
 
 import wdstream
 from wdstream.errors import StateError
@@ -32,12 +40,7 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic-tokens")
-    docs = {}
-    first = 1
-    for seed, (name, counts) in enumerate(TOKEN_COUNTS.items()):
-        docs[name] = write_token_dataset(root / name, counts, seed=seed, first_id=first)
-        first = int(docs[name][-1][-1]) + 1
-    return root, docs
+    return root, write_token_sources(root, TOKEN_COUNTS)
 
 
 pytestmark = pytest.mark.usefixtures("single_rank")

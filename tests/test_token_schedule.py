@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from llm_data import merged, run_ranks, write_token_dataset
+from llm_data import merged, run_ranks, write_token_sources
 
 import wdstream
 from wdstream.errors import InputError
@@ -25,11 +25,7 @@ pytestmark = pytest.mark.usefixtures("single_rank")
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
     root = tmp_path_factory.mktemp("token-schedule")
-    docs, first = {}, 1
-    for seed, (name, counts) in enumerate(COUNTS.items()):
-        docs[name] = write_token_dataset(root / name, counts, seed=seed, first_id=first,
-                                         max_tokens=12)
-        first = int(docs[name][-1][-1]) + 1
+    docs = write_token_sources(root, COUNTS, max_tokens=12)
     return root, {name: {int(t) for d in ds for t in d} for name, ds in docs.items()}
 
 
