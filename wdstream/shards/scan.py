@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from wdstream.shards.scan_blocks import VARIED, scan_by_length
+
 LINES = 1 << 16  # lines scanned at a time
 
 _QUOTE, _NEWLINE = ord('"'), ord("\n")
@@ -74,6 +76,11 @@ for _sha in (True, False):
             _LAYOUTS.setdefault(_layout.quotes, []).append(_layout)
 
 
+def all_layouts() -> list[_Layout]:
+    """The eight layouts, those ``pack`` writes (every key) first."""
+    return [layout for quotes in sorted(_LAYOUTS, reverse=True) for layout in _LAYOUTS[quotes]]
+
+
 class _Columns:
     """The arrays being filled, one row per shard."""
 
@@ -92,9 +99,12 @@ class _Columns:
         self.key_len = np.zeros(count, dtype=np.int64)
 
 
-def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | None:
+def scan_shards(text: bytes, start: int, stop: int, min_lines: int = 1
+                ) -> dict[str, np.ndarray] | None:
     """The columns of the shard lines in ``text[start:stop]`` (between ``"shards": [\\n ``
-    and ``\\n]``), or None when a line is not in one of the layouts (see the module docstring).
+    and ``\\n]``), or None when a line is not in one of the layouts (see the module docstring)
+    or there are fewer than ``min_lines``. Lines are read by length (``scan_blocks``) unless
+    they vary too much for that; then by their quotes, as described above.
 
     Columns: ``names`` and ``keys`` (uint8, the names and last keys joined by newlines, a
     missing key as an empty one), ``samples``, ``bytes``, ``sha256`` (N x 32 raw digests),
@@ -106,6 +116,8 @@ def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | N
     newlines = np.concatenate([np.flatnonzero(text[at:at + step] == _NEWLINE) + at
                                for at in range(0, len(text), step)] or [np.zeros(0, np.int64)])
     count = len(newlines) + 1
+    if count < min_lines:
+        return None
     if len(newlines) and (newlines[0] < 1 or newlines[-1] + 2 > len(text)):
         return None
     # lines are joined by ",\n "
@@ -114,6 +126,9 @@ def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | N
         return None
     starts = np.concatenate(([0], newlines + 2))
     ends = np.concatenate((newlines - 1, [len(text)]))
+    found = scan_by_length(text, starts, ends)
+    if found is not VARIED:
+        return found
     columns = _Columns(count)
     names, keys = [], []
     for first in range(0, count, LINES):
