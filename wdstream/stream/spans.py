@@ -115,7 +115,6 @@ class Visits(Sequence):
         joins = ((shard[1:] == shard[:-1]) & (stop[:-1] != OPEN) & (stop[1:] != OPEN)
                  & (start[1:] >= stop[:-1]))
         self.heads = np.flatnonzero(np.concatenate(([len(spans) > 0], ~joins)))
-        self._ends = np.append(self.heads[1:], len(spans))
 
     def __len__(self) -> int:
         return len(self.heads)
@@ -123,7 +122,9 @@ class Visits(Sequence):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return list(self.spans[int(self.heads[index]):int(self._ends[index])])
+        index = range(len(self))[index]  # IndexError past the end, as a list
+        end = int(self.heads[index + 1]) if index + 1 < len(self) else len(self.spans)
+        return list(self.spans[int(self.heads[index]):end])
 
     def shard(self, index: int) -> int:
         """The shard visit ``index`` reads."""
