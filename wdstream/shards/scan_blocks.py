@@ -26,11 +26,7 @@ MAX_ROUNDS = 2000  # layouts tried in all before the lines count as too varied
 BLOCK_BYTES = 8 << 20  # rows checked at a time: temporaries stay a few MB
 _MAX_DIGITS = 18  # as scan.py: larger counts take the general parser
 _POW10 = 10 ** np.arange(_MAX_DIGITS, dtype=np.int64)
-_QUOTE = ord('"')
-# a byte a JSON string may hold as it is (backslashes are refused before anything is read)
-_STRING_BYTE = np.ones(256, dtype=bool)
-_STRING_BYTE[:0x20] = False
-_STRING_BYTE[_QUOTE] = False
+_QUOTE = ord('"')  # strings hold no quote, no control character (backslashes: refused before)
 
 
 class _Template:
@@ -135,11 +131,18 @@ def scan_by_length(text: np.ndarray, starts: np.ndarray, ends: np.ndarray):
 def _read_rows(template: _Template, windows, starts, rows, columns: _Columns):
     """Read the rows in ``template``'s layout; the rows left (None: a row agrees with the
     layout's literal bytes but not with its values)."""
-    step = max(1, BLOCK_BYTES // windows.shape[1])
+    width = windows.shape[1]
+    step = max(1, BLOCK_BYTES // width)
     left = []
     for at in range(0, len(rows), step):
         chunk = rows[at:at + step]
-        block = windows[starts[chunk]]
+        first, n = int(starts[chunk[0]]), len(chunk)
+        if chunk[-1] - chunk[0] == n - 1 and starts[chunk[-1]] - first == (n - 1) * (width + 3):
+            # consecutive lines (joined by ",\n "): a view of the text, nothing copied
+            block = np.lib.stride_tricks.as_strided(windows[first], shape=(n, width),
+                                                    strides=(width + 3, 1), writeable=False)
+        else:
+            block = windows[starts[chunk]]
         same = np.equal(block, template.literal)
         same |= template.values
         same = same.all(1)
@@ -165,11 +168,11 @@ def _read_values(template: _Template, block, rows, columns: _Columns) -> bool:
                 return False  # not a plain JSON integer (JSON has no leading zeros)
             ints.append(digits.astype(np.int64) @ _POW10[end - begin - 1::-1])
         elif piece is _NAME or piece is _KEY:
-            if not _STRING_BYTE[values].all():
-                return False
+            values = np.ascontiguousarray(values)
+            if end > begin and (values.min() < 0x20 or (values == _QUOTE).any()):
+                return False  # a JSON string holds no control character, no bare quote
             if end > begin:
-                (columns.names if piece is _NAME else columns.keys).append(
-                    (rows, np.ascontiguousarray(values)))
+                (columns.names if piece is _NAME else columns.keys).append((rows, values))
             (columns.name_len if piece is _NAME else columns.key_len)[at] = end - begin
         else:
             text = np.ascontiguousarray(values).tobytes()
