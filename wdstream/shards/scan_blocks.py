@@ -21,11 +21,19 @@ import binascii
 
 import numpy as np
 
+from wdstream.shards.scan_layouts import (
+    INT,
+    KEY,
+    MAX_DIGITS,
+    NAME,
+    POW10,
+    Columns,
+    layouts_by_quotes,
+)
+
 VARIED = object()
 MAX_ROUNDS = 2000  # layouts tried in all before the lines count as too varied
 BLOCK_BYTES = 8 << 20  # rows checked at a time: temporaries stay a few MB
-_MAX_DIGITS = 18  # as scan.py: larger counts take the general parser
-_POW10 = 10 ** np.arange(_MAX_DIGITS, dtype=np.int64)
 _QUOTE = ord('"')  # strings hold no quote, no control character (backslashes: refused before)
 
 
@@ -43,8 +51,6 @@ class _Template:
 
 def _template(line: bytes, layouts) -> _Template | None:
     """The layout ``line`` is in, with its value columns; None if it is in none."""
-    from wdstream.shards.scan import _INT, _KEY, _NAME
-
     for layout in layouts:
         position, fields = 0, []
         for i, piece in enumerate(layout.pieces):
@@ -56,11 +62,11 @@ def _template(line: bytes, layouts) -> _Template | None:
             after = layout.pieces[i + 1]
             end = line.find(b'"', position) - after.index(b'"')
             width = end - position
-            if piece is _INT:
-                good = 1 <= width <= _MAX_DIGITS
-            elif piece is _NAME:
+            if piece is INT:
+                good = 1 <= width <= MAX_DIGITS
+            elif piece is NAME:
                 good = width >= 1
-            elif piece is _KEY:
+            elif piece is KEY:
                 good = width >= 0
             else:
                 good = width == piece
@@ -74,19 +80,11 @@ def _template(line: bytes, layouts) -> _Template | None:
     return None
 
 
-class _Columns:
-    """The arrays being filled, and the pieces of names and keys per rows read."""
+class _Columns(Columns):
+    """The arrays being filled, and the names and keys of the rows read, block by block."""
 
     def __init__(self, count: int):
-        self.samples = np.zeros(count, dtype=np.int64)
-        self.bytes = np.zeros(count, dtype=np.int64)
-        self.sha256 = np.zeros((count, 32), dtype=np.uint8)
-        self.has_sha256 = np.zeros(count, dtype=bool)
-        self.heads = np.zeros((count, 16), dtype=np.uint8)
-        self.has_head = np.zeros(count, dtype=bool)
-        self.has_key = np.zeros(count, dtype=bool)
-        self.name_len = np.zeros(count, dtype=np.int64)
-        self.key_len = np.zeros(count, dtype=np.int64)
+        super().__init__(count)
         self.names: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, N x width bytes)
         self.keys: list[tuple[np.ndarray, np.ndarray]] = []
 
@@ -94,9 +92,7 @@ class _Columns:
 def scan_by_length(text: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     """The columns (as ``scan.scan_shards``) of the lines ``text[starts[i]:ends[i]]``, None
     when a line is in no layout, or ``VARIED`` (see the module docstring)."""
-    from wdstream.shards.scan import all_layouts
-
-    layouts = all_layouts()
+    layouts = [layout for group in layouts_by_quotes().values() for layout in group]
     count = len(starts)
     lengths = ends - starts
     if (lengths == lengths[0]).all():
@@ -155,25 +151,23 @@ def _read_rows(template: _Template, windows, starts, rows, columns: _Columns):
 
 
 def _read_values(template: _Template, block, rows, columns: _Columns) -> bool:
-    from wdstream.shards.scan import _INT, _KEY, _NAME
-
     layout = template.layout
     at = _consecutive(rows)
     ints = []
     for piece, begin, end in template.fields:
         values = block[:, begin:end]
-        if piece is _INT:
+        if piece is INT:
             digits = values - np.uint8(ord("0"))
             if (digits > 9).any() or (end - begin > 1 and (digits[:, 0] == 0).any()):
                 return False  # not a plain JSON integer (JSON has no leading zeros)
-            ints.append(digits.astype(np.int64) @ _POW10[end - begin - 1::-1])
-        elif piece is _NAME or piece is _KEY:
+            ints.append(digits.astype(np.int64) @ POW10[end - begin - 1::-1])
+        elif piece is NAME or piece is KEY:
             values = np.ascontiguousarray(values)
             if end > begin and (values.min() < 0x20 or (values == _QUOTE).any()):
                 return False  # a JSON string holds no control character, no bare quote
             if end > begin:
-                (columns.names if piece is _NAME else columns.keys).append((rows, values))
-            (columns.name_len if piece is _NAME else columns.key_len)[at] = end - begin
+                (columns.names if piece is NAME else columns.keys).append((rows, values))
+            (columns.name_len if piece is NAME else columns.key_len)[at] = end - begin
         else:
             text = np.ascontiguousarray(values).tobytes()
             try:
@@ -220,7 +214,4 @@ def _finish(columns: _Columns) -> dict[str, np.ndarray] | None:
         keys.tobytes().decode("utf-8")
     except UnicodeDecodeError:
         return None
-    return {"names": _joined(count, columns.name_len, columns.names), "keys": keys,
-            "samples": columns.samples, "bytes": columns.bytes,
-            "sha256": columns.sha256, "has_sha256": columns.has_sha256,
-            "heads": columns.heads, "has_head": columns.has_head, "has_key": columns.has_key}
+    return columns.result(_joined(count, columns.name_len, columns.names), keys)
