@@ -14,6 +14,10 @@ characters. Every line accepted is therefore valid JSON with the meaning the gen
 gives it, and a key given twice cannot be accepted. Anything else (another layout, an escape,
 an extra key) makes ``scan_shards`` return None, and the caller takes the general parser, which
 reports what is wrong. Work is done on blocks of lines, so temporaries stay a few MB.
+
+Lines are first read by length (``wdstream.shards.scan_blocks``: the lines of one length and
+layout as one block, which accepts exactly the same lines); the quote scanner below reads the
+manifests whose lines vary too much for that.
 """
 
 from __future__ import annotations
