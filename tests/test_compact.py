@@ -244,7 +244,8 @@ def test_the_scanner_reads_a_line_as_the_general_parser_does_or_leaves_it(spoil,
     ways of scanning: lines grouped by length (scan_blocks) and the quote scanner."""
     if scanner == "by quotes":
         monkeypatch.setattr(scan, "scan_by_length", lambda *args: scan_blocks.VARIED)
-    shards = with_identity(infos())
+    monkeypatch.setattr(compact, "SMALL", 100)  # the same scanners on a quicker manifest
+    shards = with_identity(infos(300))
     text = Manifest(shards, extensions=["json"]).to_json()
     old, new = spoil
     line = text.split("\n")[2]
