@@ -14,6 +14,10 @@ and ``wdstream index`` write) with every key ``pack`` writes per shard: ``url``,
   worker (files hard-linked to one real shard, so the manifest's identity keys hold), then the
   workers' PSS and USS (private pages) are read from ``/proc/PID/smaps_rollup``; beside it the
   same over a 3,000-shard manifest, so the difference is what the manifest costs a worker.
+- worker plan: what one DataLoader worker builds before it reads, on the 1,000,000-shard
+  manifest with 1 rank of 2 workers: the epoch plan, its stream's spans (``stream_spans``
+  after ``drop_first``) and the reader over them (``SpanReader``: the visits it walks); the
+  RSS that adds (malloc's free pages handed back first) and the CPU seconds it takes.
 - node: N ranks (processes started together, as torchrun starts them) build the dataset with
   the default ``share_manifest=True`` in a fresh directory: one parses and publishes, the
   others wait and map; then N ranks again with the copy in place ("ranks 2..N": each maps).
@@ -37,6 +41,8 @@ FULL = {"sizes": (100_000, 1_000_000), "one_line": True, "ranks": 4, "worker_sha
 QUICK = {"sizes": (100_000, 1_000_000), "one_line": False, "ranks": 4, "worker_shards": 1000}
 T_LOAD = "large manifests: StreamingDataset(prefix) on a local index.json, then one epoch's plan"
 T_WORKERS = "DataLoader workers on a 1,000,000-shard manifest: memory per worker"
+T_WORKER_PLAN = ("a DataLoader worker's epoch on a 1,000,000-shard manifest: its plan, spans and "
+                 "reader (1 rank x 2 workers)")
 T_NODE = "ranks of one node on a 1,000,000-shard manifest (share_manifest=True, the default)"
 T_GOALS = "goals (issue 18)"
 
@@ -123,6 +129,32 @@ def case_workers(source: str, batches: int, share: str | None = None) -> dict:
             "worker_rss_mb": common.median([w["rss"] for w in workers]),
             "main_pss_mb": main["pss"], "workers": len(workers),
             "mapped": getattr(dataset.manifest.shards, "mapped_from", None) is not None}
+
+
+def case_worker_plan(source: str) -> dict:
+    """What a DataLoader worker holds of its epoch (1 rank, 2 workers, stream 0), built the
+    way ``StreamingDataset`` builds it in the worker, without reading."""
+    import gc
+
+    import wdstream
+    from wdstream.shards.compact import release_free_memory
+    from wdstream.stream.plan import drop_first
+    from wdstream.stream.read import SpanReader
+
+    dataset = wdstream.StreamingDataset(source, seed=0, share_manifest=False)
+    gc.collect()
+    release_free_memory()
+    before = _rss_mb()
+    cpu = time.process_time()
+    plan = dataset.plan(0, 1, 2)
+    spans = drop_first(plan.stream_spans(0, 0), 0)
+    reader = SpanReader(spans, dataset.shards, dataset.read_options)
+    cpu_built = time.process_time()
+    gc.collect()
+    release_free_memory()
+    return {"held_mb": _rss_mb() - before, "build_cpu_s": cpu_built - cpu,
+            "spans": len(spans), "visits": len(reader.visits),
+            "spans_type": type(spans).__name__}
 
 
 def write_worker_data(folder: Path, count: int, per_worker: int) -> tuple[str, int]:
@@ -243,6 +275,16 @@ def write_manifests(folder: Path, count: int, one_line: bool) -> dict[str, str]:
     return out
 
 
+def table_rows(table: str, label: str, results: dict[str, dict], columns: dict[str, str]
+               ) -> list[dict]:
+    """One row per case of ``results``: its name under ``label``, then each column's value
+    (``columns``: column -> result key), the runs and any error."""
+    return [{"table": table, label: name, **{column: result.get(key)
+                                             for column, key in columns.items()},
+             "runs": result.get("runs"), "error": result.get("error")}
+            for name, result in results.items()]
+
+
 def run(quick: bool) -> list[dict]:
     sizes = QUICK if quick else FULL
     rows, goals = [], []
@@ -270,45 +312,45 @@ def run(quick: bool) -> list[dict]:
         node = {f"{sizes['ranks']} ranks": (f"{__name__}:case_node",
                                             {"source": str(root / "lines-1000000"),
                                              "ranks": sizes["ranks"]})}
+        plan_case = {"1,000,000 shards": (f"{__name__}:case_worker_plan",
+                                          {"source": str(root / "lines-1000000")})}
         results = common.repeat(cases, progress=common.log)
         worker_results = common.repeat(workers, progress=common.log)
+        plan_results = common.repeat(plan_case, progress=common.log)
         node_results = common.repeat(node, progress=common.log)
-    for name, result in results.items():
-        rows.append({"table": T_LOAD, "manifest": name, "load s": result.get("load_s"),
-                     "load CPU s": result.get("load_cpu_s"),
-                     "plan s (8 ranks x 4 workers)": result.get("plan_s"),
-                     "kept MB": result.get("kept_mb"), "peak MB above start": result.get("peak_mb"),
-                     "as arrays": result.get("compact"), "runs": result.get("runs"),
-                     "error": result.get("error")})
+    rows += table_rows(T_LOAD, "manifest", results, {
+        "load s": "load_s", "load CPU s": "load_cpu_s",
+        "plan s (8 ranks x 4 workers)": "plan_s", "kept MB": "kept_mb",
+        "peak MB above start": "peak_mb", "as arrays": "compact"})
     rows.append({"table": T_LOAD, "note": (
         "Each shard: a 17-character name, counts, a sha256, a head and a 12-character last key "
         "(216 MB of index.json for a million). 'kept' is the RSS the dataset holds once built; "
         "'peak' includes the file's text while it is parsed. Each process parses its own copy "
         "here (share_manifest=False).")})
-    for name, result in worker_results.items():
-        rows.append({"table": T_WORKERS, "manifest": name,
-                     "PSS per worker MB": result.get("worker_pss_mb"),
-                     "USS per worker MB": result.get("worker_uss_mb"),
-                     "RSS per worker MB": result.get("worker_rss_mb"),
-                     "main PSS MB": result.get("main_pss_mb"), "workers": result.get("workers"),
-                     "runs": result.get("runs"),
-                     "error": result.get("error")})
+    rows += table_rows(T_WORKERS, "manifest", worker_results, {
+        "PSS per worker MB": "worker_pss_mb", "USS per worker MB": "worker_uss_mb",
+        "RSS per worker MB": "worker_rss_mb", "main PSS MB": "main_pss_mb",
+        "workers": "workers"})
     rows.append({"table": T_WORKERS, "note": (
         f"2 workers, batch 32, after {batches} batches ({per_worker:,} shards of 4 samples per "
         "worker; a full epoch of a million shards takes too long here). USS: pages only that "
         "worker holds; the manifest's cost to a worker is its USS above the 3,000-shard row: the "
         "manifest's arrays are shared; what a worker holds of its own is its epoch plan "
-        "(stream_spans: one Span per shard of its stream, some 500,000 here).")})
-    for name, result in node_results.items():
-        rows.append({"table": T_NODE, "ranks": name,
-                     "first rank (parse + publish) s": result.get("first_s"),
-                     "ranks 2..N started with it s": result.get("waiting_s"),
-                     "ranks 2..N, copy in place s": result.get("later_s"),
-                     "ranks 2..N CPU s": result.get("later_cpu_s"),
-                     "RSS per rank MB": result.get("later_rss_mb"),
-                     "PSS per rank MB": result.get("rank_pss_mb"),
-                     "node PSS MB": result.get("node_pss_mb"), "runs": result.get("runs"),
-                     "error": result.get("error")})
+        "(its stream's spans and the reader's visits, some 500,000 here: the table below).")})
+    rows += table_rows(T_WORKER_PLAN, "manifest", plan_results, {
+        "spans": "spans", "visits": "visits", "held MB": "held_mb",
+        "built in CPU s": "build_cpu_s", "spans held as": "spans_type"})
+    rows.append({"table": T_WORKER_PLAN, "note": (
+        "Built in one process as StreamingDataset builds it in a worker (plan(0, 1, 2), "
+        "drop_first(stream_spans(0, 0), 0), SpanReader over them), without reading; 'held' is "
+        "the RSS added, after gc and malloc_trim. 'list': a Span object per span and a list "
+        "per visit; 'SpanArray': int64 arrays of shard, start and stop.")})
+    rows += table_rows(T_NODE, "ranks", node_results, {
+        "first rank (parse + publish) s": "first_s",
+        "ranks 2..N started with it s": "waiting_s",
+        "ranks 2..N, copy in place s": "later_s", "ranks 2..N CPU s": "later_cpu_s",
+        "RSS per rank MB": "later_rss_mb", "PSS per rank MB": "rank_pss_mb",
+        "node PSS MB": "node_pss_mb"})
     rows.append({"table": T_NODE, "note": (
         "Ranks are processes started together (spawn, as torchrun does). 'started with it': "
         "they wait on the entry's lock while the first parses, then map. 'copy in place': "

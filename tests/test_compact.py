@@ -3,6 +3,7 @@ general parser: same shards, sums, fingerprint, plan; anything unusual goes the 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 
@@ -11,7 +12,7 @@ import pytest
 
 import wdstream
 from wdstream.errors import ManifestError
-from wdstream.shards import compact
+from wdstream.shards import compact, scan, scan_blocks
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.stream.plan import EpochPlan, PlanOptions
 
@@ -222,11 +223,29 @@ def outcome(parse, text):
     ('"url": "part-1/shard-000001.tar"', '"url": "part-1/sh\\"ard.tar"'),
     ('"url": "part-1/shard-000001.tar"', '"url": "pipe:rm.tar"'),
     ('"url": "part-1/shard-000001.tar"', '"url": "part-2/shard-000002.tar"'),
+    # the line keeps its length: the block of lines of that length sees it
+    ('"samples": 11,', '"samples": 1x,'),
+    ('"samples": 11,', '"samples": 1 ,'),
+    ('"bytes": 10241,', '"bytes": 1024\x00,'),
+    ('"url": "part-1/shard-000001.tar"', '"url": "part-1/shard-00000".tar"'),
+    ('"url": "part-1/shard-000001.tar"', '"url": "part-1/shard-00000\x7f.tar"'),
+    ('"last_key": "key-000000001"', '"last_key": "key-00000000\x1f"'),
+    ('"last_key": "key-000000001"', '"last_key": "key-0000\xc3\xa9001"'),
+    ('"last_key": "key-000000001"', '"last_key": "key-00000", "0001"'),
+    ('"head": "c4ca', '"head": "C4CA'),
+    ('"head": "c4ca', '"head": "g4ca'),
+    ('{"url"', '["url"'),
 ])
-def test_the_scanner_reads_a_line_as_the_general_parser_does_or_leaves_it(spoil, monkeypatch):
+@pytest.mark.parametrize("scanner", ["by length", "by quotes"])
+def test_the_scanner_reads_a_line_as_the_general_parser_does_or_leaves_it(spoil, scanner,
+                                                                          monkeypatch):
     """Each spoiled line (of shard 1) is either read with the general parser's meaning or the
-    whole manifest goes the general way; the results (shards or error) are the same."""
-    shards = with_identity(infos())
+    whole manifest goes the general way; the results (shards or error) are the same. Both
+    ways of scanning: lines grouped by length (scan_blocks) and the quote scanner."""
+    if scanner == "by quotes":
+        monkeypatch.setattr(scan, "scan_by_length", lambda *args: scan_blocks.VARIED)
+    monkeypatch.setattr(compact, "SMALL", 100)  # the same scanners on a quicker manifest
+    shards = with_identity(infos(300))
     text = Manifest(shards, extensions=["json"]).to_json()
     old, new = spoil
     line = text.split("\n")[2]
@@ -239,3 +258,84 @@ def test_the_scanner_reads_a_line_as_the_general_parser_does_or_leaves_it(spoil,
     assert ours == general_only
     if fast is not None and isinstance(general_only, list):  # read by the scanner: the same
         assert [tuple(vars(s).values()) for s in fast[1]] == general_only
+
+
+def varied_shards(count: int = COUNT) -> list[ShardInfo]:
+    """Lines of many lengths and layouts: names, counts and keys of several widths, digests
+    and identity keys present or not, keys beyond ASCII."""
+    rng = np.random.default_rng(3)
+    shards = []
+    for i in range(count):
+        samples = int(rng.choice([1, 9, 10, 999, 1000, 12345]))
+        shards.append(ShardInfo(
+            f"d{i % 11}/{'x' * (i % 3)}s-{i}.tar", samples, samples * 600 + int(rng.integers(0, 5)),
+            hashlib.sha256(str(i).encode()).hexdigest() if i % 3 else None,
+            hashlib.md5(str(i).encode()).hexdigest() if i % 4 else None,
+            None if i % 5 == 0 else ("" if i % 17 == 0 else f"k\u00e9y-{i:0{i % 9}d}")))
+    return shards
+
+
+def scanned(text: str, monkeypatch=None, how: str = "by length"):
+    encoded = text.encode()
+    start = encoded.index(b"[\n ") + 3
+    stop = len(encoded) - len("\n]}\n")
+    with pytest.MonkeyPatch.context() as patch:
+        if how == "by quotes":
+            patch.setattr(scan, "scan_by_length", lambda *args: scan_blocks.VARIED)
+        elif how == "few rounds":
+            patch.setattr(scan_blocks, "MAX_ROUNDS", 3)
+        return scan.scan_shards(encoded, start, stop)
+
+
+@pytest.mark.parametrize("make", [infos, lambda: with_identity(infos()), varied_shards])
+def test_reading_lines_by_length_gives_what_the_quote_scanner_gives(make):
+    shards = make()
+    text = Manifest(shards, extensions=["json"]).to_json()
+    by_length, by_quotes = scanned(text), scanned(text, how="by quotes")
+    assert by_length is not None and by_length.keys() == by_quotes.keys()
+    for name, column in by_quotes.items():
+        assert np.array_equal(by_length[name], column), name
+    assert list(Manifest.from_json(text).shards) == shards
+
+
+def test_lines_too_varied_for_blocks_take_the_quote_scanner(monkeypatch):
+    text = Manifest(varied_shards(), extensions=["json"]).to_json()
+    calls = []
+    quote_block = scan._scan_block
+    monkeypatch.setattr(scan, "_scan_block", lambda *a: calls.append(1) or quote_block(*a))
+    few = scanned(text, how="few rounds")
+    assert calls  # the lines took more than 3 rounds of blocks
+    for name, column in scanned(text).items():
+        assert np.array_equal(few[name], column), name
+
+
+def test_a_line_in_no_layout_sends_the_manifest_to_the_general_parser():
+    shards = infos()
+    text = Manifest(shards).to_json()
+    lines = text.split("\n")
+    lines[40] = lines[40].replace('"url": ', '"url":  ', 1)
+    assert scanned("\n".join(lines)) is None
+    lines = text.split("\n")
+    lines[40] = lines[40].replace('"bytes"', '"extra": 1, "bytes"', 1)
+    assert scanned("\n".join(lines)) is None
+    assert Manifest.from_json("\n".join(lines)).extra == {}  # read, the general way
+
+
+def test_the_shard_table_of_a_large_manifest_makes_values_when_asked_for(tmp_path):
+    """Digests, heads and last keys (not needed to stream) stay raw bytes in the arrays; the
+    shard table makes a shard's strings when the reader asks for that shard."""
+    shards = with_identity(infos())
+    (tmp_path / "index.json").write_text(Manifest(shards, extensions=["json"]).to_json())
+    gc.collect()
+    before = len(gc.get_objects())
+    dataset = wdstream.StreamingDataset(str(tmp_path), share_manifest=False)
+    table = dataset.shards
+    assert len(gc.get_objects()) - before < 2000  # no object per shard (10,007 of them)
+    for column in ("urls", "sha256", "heads", "last_keys"):
+        assert not isinstance(getattr(table, column), list)
+    arrays = dataset.manifest.shards
+    assert arrays.columns["sha256"].dtype == np.uint8 and arrays.columns["heads"].shape == (
+        COUNT, 16)
+    for i in (0, 1, 5, 8, COUNT - 1):
+        assert (table.sha256[i], table.heads[i], table.last_keys[i]) == (
+            shards[i].sha256, shards[i].head, shards[i].last_key)

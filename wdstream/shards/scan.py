@@ -14,87 +14,52 @@ characters. Every line accepted is therefore valid JSON with the meaning the gen
 gives it, and a key given twice cannot be accepted. Anything else (another layout, an escape,
 an extra key) makes ``scan_shards`` return None, and the caller takes the general parser, which
 reports what is wrong. Work is done on blocks of lines, so temporaries stay a few MB.
+
+Lines are first read by length (``wdstream.shards.scan_blocks``: the lines of one length and
+layout as one block, which accepts exactly the same lines); the quote scanner below reads the
+manifests whose lines vary too much for that.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from wdstream.shards.scan_blocks import VARIED, scan_by_length
+from wdstream.shards.scan_layouts import (
+    INT,
+    KEY,
+    MAX_DIGITS,
+    NAME,
+    POW10,
+    Columns,
+    Layout,
+    layouts_by_quotes,
+)
+
 LINES = 1 << 16  # lines scanned at a time
 
 _QUOTE, _NEWLINE = ord('"'), ord("\n")
-_INT = "int"  # a gap holding ': DIGITS, '
-_NAME, _KEY = "name", "key"
-_MAX_DIGITS = 18  # below 2**63: larger counts take the general parser (which refuses them)
-_POW10 = 10 ** np.arange(_MAX_DIGITS, dtype=np.int64)
 _NIBBLE = np.full(256, -1, dtype=np.int16)
 _NIBBLE[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
 _NIBBLE[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
+_LAYOUTS = layouts_by_quotes()
 
 
-class _Layout:
-    """One line layout: literal runs (bytes) and the values between them (``_NAME``, ``_INT``,
-    ``_KEY``, or a number of hex digits)."""
-
-    def __init__(self, sha: bool, head: bool, key: bool):
-        self.sha, self.head, self.key = sha, head, key
-        pieces = [b'{"url": "', _NAME, b'", "samples": ', _INT, b', "bytes": ', _INT,
-                  b', "sha256": ']
-        if sha:
-            pieces[-1] += b'"'
-            pieces += [64, b'"']
-        else:
-            pieces[-1] += b"null"
-        if head:
-            pieces[-1] += b', "head": "'
-            pieces += [32, b'"']
-        if key:
-            pieces[-1] += b', "last_key": "'
-            pieces += [_KEY, b'"']
-        pieces[-1] += b"}"
-        self.pieces = pieces
-        self.quotes = sum(p.count(b'"') for p in pieces if isinstance(p, bytes))
-        # a value ends where the run after it has its first quote: (which quote of the line,
-        # how many bytes before it)
-        self.value_ends = {}
-        seen = 0
-        for i, piece in enumerate(pieces):
-            if isinstance(piece, bytes):
-                seen += piece.count(b'"')
-            else:
-                after = pieces[i + 1]
-                self.value_ends[i] = (seen, after.index(b'"'))
-
-
-_LAYOUTS: dict[int, list[_Layout]] = {}
-for _sha in (True, False):
-    for _head in (True, False):
-        for _key in (True, False):
-            _layout = _Layout(_sha, _head, _key)
-            _LAYOUTS.setdefault(_layout.quotes, []).append(_layout)
-
-
-class _Columns:
-    """The arrays being filled, one row per shard."""
+class _Columns(Columns):
+    """The arrays being filled, and where each shard's name and last key are in the text."""
 
     def __init__(self, count: int):
-        self.samples = np.zeros(count, dtype=np.int64)
-        self.bytes = np.zeros(count, dtype=np.int64)
-        self.sha256 = np.zeros((count, 32), dtype=np.uint8)
-        self.has_sha256 = np.zeros(count, dtype=bool)
-        self.heads = np.zeros((count, 16), dtype=np.uint8)
-        self.has_head = np.zeros(count, dtype=bool)
-        self.has_key = np.zeros(count, dtype=bool)
-        # where each shard's name and last key are in the text (a missing key: length 0)
+        super().__init__(count)
         self.name_at = np.zeros(count, dtype=np.int64)
-        self.name_len = np.zeros(count, dtype=np.int64)
         self.key_at = np.zeros(count, dtype=np.int64)
-        self.key_len = np.zeros(count, dtype=np.int64)
 
 
-def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | None:
+def scan_shards(text: bytes, start: int, stop: int, min_lines: int = 1
+                ) -> dict[str, np.ndarray] | None:
     """The columns of the shard lines in ``text[start:stop]`` (between ``"shards": [\\n ``
-    and ``\\n]``), or None when a line is not in one of the layouts (see the module docstring).
+    and ``\\n]``), or None when a line is not in one of the layouts (see the module docstring)
+    or there are fewer than ``min_lines``. Lines are read by length (``scan_blocks``) unless
+    they vary too much for that; then by their quotes, as described above.
 
     Columns: ``names`` and ``keys`` (uint8, the names and last keys joined by newlines, a
     missing key as an empty one), ``samples``, ``bytes``, ``sha256`` (N x 32 raw digests),
@@ -106,6 +71,8 @@ def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | N
     newlines = np.concatenate([np.flatnonzero(text[at:at + step] == _NEWLINE) + at
                                for at in range(0, len(text), step)] or [np.zeros(0, np.int64)])
     count = len(newlines) + 1
+    if count < min_lines:
+        return None
     if len(newlines) and (newlines[0] < 1 or newlines[-1] + 2 > len(text)):
         return None
     # lines are joined by ",\n "
@@ -114,6 +81,9 @@ def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | N
         return None
     starts = np.concatenate(([0], newlines + 2))
     ends = np.concatenate((newlines - 1, [len(text)]))
+    found = scan_by_length(text, starts, ends)
+    if found is not VARIED:
+        return found
     columns = _Columns(count)
     names, keys = [], []
     for first in range(0, count, LINES):
@@ -132,10 +102,7 @@ def scan_shards(text: bytes, start: int, stop: int) -> dict[str, np.ndarray] | N
         keys_blob.tobytes().decode("utf-8")
     except UnicodeDecodeError:
         return None
-    return {"names": np.concatenate(names)[:-1], "keys": keys_blob,
-            "samples": columns.samples, "bytes": columns.bytes,
-            "sha256": columns.sha256, "has_sha256": columns.has_sha256,
-            "heads": columns.heads, "has_head": columns.has_head, "has_key": columns.has_key}
+    return columns.result(np.concatenate(names)[:-1], keys_blob)
 
 
 def _joined(text: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -166,7 +133,7 @@ def _scan_block(text, starts, ends, columns: _Columns, first: int) -> bool:
     return bool(matched.all())
 
 
-def _match(layout: _Layout, text, quotes, at, starts, ends, columns: _Columns, rows):
+def _match(layout: Layout, text, quotes, at, starts, ends, columns: _Columns, rows):
     """Which of these lines are in ``layout`` (their values stored in ``columns``)."""
     ok = np.ones(len(rows), dtype=bool)
     position = starts
@@ -178,12 +145,12 @@ def _match(layout: _Layout, text, quotes, at, starts, ends, columns: _Columns, r
             continue
         quote, back = layout.value_ends[i]
         end = quotes[at + quote] - back
-        if piece is _INT:
+        if piece is INT:
             value, good = _integers(text, position, end)
             ints.append(value)
-        elif piece is _NAME:
+        elif piece is NAME:
             name, good = (position, end - position), end > position
-        elif piece is _KEY:
+        elif piece is KEY:
             key, good = (position, end - position), end >= position
         else:
             digests[piece], good = _hex(text, position, end, piece)
@@ -218,16 +185,16 @@ def _literal(text, begin, literal: bytes):
 
 def _integers(text, begin, end):
     """The integers ``text[begin:end]`` and which are plain JSON integers of at most
-    ``_MAX_DIGITS`` digits."""
+    ``MAX_DIGITS`` digits."""
     digits = end - begin
-    good = (digits >= 1) & (digits <= _MAX_DIGITS)
-    width = int(np.clip(digits, 1, _MAX_DIGITS).max()) if len(digits) else 1
+    good = (digits >= 1) & (digits <= MAX_DIGITS)
+    width = int(np.clip(digits, 1, MAX_DIGITS).max()) if len(digits) else 1
     values = _gather(text, begin, width).astype(np.int64) - ord("0")
     places = np.arange(width)
     inside = places < digits[:, None]
     good &= (((values >= 0) & (values <= 9)) | ~inside).all(1)
     good &= (values[:, 0] != 0) | (digits == 1)  # JSON has no leading zeros
-    powers = _POW10[np.clip(digits[:, None] - 1 - places, 0, _MAX_DIGITS - 1)]
+    powers = POW10[np.clip(digits[:, None] - 1 - places, 0, MAX_DIGITS - 1)]
     return np.where(inside & good[:, None], values * powers, 0).sum(1), good
 
 

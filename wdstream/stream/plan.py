@@ -9,7 +9,8 @@ How an epoch is laid out
 1. The shards are permuted with a generator seeded by (seed, epoch) -- before any split, so
    every epoch gets a new assignment of shards to ranks.
 2. Their samples, in that order, form the epoch's *sequence* of N positions. It is kept as
-   a list of ``Span(shard, start, stop)`` so nothing per sample is materialised.
+   spans (shard, start, stop) so nothing per sample is materialised, and a stream's spans
+   are handed out as a ``SpanArray``, nothing per shard either.
 3. Every rank gets the same number of samples M: ``N // W`` (``remainder="drop"``, the last
    ``N - W*M`` positions are left out) or ``ceil(N / W)`` (``remainder="pad"``, positions past
    the end wrap around to the start). Rank r reads positions ``[r*M, (r+1)*M)``: a contiguous
@@ -39,24 +40,9 @@ import numpy as np
 
 from wdstream.errors import OptionError
 from wdstream.options import CHOICES
+from wdstream.stream.spans import OPEN, Span, SpanArray
 
 REMAINDER_POLICIES = CHOICES["remainder"]
-
-
-@dataclass(frozen=True)
-class Span:
-    """Samples ``[start, stop)`` of shard number ``shard``; ``stop`` None means "to the end"
-    (used when sample counts are unknown)."""
-
-    shard: int
-    start: int
-    stop: int | None
-
-    @property
-    def length(self) -> int:
-        if self.stop is None:
-            raise OptionError("the length of an open-ended span is unknown")
-        return self.stop - self.start
 
 
 STREAM_END = "end"  # a consumed entry: the stream was read to its end
@@ -150,16 +136,16 @@ class Positions:
         return cls([s.shard for s in spans], [s.start for s in spans], [s.stop for s in spans])
 
     @property
-    def spans(self) -> list[Span]:
-        return _spans(self.shard, self.start, self.stop)
+    def spans(self) -> SpanArray:
+        return SpanArray(self.shard, self.start, self.stop)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def slice(self, start: int, stop: int) -> list[Span]:
+    def slice(self, start: int, stop: int) -> SpanArray:
         """Spans covering positions ``[start, stop)``; positions past the end wrap around
         (that is how ``remainder="pad"`` repeats samples)."""
-        return _spans(*self._slice(start, stop))
+        return SpanArray(*self._slice(start, stop))
 
     def _slice(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         total = len(self)
@@ -193,11 +179,6 @@ class Positions:
         if not kept:
             return Positions([], [], [])
         return Positions(*_merge_adjacent(*(np.concatenate(c) for c in zip(*kept, strict=True))))
-
-
-def _spans(shard: np.ndarray, start: np.ndarray, stop: np.ndarray) -> list[Span]:
-    return [Span(a, b, c) for a, b, c in zip(shard.tolist(), start.tolist(), stop.tolist(),
-                                             strict=True)]
 
 
 def _merge_adjacent(shard: np.ndarray, start: np.ndarray, stop: np.ndarray):
@@ -288,7 +269,7 @@ class EpochPlan:
     def remainder_samples(self) -> int:
         return self.layout.remainder_samples
 
-    def stream_spans(self, rank: int, stream: int) -> list[Span]:
+    def stream_spans(self, rank: int, stream: int) -> SpanArray:
         """The spans stream ``stream`` of rank ``rank`` reads, in order."""
         start = self.layout.stream_start(rank, stream)
         return self.sequence.slice(start, start + self.layout.stream_samples[stream])
@@ -320,23 +301,18 @@ class EpochPlan:
         return [(a, min(b, layout.total)) for a, b in intervals if a < layout.total]
 
 
-def drop_first(spans: Sequence[Span], count: int) -> list[Span]:
+def drop_first(spans: Sequence[Span], count: int) -> SpanArray:
     """The spans left after skipping ``count`` positions (spans must have known lengths)."""
-    kept: list[Span] = []
-    for span in spans:
-        if count >= span.length:
-            count -= span.length
-            continue
-        kept.append(Span(span.shard, span.start + count, span.stop))
-        count = 0
-    return kept
+    return SpanArray.of(spans).drop_first(count)
 
 
 def shard_streams(n_shards: int, seed: int, epoch: int, shuffle: bool, world: int, workers: int,
-                  rank: int, stream: int) -> list[Span]:
+                  rank: int, stream: int) -> SpanArray:
     """Without sample counts (no manifest) the plan can only split whole shards: after the
     epoch's permutation, shard i goes to slot ``i % (world * workers)``. Ranks may then get
     unequal sample counts; a manifest (``wdstream index``) lifts that limit."""
     order = shard_order(n_shards, seed, epoch, shuffle)
     slot = rank * workers + stream
-    return [Span(int(s), 0, None) for s in order[slot:: world * workers]]
+    shards = order[slot:: world * workers]
+    return SpanArray(shards, np.zeros(len(shards), dtype=np.int64),
+                     np.full(len(shards), OPEN, dtype=np.int64))

@@ -26,6 +26,7 @@ from wdstream.sources.cache import ShardCache
 from wdstream.sources.hashing import HashingReader
 from wdstream.sources.openers import open_read
 from wdstream.stream.plan import Span
+from wdstream.stream.spans import SpanArray
 
 log = logging.getLogger(__name__)
 
@@ -99,20 +100,6 @@ def _is_transient(error: WdstreamError) -> bool:
     return getattr(error, "transient", isinstance(error, ShardError))
 
 
-def _visits(spans: Sequence[Span]) -> list[list[Span]]:
-    """Consecutive spans of one shard, in increasing order, read in one pass (after an
-    elastic resume a shuffle window's leftovers are many short spans of a few shards)."""
-    visits: list[list[Span]] = []
-    for span in spans:
-        last = visits[-1][-1] if visits else None
-        if (last is not None and last.shard == span.shard and last.stop is not None
-                and span.stop is not None and span.start >= last.stop):
-            visits[-1].append(span)
-        else:
-            visits.append([span])
-    return visits
-
-
 def _skip(spans: list[Span], count: int) -> list[Span]:
     """``spans`` without their first ``count`` samples (those a failed attempt delivered)."""
     kept = []
@@ -134,7 +121,7 @@ class SpanReader:
 
     def __init__(self, spans: Sequence[Span], shards: ShardTable, options: ReadOptions,
                  stats: ReadStats | None = None, payload_target=None):
-        self.visits = _visits(spans)
+        self.visits = SpanArray.of(spans).visits()  # runs read in one pass, as arrays
         self.payload_target = payload_target  # see wdstream.shards.tar_reader.iter_members
         self.shards = shards
         self.options = options
@@ -157,13 +144,13 @@ class SpanReader:
     def _open(self, index: int, retry: bool = False):
         stream = self._ahead.pop(index, None)
         if stream is None:
-            stream = self._open_shard(self.visits[index][0].shard, retry)
+            stream = self._open_shard(self.visits.shard(index), retry)
         return stream
 
     def _open_ahead(self, index: int) -> None:
         if index < len(self.visits) and index not in self._ahead:
             try:
-                self._ahead[index] = self._open_shard(self.visits[index][0].shard)
+                self._ahead[index] = self._open_shard(self.visits.shard(index))
             except WdstreamError:
                 pass  # reported, with retries, when the span is actually read
 
