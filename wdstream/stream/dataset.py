@@ -261,9 +261,12 @@ class StreamingDataset(PositionedDataset):
             plan = self.plan(spec.epoch, spec.world, spec.workers, spec.history)
             spans = drop_first(plan.stream_spans(spec.rank, stream), first_window * window)
             samples = SpanReader(spans, self.shards, self.read_options, stats, target)
+            o, segment = self.options, plan.segment
+            del plan  # the order needs a few integers, not the epoch's arrays
 
             def order(index, size):
-                return plan.window_order(spec.rank, stream, index, size)
+                return window_order(size, o.seed, spec.epoch, segment, spec.rank, stream,
+                                    index, o.shuffle)
         else:
             if spec.history:
                 raise StateError(f"{self.source}: resuming on another layout needs a manifest")
