@@ -77,6 +77,8 @@ class TarMembers(TarBuffer):
         limit = self._limit
         # per type flag: a verified header's bytes after its checksum field, and their sum
         tails: dict[int, tuple[bytes, int]] = {}
+        no_payload, regular_types, extended = NO_PAYLOAD, REGULAR, EXTENDED
+        target = self._target
         # PAX headers whose payload was one record of a key that means nothing here, by
         # their size field: the header, payload size, size with padding, b"<length> <key>="
         repeats: dict[bytes, tuple[bytes, int, int, bytes]] = {}
@@ -153,7 +155,7 @@ class TarMembers(TarBuffer):
                     size = -1
             if size < 0:
                 raise self._error("bad size field", start)
-            if typeflag in EXTENDED:
+            if typeflag in extended:
                 record = self._extended(pos, start, size, typeflag)
                 if typeflag == 76:  # 'L': the next member's name
                     if long_name is not None:
@@ -185,7 +187,9 @@ class TarMembers(TarBuffer):
                                           "records (not supported)", start)
                 # 'K' (the next member's link target) means nothing for a regular file
                 continue
-            if pax is not None:
+            if pax is _NO_RECORDS:  # a PAX header of no record the reader acts on
+                path = pax = None
+            elif pax is not None:
                 if b"size" in pax:
                     value = pax[b"size"]
                     if not value.isdigit():
@@ -199,18 +203,18 @@ class TarMembers(TarBuffer):
                 path = None
             named = long_name
             long_name = None  # extended headers describe the next member only, whatever it is
-            if typeflag in NO_PAYLOAD or (typeflag == AREGTYPE and header[:100].split(
+            if typeflag in no_payload or (typeflag == AREGTYPE and header[:100].split(
                     b"\x00", 1)[0].endswith(b"/")):  # the last: an old-style directory
                 self._pos = pos + BLOCK
                 continue
             if typeflag == SPARSE:
                 raise self._error("sparse member (not supported)", start)
             end = pos + BLOCK + size
-            padded = end + padding(size)
+            padded = end + (-size % BLOCK)
             if limit is not None and start + BLOCK + size > limit:
                 raise self._error(f"member of {size} bytes runs past the {limit} bytes "
                                   f"recorded for the shard", start)
-            regular = typeflag in REGULAR
+            regular = typeflag in regular_types
             into = region = None  # (payload, memory) from the payload target; see _skip
             if regular:
                 if path is not None:
@@ -227,7 +231,7 @@ class TarMembers(TarBuffer):
                             raise self._error("prefix field set in a non-POSIX header", start)
                         name = cstr(header[345:500]) + b"/" + name
                 text = name.decode("utf-8", "surrogateescape")
-                if self._target is not None and EXACT_READ <= size <= MAX_READ:
+                if target is not None and EXACT_READ <= size <= MAX_READ:
                     if self._region is not None and self._stream is not None:
                         region = self._region(self._base + pos + BLOCK)
                     into = self._target(text, size, region)
