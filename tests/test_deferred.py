@@ -217,7 +217,7 @@ def test_a_stream_decoder_decodes_as_decode_sample_does():
                 "json.gz": gz.compress(b"[1]") + gz.flush() if i == 0 else gzip.compress(b"[2]"),
                 "__extra__": b"raw", "bin": b"\x00"} for i in range(3)]
     for sample in samples * 2:  # the second time from the names it has seen
-        assert decoder(sample) == decode_sample(sample, table)
+        assert decoder(dict(sample)) == decode_sample(sample, table)  # in place
     with pytest.raises(ShardError, match=r"u: sample 'k9': cannot decode \.n\.json"):
         decoder({"__key__": "k9", "__url__": "u", "n.json": b"{bad"})
 

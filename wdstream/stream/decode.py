@@ -293,21 +293,20 @@ class SampleDecoder:
         return decoder
 
     def __call__(self, sample: dict) -> dict:
+        """``sample`` decoded in place (the reader's dict: nothing else holds it)."""
         by_name = self._by_name
-        decoded = {}
-        for name, value in sample.items():
+        for name, value in sample.items():  # values replaced, no key added: no resize
             decoder = by_name.get(name, _UNSEEN)
             if decoder is _UNSEEN:
                 decoder = self._decoder(name)
             if decoder is None:
-                decoded[name] = value
                 continue
             try:
-                decoded[name] = decoder(value)
+                sample[name] = decoder(value)
             except Exception as error:  # any decoder failure names the sample
                 raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
                                    error) from error
-        return decoded
+        return sample
 
 
 def decode_error(url, key, name: str, error: Exception) -> ShardError:

@@ -81,21 +81,19 @@ class DeferringDecoder(SampleDecoder):
 
     def __call__(self, sample: dict) -> dict:
         by_name = self._by_name
-        decoded = {}
-        for name, value in sample.items():
+        for name, value in sample.items():  # in place, as SampleDecoder does
             decoder = by_name.get(name, _UNSEEN)
             if decoder is _UNSEEN:
                 decoder = self._decoder(name)
             if decoder is None or (decoder is _defer and type(value) is bytes
                                    and len(value) < DEFER_MAX):
-                decoded[name] = value
                 continue
             try:
-                decoded[name] = decoder(value)
+                sample[name] = decoder(value)
             except Exception as error:  # any decoder failure names the sample
                 raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
                                    error) from error
-        return decoded
+        return sample
 
 
 _UNSEEN = object()
