@@ -57,6 +57,29 @@ NOT_INSTALLABLE = {
 # =========================================================================== cases (child side)
 
 
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this process and of its children that ended (DataLoader workers once
+    the loader is exhausted)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def _consume_timed(loader, started: float, expected: int | None, touch: bool = False) -> dict:
+    """``consume`` with the CPU time of the main process and of the workers per sample, and
+    the 1-minute load average at the end."""
+    main, workers = _cpu()
+    result = consume(loader, started, expected, touch=touch)
+    main_after, workers_after = _cpu()
+    if result.get("samples"):
+        result["main_cpu_us"] = (main_after - main) / result["samples"] * 1e6
+        result["worker_cpu_us"] = (workers_after - workers) / result["samples"] * 1e6
+    result["load_end"] = os.getloadavg()[0]
+    return result
+
+
 def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
                   opener: str = "auto", workers: int = WORKERS, batch: int | None = BATCH,
                   shuffle: bool = False, bytes_as: str = "bytes", touch: bool = False) -> dict:
@@ -72,7 +95,7 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode, opener=opener)
     loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers,
                                  bytes_as=bytes_as)
-    return consume(loader, started, expected, touch=touch)
+    return _consume_timed(loader, started, expected, touch=touch)
 
 
 def case_wdstream_inprocess(source: str, expected: int | None = None) -> dict:
@@ -104,7 +127,7 @@ def case_webdataset(urls: list[str], decode: bool = True, expected: int | None =
     if decode:
         dataset = dataset.decode()
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    return consume(loader, started, expected)
+    return _consume_timed(loader, started, expected)
 
 
 def case_hf(files: list[str], builder: str, expected: int | None = None) -> dict:
@@ -124,7 +147,7 @@ def case_hf(files: list[str], builder: str, expected: int | None = None) -> dict
     dataset = datasets.load_dataset(builder, data_files={"train": files}, split="train",
                                     streaming=True)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    return consume(loader, started, expected)
+    return _consume_timed(loader, started, expected)
 
 
 def _litdata_record(path: str):
@@ -195,7 +218,7 @@ def case_litdata(directory: str, decode: bool = True, expected: int | None = Non
     started = time.perf_counter()
     dataset = JsonDataset(directory, shuffle=False, drop_last=False)
     loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    return consume(loader, started, expected)
+    return _consume_timed(loader, started, expected)
 
 
 def case_cat(files: list[str]) -> dict:
@@ -350,6 +373,8 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                 "samples/s": rate, "MB/s": (rate * data["bytes"] / samples / common.MB)
                 if rate else None,
                 "first batch s": result.get("ttfb_s"), "peak RSS MB": result.get("peak_rss_mb"),
+                "CPU µs/sample: workers": result.get("worker_cpu_us"),
+                "main": result.get("main_cpu_us"),
                 "÷ webdataset": ratio(rate, webdataset),
                 "÷ best peer": ratio(rate, best) if key[0].startswith("wdstream") else None,
                 "runs": result.get("runs"), "error": result.get("error"),
@@ -362,7 +387,11 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                       "LitData's conversion; the other wdstream, webdataset and HF rows read "
                       "wdstream's shards. LitData reads its own chunk format, converted once "
                       "before timing"
-                      + (f" ({prepared['seconds']:.0f} s)." if "seconds" in prepared else ".")))
+                      + (f" ({prepared['seconds']:.0f} s)." if "seconds" in prepared else ".")
+                      + " CPU µs/sample: CPU time of all the DataLoader workers, and of the main "
+                      "process while it iterates the loader (starting the "
+                      "workers included), per sample; on a shared machine these vary less "
+                      "than samples/s."))
     if "error" in prepared:
         rows.append(_note(T_SMALL, f"LitData: not measured: {prepared['error']}; "
                           f"{NOT_INSTALLABLE['litdata']}."))

@@ -130,3 +130,24 @@ def test_a_batch_maps_only_the_parts_of_a_file_it_reads(tmp_path, monkeypatch):
     assert sorted(calls) == [1000, mib, 2 * mib]  # three runs, not the 13 MiB they span
     assert batching._runs([(0, 10), (10, 20), (100, 200), (150, 160)], gap=50) == [(0, 20),
                                                                                   (100, 200)]
+
+
+def _frozen(sample):
+    import gc
+
+    return {**sample, "frozen": gc.get_freeze_count()}
+
+
+def test_workers_keep_what_they_inherited_out_of_the_collector(tmp_path, single_rank):
+    import gc
+
+    import wdstream
+    from tests.datasets import write_dataset
+
+    write_dataset(tmp_path, [20, 20])
+    before = gc.get_freeze_count()
+    loader = wdstream.DataLoader(wdstream.StreamingDataset(str(tmp_path), map=_frozen),
+                                 batch_size=10, num_workers=2)
+    counts = [count for batch in loader for count in batch["frozen"].tolist()]
+    assert len(counts) == 40 and min(counts) > 1000  # torch's objects, the dataset...
+    assert gc.get_freeze_count() == before  # the training process is left as it was

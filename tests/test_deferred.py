@@ -202,3 +202,49 @@ def test_a_column_crosses_as_one_blob():
     assert received.decode("json", ["u"] * 3, ["k0", "k1", "k2"]) == [{"i": i} for i in range(3)]
     # a user's JSON decoder is not the built-in one: nothing to defer
     assert not deferred.can_defer(build_decoders({"json": json.loads, "jsn": None}))
+
+
+def test_a_stream_decoder_decodes_as_decode_sample_does():
+    import zlib
+
+    from wdstream.stream.decode import SampleDecoder
+
+    table = build_decoders({"up": lambda data: data.upper(), "txt": None})
+    decoder = SampleDecoder(table)
+    gz = zlib.compressobj(wbits=31)
+    samples = [{"__key__": f"k{i}", "__url__": "u", "json": b'{"i": %d}' % i,
+                "n.json": b"%d" % i, "txt": b"kept", "cls": b"%d" % i, "x.up": b"ab",
+                "json.gz": gz.compress(b"[1]") + gz.flush() if i == 0 else gzip.compress(b"[2]"),
+                "__extra__": b"raw", "bin": b"\x00"} for i in range(3)]
+    for sample in samples * 2:  # the second time from the names it has seen
+        assert decoder(dict(sample)) == decode_sample(sample, table)  # in place
+    with pytest.raises(ShardError, match=r"u: sample 'k9': cannot decode \.n\.json"):
+        decoder({"__key__": "k9", "__url__": "u", "n.json": b"{bad"})
+
+
+def test_deferred_json_stays_bytes_and_crosses_as_one_column():
+    names: set[str] = set()
+    decoder = deferred.DeferringDecoder(build_decoders(None), names)
+    big = json.dumps({"pad": "p" * deferred.DEFER_MAX}).encode()
+    samples = [decoder({"__key__": f"k{i}", "__url__": "u", "json": b'{"i": %d}' % i,
+                        "n.json": big if i == 1 else b"%d" % i, "txt": b"t"})
+               for i in range(3)]
+    assert names == {"json", "n.json"}
+    assert samples[0]["json"] == b'{"i": 0}' and samples[0]["txt"] == "t"
+    assert samples[1]["n.json"] == {"pad": "p" * deferred.DEFER_MAX}  # decoded in the worker
+    batch = collate(samples, json_names=names)
+    assert type(batch["json"]) is deferred.JsonColumn
+    assert batch["n.json"] == [0, {"pad": "p" * deferred.DEFER_MAX}, 2]  # beside a large one
+    received = pickle.loads(ForkingPickler.dumps(batch))
+    assert unpack_shared(received)["json"] == [{"i": i} for i in range(3)]
+    # without the names (a user's collate_fn gets none): the bytes as they are
+    assert collate(samples)["json"] == [b'{"i": 0}', b'{"i": 1}', b'{"i": 2}']
+
+
+def test_a_column_decodes_past_members_orjson_refuses():
+    values = [b'{"a": 1}', b'{"x": NaN}', b'[2]', b'{"bad"']
+    column = deferred.JsonColumn(values)
+    with pytest.raises(ShardError, match=r"s1.tar: sample 'k3': cannot decode \.json"):
+        column.decode("json", ["s0.tar", "s0.tar", "s1.tar", "s1.tar"], ["k0", "k1", "k2", "k3"])
+    got = deferred.JsonColumn(values[:3]).decode("json", "u", ["k0", "k1", "k2"])
+    assert got[0] == {"a": 1} and math.isnan(got[1]["x"]) and got[2] == [2]

@@ -75,7 +75,9 @@ class TarBuffer:
         parts = [memoryview(self._data)[self._pos :]]
         have = rest
         while have < need:
-            chunk = read(min(max(read_size, need - have), MAX_READ))
+            # only what is missing (the rest of a header): a large read joined to the rest
+            # would be copied whole; the next fill reads large again, with nothing to join
+            chunk = read(min(need - have, MAX_READ))
             if not chunk:
                 break
             parts.append(chunk)

@@ -139,6 +139,14 @@ def number(field: bytes) -> int:
 
 def parse_pax(payload: bytes) -> dict[bytes, bytes]:
     """Records of the form b"<length> <key>=<value>\\n"; ValueError when they are malformed."""
+    # the usual payload: one record, such as b"28 mtime=1796160775.6660953\n"
+    space = payload.find(b" ", 0, 21)
+    if space > 0:
+        digits = payload[:space]
+        if digits.isdigit() and int(digits) == len(payload) and payload[-1] == 10:
+            equals = payload.find(b"=", space + 1)
+            if equals > space + 1:
+                return {payload[space + 1 : equals]: payload[equals + 1 : -1]}
     records: dict[bytes, bytes] = {}
     pos = 0
     while pos < len(payload) and payload[pos]:

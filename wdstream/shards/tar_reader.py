@@ -13,6 +13,7 @@ a payload under another member's name. Extended records are capped (``LONG_NAME_
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import MappingProxyType
 from typing import BinaryIO
 from zlib import adler32
 
@@ -74,6 +75,13 @@ class TarMembers(TarBuffer):
         pax: dict[bytes, bytes] | None = None  # from a PAX 'x' header, for the next member
         zero = _ZERO_BLOCK
         limit = self._limit
+        # per type flag: a verified header's bytes after its checksum field, and their sum
+        tails: dict[int, tuple[bytes, int]] = {}
+        no_payload, regular_types, extended = NO_PAYLOAD, REGULAR, EXTENDED
+        target = self._target
+        # PAX headers whose payload was one record of a key that means nothing here, by
+        # their size field: the header, payload size, size with padding, b"<length> <key>="
+        repeats: dict[bytes, tuple[bytes, int, int, bytes]] = {}
         if self._on_head is not None:
             self._fill(HEAD_BYTES if limit is None else min(HEAD_BYTES, limit))
             self._on_head(self._data[:HEAD_BYTES])
@@ -95,20 +103,47 @@ class TarMembers(TarBuffer):
                 self._drain()
                 return
             start = self._base + pos
-            # Unsigned sum with the checksum field as spaces; some old writers used signed bytes.
-            field = header[148:156]
-            try:  # digits then NULs or spaces, the usual case; else up to the first NUL
-                stored = int(field.replace(b"\x00", b" "), 8)
-            except ValueError:
-                try:
-                    stored = int(cstr(field).strip(), 8)
+            typeflag = header[156]
+            if typeflag == 120 and pax is None:
+                seen = repeats.get(header[124:136])  # by its size field
+                if seen is not None and header == seen[0] and pos + seen[2] <= len(data) \
+                        and (limit is None or start + BLOCK + seen[1] <= limit) \
+                        and data.startswith(seen[3], pos + BLOCK) \
+                        and data[pos + BLOCK + seen[1] - 1] == 10:
+                    # a PAX header like an earlier one, with one record of the same length
+                    # and key, a key that means nothing for a regular file (an mtime...)
+                    pax = _NO_RECORDS
+                    self._pos = pos + seen[2]
+                    continue
+            # The checksum: the unsigned sum of the header with its checksum field as spaces
+            # (some old writers used signed bytes). Adler-32's low half is one plus the byte
+            # sum modulo 65521, exact for up to 256 bytes (<= 65,280), ten times faster than
+            # sum(). Headers of a shard mostly share their bytes after the checksum field
+            # with an earlier header of their type, whose sum of those bytes is then known.
+            known = tails.get(typeflag)
+            if known is not None and header[154] == 0 and header[155] == 32 \
+                    and header.endswith(known[0]):
+                try:  # the usual field: six octal digits, NUL, space
+                    stored = int(header[148:154], 8)
                 except ValueError:
                     stored = -1
-            # sum(header) - sum(field) + 8 spaces, ten times faster than sum(): Adler-32's low
-            # half is one plus the byte sum modulo 65521, exact for 256 bytes (<= 65,280)
-            if stored != (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) \
-                    - (adler32(field) & 0xFFFF) + 255 and stored != signed_sum(header):
-                raise self._error("bad header checksum", start)
+                if stored == (adler32(header[:148]) & 0xFFFF) + known[1]:
+                    known = True
+            if known is not True:
+                field = header[148:156]
+                try:  # digits then NULs or spaces, the usual case; else up to the first NUL
+                    stored = int(field.replace(b"\x00", b" "), 8)
+                except ValueError:
+                    try:
+                        stored = int(cstr(field).strip(), 8)
+                    except ValueError:
+                        stored = -1
+                tail = header[156:]
+                tail_sum = (adler32(tail[:178]) & 0xFFFF) + (adler32(tail[178:]) & 0xFFFF) - 2
+                if stored == (adler32(header[:148]) & 0xFFFF) - 1 + tail_sum + 256:
+                    tails[typeflag] = (tail, tail_sum + 255)  # + 8 spaces - Adler's 1
+                elif stored != signed_sum(header):
+                    raise self._error("bad header checksum", start)
             try:
                 # the usual 11 octal digits and a terminator; else the general rules
                 size = int(header[124:135], 8) if header[135] in (0, 32) \
@@ -120,8 +155,7 @@ class TarMembers(TarBuffer):
                     size = -1
             if size < 0:
                 raise self._error("bad size field", start)
-            typeflag = header[156]
-            if typeflag in EXTENDED:
+            if typeflag in extended:
                 record = self._extended(pos, start, size, typeflag)
                 if typeflag == 76:  # 'L': the next member's name
                     if long_name is not None:
@@ -137,8 +171,14 @@ class TarMembers(TarBuffer):
                     pax = self._pax(record, start)
                     if b"path" in pax and long_name is not None:
                         raise self._error("a GNU long name and a PAX path for one member", start)
-                    if any(key.startswith(b"GNU.sparse.") for key in pax):
+                    if b"GNU.sparse." in record and any(
+                            key.startswith(b"GNU.sparse.") for key in pax):
                         raise self._error("sparse member (not supported)", start)
+                    if typeflag == 120 and len(repeats) < 16:
+                        prefix = _ignored_record(size, record, pax)
+                        if prefix is not None:
+                            repeats[header[124:136]] = (header, size,
+                                                        BLOCK + size + padding(size), prefix)
                 elif typeflag == 103:  # 'g': global PAX header
                     records = self._pax(record, start)
                     if b"path" in records or b"size" in records or \
@@ -147,7 +187,9 @@ class TarMembers(TarBuffer):
                                           "records (not supported)", start)
                 # 'K' (the next member's link target) means nothing for a regular file
                 continue
-            if pax is not None:
+            if pax is _NO_RECORDS:  # a PAX header of no record the reader acts on
+                path = pax = None
+            elif pax is not None:
                 if b"size" in pax:
                     value = pax[b"size"]
                     if not value.isdigit():
@@ -161,18 +203,18 @@ class TarMembers(TarBuffer):
                 path = None
             named = long_name
             long_name = None  # extended headers describe the next member only, whatever it is
-            if typeflag in NO_PAYLOAD or (typeflag == AREGTYPE and header[:100].split(
+            if typeflag in no_payload or (typeflag == AREGTYPE and header[:100].split(
                     b"\x00", 1)[0].endswith(b"/")):  # the last: an old-style directory
                 self._pos = pos + BLOCK
                 continue
             if typeflag == SPARSE:
                 raise self._error("sparse member (not supported)", start)
             end = pos + BLOCK + size
-            padded = end + padding(size)
+            padded = end + (-size % BLOCK)
             if limit is not None and start + BLOCK + size > limit:
                 raise self._error(f"member of {size} bytes runs past the {limit} bytes "
                                   f"recorded for the shard", start)
-            regular = typeflag in REGULAR
+            regular = typeflag in regular_types
             into = region = None  # (payload, memory) from the payload target; see _skip
             if regular:
                 if path is not None:
@@ -189,7 +231,7 @@ class TarMembers(TarBuffer):
                             raise self._error("prefix field set in a non-POSIX header", start)
                         name = cstr(header[345:500]) + b"/" + name
                 text = name.decode("utf-8", "surrogateescape")
-                if self._target is not None and EXACT_READ <= size <= MAX_READ:
+                if target is not None and EXACT_READ <= size <= MAX_READ:
                     if self._region is not None and self._stream is not None:
                         region = self._region(self._base + pos + BLOCK)
                     into = self._target(text, size, region)
@@ -230,6 +272,24 @@ class TarMembers(TarBuffer):
         if payload is None:
             raise self._error(f"truncated member ({size} bytes expected)", start)
         return payload
+
+_NO_RECORDS = MappingProxyType({})
+_MEANINGFUL = (b"path", b"size")  # with GNU.sparse.*: the PAX keys the reader acts on
+
+
+def _ignored_record(size: int, record: bytes, pax: dict[bytes, bytes]) -> bytes | None:
+    """``b"<length> <key>="`` when the PAX ``record`` of ``size`` bytes is a single record of
+    a key the reader ignores, else None. A later payload of the same size that starts with
+    this prefix and ends with a newline is one record of that key: it parses to nothing the
+    reader acts on."""
+    if len(pax) == 1:
+        key = next(iter(pax))
+        prefix = b"%d %s=" % (size, key)
+        if key not in _MEANINGFUL and not key.startswith(b"GNU.sparse.") \
+                and record.startswith(prefix):
+            return prefix
+    return None
+
 
 def iter_members(stream: BinaryIO, url: str, payload_target=None, *, limit: int | None = None,
                  on_head=None) -> TarMembers:

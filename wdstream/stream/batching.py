@@ -4,6 +4,7 @@ memory crosses it as a file descriptor), and the malloc settings of worker proce
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import weakref
@@ -12,7 +13,7 @@ import torch
 import torch.utils.data
 
 from wdstream.options import CHOICES
-from wdstream.stream.decode import decode_error
+from wdstream.stream.decode import decode_error, json_member
 from wdstream.stream.deferred import Deferred, JsonColumn
 from wdstream.stream.shm import (
     FileSpan,
@@ -31,23 +32,32 @@ from wdstream.stream.shm import (
 from wdstream.stream.torch_internals import new_shared_storage
 
 
-def collate(samples: list[dict], *, pooled: bool = False) -> dict:
+def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict:
     """The default collate: a dict of lists (``batch["__key__"]`` is the list of keys), where
     arrays and tensors of one shape become one stacked tensor (which travels from workers
     through shared memory) and numbers become a tensor. ``pooled``: large ``bytes`` members
     go into the worker's reused shared memory (``wdstream.DataLoader`` asks for it under
-    ``bytes_as="tensor"``)."""
+    ``bytes_as="tensor"``). ``json_names``: members whose ``bytes`` are JSON left for the
+    main process to decode (``stream.deferred.DeferringDecoder``)."""
     import numpy as np
 
     batch = {}
     for name in samples[0]:
         values = [sample[name] for sample in samples]
         first = values[0]
-        if type(first) is Deferred and all(type(v) is Deferred for v in values):
-            batch[name] = JsonColumn(values)  # decoded by the main process (stream.deferred)
+        kind = type(first)
+        if name in json_names:  # bytes: JSON not decoded yet
+            if kind is bytes and all(type(v) is bytes for v in values):
+                batch[name] = JsonColumn(values)  # decoded by the main process
+                continue
+            if any(type(v) is bytes for v in values):  # beside a large member: decoded here
+                values = _decoded(values, samples, name, bytes)
+                first = values[0]
+        elif kind is Deferred and all(type(v) is Deferred for v in values):
+            batch[name] = JsonColumn([v.data for v in values])  # decoded by the main process
             continue
-        if any(type(v) is Deferred for v in values):  # beside a large member: decoded here
-            values = _decoded(values, samples, name)
+        elif any(type(v) is Deferred for v in values):  # beside a large member: decoded here
+            values = _decoded(values, samples, name, Deferred)
             first = values[0]
         if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
             batch[name] = _stack(values)
@@ -65,13 +75,13 @@ def collate(samples: list[dict], *, pooled: bool = False) -> dict:
     return batch
 
 
-def _decoded(values: list, samples: list[dict], name: str) -> list:
-    """The column with its deferred JSON members decoded."""
+def _decoded(values: list, samples: list[dict], name: str, kind: type) -> list:
+    """The column with its deferred JSON members (of type ``kind``) decoded."""
     out = []
     for value, sample in zip(values, samples, strict=True):
-        if type(value) is Deferred:
+        if type(value) is kind:
             try:
-                value = value.decode()
+                value = json_member(value if kind is bytes else value.data)
             except Exception as error:
                 raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
                                    error) from error
@@ -318,18 +328,31 @@ def tune_worker_allocator() -> None:
             libc.mallopt(option, value)
 
 
+def tune_worker_process() -> None:
+    """A DataLoader worker's settings: ``WORKER_MALLOC``, and the objects it inherited
+    (torch's modules, the dataset...) moved out of the garbage collector's sight. A worker
+    holds a shuffle window of samples, whose dicts outlive the young generations; each full
+    collection they set off would walk every inherited object, and on ~1 KiB samples that
+    doubled the worker's CPU time per sample (docs/benchmarks.md). What the worker allocates
+    later is collected as usual."""
+    tune_worker_allocator()
+    gc.freeze()
+
+
 BYTES_AS = CHOICES["bytes_as"]
 
 
-def share_raw(batch, all_bytes: bool):
+def share_raw(batch, all_bytes: bool, json_names=()):
     """In the worker, after the collate: payloads the reader placed in shared memory or left
     in a local file (a single one, or a list holding one) go as ``_SharedBytes``; with
     ``all_bytes`` (``bytes_as="tensor"``) every raw member, or list of them, does, whatever
-    its size."""
+    its size. ``json_names``: as for ``collate``."""
     if isinstance(batch, dict):
         for name, value in batch.items():
             kind = type(value)
             if kind is Deferred:  # a sample of its own (batch_size=None)
+                batch[name] = JsonColumn([value.data], single=True)
+            elif kind is bytes and name in json_names:  # the same, left as bytes
                 batch[name] = JsonColumn([value], single=True)
             elif kind in _RAW and (all_bytes or kind is not bytes):
                 batch[name] = _SharedBytes([value], pooled=True)

@@ -39,14 +39,17 @@ class StreamContext:
     ``position``: the position after the last item handed out (direct iteration; the
     dataset's torchdata ``state_dict()`` reads it). ``trail``: under the loader, the position
     after each item not yet batched; a worker's fetcher pulls a fetch's items and then
-    collates, so the collate wrapper finds there the position after each of them."""
+    collates, so the collate wrapper finds there the position after each of them.
+    ``json_names``: the members whose JSON the stream's samples carry undecoded, for the
+    default collate (``wdstream.stream.deferred``)."""
 
-    __slots__ = ("stats", "position", "trail")
+    __slots__ = ("stats", "position", "trail", "json_names")
 
     def __init__(self, position: object = 0):
         self.stats = ReadStats()
         self.position = position
         self.trail: list = []
+        self.json_names: set[str] = set()
 
     def with_positions(self, items: Iterator[tuple[object, object]]) -> Iterator[object]:
         """The items of (item, position after it) pairs, keeping each position."""

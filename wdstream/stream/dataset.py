@@ -25,8 +25,8 @@ from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
 from wdstream.stream.contract import IterationSpec, world_info
-from wdstream.stream.decode import build_decoders, decode_option, decode_sample, find_decoder
-from wdstream.stream.deferred import can_defer, deferring
+from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
+from wdstream.stream.deferred import DeferringDecoder, can_defer
 from wdstream.stream.plan import (
     EpochPlan,
     HistorySegment,
@@ -228,17 +228,20 @@ class StreamingDataset(PositionedDataset):
         stats = spec.context.stats if spec.context is not None else ReadStats()
         samples = self._samples(spec, stream, start, stats)
         decoders, mapper = self.decoders, self.map
-        if spec.shared_payloads and mapper is None and can_defer(decoders) and \
-                self.read_options.on_error == "raise" and \
+        if spec.shared_payloads and spec.context is not None and mapper is None and \
+                can_defer(decoders) and self.read_options.on_error == "raise" and \
                 torch.utils.data.get_worker_info() is not None:
-            decoders = deferring(decoders)  # small JSON decoded by the main process
+            # small JSON decoded by the main process: the collate wrapper sees which
+            decode_sample = DeferringDecoder(decoders, spec.context.json_names)
+        else:
+            decode_sample = SampleDecoder(decoders) if decoders is not None else None
         for sample in samples:
             position += 1
             if sample is None:  # a sample skipped by on_error="skip"
                 continue
-            if decoders is not None:
+            if decode_sample is not None:
                 try:
-                    sample = decode_sample(sample, decoders)
+                    sample = decode_sample(sample)
                 except ShardError as error:
                     if self.read_options.on_error == "raise":
                         raise

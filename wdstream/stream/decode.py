@@ -12,6 +12,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from wdstream.errors import OptionError, OptionTypeError, ShardError
 
@@ -24,6 +25,7 @@ try:  # a core dependency: faster than json on small records (docs/benchmarks.md
     from orjson import loads as _fast_loads
 except ImportError:  # a platform without an orjson wheel: the standard library
     _fast_loads, _FastJSONError = json.loads, json.JSONDecodeError
+JSON_READS_VIEWS = _fast_loads is not json.loads  # orjson decodes a memoryview as it is
 
 
 def json_member(data: bytes):
@@ -258,6 +260,53 @@ def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
             raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
                                error) from error
     return decoded
+
+
+_UNSEEN = object()
+_NAMES_KEPT = 256  # member names whose decoder a SampleDecoder remembers
+
+
+class SampleDecoder:
+    """``decode_sample`` for one stream: the decoder of each member name (or that it has
+    none) is looked up once, not for every sample."""
+
+    __slots__ = ("table", "_by_name")
+
+    def __init__(self, table: Mapping[str, Callable]):
+        self.table = table
+        self._by_name: dict[str, Callable | None] = {}
+
+    def _decoder(self, name: str) -> Callable | None:
+        """What ``decode_member`` would call for a member ``name``."""
+        table = self.table
+        if name.startswith("__"):
+            decoder = None
+        else:
+            decoder = table.get(name)
+            if decoder is None:
+                inner, dot, last = name.rpartition(".")
+                decoder = table.get(last)
+                if decoder is gunzip and dot:  # NAME.gz: gunzipped, then decoded as NAME
+                    decoder = partial(decode_member, table, name)
+        if len(self._by_name) < _NAMES_KEPT:
+            self._by_name[name] = decoder
+        return decoder
+
+    def __call__(self, sample: dict) -> dict:
+        """``sample`` decoded in place (the reader's dict: nothing else holds it)."""
+        by_name = self._by_name
+        for name, value in sample.items():  # values replaced, no key added: no resize
+            decoder = by_name.get(name, _UNSEEN)
+            if decoder is _UNSEEN:
+                decoder = self._decoder(name)
+            if decoder is None:
+                continue
+            try:
+                sample[name] = decoder(value)
+            except Exception as error:  # any decoder failure names the sample
+                raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
+                                   error) from error
+        return sample
 
 
 def decode_error(url, key, name: str, error: Exception) -> ShardError:

@@ -17,8 +17,15 @@ workers."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import accumulate
 
-from wdstream.stream.decode import decode_error, json_member
+from wdstream.stream.decode import (
+    JSON_READS_VIEWS,
+    SampleDecoder,
+    _fast_loads,
+    decode_error,
+    json_member,
+)
 
 # Members from this size on are decoded in the worker: their objects are few for their bytes,
 # and the main process has one core to share with training.
@@ -53,6 +60,45 @@ def deferring(table: Mapping[str, Callable]) -> dict[str, Callable]:
     return {ext: _defer if decoder is json_member else decoder for ext, decoder in table.items()}
 
 
+class DeferringDecoder(SampleDecoder):
+    """A stream's ``SampleDecoder`` under deferral: a member that the built-in JSON decoder
+    would decode stays ``bytes`` below ``DEFER_MAX`` (a decoded JSON value is never
+    ``bytes``), and its name goes into ``names``, which the stream's default collate is given:
+    a column of ``bytes`` there is JSON to decode in the main process. Other members are
+    decoded as ``decode_sample`` does (``NAME.gz`` to ``Deferred``)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, table: Mapping[str, Callable], names: set[str]):
+        super().__init__(deferring(table))
+        self.names = names
+
+    def _decoder(self, name: str) -> Callable | None:
+        decoder = super()._decoder(name)
+        if decoder is _defer:
+            self.names.add(name)
+        return decoder
+
+    def __call__(self, sample: dict) -> dict:
+        by_name = self._by_name
+        for name, value in sample.items():  # in place, as SampleDecoder does
+            decoder = by_name.get(name, _UNSEEN)
+            if decoder is _UNSEEN:
+                decoder = self._decoder(name)
+            if decoder is None or (decoder is _defer and type(value) is bytes
+                                   and len(value) < DEFER_MAX):
+                continue
+            try:
+                sample[name] = decoder(value)
+            except Exception as error:  # any decoder failure names the sample
+                raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
+                                   error) from error
+        return sample
+
+
+_UNSEEN = object()
+
+
 def can_defer(table: Mapping[str, Callable] | None) -> bool:
     """Whether ``table`` decodes anything with the built-in JSON decoder."""
     return table is not None and any(d is json_member for d in table.values())
@@ -64,13 +110,9 @@ class JsonColumn:
 
     __slots__ = ("blob", "ends", "single")
 
-    def __init__(self, values: list[Deferred], single: bool = False):
-        self.blob = b"".join([value.data for value in values])
-        ends, end = [], 0
-        for value in values:
-            end += len(value.data)
-            ends.append(end)
-        self.ends = ends
+    def __init__(self, values: list[bytes], single: bool = False):
+        self.blob = b"".join(values)
+        self.ends = list(accumulate(map(len, values)))
         self.single = single
 
     def __getstate__(self):
@@ -89,11 +131,22 @@ class JsonColumn:
     def decode(self, name: str, urls, keys) -> list:
         """The decoded values; a member that does not decode raises ``ShardError`` naming its
         shard (``urls[i]``), sample (``keys[i]``) and member (``name``)."""
-        blob, values, start = self.blob, [], 0
-        append = values.append
-        for index, end in enumerate(self.ends):
+        blob, ends = self.blob, self.ends
+        values: list = []
+        if JSON_READS_VIEWS:  # the usual case: orjson, straight from the blob
+            view, start, append, loads = memoryview(blob), 0, values.append, _fast_loads
             try:
-                append(json_member(blob[start:end]))
+                for end in ends:
+                    append(loads(view[start:end]))
+                    start = end
+            except Exception:  # NaN, a lone surrogate, a member that does not decode...
+                pass  # ... decoded from there on as json_member does, or reported
+            del view
+        start = ends[len(values) - 1] if values else 0
+        for index in range(len(values), len(ends)):
+            end = ends[index]
+            try:
+                values.append(json_member(blob[start:end]))
             except Exception as error:  # as decode_sample reports it
                 raise decode_error(_at(urls, index), _at(keys, index), name, error) from error
             start = end

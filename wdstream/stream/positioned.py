@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch.utils.data
 
 from wdstream.errors import InputError, UnsizedError, WdstreamError
-from wdstream.stream.batching import tune_worker_allocator
+from wdstream.stream.batching import tune_worker_process
 from wdstream.stream.context import StreamContext
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.lifetime import closed_at_exit
@@ -102,7 +102,7 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         self._live = (spec, stream)
         if self.spec is not None:  # iterated by wdstream.DataLoader
             if torch.utils.data.get_worker_info() is not None:
-                tune_worker_allocator()
+                tune_worker_process()
             return closed_at_exit(context.with_trail(self.positioned(spec, stream, start)))
         return closed_at_exit(context.with_positions(self.positioned(spec, stream, start)))
 

@@ -26,8 +26,8 @@ def window_shuffle(samples: Iterable[dict], window: int, order: Callable[[int, i
         buffer = list(islice(iterator, window))
         if not buffer:
             return
-        for position in order(index, len(buffer))[skip:]:
-            yield buffer[position]
+        # Python ints rather than numpy's, and no Python loop per sample
+        yield from map(buffer.__getitem__, order(index, len(buffer))[skip:].tolist())
         # let the samples go before the next window is read: flat memory
         buffer.clear()
         skip = 0

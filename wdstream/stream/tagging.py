@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from functools import partial
 
 import torch.utils.data
 
@@ -26,8 +25,9 @@ class TaggedCollate:
     def __init__(self, collate_fn: Callable, workers: int, batch_size: int | None,
                  drop_last: bool, share_bytes: bool = False):
         self.share_bytes = share_bytes  # bytes_as="tensor": all bytes into shared memory
-        if collate_fn is collate:  # the default collate pools large bytes under "tensor"
-            collate_fn = partial(collate, pooled=share_bytes)
+        # the default collate pools large bytes under "tensor", and decodes no JSON the
+        # stream left for the main process
+        self.default = collate_fn is collate
         self.collate_fn = collate_fn
         self.workers = workers
         self.batch_size = batch_size
@@ -69,4 +69,8 @@ class TaggedCollate:
         return stream, batches, context.stats.take(), ended, failure
 
     def _collate_and_share(self, samples):
-        return share_raw(self.collate_fn(samples), self.share_bytes)
+        names = self.context.json_names
+        if self.default:
+            return share_raw(collate(samples, pooled=self.share_bytes, json_names=names),
+                             self.share_bytes, names)
+        return share_raw(self.collate_fn(samples), self.share_bytes, names)
