@@ -412,3 +412,26 @@ def test_the_window_grows_only_once_a_part_came_in(s3, proxied, monkeypatch):
             assert link.parallel is None and source.peak_parts == 2
             assert reader.read() == data[1:]
         assert link.parallel is True and source.peak_parts > 2
+
+
+def test_a_manifests_version_on_s3_is_one_head_with_the_readers_client(s3, proxied):
+    """What the shared manifest asks of S3 before reading (``object_version``) takes the
+    reader's botocore client, in a fresh process: one HEAD through the link, no second SDK."""
+    import json
+    import subprocess
+
+    bucket, make = proxied
+    url = put(s3, bucket, "versioned/index.json", b"{}" * 100)
+    proxy = make(delay=0.01)
+    code = ("import json, sys\n"
+            "from wdstream.shards.shared import object_version\n"
+            f"version = object_version({url!r})\n"
+            "print(json.dumps([version, 's3fs' in sys.modules, 'aiobotocore' in sys.modules]))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint))
+    assert run.returncode == 0, run.stderr
+    version, s3fs_loaded, aiobotocore_loaded = json.loads(run.stdout)
+    etag = s3.client().head_object(Bucket=bucket, Key="versioned/index.json")["ETag"]
+    assert version == {"size": 200, "ETag": etag}
+    assert not s3fs_loaded and not aiobotocore_loaded
+    assert proxy.requests == 1

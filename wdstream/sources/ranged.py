@@ -247,6 +247,8 @@ class RangedS3Source(ChunkSource):
                 first = None
                 with link.lock:
                     link.parallel = True
+            with self._cond:
+                self._nudged = False  # a nudge from here on ends the wait below
             allowed = self._allowed(window)
             self._launch_parts(client, allowed)
             if self._following >= self._end():
@@ -255,7 +257,6 @@ class RangedS3Source(ChunkSource):
             with self._cond:
                 waited = False
                 began = time.monotonic()
-                self._nudged = False
                 while not head.chunks and not head.done and not self._stopped \
                         and not (self._nudged and allowed < window):
                     waited = True
