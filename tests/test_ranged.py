@@ -238,8 +238,9 @@ def test_a_wrong_size_beforehand_is_only_a_plan(s3, proxied, planned):
 
 
 def test_what_a_stream_learns_the_next_one_starts_with(s3, proxied, monkeypatch):
-    """The next shard, opened while the current one is read, fetches parts at once, of the
-    size and as many as the link proved to need."""
+    """The next shard, opened while the current one is read (which has asked for all its
+    parts: the object fits its read-ahead), fetches parts at once, of the size and as many as
+    the link proved to need."""
     slow_link(monkeypatch)
     bucket, make = proxied
     part = 4 * PART  # several of the proxy's chunks: a rate to measure
