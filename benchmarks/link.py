@@ -15,6 +15,9 @@ wdstream
     32) over the link, for 1 MiB and ~100 KiB samples; the same datasets on loopback (no proxy)
     give the start-up cost that is not the link's.
 
+Datasets: 1 MiB and ~100 KiB samples, 16 shards of ~100 MB each (8 per worker; quick: 4
+shards of ~33 MB); the loader's MB/s is reported over the whole run and after its first batch.
+
 Goals: the loader's MB/s ≥ 0.8x the limit; its first batch no later than the loopback first
 batch + 2 round trips of one GET + the first batch's bytes at the link's limit.
 
@@ -43,7 +46,9 @@ WORKERS = 2
 BATCH = 32
 # (MB/s per connection, first-byte delay in ms)
 LINKS = ((25, 30), (100, 10))
-FULL = {"mib_samples": 384, "kib_samples": 3840, "shards": 4}
+# full: 16 shards of ~100 MB, 8 per worker, so that the start (workers, first parts) weighs
+# in a run as in a training run rather than being half of it (4 shards until 2026-12)
+FULL = {"mib_samples": 1536, "kib_samples": 15360, "shards": 16}
 QUICK = {"mib_samples": 128, "kib_samples": 1280, "shards": 4}
 T_LINK = "shaped link: S3 (moto) behind a proxy that caps each connection and delays each response"
 T_GOALS = "goals (issue 18)"
@@ -287,7 +292,9 @@ def run(quick: bool) -> list[dict]:
         f"Datasets: {data['1 MiB']['samples']} samples of 1 MiB and "
         f"{data['~100 KiB']['samples']} of 100 KiB, {sizes['shards']} shards each "
         f"({data['1 MiB']['bytes'] / common.MB:.0f} and "
-        f"{data['~100 KiB']['bytes'] / common.MB:.0f} MB). The proxy paces each connection's "
+        f"{data['~100 KiB']['bytes'] / common.MB:.0f} MB; {sizes['shards'] // WORKERS} shards "
+        "per worker: until 2026-12 the full datasets were 4 shards, 403 and 395 MB, whose "
+        "start was half of a run). The proxy paces each connection's "
         "responses and holds each request back by the delay; it runs in the suite's process, "
         "moto in its own, both on the same 2 cores as the loader. MB/s of a loader counts from "
         "building the dataset to its last batch (worker start-up included); 'after first "

@@ -238,8 +238,9 @@ def test_a_wrong_size_beforehand_is_only_a_plan(s3, proxied, planned):
 
 
 def test_what_a_stream_learns_the_next_one_starts_with(s3, proxied, monkeypatch):
-    """The next shard, opened while the current one is read, fetches parts at once, of the
-    size and as many as the link proved to need."""
+    """The next shard, opened while the current one is read (which has asked for all its
+    parts: the object fits its read-ahead), fetches parts at once, of the size and as many as
+    the link proved to need."""
     slow_link(monkeypatch)
     bucket, make = proxied
     part = 4 * PART  # several of the proxy's chunks: a rate to measure
@@ -310,3 +311,128 @@ def test_the_loader_asks_for_parts_from_the_manifests_sizes(s3, proxied, tmp_pat
     assert keys == sorted(all_keys([24, 24]))
     # the manifest, then both parts of the first shard at once; the second shard's
     assert proxy.requests >= 1 + 2 + 1
+
+
+# --------------------------------------------------------------------------- streams of a link
+
+
+def _wait_for(check, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxied,
+                                                                      monkeypatch):
+    """The shard being read has the link first: the next one, opened ahead, keeps one part in
+    flight until the current one has asked for its last part, then as many as the link needs."""
+    from wdstream.sources import streams
+
+    slow_link(monkeypatch)
+    bucket, make = proxied
+    part = 4 * PART
+    current_data, ahead_data = os.urandom(16 * part), os.urandom(32 * part)
+    current_url = put(s3, bucket, "current.bin", current_data)
+    ahead_url = put(s3, bucket, "ahead.bin", ahead_data)
+    proxy = make(rate=10e6, delay=0.05)
+    link = Link()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        monkeypatch.setattr(streams, "READ_AHEAD", part)  # the current one waits for its reader
+        current, current_source = sized(current_url, len(current_data), link, start_parts=2,
+                                        max_parts=4, part_size=part)
+        with current:
+            assert current.read(part) == current_data[:part]
+            monkeypatch.setattr(streams, "READ_AHEAD", 64 * part)  # the next one does not
+            ahead, ahead_source = sized(ahead_url, len(ahead_data), link, max_parts=4,
+                                        part_size=part)
+            assert _wait_for(lambda: ahead_source.requests >= 3)
+            assert ahead_source.peak_parts == 1  # one after the other, while current asks
+            assert current.read() == current_data[part:]
+        # the current one asked for its last part: the next one widens, unread
+        assert _wait_for(lambda: ahead_source.peak_parts > 1)
+        with ahead:
+            assert ahead.read() == ahead_data
+        assert current_source.peak_parts > 1
+
+
+def test_a_stream_being_read_is_not_held_back_by_an_earlier_one(s3, proxied, monkeypatch):
+    """Two streams read in turns (a mix of datasets): each has as many parts as it needs; and
+    closing a stream early lets the next one widen."""
+    from wdstream.sources import streams
+
+    slow_link(monkeypatch)
+    monkeypatch.setattr(streams, "READ_AHEAD", 4 * PART)
+    bucket, make = proxied
+    part = 4 * PART
+    data = os.urandom(24 * part)
+    first_url, second_url, third_url = (put(s3, bucket, f"turns-{n}.bin", data)
+                                        for n in range(3))
+    proxy = make(rate=10e6, delay=0.05)
+    link = Link()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        first, _ = sized(first_url, len(data), link, start_parts=2, max_parts=4, part_size=part)
+        second, second_source = sized(second_url, len(data), link, start_parts=2, max_parts=4,
+                                      part_size=part)
+        got = {first: b"", second: b""}
+        with first, second:
+            for _ in range(6):
+                for reader in (first, second):
+                    got[reader] += reader.read(part)
+            assert second_source.peak_parts > 1
+            monkeypatch.setattr(streams, "READ_AHEAD", 64 * part)  # not waiting for its reader
+            third, third_source = sized(third_url, len(data), link, max_parts=4,
+                                        part_size=part)
+            with third:
+                assert _wait_for(lambda: third_source.requests >= 1)
+                time.sleep(0.3)
+                assert third_source.peak_parts == 1
+                first.close()
+                second.close()  # closed early, parts left unasked: the link is the third's
+                assert _wait_for(lambda: third_source.peak_parts > 1)
+                assert third.read() == data
+        assert got[first] == got[second] == data[:6 * part]
+
+
+def test_the_window_grows_only_once_a_part_came_in(s3, proxied, monkeypatch):
+    """Waiting for the first parts' first bytes shows the link's delay, not that more parts
+    would help: no part beyond the first ones until one is in."""
+    slow_link(monkeypatch)
+    bucket, make = proxied
+    part = 2 << 20  # two reads of the part thread: the first one is handed over alone
+    data = os.urandom(6 * part)
+    url = put(s3, bucket, "growing.bin", data)
+    proxy = make(rate=10e6, delay=0.1)  # a part takes ~0.2 s once its first byte came
+    link = Link()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = sized(url, len(data), link, start_parts=2, max_parts=6,
+                               part_size=part)
+        with reader:
+            reader.read(1)
+            time.sleep(0.03)
+            assert link.parallel is None and source.peak_parts == 2
+            assert reader.read() == data[1:]
+        assert link.parallel is True and source.peak_parts > 2
+
+
+def test_a_manifests_version_on_s3_is_one_head_with_the_readers_client(s3, proxied):
+    """What the shared manifest asks of S3 before reading (``object_version``) takes the
+    reader's botocore client, in a fresh process: one HEAD through the link, no second SDK."""
+    import json
+    import subprocess
+
+    bucket, make = proxied
+    url = put(s3, bucket, "versioned/index.json", b"{}" * 100)
+    proxy = make(delay=0.01)
+    code = ("import json, sys\n"
+            "from wdstream.shards.shared import object_version\n"
+            f"version = object_version({url!r})\n"
+            "print(json.dumps([version, 's3fs' in sys.modules, 'aiobotocore' in sys.modules]))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint))
+    assert run.returncode == 0, run.stderr
+    version, s3fs_loaded, aiobotocore_loaded = json.loads(run.stdout)
+    etag = s3.client().head_object(Bucket=bucket, Key="versioned/index.json")["ETag"]
+    assert version == {"size": 200, "ETag": etag}
+    assert not s3fs_loaded and not aiobotocore_loaded
+    assert proxy.requests == 1

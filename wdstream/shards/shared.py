@@ -164,10 +164,15 @@ def object_version(url: str) -> dict | None:
                 return None
             return {"size": info.st_size, "mtime_ns": info.st_mtime_ns,
                     "ctime_ns": info.st_ctime_ns, "inode": info.st_ino, "device": info.st_dev}
-        from wdstream.sources.openers import filesystem
+        if urls.scheme(url) == "s3":  # the reader's botocore client: no second SDK to load
+            from wdstream.sources.heads import s3_head
 
-        fs, key = filesystem(url)
-        described = fs.info(key)
+            described = s3_head(url)
+        else:
+            from wdstream.sources.openers import filesystem
+
+            fs, key = filesystem(url)
+            described = fs.info(key)
     except Exception:  # noqa: BLE001 - no version: the caller reads the manifest itself
         return None
     version = {name: str(described[name]) for name in _STRONG_VERSION if described.get(name)}

@@ -20,13 +20,22 @@ How a read starts
 
 What a process learns (``Link``, one per process and endpoint, shared by its streams: the
 shard being read and the next one, opened ahead)
-    Whether parts pay on this link, how many to keep in flight, and their size. A stream
-    starts where the last one left off, so the next shard, opened while the current one is
-    read, starts fetching parts at once and keeps the link busy across the boundary. The
-    window grows by one each time a stream had to wait for a part, up to ``MAX_PARTS``; a
-    stream whose consumer is the slower side stays small. Parts are sized so that the wait
-    for a part's first byte is about a tenth of its transfer (``PART_SIZE`` up to
-    ``MAX_PART_SIZE``).
+    Whether parts pay on this link, how many to keep in flight, and their size, learned from
+    each part as soon as it is in (so the parts asked right after the first one are sized
+    by it). A stream starts where the last one left off. The window grows by one each time a
+    stream had to wait for a part once a part came in (waits for the first parts' first
+    bytes only show the link's delay), up to ``MAX_PARTS``; a stream whose consumer is the
+    slower side stays small. Parts are sized so that the wait for a part's first byte is
+    about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``).
+
+Streams of one link take turns
+    The shard being read has the link first: a stream opened while an earlier one of the
+    process still has parts to ask for keeps ``AHEAD_PARTS`` in flight, until that one has
+    asked for its last part (or is closed) or its own consumer starts reading (streams read
+    in turns, as a mix of datasets does, each get their window). So the next shard, opened
+    ahead, has its first bytes ready at the boundary and takes the whole window from the
+    moment the current one's last parts are on their way, but its parts do not slow the
+    current shard's, nor the first batch.
 
 Memory
     A stream holds at most ``MAX_PARTS * PART_SIZE`` bytes fetched but not handed over (with
@@ -62,6 +71,7 @@ PART_SIZE = 8 << 20
 MAX_PART_SIZE = 16 << 20
 START_PARTS = 4  # parts asked for at once when the size is known and the link is not yet
 INITIAL_PARTS = 2  # parts in flight after a first GET proved slow
+AHEAD_PARTS = 1  # parts in flight of a stream opened ahead, while the one before it asks
 MAX_PARTS = 8
 PART_RETRIES = 3
 RETRY_BACKOFF = 0.2  # seconds before a part's first retry; doubled on each further one
@@ -74,13 +84,34 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
 class Link:
-    """What a process learned of its link to one endpoint (see the module docstring)."""
+    """What a process learned of its link to one endpoint (see the module docstring), and
+    its streams that still have parts to ask for, in the order they started."""
 
     def __init__(self, window: int = INITIAL_PARTS):
         self.lock = threading.Lock()
         self.parallel: bool | None = None  # True: parts pay; False: one GET is as fast
         self.window = window
         self.part_size: int | None = None  # None: the stream's smallest
+        self._asking: list[RangedS3Source] = []
+
+    def enter(self, stream: RangedS3Source) -> None:
+        with self.lock:
+            self._asking.append(stream)
+
+    def leave(self, stream: RangedS3Source) -> None:
+        """``stream`` asked for its last part (or ended): the next one may use the link."""
+        with self.lock:
+            if stream not in self._asking:
+                return
+            self._asking.remove(stream)
+            following = list(self._asking)
+        for other in following:
+            other.nudge()
+
+    def first_asking(self, stream: RangedS3Source) -> bool:
+        """Whether no stream that started before ``stream`` still has parts to ask for."""
+        with self.lock:
+            return not self._asking or self._asking[0] is stream
 
 
 def shared_link(timeout: float) -> Link:
@@ -146,6 +177,8 @@ class RangedS3Source(ChunkSource):
         self._rest_as_one = False  # a fast link: the next part is the rest of the object
         self._part_size = part_size
         self._held = 0
+        self._asked = False  # the consumer asked for data (ByteStream's reading())
+        self._nudged = False  # the window this stream may use has changed
         self.peak_held = 0
         self.peak_parts = 0
         self.requests = 0
@@ -153,6 +186,31 @@ class RangedS3Source(ChunkSource):
     # the consumer side (ByteStream's reader thread) ---------------------------------------
 
     def run(self, put):
+        self.link.enter(self)
+        try:
+            self._run(put)
+        finally:
+            self.link.leave(self)
+
+    def reading(self) -> None:
+        self._asked = True
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake the stream to widen its window (another stream left the link, or the
+        consumer started reading)."""
+        with self._cond:
+            self._nudged = True
+            self._cond.notify_all()
+
+    def _allowed(self, window: int) -> int:
+        """Parts this stream may keep in flight: ``window``, or ``AHEAD_PARTS`` while a stream
+        that started before it still has parts to ask for and nobody reads this one yet."""
+        if self._asked or self.link.first_asking(self):
+            return window
+        return min(window, AHEAD_PARTS)
+
+    def _run(self, put):
         client = s3_client(self.timeout)
         link = self.link
         with link.lock:
@@ -189,16 +247,24 @@ class RangedS3Source(ChunkSource):
                 first = None
                 with link.lock:
                     link.parallel = True
-            self._launch_parts(client, window)
+            with self._cond:
+                self._nudged = False  # a nudge from here on ends the wait below
+            allowed = self._allowed(window)
+            self._launch_parts(client, allowed)
+            if self._following >= self._end():
+                link.leave(self)  # every part asked: the next stream may use the link
             head = parts[0]
             with self._cond:
                 waited = False
                 began = time.monotonic()
-                while not head.chunks and not head.done and not self._stopped:
+                while not head.chunks and not head.done and not self._stopped \
+                        and not (self._nudged and allowed < window):
                     waited = True
                     self._cond.wait()
                 if self._stopped:
                     return
+                if not head.chunks and not head.done:
+                    continue  # its window widened: ask for more parts first
                 if waited and head is first:
                     waits += 1
                     network += time.monotonic() - began
@@ -207,8 +273,11 @@ class RangedS3Source(ChunkSource):
                 head.pending = 0
                 finished = head.done
                 self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
-            if waited and head is not first and window < self.max_parts:
-                window += 1  # the network was the slower side: one more part in flight
+            if waited and head is not first and allowed == window and window < self.max_parts \
+                    and link.parallel:
+                # the network was the slower side: one more part in flight (not before a part
+                # came in: waits for the first parts' first bytes only show the link's delay)
+                window += 1
                 with link.lock:
                     link.window = max(link.window, window)
             began = time.monotonic()
@@ -223,7 +292,6 @@ class RangedS3Source(ChunkSource):
                 self._finish(head)
                 with self._cond:  # _learn goes through the parts from the part threads
                     parts.popleft()
-                self._observe(head)
 
     def _end(self) -> int:
         """Where the object ends: its size once a response said it, else the planned size."""
@@ -252,7 +320,8 @@ class RangedS3Source(ChunkSource):
         self.peak_parts = max(self.peak_parts, len(parts))
 
     def _observe(self, part: _Part) -> None:
-        """Learn from a finished part: whether parts pay, and how large they should be."""
+        """Learn from a part as soon as it is in (before it is handed over, so that the parts
+        asked next are sized by it): whether parts pay, and how large they should be."""
         if part.responded_at is None or part.done_at is None or part.asked_at is None \
                 or part.received < self.part_size or self._whole:
             return  # a small object or a short read says nothing of the link
@@ -261,15 +330,19 @@ class RangedS3Source(ChunkSource):
         with link.lock:
             if rate >= ONE_GET_ENOUGH:  # the latest verdict wins: a link may change
                 link.parallel = False
-                self._rest_as_one = True
-                return
-            if part.end == _OPEN_END or part.size > self.max_part_size:
+                size = None
+            elif part.end == _OPEN_END or part.size > self.max_part_size:
                 return  # a single GET that the consumer kept slow says nothing of the link
-            link.parallel = True
-            wait = max(part.responded_at - part.asked_at, 0.0)
-            wanted = math.ceil(WAIT_SHARE * wait * rate / self.part_size) * self.part_size
-            link.part_size = min(max(wanted, self.part_size), self.max_part_size)
-            self._part_size = link.part_size
+            else:
+                link.parallel = True
+                wait = max(part.responded_at - part.asked_at, 0.0)
+                wanted = math.ceil(WAIT_SHARE * wait * rate / self.part_size) * self.part_size
+                size = link.part_size = min(max(wanted, self.part_size), self.max_part_size)
+        with self._cond:
+            if size is None:
+                self._rest_as_one = True
+            else:
+                self._part_size = size
 
     @staticmethod
     def _rate(part: _Part) -> float:
@@ -329,6 +402,9 @@ class RangedS3Source(ChunkSource):
             part.done = True
             part.done_at = time.monotonic()
             self._cond.notify_all()
+            learn = part.error is None and not self._stopped
+        if learn:
+            self._observe(part)
 
     def _fetch_once(self, client, part: _Part) -> None:
         from botocore.exceptions import ClientError

@@ -62,6 +62,9 @@ class ChunkSource(abc.ABC):
     def stop(self) -> None:  # noqa: B027 - optional hook
         """Make ``run`` return soon (called from the consumer's thread)."""
 
+    def reading(self) -> None:  # noqa: B027 - optional hook
+        """The consumer asked for data for the first time (called once, from its thread)."""
+
     def check_end(self, timeout: float) -> None:  # noqa: B027 - optional hook
         """After ``run`` returned by itself: raise StreamError if the source failed."""
 
@@ -143,6 +146,7 @@ class ByteStream(io.BufferedIOBase):
         self._offset = 0
         self._at_end = False
         self._failed: WdstreamError | None = None  # an error already raised to the consumer
+        self._asked = False  # the consumer asked for data (told to the source once)
         self._pid = os.getpid()
         self._thread = threading.Thread(
             target=self._produce, name=f"wdstream-read {url[:80]}", daemon=True
@@ -164,6 +168,9 @@ class ByteStream(io.BufferedIOBase):
         """Make ``self._chunk`` non-empty; False at the end of the data."""
         if self._failed is not None:
             raise self._failed
+        if not self._asked:
+            self._asked = True
+            self._source.reading()
         while self._offset >= len(self._chunk):
             if self._at_end:
                 return False
