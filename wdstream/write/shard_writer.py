@@ -73,7 +73,7 @@ def write_shard(job: ShardJob, via: str, encoder: Tokenizer | None = None) -> Sh
     out = open_write(job.url, via=via)
     try:
         sink = _write_tar(job, out, encoder)
-        out.commit()
+        out.commit(sink.sha256.digest())  # S3 checks the upload against it
     except BaseException:  # also an interrupt during the commit: nothing may appear
         out.abort()
         raise
