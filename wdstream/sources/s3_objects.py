@@ -83,6 +83,7 @@ class S3Writer(Writer):
             raise InputError(f"{url}: not an object URL (it names a bucket or ends with /)")
         self._bucket, self._key = bucket_key
         self._part_size = part_size
+        self.chunk_size = part_size  # what the shard writer hands over at a time
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._upload_id: str | None = None
