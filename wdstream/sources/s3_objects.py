@@ -119,7 +119,8 @@ class S3Writer(Writer):
     def _commit(self) -> None:
         target = {"Bucket": self._bucket, "Key": self._key}
         if self._upload_id is None:
-            checksum = ({"ChecksumSHA256": base64.b64encode(self.sha256).decode()}
+            checksum = ({"ChecksumAlgorithm": "SHA256",  # also stored with the object
+                         "ChecksumSHA256": base64.b64encode(self.sha256).decode()}
                         if self.sha256 is not None else {})
             self._client.put_object(**target, Body=self._take(), **checksum)
             return
