@@ -381,6 +381,7 @@ def test_a_reading_worker_leaves_workers_processes_writing(tmp_path):
     line = json.dumps({"text": "x" * 1000}).encode() + b"\n"
     zst = _zst(tmp_path / "big.jsonl.zst", line * (16 << 10))  # 16 MiB: several batches
     writer = PoolWriter("auto", 2, reads=True)
+    done = False
     try:
         batches = writer.read_batches(str(zst), MAX_RECORD, ReadCounter())
         first = next(batches)  # the reader is busy: it waits to send the next batch
@@ -389,5 +390,6 @@ def test_a_reading_worker_leaves_workers_processes_writing(tmp_path):
         pids = {job.result() for job in jobs}
         assert len(pids) == 2 and time.monotonic() - started < 0.95
         assert len(first.values) + sum(len(batch.values) for batch in batches) == 16 << 10
+        done = True
     finally:
-        writer.close(False)
+        writer.close(failed=not done)  # a failure stops the reader, which waits on its pipe
