@@ -385,10 +385,10 @@ def test_a_reading_worker_leaves_workers_processes_writing(tmp_path):
     try:
         batches = writer.read_batches(str(zst), MAX_RECORD, ReadCounter())
         first = next(batches)  # the reader is busy: it waits to send the next batch
-        started = time.monotonic()
+        # two jobs of 0.5 s run in two processes (with only --workers processes, both would
+        # queue for the one process the reader leaves free)
         jobs = [writer._pool.submit(_pid_after, 0.5) for _ in range(2)]
-        pids = {job.result() for job in jobs}
-        assert len(pids) == 2 and time.monotonic() - started < 0.95
+        assert len({job.result() for job in jobs}) == 2
         assert len(first.values) + sum(len(batch.values) for batch in batches) == 16 << 10
         done = True
     finally:
