@@ -268,7 +268,7 @@ def _check_remote(fs, prefix: str, count: int) -> None:
     assert manifest["samples"] == total == count
 
 
-@pytest.mark.parametrize("via", ["fsspec", "cli"])
+@pytest.mark.parametrize("via", ["auto", "fsspec", "cli"])
 def test_output_to_s3(tmp_path, s3_bucket, cli_env, via):
     import s3fs
 

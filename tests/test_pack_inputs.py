@@ -365,3 +365,31 @@ def test_errors_from_a_reading_worker_name_the_file_and_line(tmp_path, cli_env):
     error = fail(["pack", huge, "--output", tmp_path / "o", "--workers", 2], cli_env)
     assert f"{huge}:3: longer than 256 MiB" in error
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+
+
+def _pid_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_a_reading_worker_leaves_workers_processes_writing(tmp_path):
+    # With --workers 2 and a compressed input, one process reads while two write shards
+    # (which also wait on their uploads): the pool has one process more than --workers.
+    from wdstream.write.batches import MAX_RECORD, ReadCounter
+    from wdstream.write.pool import PoolWriter
+
+    line = json.dumps({"text": "x" * 1000}).encode() + b"\n"
+    zst = _zst(tmp_path / "big.jsonl.zst", line * (16 << 10))  # 16 MiB: several batches
+    writer = PoolWriter("auto", 2, reads=True)
+    done = False
+    try:
+        batches = writer.read_batches(str(zst), MAX_RECORD, ReadCounter())
+        first = next(batches)  # the reader is busy: it waits to send the next batch
+        # two jobs of 0.5 s run in two processes (with only --workers processes, both would
+        # queue for the one process the reader leaves free)
+        jobs = [writer._pool.submit(_pid_after, 0.5) for _ in range(2)]
+        assert len({job.result() for job in jobs}) == 2
+        assert len(first.values) + sum(len(batch.values) for batch in batches) == 16 << 10
+        done = True
+    finally:
+        writer.close(failed=not done)  # a failure stops the reader, which waits on its pipe

@@ -459,7 +459,7 @@ def test_local_write_is_atomic(tmp_path):
         out.write(b"late")
 
 
-@pytest.mark.parametrize("via", ["fsspec", "cli"])
+@pytest.mark.parametrize("via", ["auto", "fsspec", "cli"])
 def test_s3_write_commit_and_abort(s3, s3_bucket, via):
     url = f"s3://{s3_bucket}/w/x.tar"
     with open_write(url, via=via) as out:
@@ -482,7 +482,7 @@ def test_s3_write_commit_and_abort(s3, s3_bucket, via):
     assert list_files(f"s3://{s3_bucket}/w/") == [(url, len(DATA))]
 
 
-@pytest.mark.parametrize("via", ["fsspec", "cli"])
+@pytest.mark.parametrize("via", ["auto", "fsspec", "cli"])
 def test_s3_write_to_missing_bucket(s3, via):
     with pytest.raises(StreamError, match="s3://no-such-bucket-wd/x.tar") as info:
         write_bytes("s3://no-such-bucket-wd/x.tar", b"data", via=via)

@@ -125,9 +125,9 @@ Examples:
               help="Shards are named NAME-000000.tar, NAME-000001.tar, ...")
 @click.option("--via", type=click.Choice(["auto", "cli", "fsspec"]), default="auto",
               show_default=True,
-              help="How s3:// and gs:// shards are uploaded: fsspec (s3fs/gcsfs, in-process) or "
-                   "cli (piped into 'aws s3 cp -' / 'gcloud storage cp -'). auto means fsspec: no "
-                   "process start per shard.")
+              help="How s3:// and gs:// shards are uploaded: auto (in-process: botocore for "
+                   "s3://, gcsfs for gs://), fsspec (s3fs/gcsfs, in-process) or cli (piped into "
+                   "'aws s3 cp -' / 'gcloud storage cp -').")
 @click.option("--workers", type=int, default=1, show_default=True, metavar="N",
               help="Processes writing shards; the shards are the same for any N.")
 @click.option("--part", metavar="I/N",

@@ -42,8 +42,11 @@ def s3_client(timeout: float):
     def make():
         import botocore.config
 
+        # Uploads (s3_objects) always carry a signed checksum header: their bodies need not
+        # be hashed once more for the signature, also over plain HTTP.
         config = botocore.config.Config(
-            connect_timeout=timeout, read_timeout=timeout, max_pool_connections=32
+            connect_timeout=timeout, read_timeout=timeout, max_pool_connections=32,
+            s3={"payload_signing_enabled": False},
         )
         return _botocore_session().create_client("s3", config=config)
 

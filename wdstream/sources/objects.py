@@ -6,7 +6,10 @@ fsspec URLs.
 
 - local paths: a temporary file ``.NAME.RANDOM.tmp`` in the same folder, fsync'ed and renamed
   over ``NAME`` on commit, deleted on abort. Missing folders are created.
-- ``s3://`` and ``gs://`` with ``via="fsspec"`` (what "auto" means): s3fs / gcsfs upload
+- ``s3://`` with ``via="auto"``: botocore's client (``s3_objects.S3Writer``): one PUT of the
+  buffered bytes, or a multipart upload past 64 MiB; abort sends nothing or aborts the
+  multipart upload. No fsspec I/O thread and no aiobotocore, so a packer's pool can fork.
+- ``s3://`` with ``via="fsspec"`` and ``gs://`` with "auto" or "fsspec": s3fs / gcsfs upload
   in-process. Chosen over the CLIs because a packer writes many shards: no ~0.7 s process
   start per shard, failures arrive as exceptions rather than stderr to parse, and no CLI has to
   be installed. The object appears only when the upload completes (a single PUT, or the
@@ -76,6 +79,11 @@ def open_write(url: str, *, via: str = "auto") -> Writer:
             raise InputError(f"{url}: no command-line uploader for {kind}:// (cli writes s3:// "
                              "and gs://)")
         return _CliWriter(url, CLI_WRITE_COMMANDS[kind](url))
+    if kind == "s3" and via == "auto":
+        from wdstream.sources import s3_objects
+
+        if s3_objects.is_object_url(url):
+            return s3_objects.S3Writer(url)
     if kind in ("s3", "gs"):
         return _CloudWriter(url)
     return _SpooledWriter(url)
@@ -90,6 +98,7 @@ class Writer(abc.ABC):
 
     def __init__(self, url: str):
         self.url = url
+        self.sha256: bytes | None = None  # the digest of all bytes written, if given to commit
         self._finished = False
         self._pid = os.getpid()
 
@@ -98,10 +107,14 @@ class Writer(abc.ABC):
             raise ValueError(f"{self.url}: write after commit or abort")
         self._or_abort(self._write, data)
 
-    def commit(self) -> None:
-        """Make the object appear, complete. On failure the writer aborts and raises."""
+    def commit(self, sha256: bytes | None = None) -> None:
+        """Make the object appear, complete. On failure the writer aborts and raises.
+
+        ``sha256``: the SHA-256 digest of everything written, when the caller computed it: a
+        store that checks uploads (S3) is sent it rather than hashing the bytes again."""
         if self._finished:
             return
+        self.sha256 = sha256
         self._or_abort(self._commit)
         self._finished = True
 
@@ -320,6 +333,10 @@ def read_bytes(url: str) -> bytes:
 
 def exists(url: str) -> bool:
     """Whether an object (or a local file or folder) exists at ``url``."""
+    from wdstream.sources import s3_objects
+
+    if s3_objects.is_object_url(url):  # botocore: no fsspec I/O thread in a packer
+        return s3_objects.head_size(url) is not None
     fs, path = _target(url)
     if fs is None:
         return os.path.exists(path)
@@ -334,6 +351,11 @@ def exists(url: str) -> bool:
 
 def delete(url: str) -> None:
     """Delete the object at ``url``; a missing one is fine."""
+    from wdstream.sources import s3_objects
+
+    if s3_objects.is_object_url(url):
+        s3_objects.delete_object(url)
+        return
     fs, path = _target(url)
     try:
         if fs is None:

@@ -59,7 +59,7 @@ from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_m
 from wdstream.sizes import parse_size
 from wdstream.tokenizer import Tokenizer
 from wdstream.write.batches import ReadCounter
-from wdstream.write.inputs import Input, check_inputs, iter_batches
+from wdstream.write.inputs import Input, check_inputs, iter_batches, read_in_worker
 from wdstream.write.jobs import SampleBatch, ShardJob, part_manifest_name, shard_name
 from wdstream.write.options import DEFAULT_MAX_SIZE, check_options
 from wdstream.write.pool import InlineWriter, PoolWriter
@@ -209,8 +209,11 @@ class PackRun:
 
     def _write_shards(self) -> None:
         settings = self.settings
-        writer = (PoolWriter(settings.via, settings.workers, self.encoder)
-                  if settings.workers > 1 else InlineWriter(settings.via, self.encoder))
+        if settings.workers > 1:
+            reads = any(read_in_worker(item) for item in settings.inputs)
+            writer = PoolWriter(settings.via, settings.workers, self.encoder, reads=reads)
+        else:
+            writer = InlineWriter(settings.via, self.encoder)
         self.writer = writer
         failed = True
         try:

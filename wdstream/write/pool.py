@@ -105,9 +105,15 @@ class PoolWriter:
 
     At most ``workers + 1`` shards, and as many batches to tokenize, are in flight, which
     bounds memory to a few shards.
+
+    ``reads``: some inputs are read by a worker (``read_batches``); the pool then has one
+    process more, so that ``workers`` processes still write shards while one reads. A shard
+    writer also waits on its upload, and the reader on the main process: with the reader
+    taking one of only ``workers`` processes, ``--workers 2`` would write one shard at a time.
     """
 
-    def __init__(self, via: str, workers: int, encoder: Tokenizer | None = None):
+    def __init__(self, via: str, workers: int, encoder: Tokenizer | None = None,
+                 reads: bool = False):
         import multiprocessing
         import threading
         from concurrent.futures import ProcessPoolExecutor
@@ -124,7 +130,7 @@ class PoolWriter:
         # Batches of inputs a worker reads (read_batches) come back through this pipe.
         self._batches, self._batches_sender = context.Pipe(duplex=False)
         self._pool = ProcessPoolExecutor(
-            max_workers=workers,
+            max_workers=workers + 1 if reads else workers,
             mp_context=context,
             initializer=_init_worker,
             initargs=(encoder, self._batches_sender),

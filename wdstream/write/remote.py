@@ -18,7 +18,7 @@ import os
 from typing import NamedTuple
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.sources import urls
+from wdstream.sources import s3_objects, urls
 from wdstream.sources.objects import check_bucket
 
 _GLOB_CHARS = ("*", "?", "[")
@@ -87,6 +87,15 @@ def expand_local(pattern: str) -> list[Found]:
 
 def expand_remote(url: str) -> list[Found]:
     """The object(s) ``url`` names: itself, its folder, or every match of a glob, sorted."""
+    if not has_glob(url) and s3_objects.is_object_url(url):
+        # One HEAD with botocore, which starts no fsspec I/O thread: the packer's pool can
+        # then fork (see pool.PoolWriter). Not an object: a folder, or an error, below.
+        try:
+            found = s3_objects.head_size(url)
+        except WdstreamError as error:
+            raise InputError(str(error)) from None
+        if found is not None:
+            return [Found(url, False, found)]
     fs, path = _filesystem(url)
     try:
         info = fs.info(path)

@@ -34,6 +34,9 @@ class _ShardSink:
         self.size = self.tar_size = 0
         self.first = b""  # the tar's first HEAD_BYTES (before compression), for ``head``
         self._compressor = ShardCompressor(*compress) if compress else None
+        # A writer that keeps what it is given (an S3 upload) takes larger chunks: its part
+        # then goes out as the buffer's own bytes, not a join of small chunks.
+        self.chunk_size = max(_FLUSH_SIZE, getattr(out, "chunk_size", 0))
 
     def flush(self, at_least: int = 1) -> None:
         if self._buffer.tell() >= at_least:
@@ -73,7 +76,7 @@ def write_shard(job: ShardJob, via: str, encoder: Tokenizer | None = None) -> Sh
     out = open_write(job.url, via=via)
     try:
         sink = _write_tar(job, out, encoder)
-        out.commit()
+        out.commit(sink.sha256.digest())  # S3 checks the upload against it
     except BaseException:  # also an interrupt during the commit: nothing may appear
         out.abort()
         raise
@@ -103,8 +106,8 @@ def _write_tar(job: ShardJob, out, encoder: Tokenizer | None) -> _ShardSink:
                 for ext, column in zip(exts, columns, strict=True):
                     data = column[i]
                     add(f"{key}.{ext}", _file_bytes(data) if isinstance(data, FileMember) else data)
-                sink.flush(_FLUSH_SIZE)
-        sink.flush(_FLUSH_SIZE)
+                sink.flush(sink.chunk_size)
+        sink.flush(sink.chunk_size)
     tar.close()
     sink.finish()
     if job.size is not None and sink.tar_size != job.size:  # boundaries rely on exact sizes

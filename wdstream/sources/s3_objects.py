@@ -1,0 +1,140 @@
+"""S3 objects through botocore's client rather than s3fs: whether an object exists (HEAD),
+deleting one, and uploading one (``S3Writer``).
+
+A packer's main process and its pool workers then need neither fsspec's I/O thread nor
+aiobotocore: the main process stays single-threaded, so its pool forks and the workers start
+with botocore and the S3 model already loaded, and a shard goes out as one PUT of the bytes
+already in memory, checked by the store against the SHA-256 the shard writer computed anyway.
+
+Uploads send ``UNSIGNED-PAYLOAD`` with a checksum header (``x-amz-checksum-sha256`` from the
+caller, else botocore's CRC32), which is what botocore does by default over HTTPS; the
+checksum header is signed, and the store rejects a body that does not match it. Over plain
+HTTP botocore would otherwise hash every byte once more to sign it.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+from wdstream.sources import urls
+from wdstream.sources.clients import s3_client
+from wdstream.sources.failures import stream_error
+from wdstream.sources.objects import Writer
+
+log = logging.getLogger(__name__)
+
+PART_SIZE = 64 << 20  # bytes buffered before a multipart upload sends a part (S3: >= 5 MiB)
+TIMEOUT = 60.0
+
+
+def _key(url: str) -> tuple[str, str] | None:
+    """``(bucket, key)`` of an object URL; None for a bucket or a "folder" (``.../``)."""
+    bucket, key = urls.bucket_key(url)
+    return None if not key or key.endswith("/") else (bucket, key)
+
+
+def is_object_url(url: str) -> bool:
+    return urls.scheme(url) == "s3" and _key(url) is not None
+
+
+def head_size(url: str) -> int | None:
+    """The size of the object at ``url``, None if there is none (nor its bucket); other
+    failures (refused credentials, unreachable endpoint) raise StreamError naming ``url``."""
+    bucket, key = _key(url)
+    try:
+        return int(s3_client(TIMEOUT).head_object(Bucket=bucket, Key=key)["ContentLength"])
+    except Exception as exc:
+        if _missing(exc):
+            return None
+        raise stream_error(url, exc) from exc
+
+
+def delete_object(url: str) -> None:
+    """Delete the object at ``url``; a missing one is fine."""
+    bucket, key = _key(url)
+    try:
+        s3_client(TIMEOUT).delete_object(Bucket=bucket, Key=key)
+    except Exception as exc:
+        if not _missing(exc):
+            raise stream_error(url, exc) from exc
+
+
+def _missing(exc: BaseException) -> bool:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound") or status == 404
+
+
+class S3Writer(Writer):
+    """An upload with botocore: the bytes are kept as written (no copy) and sent by one PUT on
+    commit, or, once more than ``PART_SIZE`` is buffered, as the parts of a multipart upload
+    completed on commit. The object appears only when the PUT or the completion succeeds;
+    abort sends nothing, or aborts the multipart upload."""
+
+    def __init__(self, url: str, part_size: int = PART_SIZE):
+        bucket_key = _key(url)
+        if bucket_key is None:
+            from wdstream.errors import InputError
+
+            raise InputError(f"{url}: not an object URL (it names a bucket or ends with /)")
+        self._bucket, self._key = bucket_key
+        self._part_size = part_size
+        self.chunk_size = part_size  # what the shard writer hands over at a time
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._upload_id: str | None = None
+        self._parts: list[dict] = []
+        try:
+            self._client = s3_client(TIMEOUT)
+        except Exception as exc:
+            raise stream_error(url, exc) from exc
+        super().__init__(url)
+
+    def _write(self, data) -> None:
+        if not data:
+            return
+        self._chunks.append(data if type(data) is bytes else bytes(data))
+        self._buffered += len(data)
+        if self._buffered >= self._part_size:
+            self._send_part()
+
+    def _take(self) -> bytes:
+        body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks, self._buffered = [], 0
+        return body
+
+    def _send_part(self) -> None:
+        target = {"Bucket": self._bucket, "Key": self._key}
+        if self._upload_id is None:
+            self._upload_id = self._client.create_multipart_upload(**target)["UploadId"]
+        number = len(self._parts) + 1
+        answer = self._client.upload_part(**target, UploadId=self._upload_id,
+                                          PartNumber=number, Body=self._take())
+        self._parts.append({"ETag": answer["ETag"], "PartNumber": number})
+
+    def _commit(self) -> None:
+        target = {"Bucket": self._bucket, "Key": self._key}
+        if self._upload_id is None:
+            checksum = ({"ChecksumAlgorithm": "SHA256",  # also stored with the object
+                         "ChecksumSHA256": base64.b64encode(self.sha256).decode()}
+                        if self.sha256 is not None else {})
+            self._client.put_object(**target, Body=self._take(), **checksum)
+            return
+        if self._buffered:
+            self._send_part()
+        self._client.complete_multipart_upload(**target, UploadId=self._upload_id,
+                                               MultipartUpload={"Parts": self._parts})
+
+    def _abort(self) -> None:
+        self._chunks, self._buffered = [], 0
+        if self._upload_id is None:
+            return
+        try:
+            self._client.abort_multipart_upload(Bucket=self._bucket, Key=self._key,
+                                                UploadId=self._upload_id)
+        except Exception as exc:  # an unfinished upload left behind is harmless
+            log.warning("%s: could not cancel the upload: %s", self.url, exc)
