@@ -165,7 +165,7 @@ def object_version(url: str) -> dict | None:
             return {"size": info.st_size, "mtime_ns": info.st_mtime_ns,
                     "ctime_ns": info.st_ctime_ns, "inode": info.st_ino, "device": info.st_dev}
         if urls.scheme(url) == "s3":  # the reader's botocore client: no second SDK to load
-            from wdstream.sources.heads import s3_head
+            from wdstream.sources.s3_objects import head as s3_head
 
             described = s3_head(url)
         else:

@@ -1,5 +1,5 @@
-"""S3 objects through botocore's client rather than s3fs: whether an object exists (HEAD),
-deleting one, and uploading one (``S3Writer``).
+"""S3 objects through botocore's client rather than s3fs: what the store says of an object
+(HEAD: its size, ETag and version), deleting one, and uploading one (``S3Writer``).
 
 A packer's main process and its pool workers then need neither fsspec's I/O thread nor
 aiobotocore: the main process stays single-threaded, so its pool forks and the workers start
@@ -38,12 +38,24 @@ def is_object_url(url: str) -> bool:
     return urls.scheme(url) == "s3" and _key(url) is not None
 
 
+def head(url: str, timeout: float = TIMEOUT) -> dict:
+    """``{"size": bytes, "ETag": ..., "VersionId": ...}`` of the S3 object at ``url`` (the
+    keys s3fs's ``info`` gives; ``VersionId`` only on a versioned bucket), by one HEAD with
+    the reader's own client. Raises botocore's errors (a missing object: ``ClientError``)."""
+    bucket, key = urls.bucket_key(url)
+    response = s3_client(timeout).head_object(Bucket=bucket, Key=key)
+    described = {"size": response.get("ContentLength")}
+    for name in ("ETag", "VersionId"):
+        if response.get(name):
+            described[name] = response[name]
+    return described
+
+
 def head_size(url: str) -> int | None:
     """The size of the object at ``url``, None if there is none (nor its bucket); other
     failures (refused credentials, unreachable endpoint) raise StreamError naming ``url``."""
-    bucket, key = _key(url)
     try:
-        return int(s3_client(TIMEOUT).head_object(Bucket=bucket, Key=key)["ContentLength"])
+        return int(head(url)["size"])
     except Exception as exc:
         if _missing(exc):
             return None
