@@ -356,6 +356,42 @@ def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxie
         assert current_source.peak_parts > 1
 
 
+def test_once_a_stream_asked_all_its_parts_streams_opened_ahead_are_not_held(
+        s3, proxied, monkeypatch):
+    """Holding a stream opened ahead to one part is for the start (up to the first batch):
+    once a stream of the link has asked for all its parts, the next ones opened ahead keep
+    as many parts in flight as the link needs, while the current one is still read."""
+    from wdstream.sources import streams
+
+    slow_link(monkeypatch)
+    bucket, make = proxied
+    part = 4 * PART
+    first_data, current_data = os.urandom(2 * part), os.urandom(16 * part)
+    ahead_data = os.urandom(32 * part)
+    first_url = put(s3, bucket, "first.bin", first_data)
+    current_url = put(s3, bucket, "current.bin", current_data)
+    ahead_url = put(s3, bucket, "ahead.bin", ahead_data)
+    proxy = make(rate=10e6, delay=0.05)
+    link = Link()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        first, _ = sized(first_url, len(first_data), link, max_parts=4, part_size=part)
+        with first:
+            assert first.read() == first_data
+        assert link.started
+        monkeypatch.setattr(streams, "READ_AHEAD", part)  # the current one waits for its reader
+        current, _ = sized(current_url, len(current_data), link, start_parts=2, max_parts=4,
+                           part_size=part)
+        with current:
+            assert current.read(part) == current_data[:part]
+            monkeypatch.setattr(streams, "READ_AHEAD", 64 * part)
+            ahead, ahead_source = sized(ahead_url, len(ahead_data), link, max_parts=4,
+                                        part_size=part)
+            assert _wait_for(lambda: ahead_source.peak_parts > 1)  # the current one still asks
+            assert current.read() == current_data[part:]
+        with ahead:
+            assert ahead.read() == ahead_data
+
+
 def test_a_stream_being_read_is_not_held_back_by_an_earlier_one(s3, proxied, monkeypatch):
     """Two streams read in turns (a mix of datasets): each has as many parts as it needs; and
     closing a stream early lets the next one widen."""

@@ -35,7 +35,9 @@ Streams of one link take turns
     in turns, as a mix of datasets does, each get their window). So the next shard, opened
     ahead, has its first bytes ready at the boundary and takes the whole window from the
     moment the current one's last parts are on their way, but its parts do not slow the
-    current shard's, nor the first batch.
+    current shard's, nor the first batch. This holds for the start only: once a stream of the
+    process has asked for all its parts (the first batch is near), streams opened ahead
+    take their whole window at once, which keeps a slow link's connections full.
 
 Memory
     A stream holds at most ``MAX_PARTS * PART_SIZE`` bytes fetched but not handed over (with
@@ -93,6 +95,9 @@ class Link:
         self.window = window
         self.part_size: int | None = None  # None: the stream's smallest
         self._asking: list[RangedS3Source] = []
+        # a stream asked for all its parts: the start (worker start-up, the first batch) is
+        # over, and streams opened ahead take their whole window from then on
+        self.started = False
 
     def enter(self, stream: RangedS3Source) -> None:
         with self.lock:
@@ -104,6 +109,7 @@ class Link:
             if stream not in self._asking:
                 return
             self._asking.remove(stream)
+            self.started = True
             following = list(self._asking)
         for other in following:
             other.nudge()
@@ -206,7 +212,7 @@ class RangedS3Source(ChunkSource):
     def _allowed(self, window: int) -> int:
         """Parts this stream may keep in flight: ``window``, or ``AHEAD_PARTS`` while a stream
         that started before it still has parts to ask for and nobody reads this one yet."""
-        if self._asked or self.link.first_asking(self):
+        if self._asked or self.link.started or self.link.first_asking(self):
             return window
         return min(window, AHEAD_PARTS)
 
