@@ -268,13 +268,18 @@ _NAMES_KEPT = 256  # member names whose decoder a SampleDecoder remembers
 
 class SampleDecoder:
     """``decode_sample`` for one stream: the decoder of each member name (or that it has
-    none) is looked up once, not for every sample."""
+    none) is looked up once, not for every sample. ``kept``: a decoder of the table whose
+    ``bytes`` values under ``kept_below`` bytes are left as they are (JSON that the main
+    process decodes: ``stream.deferred``)."""
 
-    __slots__ = ("table", "_by_name")
+    __slots__ = ("table", "_by_name", "_kept", "_kept_below")
 
-    def __init__(self, table: Mapping[str, Callable]):
+    def __init__(self, table: Mapping[str, Callable], kept: Callable | None = None,
+                 kept_below: int = 0):
         self.table = table
         self._by_name: dict[str, Callable | None] = {}
+        self._kept = _UNSEEN if kept is None else kept  # _UNSEEN: no decoder is kept
+        self._kept_below = kept_below
 
     def _decoder(self, name: str) -> Callable | None:
         """What ``decode_member`` would call for a member ``name``."""
@@ -294,12 +299,13 @@ class SampleDecoder:
 
     def __call__(self, sample: dict) -> dict:
         """``sample`` decoded in place (the reader's dict: nothing else holds it)."""
-        by_name = self._by_name
+        by_name, kept, below = self._by_name, self._kept, self._kept_below
         for name, value in sample.items():  # values replaced, no key added: no resize
             decoder = by_name.get(name, _UNSEEN)
             if decoder is _UNSEEN:
                 decoder = self._decoder(name)
-            if decoder is None:
+            if decoder is None or (decoder is kept and type(value) is bytes
+                                   and len(value) < below):
                 continue
             try:
                 sample[name] = decoder(value)

@@ -70,7 +70,7 @@ class DeferringDecoder(SampleDecoder):
     __slots__ = ("names",)
 
     def __init__(self, table: Mapping[str, Callable], names: set[str]):
-        super().__init__(deferring(table))
+        super().__init__(deferring(table), kept=_defer, kept_below=DEFER_MAX)
         self.names = names
 
     def _decoder(self, name: str) -> Callable | None:
@@ -78,25 +78,6 @@ class DeferringDecoder(SampleDecoder):
         if decoder is _defer:
             self.names.add(name)
         return decoder
-
-    def __call__(self, sample: dict) -> dict:
-        by_name = self._by_name
-        for name, value in sample.items():  # in place, as SampleDecoder does
-            decoder = by_name.get(name, _UNSEEN)
-            if decoder is _UNSEEN:
-                decoder = self._decoder(name)
-            if decoder is None or (decoder is _defer and type(value) is bytes
-                                   and len(value) < DEFER_MAX):
-                continue
-            try:
-                sample[name] = decoder(value)
-            except Exception as error:  # any decoder failure names the sample
-                raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
-                                   error) from error
-        return sample
-
-
-_UNSEEN = object()
 
 
 def can_defer(table: Mapping[str, Callable] | None) -> bool:
