@@ -50,6 +50,11 @@ def stream_error(url: str, exc: BaseException) -> WdstreamError:
     return error
 
 
+def is_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says the object (or its bucket) does not exist."""
+    return _classify(exc)[1] == "not found"
+
+
 _ACCESS_PROBLEMS = ("access denied", "no usable AWS credentials")
 _TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException",
                     "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}

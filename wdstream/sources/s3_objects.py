@@ -19,7 +19,7 @@ import logging
 
 from wdstream.sources import urls
 from wdstream.sources.clients import s3_client
-from wdstream.sources.failures import stream_error
+from wdstream.sources.failures import is_missing, stream_error
 from wdstream.sources.objects import Writer
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def head_size(url: str) -> int | None:
     try:
         return int(head(url)["size"])
     except Exception as exc:
-        if _missing(exc):
+        if is_missing(exc):
             return None
         raise stream_error(url, exc) from exc
 
@@ -68,17 +68,8 @@ def delete_object(url: str) -> None:
     try:
         s3_client(TIMEOUT).delete_object(Bucket=bucket, Key=key)
     except Exception as exc:
-        if not _missing(exc):
+        if not is_missing(exc):
             raise stream_error(url, exc) from exc
-
-
-def _missing(exc: BaseException) -> bool:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return False
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound") or status == 404
 
 
 class S3Writer(Writer):
