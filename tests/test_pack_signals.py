@@ -91,3 +91,29 @@ def test_a_signal_stops_everything_and_leaves_nothing(records, s3, s3_bucket, cl
     assert survivors == []
     time.sleep(1)  # an upload that was still on its way would land by now
     assert keys(s3, s3_bucket) == []
+
+
+def test_a_process_forked_under_the_command_handlers_ignores_them():
+    """A pool worker forked by ``pack`` runs with the command's handlers until its initializer
+    sets its own: a signal then (the command stopping the pool, or a whole process group's
+    SIGTERM) must not raise in it, which would print a traceback, only in the command."""
+    from wdstream.cli.pack import Interrupted, stop_on_signals
+
+    with pytest.raises(Interrupted):
+        with stop_on_signals():
+            child = os.fork()
+            if child == 0:
+                code = 0
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.05)
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            _, status = os.waitpid(child, 0)
+            os.kill(os.getpid(), signal.SIGINT)  # in the command itself: raised
+            time.sleep(1)
+    assert os.waitstatus_to_exitcode(status) == 0
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # left ignored by Interrupted
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

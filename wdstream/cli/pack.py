@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 
@@ -52,10 +53,15 @@ class Interrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def stop_on_signals():
     """SIGINT and SIGTERM raise ``Interrupted`` in the main thread, once: later ones are
-    ignored, so that a second Ctrl-C cannot cut the clean-up short and leave shards behind."""
+    ignored, so that a second Ctrl-C cannot cut the clean-up short and leave shards behind.
+    The handlers are the command's: a process forked from it (a pool worker, until its
+    initializer sets its own) ignores them, and the command stops it."""
     watched = (signal.SIGINT, signal.SIGTERM)
+    command = os.getpid()
 
     def handler(signum, frame):
+        if os.getpid() != command:
+            return
         for number in watched:
             signal.signal(number, signal.SIG_IGN)
         raise Interrupted(signum)
