@@ -118,7 +118,7 @@ def case_plan(shards: int, per_shard: int, world: int, workers: int,
     def plan_once():
         plan = EpochPlan(counts, 0, world, workers, options, history)
         spans = plan.stream_spans(0, 0)
-        plan.window_order(0, 0, 0, 1000)
+        plan.window_order(0, 0, 0, options.schedule.size(0))
         return plan, spans
 
     started = time.perf_counter()
