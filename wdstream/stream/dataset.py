@@ -131,11 +131,11 @@ class StreamingDataset(PositionedDataset):
     sample) samples, so 1 MiB samples shuffle in windows of about 250. A worker yields a
     window's first sample once it has read the whole window, so the windows of each stream
     grow: ``shuffle_start`` samples (default 32) first, then twice as many each time while
-    smaller than the window (32, 64, 128, 256, 512, then 1000s), and the first batch of an
-    epoch (or of a stream after an elastic resume) waits for 32 samples per worker, not a
-    whole window; those first windows shuffle less. ``shuffle_start=None``: every window full
-    size (the order of wdstream before windows grew). Where each window begins is a function
-    of the position in the stream, so resume stays exact.
+    smaller than the window (by default 32, 64, 128, 256, 512, then 1000s), and the first
+    batch of an epoch (or of a stream after an elastic resume) waits for 32 samples per
+    worker, not a whole window; those first windows shuffle less. ``shuffle_start=None``:
+    every window full size (the order of wdstream before windows grew). Where each window
+    begins is a function of the position in the stream, so resume stays exact.
     ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
     that do not divide evenly among ranks are handled, so every rank gets as many.
 
