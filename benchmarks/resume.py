@@ -7,6 +7,10 @@
 - ``wdstream.stream.plan.EpochPlan`` for 100,000 shards / 100 M samples: the time to plan an epoch and
   take one worker's spans, and the memory it needs.
 - ``len(json.dumps(loader.state_dict()))``: the size of a checkpoint's loader state.
+- Time to the first batch of an epoch for ~1 MiB samples (local, then moto S3), shuffle off,
+  shuffle on with windows of one size (``shuffle_start=None``: how wdstream read before its
+  windows grew) and with growing windows (the default), and where the first batch's samples
+  sit in their stream (the cost in shuffle quality).
 """
 
 from __future__ import annotations
@@ -31,6 +35,16 @@ QUICK = {"samples": 10_000, "per_shard": 250, "plan_shards": 100_000, "plan_per_
 T_RESUME = "time to first batch after load_state_dict, 2 workers, batch 32, shuffled"
 T_PLAN = "epoch plan: 100,000 shards × 1,000 samples (100 M samples)"
 T_GOALS = "goals (issue 4)"
+T_FIRST = "time to the first batch of an epoch, ~1 MiB samples, 2 workers, batch 32"
+
+BLOBS = {"samples": 1024, "per_shard": 64, "bytes": 1 << 20}
+QUICK_BLOBS = {"samples": 512, "per_shard": 64, "bytes": 1 << 20}
+SHAPED = (25, 20)  # MB/s per connection, ms of delay: a cloud link (benchmarks/shaped_link.py)
+FIRST_CASES = {  # name -> StreamingDataset options
+    "shuffle off": {"shuffle": False},
+    "shuffle on, windows of one size (shuffle_start=None)": {"shuffle_start": None},
+    "shuffle on, growing windows (default)": {},
+}
 
 
 # =========================================================================== cases (child side)
@@ -104,7 +118,7 @@ def case_plan(shards: int, per_shard: int, world: int, workers: int,
     def plan_once():
         plan = EpochPlan(counts, 0, world, workers, options, history)
         spans = plan.stream_spans(0, 0)
-        plan.window_order(0, 0, 0, 1000)
+        plan.window_order(0, 0, 0, options.schedule.size(0))
         return plan, spans
 
     started = time.perf_counter()
@@ -117,6 +131,81 @@ def case_plan(shards: int, per_shard: int, world: int, workers: int,
     tracemalloc.stop()
     return {"seconds": seconds, "traced_mb": peak / common.MB, "spans": len(spans),
             "rank_samples": plan.rank_samples}
+
+
+def case_first_batch(source: str, options: dict, per_shard: int, workers: int = WORKERS) -> dict:
+    """Time from building the dataset to the first batch of an epoch; where that batch's
+    samples sit in worker 0's stream in plan order (its shards' samples in order: what no
+    shuffle within windows would give). Keys are global sample numbers, ``per_shard`` a
+    shard."""
+    quiet_logs()
+    import wdstream
+
+    started = time.perf_counter()
+    dataset = wdstream.StreamingDataset(source, seed=SEED, **options)
+    loader = wdstream.DataLoader(dataset, batch_size=BATCH, num_workers=workers)
+    iterator = iter(loader)
+    batch = next(iterator)
+    ttfb = time.perf_counter() - started
+    del iterator
+    spans = dataset.plan(0, 1, workers).stream_spans(0, 0)
+    order = [span.shard * per_shard + i for span in spans for i in range(span.start, span.stop)]
+    where = {sample: position for position, sample in enumerate(order)}
+    positions = [where[int(key)] for key in batch["__key__"]]
+    return {"ttfb_s": ttfb, "window": dataset.options.window,
+            "first_window": dataset.options.schedule.size(0),
+            "spread": max(positions) + 1,
+            "displacement": sum(abs(p - i) for i, p in enumerate(positions)) / len(positions)}
+
+
+def _first_batch_rows(where: str, source: str, per_shard: int, env: dict | None) -> list[dict]:
+    here = f"{__name__}:"
+    cases = {name: (here + "case_first_batch",
+                    {"source": source, "options": options, "per_shard": per_shard}, env)
+             for name, options in FIRST_CASES.items()}
+    rows = []
+    for name, result in common.repeat(cases, progress=common.log).items():
+        rows.append({"table": T_FIRST, "shards": where, "case": name,
+                     "first batch s": result.get("ttfb_s"),
+                     "windows": None if "window" not in result else
+                     f"{result['first_window']} → {result['window']}",
+                     "first batch from positions": result.get("spread"),
+                     "mean displacement": result.get("displacement"),
+                     "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
+                     "error": result.get("error")})
+    return rows
+
+
+def first_batch_rows(quick: bool) -> list[dict]:
+    sizes = QUICK_BLOBS if quick else BLOBS
+    rows: list[dict] = []
+    with common.scratch() as root:
+        common.log(f"resume: writing {sizes['samples']:,} samples of 1 MiB")
+        data = common.blob_dataset(root / "blobs", sizes["samples"], sizes["per_shard"],
+                                   sizes["bytes"])
+        rows += _first_batch_rows("local", data["dir"], sizes["per_shard"], None)
+        with common.LocalS3() as s3:
+            common.log("resume: uploading the 1 MiB samples to moto")
+            url = s3.upload(data["dir"], "first", "blobs")
+            rows += _first_batch_rows("S3 (moto)", url, sizes["per_shard"], s3.env)
+            from .shaped_link import ShapedProxy
+
+            rate, delay = SHAPED
+            with ShapedProxy(s3.port, rate * 1e6, delay / 1000) as proxy:
+                env = {**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}
+                rows += _first_batch_rows(f"S3, shaped link ({rate} MB/s per connection, "
+                                          f"{delay} ms)", url, sizes["per_shard"], env)
+    rows.append({"table": T_FIRST, "note":
+                 f"{data['samples']:,} samples of 1 MiB in shards of {sizes['per_shard']}, "
+                 f"seed {SEED}, every other option the default (shuffle_window 1000, bounded "
+                 "by shuffle_bytes=256 MiB to 255 samples). Times run from building the "
+                 "dataset (after imports) to the first batch, in a fresh process. "
+                 "'shuffle_start=None' reads as wdstream did before its windows grew. 'first "
+                 "batch from positions': the first batch's samples come from the first N "
+                 "positions of worker 0's stream (its shards' samples in order); 'mean "
+                 "displacement': how far, on average, a sample of that batch sits from its "
+                 "place in that order."})
+    return rows
 
 
 # =========================================================================== the suite (parent)
@@ -198,6 +287,7 @@ def run(quick: bool) -> list[dict]:
                  "its first window order, as each DataLoader worker (and the main process) "
                  "computes at the start of an epoch; traced MB is tracemalloc's peak during a "
                  "second, untimed planning."})
+    rows += first_batch_rows(quick)
     worst_plan = max((r.get("seconds") or 0) for r in plans.values()) or None
     goals = [
         goal("resume at 90% ÷ at 10%, first batch, local", summary.get("local", {}).get("growth"),

@@ -37,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="folder for the per-rank logs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window", type=int, default=8, help="shuffle_window")
+    p.add_argument("--shuffle-start", type=int, default=None,
+                   help="shuffle_start (default: the dataset's)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--checkpoint", help="JSON checkpoint file rank 0 writes")
@@ -57,7 +59,9 @@ def main(argv=None) -> int:
     rank, world = join_group(args.timeout)
     os.makedirs(args.out, exist_ok=True)
 
-    ds = wdstream.StreamingDataset(args.url, seed=args.seed, shuffle_window=args.window)
+    start = {} if args.shuffle_start is None else {"shuffle_start": args.shuffle_start}
+    ds = wdstream.StreamingDataset(args.url, seed=args.seed, shuffle_window=args.window,
+                                   **start)
     loader = wdstream.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
     resumed_from = resume(loader, args.resume)  # rank 0's state, on every rank
     write_json_atomic(os.path.join(args.out, f"meta-{rank}.json"), {

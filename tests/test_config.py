@@ -43,8 +43,17 @@ def test_a_dataset_list_becomes_a_mixture(root):
     assert ds.names == ["web", "code"] and ds.stop == "cycle" and ds.options.seed == 17
     assert list(ds.weights) == pytest.approx([0.7, 0.3])
     assert [d.options.window for d in ds.datasets] == [4, 4]
+    assert [d.options.start for d in ds.datasets] == [32, 32]  # shuffle_start's default
     batch = next(iter(wdstream.DataLoader(ds, batch_size=8)))
     assert set(batch["__source__"]) <= {"web", "code"}
+
+
+def test_shuffle_start_for_every_source_or_one(root):
+    c = config(root, shuffle_start=8)
+    c["datasets"][1]["shuffle_start"] = None  # windows of one size for this source
+    ds = wdstream.from_config(c)
+    assert [d.options.start for d in ds.datasets] == [8, None]
+    assert [d.options.schedule.size(0) for d in ds.datasets] == [8, 1000]
 
 
 def test_yaml_file_with_packing_and_relative_paths(root):
@@ -119,6 +128,9 @@ def drop(entry, key):
     (lambda c: {**c, "datasets": [{**c["datasets"][0], "path": "/nonexistent/data/"}]},
      r"datasets\[0\] \(/nonexistent/data/\)"),
     (lambda c: [c], r"a config is a mapping"),
+    (lambda c: {**c, "shuffle_start": 0}, r"'shuffle_start' must be at least 1, not 0"),
+    (lambda c: {**c, "datasets": [{**c["datasets"][0], "shuffle_start": "32"}]},
+     r"datasets\[0\] \(.*web\): 'shuffle_start' must be an integer or null, not str"),
 ])
 def test_errors_name_the_bad_key(root, change, expected):
     with pytest.raises(InputError, match=expected):

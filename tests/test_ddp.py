@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import all_keys, write_dataset
+from datasets import all_keys, sample_key, write_dataset
 from servers import free_port
 
 from wdstream.stream.plan import EpochPlan, HistorySegment, PlanOptions, batches_in_stream
@@ -40,7 +40,7 @@ def s3_data(moto_server, tmp_path_factory):
     return moto_server.upload(folder, f"ddp-{os.getpid()}", "data")
 
 
-def torchrun(moto_server, url, nproc, out, *args, expect_ok=True):
+def torchrun(moto_server, url, nproc, out, *args, expect_ok=True, window=WINDOW):
     env = dict(os.environ)
     env.update(moto_server.env)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -49,7 +49,7 @@ def torchrun(moto_server, url, nproc, out, *args, expect_ok=True):
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--monitor_interval=0.1",
-           JOB, "--url", url, "--out", str(out), "--seed", str(SEED), "--window", str(WINDOW),
+           JOB, "--url", url, "--out", str(out), "--seed", str(SEED), "--window", str(window),
            "--batch-size", str(BATCH), *map(str, args)]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=RUN_TIMEOUT)
@@ -95,8 +95,9 @@ def batch_lists(run, upto=None):
     return lists
 
 
-def plan_for(world, workers, history=()):
-    options = PlanOptions(seed=SEED, shuffle=True, window=WINDOW, remainder="drop")
+def plan_for(world, workers, history=(), window=WINDOW, start=None):
+    options = PlanOptions(seed=SEED, shuffle=True, window=window, remainder="drop",
+                          start=start)
     return EpochPlan(COUNTS, 0, world, workers, options, history)
 
 
@@ -215,3 +216,38 @@ def test_elastic_resume_on_another_layout(moto_server, s3_data, saved_at_2x2, tm
         assert rank["meta"]["len_loader"] == expected  # the rest of the epoch
     assert plan.remainder_samples < world
     assert_exactly_once(*before, *after, remainder=plan.remainder_samples)
+
+
+GROWING = {"window": 64, "start": 2}  # a stream's windows: 2, 4, 8, 16, 32, then 64 samples
+
+
+def test_crash_inside_growing_windows_then_elastic_resume(moto_server, s3_data, tmp_path):
+    """2 ranks x 2 workers with windows that grow; rank 1 is killed after batch 7 (the last
+    checkpoint, after batch 5, has its streams inside their windows of 8 samples); the job
+    resumes on 3 ranks x 1 worker and delivers every sample of the epoch exactly once."""
+    window, start = GROWING["window"], GROWING["start"]
+    checkpoint = tmp_path / "ckpt.json"
+    result, output = torchrun(moto_server, s3_data, 2, tmp_path / "crashed", "--workers", 2,
+                              "--checkpoint", checkpoint, "--every", EVERY, "--die-at", 7,
+                              "--die-rank", 1, "--shuffle-start", start, expect_ok=False,
+                              window=window)
+    assert result.returncode != 0 and "(SIGKILL)" in output, output
+    saved = json.loads(checkpoint.read_text())
+    assert saved["batch"] == EVERY
+    state = saved["loader"]
+    assert state["positions"] == [12, 8]  # inside the window [6, 14) of both streams
+    before = batch_lists(read_run(tmp_path / "crashed", 2), upto=EVERY)
+    out = tmp_path / "resumed"
+    torchrun(moto_server, s3_data, 3, out, "--workers", 1, "--resume", checkpoint,
+             "--shuffle-start", start, window=window)
+    after = batch_lists(read_run(out, 3))
+    plan = plan_for(3, 1, [HistorySegment(2, 2, BATCH, tuple(state["positions"]))],
+                    window=window, start=start)
+    assert [len(a) for a in after] == [rank_batches(plan)] * 3
+    assert_exactly_once(*before, *after, remainder=plan.remainder_samples)
+    # the first run's batches follow the growing windows: a stream's first batch is its
+    # first window (2 samples) and 2 picks of its second (positions 2 to 5)
+    first = plan_for(2, 2, window=window, start=start).stream_spans(0, 0)
+    positions = [sample_key(s.shard, i) for s in first for i in range(s.start, s.stop)]
+    batch = before[0][0]
+    assert set(batch[:2]) == set(positions[:2]) and set(batch[2:]) <= set(positions[2:6])

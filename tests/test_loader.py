@@ -111,13 +111,13 @@ def test_drop_last_resume(data, single_rank):
     assert part + keys_of(second) == reference
 
 
-def run_ranks(data, world, workers, batches, state=None, batch_size=4):
+def run_ranks(data, world, workers, batches, state=None, batch_size=4, **options):
     """Run `world` ranks in lockstep for `batches` batches (all if None); return the keys each
     delivered and rank 0's state."""
     delivered, states = [], []
     for rank in range(world):
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
-        loader = make(data, workers=workers, batch_size=batch_size)
+        loader = make(data, workers=workers, batch_size=batch_size, **options)
         if state is not None:
             loader.load_state_dict(state)
         got = keys_of(loader) if batches is None else take(loader, batches)
@@ -138,6 +138,22 @@ def test_elastic_resume_exactly_once(data, monkeypatch, after):
     assert max(seen.values()) == 1
     missing = all_keys(COUNTS) - set(seen)
     assert len(missing) < after[0], "only the remainder (< world size) may be left out"
+
+
+@pytest.mark.parametrize("after", [(1, 3), (3, 1)])
+@pytest.mark.parametrize("stop", [1, 2, 3, 5])
+def test_elastic_resume_inside_growing_windows_exactly_once(data, monkeypatch, after, stop):
+    """Stopped while the streams' windows still grow (2, 4, 8, 16, then 40 samples)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    options = {"window": 40, "shuffle_start": 2}
+    before, state = run_ranks(data, 2, 2, batches=stop, batch_size=3, **options)
+    assert any(p not in (0, 2, 6, 14, 30) for p in state["positions"])  # inside a window
+    rest, _ = run_ranks(data, *after, batches=None, state=state, batch_size=3, **options)
+    assert len({len(b) for b in rest}) == 1, "unequal batch counts across ranks"
+    seen = Counter(k for rank in before + rest for batch in rank for k in batch)
+    assert max(seen.values()) == 1
+    assert len(all_keys(COUNTS) - set(seen)) < after[0], "only the remainder may be left out"
 
 
 def test_uneven_shards_equal_batches_on_every_rank(data, monkeypatch):

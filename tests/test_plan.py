@@ -24,12 +24,23 @@ def positions(spans):
 def stream_order(plan, rank, stream, consumed=0):
     """The (shard, index) samples a stream yields, window-shuffled as the reader does."""
     samples = positions(plan.stream_spans(rank, stream))
-    window = plan.options.window
     out = []
-    for w, begin in enumerate(range(0, len(samples), window)):
-        chunk = samples[begin:begin + window]
+    for w, begin, size in window_bounds(plan.options, len(samples)):
+        chunk = samples[begin:begin + size]
         out.extend(chunk[i] for i in plan.window_order(rank, stream, w, len(chunk)))
     return out
+
+
+def window_bounds(options, length):
+    """(index, start, size) of a stream's windows: ``options.start`` samples, doubling while
+    smaller than the window, then windows of ``options.window``."""
+    window = options.window
+    size = window if options.start is None else min(options.start, window)
+    w = begin = 0
+    while begin < length:
+        yield w, begin, size
+        w, begin = w + 1, begin + size
+        size = min(size * 2, window)
 
 
 @pytest.mark.parametrize("world,workers", [(1, 1), (1, 3), (2, 2), (3, 1), (4, 3), (16, 2)])
@@ -104,6 +115,43 @@ def test_elastic_replan_delivers_the_rest_exactly_once(before, after, fraction):
         delivered.update(rank_samples)
     assert all(v == 1 for v in delivered.values())
     assert len(delivered) == sum(COUNTS) - second.remainder_samples
+
+
+@pytest.mark.parametrize("window,start", [(32, 2), (1000, 32), (12, 1)])
+@pytest.mark.parametrize("before,after", [((2, 2), (1, 3)), ((1, 3), (3, 2))])
+def test_elastic_replan_inside_growing_windows(window, start, before, after):
+    """A stream stopped anywhere in its first windows (which grow): the rest of the epoch,
+    re-planned on another layout, delivers every sample exactly once."""
+    options = PlanOptions(seed=3, window=window, start=start)
+    first = EpochPlan(COUNTS, 1, *before, options)
+    assert options.schedule.growing
+    for stop in range(0, 70, 3):
+        consumed = tuple(min(stop + k, n) for k, n in enumerate(first.stream_samples))
+        delivered = Counter()
+        for rank in range(before[0]):
+            for k in range(before[1]):
+                delivered.update(stream_order(first, rank, k)[:consumed[k]])
+        second = EpochPlan(COUNTS, 1, *after, options,
+                           history=[HistorySegment(before[0], before[1], 4, consumed)])
+        assert second.total == sum(COUNTS) - sum(delivered.values())
+        for rank in range(after[0]):
+            delivered.update(s for k in range(after[1]) for s in stream_order(second, rank, k))
+        assert all(v == 1 for v in delivered.values()), f"stop {stop}"
+        assert len(delivered) == sum(COUNTS) - second.remainder_samples
+
+
+def test_windows_of_one_size_without_a_start():
+    """``start=None`` (or a start at least the window) is the order of windows of one size."""
+    fixed = EpochPlan(COUNTS, 0, 1, 2, PlanOptions(seed=2, window=8, start=None))
+    same = EpochPlan(COUNTS, 0, 1, 2, PlanOptions(seed=2, window=8, start=8))
+    growing = EpochPlan(COUNTS, 0, 1, 2, PlanOptions(seed=2, window=8, start=2))
+    for k in range(2):
+        samples = positions(fixed.stream_spans(0, k))
+        chunks = [samples[b:b + 8] for b in range(0, len(samples), 8)]
+        order = [c[i] for w, c in enumerate(chunks) for i in fixed.window_order(0, k, w, len(c))]
+        assert stream_order(fixed, 0, k) == order == stream_order(same, 0, k)
+        assert stream_order(growing, 0, k) != order
+        assert sorted(stream_order(growing, 0, k)) == sorted(order)
 
 
 def test_two_elastic_changes_chain():

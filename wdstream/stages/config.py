@@ -60,6 +60,7 @@ from wdstream.stages.config_keys import (
     eos_of,
     read_keys,
 )
+from wdstream.stream.window import DEFAULT_SHUFFLE_START
 
 __all__ = ["DATASET_KEYS", "TOP_KEYS", "from_config", "load_config_file"]
 
@@ -234,6 +235,8 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
             "seed": entry.get("seed", seed),
             "shuffle": entry.get("shuffle", top.get("shuffle", True)),
             "shuffle_window": entry.get("shuffle_window", top.get("shuffle_window", 1000)),
+            "shuffle_start": entry.get("shuffle_start",
+                                       top.get("shuffle_start", DEFAULT_SHUFFLE_START)),
             "opener": entry.get("opener", top.get("opener", "auto")),
             "remainder": entry.get("remainder", "drop"),
         }

@@ -47,6 +47,7 @@ def _str(choices=None, alias_of=None):
 
 
 _BOOL = Key((bool,), "true or false")
+_START = Key((int, type(None)), "an integer or null", 1)  # shuffle_start: null, windows of one size
 _NUMBER = Key((int, float), "a number")
 _STOP_RULES = ("first_exhausted", "cycle", "fixed")  # wdstream.stages.mix.STOP_RULES
 _LONG_DOCUMENTS = ("split", "truncate", "drop")  # wdstream.stages.sequences.LONG_DOCUMENTS
@@ -62,6 +63,7 @@ TOP_KEYS: dict[str, Key] = {
     "shuffle": _BOOL,
     "shuffle_merged_datasets": Key((bool,), "true or false", alias_of="shuffle"),
     "shuffle_window": _int(1),
+    "shuffle_start": _START,
     "opener": _str(OPENERS),
     "text_field": _str(),
     "text_column": _str(alias_of="text_field"),
@@ -90,6 +92,7 @@ DATASET_KEYS: dict[str, Key] = {
     "text_column": _str(alias_of="text_field"),
     "shuffle": _BOOL,
     "shuffle_window": _int(1),
+    "shuffle_start": _START,
     "seed": _int(),
     "opener": _str(OPENERS),
     "remainder": _str(REMAINDER_POLICIES),

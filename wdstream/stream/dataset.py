@@ -27,6 +27,7 @@ from wdstream.sources.cache import ShardCache
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
 from wdstream.stream.deferred import DeferringDecoder, can_defer
+from wdstream.stream.loader_state import OLDER_ORDER, saved_with_fixed_windows
 from wdstream.stream.plan import (
     EpochPlan,
     HistorySegment,
@@ -40,7 +41,11 @@ from wdstream.stream.read import ReadOptions, ReadStats, SpanReader
 from wdstream.stream.resolve import resolve_source
 from wdstream.stream.shm import CAN_MAP_FILES, FileSpan, read_target
 from wdstream.stream.shuffle import window_shuffle
-from wdstream.stream.window import DEFAULT_SHUFFLE_BYTES, bounded_window
+from wdstream.stream.window import (
+    DEFAULT_SHUFFLE_BYTES,
+    DEFAULT_SHUFFLE_START,
+    bounded_window,
+)
 
 # importable from here too, as before the contract had a module of its own
 __all__ = ["IterationSpec", "PositionedDataset", "StreamingDataset", "world_info"]
@@ -64,6 +69,8 @@ def _check_options(given: dict) -> dict:
         "seed": options.integer(owner, "seed", given["seed"], minimum=0),
         "shuffle_window": options.integer(owner, "shuffle_window", given["shuffle_window"],
                                           minimum=1),
+        "shuffle_start": None if given["shuffle_start"] is None else options.integer(
+            owner, "shuffle_start", given["shuffle_start"], minimum=1),
         "retries": options.integer(owner, "retries", given["retries"], minimum=0),
         "timeout": options.number(owner, "timeout", given["timeout"], positive=True),
         "retry_backoff": options.number(owner, "retry_backoff", given["retry_backoff"]),
@@ -121,7 +128,14 @@ class StreamingDataset(PositionedDataset):
     worker holds one window in memory. ``shuffle_bytes`` (default 256 MiB; a number or a size
     such as ``"1GiB"``; None: no bound) bounds that window in bytes too: with a manifest, the
     window holds at most ``shuffle_bytes`` divided by its mean sample size (tar bytes per
-    sample) samples, so 1 MiB samples shuffle in windows of about 250.
+    sample) samples, so 1 MiB samples shuffle in windows of about 250. A worker yields a
+    window's first sample once it has read the whole window, so the windows of each stream
+    grow: ``shuffle_start`` samples (default 32) first, then twice as many each time while
+    smaller than the window (by default 32, 64, 128, 256, 512, then 1000s), and the first
+    batch of an epoch (or of a stream after an elastic resume) waits for 32 samples per
+    worker, not a whole window; those first windows shuffle less. ``shuffle_start=None``:
+    every window full size (the order of wdstream before windows grew). Where each window
+    begins is a function of the position in the stream, so resume stays exact.
     ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
     that do not divide evenly among ranks are handled, so every rank gets as many.
 
@@ -162,6 +176,7 @@ class StreamingDataset(PositionedDataset):
         opener: str = "auto",
         shuffle_window: int = 1000,
         shuffle_bytes: int | str | None = DEFAULT_SHUFFLE_BYTES,
+        shuffle_start: int | None = DEFAULT_SHUFFLE_START,
         remainder: str = "drop",
         decode: bool | str = True,
         decoders: Mapping[str, object] | None = None,
@@ -185,7 +200,8 @@ class StreamingDataset(PositionedDataset):
         _check_opener(checked["opener"], self.shards.urls)
         window = bounded_window(checked["shuffle_window"], shuffle_bytes, self.manifest)
         self.options = PlanOptions(seed=checked["seed"], shuffle=checked["shuffle"],
-                                   window=window if shuffle else 1, remainder=remainder)
+                                   window=window if shuffle else 1, remainder=remainder,
+                                   start=checked["shuffle_start"])
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
                                         timeout=checked["timeout"], retries=checked["retries"],
                                         backoff=checked["retry_backoff"], on_error=on_error,
@@ -209,13 +225,19 @@ class StreamingDataset(PositionedDataset):
         return EpochPlan(self.shards.samples, epoch, world, workers, self.options, history)
 
     def fingerprint(self) -> str:
-        """Identifies the data and the options that shape the order; part of a resume state."""
+        """Identifies the data and the options that shape the order; part of a resume state.
+        Windows of one size (no growth) keep the fingerprint they had before windows grew,
+        as they keep the order."""
         if self.manifest is not None:
             data = self.manifest.fingerprint()
         else:
             data = hashlib.sha256("\n".join(self.shards.urls).encode()).hexdigest()[:16]
         o = self.options
-        options = json.dumps([o.shuffle, o.window, o.remainder])
+        shape = [o.shuffle, o.window, o.remainder]
+        schedule = o.schedule
+        if schedule.growing:
+            shape.append({"start": schedule.start})
+        options = json.dumps(shape)
         return f"{data}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
 
     # ---- iteration ----------------------------------------------------------------------
@@ -257,12 +279,13 @@ class StreamingDataset(PositionedDataset):
                  ) -> Iterator[dict | None]:
         """The stream's raw samples from position ``start``, in the plan's order (None for a
         sample skipped by ``on_error="skip"``)."""
-        window = self.options.window
-        first_window, skip = divmod(start, window)
+        schedule = self.options.schedule
+        first_window, begin = schedule.locate(start)  # the stream restarts at that window
+        skip = start - begin
         target = self._payload_target(spec)
         if self.has_counts:
             plan = self.plan(spec.epoch, spec.world, spec.workers, spec.history)
-            spans = drop_first(plan.stream_spans(spec.rank, stream), first_window * window)
+            spans = drop_first(plan.stream_spans(spec.rank, stream), begin)
             samples = SpanReader(spans, self.shards, self.read_options, stats, target)
             o, segment = self.options, plan.segment
             del plan  # the order needs a few integers, not the epoch's arrays
@@ -282,12 +305,12 @@ class StreamingDataset(PositionedDataset):
             spans = shard_streams(len(self.shards.urls), o.seed, spec.epoch, o.shuffle,
                                   spec.world, spec.workers, spec.rank, stream)
             samples = SpanReader(spans, self.shards, self.read_options, stats, target)
-            samples = islice(samples, first_window * window, None)
+            samples = islice(samples, begin, None)
 
             def order(index, size):
                 return window_order(size, o.seed, spec.epoch, 0, spec.rank, stream, index,
                                     o.shuffle)
-        return window_shuffle(samples, window, order, first_window, skip)
+        return window_shuffle(samples, schedule, order, first_window, skip)
 
     def _payload_target(self, spec: IterationSpec):
         """Where large payloads go (see ``iter_members``) when the loader asks for shared
@@ -335,6 +358,9 @@ class StreamingDataset(PositionedDataset):
         """Make the next iteration continue this stream where ``state`` was taken."""
         if not isinstance(state, dict) or not {"fingerprint", "seed", "epoch", "position"} <= set(state):
             raise StateError(f"not a wdstream dataset state: {state!r:.200}")
+        if state["seed"] == self.options.seed and state["fingerprint"] != self.fingerprint() \
+                and saved_with_fixed_windows(state["fingerprint"], self):
+            raise StateError(f"the dataset state: {OLDER_ORDER}")
         if state["fingerprint"] != self.fingerprint() or state["seed"] != self.options.seed:
             raise StateError("the dataset state belongs to another dataset, seed or options")
         self._stream_resume = dict(state)

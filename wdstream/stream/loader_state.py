@@ -8,11 +8,12 @@ this epoch consumed under other layouts (``HistorySegment``). ``make_state`` wri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from wdstream.errors import StateError
 from wdstream.stream.contract import Trackable
-from wdstream.stream.plan import HistorySegment
+from wdstream.stream.plan import HistorySegment, PlanOptions
 
 STATE_FORMAT = "wdstream.loader"  # the state format's name, not the module path
 STATE_VERSION = 1
@@ -53,6 +54,8 @@ def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers:
         raise StateError(f"the state was saved with seed {state['seed']}, this dataset "
                          f"uses seed {dataset.options.seed}")
     if state["fingerprint"] != dataset.fingerprint():
+        if saved_with_fixed_windows(state["fingerprint"], dataset):
+            raise StateError(OLDER_ORDER)
         raise StateError("the state belongs to another dataset or other shuffle options "
                          f"(fingerprint {state['fingerprint']} != {dataset.fingerprint()})")
     layout_changed = (state["world"], state["workers"], state["batch_size"]) != (
@@ -108,3 +111,38 @@ def validate(state) -> None:
             raise StateError(f"loader state: bad history segment {segment!r}") from error
         if len(parsed.consumed) != parsed.workers or parsed.world < 1:
             raise StateError(f"loader state: bad history segment {segment!r}")
+
+
+OLDER_ORDER = (
+    "the state was saved by an older wdstream, whose shuffle order differs: its shuffle "
+    "windows all held shuffle_window samples, while this one's windows grow from shuffle_start "
+    "samples at the start of each stream. To resume this state exactly where it stopped, build "
+    "the dataset(s) with shuffle_start=None (windows of one size, the older order); or start "
+    "the epoch again without the state")
+
+
+def saved_with_fixed_windows(fingerprint: str, dataset) -> bool:
+    """Whether ``fingerprint`` is what a wdstream whose shuffle windows did not grow gave
+    ``dataset`` (its ``StreamingDataset``s, also inside stages, built with
+    ``shuffle_start=None``), while ``dataset`` itself has growing windows."""
+    growing = [d for d in _streaming_datasets(dataset) if d.options.schedule.growing]
+    if not growing:
+        return False
+    kept = [d.options for d in growing]
+    try:
+        for d in growing:
+            d.options = replace(d.options, start=None)
+        return fingerprint == dataset.fingerprint()
+    finally:
+        for d, options in zip(growing, kept, strict=True):
+            d.options = options
+
+
+def _streaming_datasets(dataset) -> Iterator:
+    """The datasets with an epoch plan's options, ``dataset`` itself or those its stages read."""
+    if isinstance(getattr(dataset, "options", None), PlanOptions):
+        yield dataset
+    inner = getattr(dataset, "inner", None)
+    if callable(inner):
+        for d in inner():
+            yield from _streaming_datasets(d)

@@ -17,15 +17,19 @@ How an epoch is laid out
    run, so a rank opens few shards and may read part of one.
 4. A rank's run is cut into one contiguous *stream* per worker, the first ``M % K`` streams one
    sample longer. Equal M and K on every rank give equal batch counts on every rank.
-5. Within a stream, samples are shuffled in windows of ``window`` consecutive positions: the
-   reader buffers one window and yields it in an order seeded by (seed, epoch, segment, rank,
-   stream, window). Restarting a window is cheap and exact, which is what makes resume exact.
+5. Within a stream, samples are shuffled in windows of consecutive positions: the reader
+   buffers one window and yields it in an order seeded by (seed, epoch, segment, rank,
+   stream, window). The windows grow from ``start`` samples, doubling, up to ``window``
+   (``WindowSchedule``: where each begins is a function of the position alone), so a stream's
+   first sample waits for a small window. Restarting a window is cheap and exact, which is
+   what makes resume exact.
 
 Resuming and elastic resume
 ---------------------------
 Under DDP ranks consume batches in lockstep, so every rank has consumed the same number of
 samples from each of its streams: one list ``consumed[k]`` describes the whole job. With the
-same layout, a stream restarts at its window boundary and skips what was consumed. With a new
+same layout, a stream restarts at the start of the window it was in and skips what was
+consumed. With a new
 layout (world size, workers or batch size), the positions not yet consumed become the sequence
 of a new *segment* of the same epoch, laid out over the new world as above. A resume state is
 then the list of finished segments plus the current one: a few integers each.
@@ -41,6 +45,7 @@ import numpy as np
 from wdstream.errors import OptionError
 from wdstream.options import CHOICES
 from wdstream.stream.spans import OPEN, Span, SpanArray
+from wdstream.stream.window import DEFAULT_SHUFFLE_START, WindowSchedule
 
 REMAINDER_POLICIES = CHOICES["remainder"]
 
@@ -195,15 +200,27 @@ def _merge_adjacent(shard: np.ndarray, start: np.ndarray, stop: np.ndarray):
 
 @dataclass(frozen=True)
 class PlanOptions:
+    """``window``: samples of a full shuffle window; ``start``: samples of a stream's first
+    window, doubling up to ``window`` (None: every window full size)."""
+
     seed: int = 0
     shuffle: bool = True
     window: int = 1000
     remainder: str = "drop"
+    start: int | None = DEFAULT_SHUFFLE_START
 
     def __post_init__(self):
         if self.window < 1:
             raise OptionError(f"shuffle window must be at least 1 sample, not {self.window}")
+        if self.start is not None and self.start < 1:
+            raise OptionError(f"the first shuffle window must be at least 1 sample, not "
+                              f"{self.start}")
         samples_per_rank(0, 1, self.remainder)  # validates the policy
+
+    @property
+    def schedule(self) -> WindowSchedule:
+        """Where a stream's shuffle windows begin (``wdstream.stream.window``)."""
+        return WindowSchedule.of(self.window, self.start)
 
 
 class Layout:
@@ -290,12 +307,12 @@ class EpochPlan:
         consumed = consumed_at(consumed, rank)
         consumed = size if consumed == STREAM_END else min(int(consumed), size)
         start = layout.stream_start(rank, stream)
-        window = self.options.window
-        full = consumed - consumed % window
+        schedule = self.options.schedule
+        index, full = schedule.locate(consumed)
         intervals = [(start, start + full)]
         if consumed > full:
-            order = self._window_order(segment, rank, stream, full // window,
-                                       min(window, size - full))
+            order = self._window_order(segment, rank, stream, index,
+                                       min(schedule.size(index), size - full))
             intervals.extend((start + full + int(i), start + full + int(i) + 1)
                              for i in order[: consumed - full])
         return [(a, min(b, layout.total)) for a, b in intervals if a < layout.total]

@@ -1,6 +1,7 @@
-"""The window shuffle: buffer ``window`` consecutive samples of a stream and yield them in the
-plan's order for that window. The order of a window depends only on the plan, so a stream can
-restart at any window boundary and skip into the window exactly where it stopped."""
+"""The window shuffle: buffer one window of consecutive samples of a stream and yield it in
+the plan's order for that window. Windows follow the stream's ``WindowSchedule`` (small at
+the start of a stream, then full size), and the order of a window depends only on the plan,
+so a stream can restart at any window's start and skip into it exactly where it stopped."""
 
 from __future__ import annotations
 
@@ -9,21 +10,27 @@ from itertools import islice
 
 import numpy as np
 
+from wdstream.stream.window import WindowSchedule
 
-def window_shuffle(samples: Iterable[dict], window: int, order: Callable[[int, int], np.ndarray],
-                   first_window: int = 0, skip: int = 0) -> Iterator[dict]:
-    """Yield ``samples`` window by window, each in ``order(window_index, size)``.
+
+def window_shuffle(samples: Iterable[dict], schedule: WindowSchedule | int,
+                   order: Callable[[int, int], np.ndarray], first_window: int = 0,
+                   skip: int = 0) -> Iterator[dict]:
+    """Yield ``samples`` window by window, window ``i`` holding ``schedule.size(i)`` samples,
+    each in ``order(window_index, size)``. An int ``schedule``: windows all of that size.
 
     ``samples`` must start at the first sample of window ``first_window``; the first ``skip``
     picks of that window are not yielded again (they were consumed before a resume).
     """
-    if window == 1:  # no shuffling (shuffle=False): pass samples through, no per-sample work
+    if isinstance(schedule, int):
+        schedule = WindowSchedule.of(schedule, None)
+    if schedule.window == 1:  # no shuffling (shuffle=False): no per-sample work
         yield from samples
         return
     iterator = iter(samples)
     index = first_window
     while True:
-        buffer = list(islice(iterator, window))
+        buffer = list(islice(iterator, schedule.size(index)))
         if not buffer:
             return
         # Python ints rather than numpy's, and no Python loop per sample
