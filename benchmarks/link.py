@@ -285,7 +285,8 @@ def run(quick: bool) -> list[dict]:
     sizes = QUICK if quick else FULL
     rows: list[dict] = []
     goals: list[dict] = []
-    with common.scratch() as root, common.LocalS3() as s3, LocalGcs("bench") as gcs:
+    with common.scratch() as root, common.LocalS3(whole_once=True) as s3, \
+            LocalGcs("bench") as gcs:
         data = _datasets(root, sizes)
         sources = {}
         for name, dataset in data.items():

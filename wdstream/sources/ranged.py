@@ -30,7 +30,9 @@ shard being read and the next one, opened ahead)
     stream had to wait for a part once a part came in (waits for the first parts' first
     bytes only show the link's delay), up to ``MAX_PARTS``; a stream whose consumer is the
     slower side stays small. Parts are sized so that the wait for a part's first byte is
-    about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``).
+    about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``), as long as the
+    window the link wants still fits the bytes bound (below): on a link that wants 8 parts in
+    flight they stay at ``PART_SIZE``, since 4 parts twice as large carry half as much.
 
 Streams of one link take turns
     The shard being read has the link first: a stream opened while an earlier one of the
@@ -351,7 +353,10 @@ class RangedSource(ChunkSource):
                 link.parallel = True
                 wait = max(part.responded_at - part.asked_at, 0.0)
                 wanted = math.ceil(WAIT_SHARE * wait * rate / self.part_size) * self.part_size
-                size = link.part_size = min(max(wanted, self.part_size), self.max_part_size)
+                # larger parts leave fewer in the bytes bound: never fewer than the link wants
+                fits = max(1, self.max_parts // max(link.window, 1)) * self.part_size
+                size = link.part_size = min(max(min(wanted, fits), self.part_size),
+                                            self.max_part_size)
         with self._cond:
             if size is None:
                 self._rest_as_one = True
