@@ -363,6 +363,7 @@ def run(quick: bool) -> list[dict]:
                 rows.append({"table": table, "link": link,
                              "reader": f"wdstream default loader, {name} samples, 2 workers",
                              "MB/s": mbps, "÷ limit": ratio(mbps, limit_mbps),
+                             "÷ loopback": ratio(mbps, _mbps(loopback, data[name]["bytes"])),
                              "MB/s after first batch": _steady_mbps(result, data[name]["bytes"]),
                              "first batch s": result.get("ttfb_s"),
                              "loopback first batch s": loopback.get("ttfb_s"),
@@ -407,7 +408,10 @@ def run(quick: bool) -> list[dict]:
         "responses and holds each request back by the delay; it runs in the suite's process, "
         "moto in its own, both on the same 2 cores as the loader. MB/s of a loader counts from "
         "building the dataset to its last batch (worker start-up included); 'after first "
-        "batch' leaves the start out. The limit is the better of its two part sizes. CPU s: "
+        "batch' leaves the start out. The limit is the better of its two part sizes; '÷ "
+        "loopback' compares with the same loader without the proxy, the loader's own ceiling "
+        "on this machine (with moto serving ranges at their cost, the 100 MB/s link's limit "
+        "is above it). CPU s: "
         "seconds of CPU during the case taken by the reader (its processes, once their imports "
         "were done: about 1.7 s of importing torch for the loader is left out), the store's "
         "server (moto, or the GCS emulator), the "
