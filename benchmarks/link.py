@@ -1,5 +1,7 @@
-"""Reading from S3 over a shaped link: each connection capped and its first byte delayed, as on
-a cloud link, by a proxy of the suite's own (``shaped_link.py``) in front of the moto server.
+"""Reading from S3 and GCS over a shaped link: each connection capped and its first byte
+delayed, as on a cloud link, by a proxy of the suite's own (``shaped_link.py``) in front of the
+moto server and of the GCS emulator (gcp-storage-emulator on a thread per connection:
+``local_servers.LocalGcs``).
 
 For each link the suite measures, in the same run:
 
@@ -14,6 +16,10 @@ wdstream
     The default loader (opener "auto", i.e. "sdk"; shuffle off; no decoding; 2 workers, batch
     32) over the link, for 1 MiB and ~100 KiB samples; the same datasets on loopback (no proxy)
     give the start-up cost that is not the link's.
+first batch, defaults
+    The loader with the dataset's defaults (shuffle on), timed to its first batch only.
+GCS
+    The limit, one GET and the loader for the 1 MiB samples, through the same links.
 
 Datasets: 1 MiB and ~100 KiB samples, 16 shards of ~100 MB each (8 per worker; quick: 4
 shards of ~33 MB); the loader's MB/s is reported over the whole run and after its first batch.
@@ -51,9 +57,11 @@ LINKS = ((25, 30), (100, 10))
 FULL = {"mib_samples": 1536, "kib_samples": 15360, "shards": 16}
 QUICK = {"mib_samples": 128, "kib_samples": 1280, "shards": 4}
 T_LINK = "shaped link: S3 (moto) behind a proxy that caps each connection and delays each response"
+T_GCS = ("shaped link: GCS (gcp-storage-emulator, a thread per connection) behind the same "
+         "proxy")
 T_GOALS = "goals (issue 18)"
 
-__all__ = ["case_link_limit", "case_loader", "case_one_get", "run"]
+__all__ = ["case_first_batch", "case_link_limit", "case_loader", "case_one_get", "run"]
 
 
 # =========================================================================== cases (child side)
@@ -61,7 +69,7 @@ __all__ = ["case_link_limit", "case_loader", "case_one_get", "run"]
 
 def _fetch_ranges(bucket: str, ranges: list[tuple[str, int, int]], threads: int) -> int:
     """Bytes read by ``threads`` threads taking ranged GETs from ``ranges`` (one client)."""
-    client = _POOL_CLIENT["client"]
+    get = _POOL_CLIENT["get"]
     work: queue.Queue = queue.Queue()
     for item in ranges:
         work.put(item)
@@ -76,9 +84,7 @@ def _fetch_ranges(bucket: str, ranges: list[tuple[str, int, int]], threads: int)
             except queue.Empty:
                 return
             try:
-                body = client.get_object(Bucket=bucket, Key=key,
-                                         Range=f"bytes={first}-{last}")["Body"]
-                got = sum(len(chunk) for chunk in body.iter_chunks(MiB))
+                got = get(bucket, key, first, last)
             except Exception as error:  # reported by the case
                 errors.append(error)
                 return
@@ -96,13 +102,16 @@ def _fetch_ranges(bucket: str, ranges: list[tuple[str, int, int]], threads: int)
 
 
 def case_link_limit(bucket: str, keys: list[str], sizes: list[int], part: int = 8 * MiB,
-                    in_flight: int = LIMIT_IN_FLIGHT, processes: int = WORKERS) -> dict:
+                    in_flight: int = LIMIT_IN_FLIGHT, processes: int = WORKERS,
+                    store: str = "s3") -> dict:
     """``in_flight`` ranged GETs of ``part`` bytes over the shards: ``processes`` processes (as
-    many as the loader's workers, so that the client's CPU is not what limits) of threads."""
+    many as the loader's workers, so that the client's CPU is not what limits) of threads.
+    ``store``: "s3" (boto3) or "gs" (urllib3 media downloads, as the GCS reader asks)."""
     quiet_logs()
     import multiprocessing
 
     import boto3  # noqa: F401 - imported before the clock, as the loader's case imports torch
+    import urllib3  # noqa: F401
 
     ranges = [(key, begin, min(begin + part, size) - 1)
               for key, size in zip(keys, sizes, strict=True) for begin in range(0, size, part)]
@@ -110,7 +119,7 @@ def case_link_limit(bucket: str, keys: list[str], sizes: list[int], part: int = 
     context = multiprocessing.get_context("fork")
     before = _cpu_so_far()
     with context.Pool(processes, initializer=_warm,
-                      initargs=(bucket, keys[0], in_flight // processes)) as pool:
+                      initargs=(bucket, keys[0], in_flight // processes, store)) as pool:
         pool.starmap(time.sleep, [(0.2,)] * processes)  # every initializer has run
         started = time.perf_counter()
         totals = pool.starmap(_fetch_ranges, [(bucket, share, in_flight // processes)
@@ -126,14 +135,50 @@ def case_link_limit(bucket: str, keys: list[str], sizes: list[int], part: int = 
 _POOL_CLIENT: dict = {}  # the client of a pool process of case_link_limit
 
 
-def _warm(bucket: str, key: str, threads: int) -> None:
+def _warm(bucket: str, key: str, threads: int, store: str) -> None:
     """Pool initializer: the process's client, connected, before the clock starts."""
+    if store == "gs":
+        get = _gcs_getter(threads)
+        get(bucket, key, 0, 0)
+        _POOL_CLIENT["get"] = get
+        return
     import boto3
     import botocore.config
 
     client = boto3.client("s3", config=botocore.config.Config(max_pool_connections=threads))
     client.head_object(Bucket=bucket, Key=key)
-    _POOL_CLIENT["client"] = client
+
+    def get(bucket: str, key: str, first: int, last: int) -> int:
+        body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={first}-{last}")["Body"]
+        return sum(len(chunk) for chunk in body.iter_chunks(MiB))
+
+    _POOL_CLIENT["get"] = get
+
+
+def _gcs_getter(threads: int):
+    """``get(bucket, name, first, last) -> bytes read``: a ranged media download from the
+    emulator of ``STORAGE_EMULATOR_HOST``, over one urllib3 pool."""
+    import urllib3
+
+    from wdstream.sources.gcs_ranges import endpoint, object_path
+
+    pool = urllib3.PoolManager(maxsize=threads, retries=False)
+    root = endpoint()
+
+    def get(bucket: str, name: str, first: int, last: int) -> int:
+        response = pool.request(
+            "GET", f"{root}/download/storage/v1{object_path(bucket, name)}?alt=media",
+            headers={"Range": f"bytes={first}-{last}"}, preload_content=False,
+            decode_content=False)
+        if response.status not in (200, 206):
+            raise RuntimeError(f"GET {name}: HTTP {response.status}")
+        got = 0
+        while chunk := response.read(MiB):
+            got += len(chunk)
+        response.release_conn()
+        return got
+
+    return get
 
 
 def _cpu_so_far() -> float:
@@ -156,9 +201,11 @@ def case_loader(**args) -> dict:
     return result
 
 
-def case_one_get(bucket: str, key: str, first_bytes: int) -> dict:
+def case_one_get(bucket: str, key: str, first_bytes: int, store: str = "s3") -> dict:
     """One plain GET with a warm client: seconds to its first byte and to ``first_bytes``."""
     quiet_logs()
+    if store == "gs":
+        return _one_gcs_get(bucket, key, first_bytes)
     import boto3
 
     client = boto3.client("s3")
@@ -177,6 +224,47 @@ def case_one_get(bucket: str, key: str, first_bytes: int) -> dict:
     return {"first_byte_s": first, "first_batch_bytes_s": time.perf_counter() - started}
 
 
+def _one_gcs_get(bucket: str, name: str, first_bytes: int) -> dict:
+    import urllib3
+
+    from wdstream.sources.gcs_ranges import endpoint, object_path
+
+    pool = urllib3.PoolManager(retries=False)
+    url = f"{endpoint()}/download/storage/v1{object_path(bucket, name)}?alt=media"
+    pool.request("GET", url, headers={"Range": "bytes=0-0"})  # connected, as a warm client
+    started = time.perf_counter()
+    response = pool.request("GET", url, preload_content=False, decode_content=False)
+    first = None
+    got = 0
+    while chunk := response.read(64 << 10):
+        if first is None:
+            first = time.perf_counter() - started
+        got += len(chunk)
+        if got >= first_bytes:
+            break
+    response.close()
+    return {"first_byte_s": first, "first_batch_bytes_s": time.perf_counter() - started}
+
+
+def case_first_batch(source: str, workers: int = WORKERS, batch: int = BATCH) -> dict:
+    """The loader with the dataset's defaults (shuffle on): seconds to its first batch."""
+    quiet_logs()
+    import botocore.session  # noqa: F401 - imported before the clock, as in case_wdstream
+
+    import wdstream
+    import wdstream.stream.dataset  # noqa: F401
+    import wdstream.stream.loader  # noqa: F401
+
+    started = time.perf_counter()
+    dataset = wdstream.StreamingDataset(source)
+    loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers)
+    iterator = iter(loader)
+    next(iterator)
+    first = time.perf_counter() - started
+    del iterator
+    return {"ttfb_s": first}
+
+
 # =========================================================================== the suite (parent)
 
 
@@ -191,12 +279,14 @@ def _datasets(root: Path, sizes: dict) -> dict:
 
 
 def run(quick: bool) -> list[dict]:
+    from .local_servers import LocalGcs
     from .shaped_link import ShapedProxy
 
     sizes = QUICK if quick else FULL
     rows: list[dict] = []
     goals: list[dict] = []
-    with common.scratch() as root, common.LocalS3() as s3:
+    with common.scratch() as root, common.LocalS3(whole_once=True) as s3, \
+            LocalGcs("bench") as gcs:
         data = _datasets(root, sizes)
         sources = {}
         for name, dataset in data.items():
@@ -206,11 +296,15 @@ def run(quick: bool) -> list[dict]:
             keys = [f"{prefix}/{Path(p).name}" for p in dataset["shards"]]
             shard_sizes = [Path(p).stat().st_size for p in dataset["shards"]]
             sources[name] = (url, keys, shard_sizes)
-        proxies = [ShapedProxy(s3.port, rate * 1e6, delay / 1000).start()
+        common.log(f"link: uploading {data['1 MiB']['bytes'] / common.MB:,.0f} MB to the "
+                   "GCS emulator")
+        gcs_url = gcs.upload(data["1 MiB"]["dir"], "mib")
+        proxies = [(ShapedProxy(s3.port, rate * 1e6, delay / 1000).start(),
+                    ShapedProxy(gcs.port, rate * 1e6, delay / 1000).start())
                    for rate, delay in LINKS]
         try:
             cases = {}
-            for proxy in proxies:
+            for proxy, gcs_proxy in proxies:
                 env = dict(s3.env, AWS_ENDPOINT_URL=proxy.endpoint)
                 link = proxy.describe()
                 url, keys, shard_sizes = sources["1 MiB"]
@@ -225,69 +319,81 @@ def run(quick: bool) -> list[dict]:
                     cases[(link, name)] = (f"{__name__}:case_loader", {
                         "source": url, "decode": False, "workers": WORKERS, "batch": BATCH,
                         "expected": data[name]["samples"]}, env)
+                    cases[(link, f"{name} defaults")] = (f"{__name__}:case_first_batch", {
+                        "source": url}, env)
+                gcs_env = dict(gcs.env, STORAGE_EMULATOR_HOST=gcs_proxy.endpoint)
+                for part in LIMIT_PARTS:
+                    cases[(link, f"gs limit {part // MiB} MiB")] = (
+                        f"{__name__}:case_link_limit",
+                        {"bucket": "bench", "keys": keys, "sizes": shard_sizes, "part": part,
+                         "store": "gs"}, gcs_env)
+                cases[(link, "gs one GET")] = (f"{__name__}:case_one_get", {
+                    "bucket": "bench", "key": keys[0], "first_bytes": BATCH * MiB,
+                    "store": "gs"}, gcs_env)
+                cases[(link, "gs 1 MiB")] = (f"{__name__}:case_loader", {
+                    "source": gcs_url, "decode": False, "workers": WORKERS, "batch": BATCH,
+                    "expected": data["1 MiB"]["samples"]}, gcs_env)
             for name, (url, _keys, _sizes) in sources.items():
                 cases[("loopback", name)] = (f"{__name__}:case_loader", {
                     "source": url, "decode": False, "workers": WORKERS, "batch": BATCH,
                     "expected": data[name]["samples"]}, s3.env)
+            cases[("loopback", "gs 1 MiB")] = (f"{__name__}:case_loader", {
+                "source": gcs_url, "decode": False, "workers": WORKERS, "batch": BATCH,
+                "expected": data["1 MiB"]["samples"]}, gcs.env)
             named = {" / ".join(key): spec for key, spec in cases.items()}
-            results = _repeat(named, s3.process.pid)
+            results = _repeat(named, [s3.process.pid, gcs.process.pid])
             by_key = {key: results[" / ".join(key)] for key in cases}
         finally:
-            for proxy in proxies:
-                proxy.stop()
-    for proxy in proxies:
+            for pair in proxies:
+                for each in pair:
+                    each.stop()
+    for proxy, _gcs_proxy in proxies:
         link = proxy.describe()
-        limits = []
-        for part in LIMIT_PARTS:
-            limit = by_key[(link, f"limit {part // MiB} MiB")]
-            limits.append(_mbps(limit, limit.get("bytes_read")) or 0.0)
-            rows.append({"table": T_LINK, "link": link,
-                         "reader": f"limit: {LIMIT_IN_FLIGHT} ranged GETs of {part // MiB} MiB "
-                         f"in flight ({WORKERS} processes)", "MB/s": limits[-1] or None,
-                         "runs": limit.get("runs"), **_cpu_columns(limit),
-                         "error": limit.get("error")})
-        limit_mbps = max(limits) or None
-        one = by_key[(link, "one GET")]
-        rtt = one.get("first_byte_s")
-        rows.append({"table": T_LINK, "link": link, "reader": "one plain GET (warm client)",
-                     "first byte s": rtt,
-                     "first batch s": one.get("first_batch_bytes_s"),
-                     "MB/s": (BATCH * MiB / common.MB / one["first_batch_bytes_s"])
-                     if one.get("first_batch_bytes_s") else None,
-                     "runs": one.get("runs"), "error": one.get("error")})
-        for name in data:
-            result = by_key[(link, name)]
-            loopback = by_key[("loopback", name)]
-            mbps = _mbps(result, data[name]["bytes"])
-            steady = _steady_mbps(result, data[name]["bytes"])
-            sample_bytes = data[name]["bytes"] / data[name]["samples"]
-            budget = None
-            if rtt is not None and loopback.get("ttfb_s") is not None and limit_mbps:
-                budget = (loopback["ttfb_s"] + 2 * rtt
-                          + BATCH * sample_bytes / common.MB / limit_mbps)
-            rows.append({"table": T_LINK, "link": link,
+        for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
+            limit_mbps, rtt = _limit_rows(rows, by_key, link, store, table)
+            for name in names:
+                result = by_key[(link, store + name)]
+                loopback = by_key[("loopback", store + name)]
+                mbps = _mbps(result, data[name]["bytes"])
+                sample_bytes = data[name]["bytes"] / data[name]["samples"]
+                budget = None
+                if rtt is not None and loopback.get("ttfb_s") is not None and limit_mbps:
+                    budget = (loopback["ttfb_s"] + 2 * rtt
+                              + BATCH * sample_bytes / common.MB / limit_mbps)
+                rows.append({"table": table, "link": link,
+                             "reader": f"wdstream default loader, {name} samples, 2 workers",
+                             "MB/s": mbps, "÷ limit": ratio(mbps, limit_mbps),
+                             "÷ loopback": ratio(mbps, _mbps(loopback, data[name]["bytes"])),
+                             "MB/s after first batch": _steady_mbps(result, data[name]["bytes"]),
+                             "first batch s": result.get("ttfb_s"),
+                             "loopback first batch s": loopback.get("ttfb_s"),
+                             "first batch budget s": budget,
+                             "peak RSS MB": result.get("peak_rss_mb"),
+                             "runs": result.get("runs"),
+                             **_cpu_columns(result), "error": result.get("error")})
+                if store:
+                    continue
+                defaults = by_key[(link, f"{name} defaults")]
+                rows.append({"table": table, "link": link,
+                             "reader": f"wdstream loader with the defaults (shuffle on), {name} "
+                             "samples, 2 workers: its first batch",
+                             "first batch s": defaults.get("ttfb_s"),
+                             "first batch budget s": budget, "runs": defaults.get("runs"),
+                             **_cpu_columns(defaults), "error": defaults.get("error")})
+                goals.append(goal(f"{link}, {name} samples: MB/s ÷ the link's limit",
+                                  ratio(mbps, limit_mbps), 0.8, table=T_GOALS))
+                goals.append(goal(f"{link}, {name} samples: first batch ÷ budget (loopback "
+                                  "first batch + 2 round trips + a batch at the limit)",
+                                  ratio(result.get("ttfb_s"), budget), 1.0,
+                                  higher_is_better=False, table=T_GOALS))
+    for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
+        for name in names:
+            result = by_key[("loopback", store + name)]
+            rows.append({"table": table, "link": "loopback (no proxy)",
                          "reader": f"wdstream default loader, {name} samples, 2 workers",
-                         "MB/s": mbps, "÷ limit": ratio(mbps, limit_mbps),
-                         "MB/s after first batch": steady,
-                         "first batch s": result.get("ttfb_s"),
-                         "loopback first batch s": loopback.get("ttfb_s"),
-                         "first batch budget s": budget,
-                         "peak RSS MB": result.get("peak_rss_mb"), "runs": result.get("runs"),
+                         "MB/s": _mbps(result, data[name]["bytes"]),
+                         "first batch s": result.get("ttfb_s"), "runs": result.get("runs"),
                          **_cpu_columns(result), "error": result.get("error")})
-            goals.append(goal(f"{link}, {name} samples: MB/s ÷ the link's limit",
-                              ratio(mbps, limit_mbps), 0.8, table=T_GOALS))
-            goals.append(goal(f"{link}, {name} samples: first batch ÷ budget (loopback first "
-                              "batch + 2 round trips + a batch at the limit)",
-                              ratio(result.get("ttfb_s"), budget), 1.0,
-                              higher_is_better=False, table=T_GOALS))
-    for name, dataset in data.items():
-        rows.append({"table": T_LINK, "link": "loopback (no proxy)",
-                     "reader": f"wdstream default loader, {name} samples, 2 workers",
-                     "MB/s": _mbps(by_key[("loopback", name)], dataset["bytes"]),
-                     "first batch s": by_key[("loopback", name)].get("ttfb_s"),
-                     "runs": by_key[("loopback", name)].get("runs"),
-                     **_cpu_columns(by_key[("loopback", name)]),
-                     "error": by_key[("loopback", name)].get("error")})
     rows.append({"table": T_LINK, "note": (
         f"Datasets: {data['1 MiB']['samples']} samples of 1 MiB and "
         f"{data['~100 KiB']['samples']} of 100 KiB, {sizes['shards']} shards each "
@@ -295,58 +401,95 @@ def run(quick: bool) -> list[dict]:
         f"{data['~100 KiB']['bytes'] / common.MB:.0f} MB; {sizes['shards'] // WORKERS} shards "
         "per worker: until 2026-12 the full datasets were 4 shards, 403 and 395 MB, whose "
         "start was half of a run). The loader: opener \"auto\" (the sdk reader), shuffle off "
-        "and no decoding, so that the rows measure the link's path. The proxy paces each connection's "
+        "and no decoding, so that the rows measure the link's path; the 'defaults' rows time "
+        "the first batch of the loader as a user builds it (shuffle on): it waits for each "
+        "worker's first shuffle window, until the window grows from the stream's start. The "
+        "proxy paces each connection's "
         "responses and holds each request back by the delay; it runs in the suite's process, "
         "moto in its own, both on the same 2 cores as the loader. MB/s of a loader counts from "
         "building the dataset to its last batch (worker start-up included); 'after first "
-        "batch' leaves the start out. The limit is the better of its two part sizes. CPU s: "
+        "batch' leaves the start out. The limit is the better of its two part sizes; '÷ "
+        "loopback' compares with the same loader without the proxy, the loader's own ceiling "
+        "on this machine (with moto serving ranges at their cost, the 100 MB/s link's limit "
+        "is above it). CPU s: "
         "seconds of CPU during the case taken by the reader (its processes, once their imports "
-        "were done: about 1.7 s of importing torch for the loader is left out), moto, the "
+        "were done: about 1.7 s of importing torch for the loader is left out), the store's "
+        "server (moto, or the GCS emulator), the "
         "proxy, and everything else the machine ran meanwhile (others: other jobs); "
         "load: the 1-minute load average at the case's start.")})
+    rows.append({"table": T_GCS, "note": (
+        "The 1 MiB dataset in gcp-storage-emulator (in memory), run by the suite on a thread "
+        "per connection (the command serves one request at a time, so no two parts would be "
+        "served at once), behind a proxy of the same shaping; the limit's ranged GETs are "
+        "urllib3 media downloads, as the gs:// reader asks. The emulator, unlike moto, "
+        "costs a GET its range, not the whole object.")})
     return goals + rows
 
 
-def _repeat(cases: dict[str, tuple], moto_pid: int) -> dict[str, dict]:
-    """``common.repeat`` with the CPU each case took, moto's, the proxy's and the machine's."""
+def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str,
+                table: str) -> tuple[float | None, float | None]:
+    """The rows of the link's limit and of one GET; returns (limit MB/s, round trip s)."""
+    limits = []
+    for part in LIMIT_PARTS:
+        limit = by_key[(link, f"{store}limit {part // MiB} MiB")]
+        limits.append(_mbps(limit, limit.get("bytes_read")) or 0.0)
+        rows.append({"table": table, "link": link,
+                     "reader": f"limit: {LIMIT_IN_FLIGHT} ranged GETs of {part // MiB} MiB "
+                     f"in flight ({WORKERS} processes)", "MB/s": limits[-1] or None,
+                     "runs": limit.get("runs"), **_cpu_columns(limit),
+                     "error": limit.get("error")})
+    one = by_key[(link, f"{store}one GET")]
+    rows.append({"table": table, "link": link, "reader": "one plain GET (warm client)",
+                 "first byte s": one.get("first_byte_s"),
+                 "first batch s": one.get("first_batch_bytes_s"),
+                 "MB/s": (BATCH * MiB / common.MB / one["first_batch_bytes_s"])
+                 if one.get("first_batch_bytes_s") else None,
+                 "runs": one.get("runs"), "error": one.get("error")})
+    return max(limits) or None, one.get("first_byte_s")
+
+
+def _repeat(cases: dict[str, tuple], server_pids: list[int]) -> dict[str, dict]:
+    """``common.repeat`` with the CPU each case took, the servers', the proxy's and the
+    machine's."""
     runs = common.RUNS
     results: dict[str, list[dict]] = {name: [] for name in cases}
     for round_ in range(runs):
         for name, (target, args, env) in cases.items():
             common.log(f"{name} (run {round_ + 1}/{runs})")
             load = os.getloadavg()[0]
-            before = _cpu(moto_pid)
+            before = _cpu(server_pids)
             result = common.run_case(target, args, env=env)
-            after = _cpu(moto_pid)
+            after = _cpu(server_pids)
             used = {key: after[key] - before[key] for key in before}
             # the reader's own CPU once its imports were done, where the case says it
             result.update({"cpu_reader_s": result.get("cpu_s", used["reader"]),
-                           "cpu_moto_s": used["moto"],
+                           "cpu_server_s": used["server"],
                            "cpu_proxy_s": used["proxy"],
                            "cpu_others_s": max(0.0, used["machine"] - used["reader"]
-                                               - used["moto"] - used["proxy"]),
+                                               - used["server"] - used["proxy"]),
                            "load": load})
             results[name].append(result)
     return {name: common.medians(values) for name, values in results.items()}
 
 
-def _cpu(moto_pid: int) -> dict:
-    """CPU seconds so far: the cases' processes (reaped children of this one), moto, this
-    process (the proxy's thread), and the whole machine (from /proc/stat)."""
+def _cpu(server_pids: list[int]) -> dict:
+    """CPU seconds so far: the cases' processes (reaped children of this one), the servers
+    (moto, the GCS emulator), this process (the proxy's thread), and the whole machine (from
+    /proc/stat)."""
     import psutil
 
     mine = os.times()
-    moto = psutil.Process(moto_pid).cpu_times()
+    server = sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in server_pids)
     with open("/proc/stat") as stat:
         ticks = [int(v) for v in stat.readline().split()[1:]]
     idle = ticks[3] + ticks[4]  # idle, iowait
     return {"reader": mine.children_user + mine.children_system,
-            "moto": moto.user + moto.system, "proxy": mine.user + mine.system,
+            "server": server, "proxy": mine.user + mine.system,
             "machine": (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")}
 
 
 def _cpu_columns(result: dict) -> dict:
-    return {"CPU s: reader": result.get("cpu_reader_s"), "moto": result.get("cpu_moto_s"),
+    return {"CPU s: reader": result.get("cpu_reader_s"), "server": result.get("cpu_server_s"),
             "proxy": result.get("cpu_proxy_s"), "others": result.get("cpu_others_s"),
             "load": result.get("load")}
 

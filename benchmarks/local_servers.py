@@ -60,12 +60,38 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+# moto reads an object's whole value for every GET, whatever its range (about 60 ms of CPU for
+# 100 MB here): a cost S3 does not have, which punishes ranged reads. With ``whole_once`` the
+# server keeps each value as one bytes object, read from its buffer once (a write drops it),
+# so that a ranged GET costs moto its range, as it costs S3.
+_MOTO_WHOLE_ONCE = (
+    "import sys\n"
+    "from moto.s3 import models\n"
+    "_value = models.FakeKey.value\n"
+    "def _get(self):\n"
+    "    whole = self.__dict__.get('_whole_value')\n"
+    "    if whole is None:\n"
+    "        whole = self.__dict__['_whole_value'] = _value.fget(self)\n"
+    "    return whole\n"
+    "def _set(self, new):\n"
+    "    self.__dict__.pop('_whole_value', None)\n"
+    "    _value.fset(self, new)\n"
+    "models.FakeKey.value = property(_get, _set)\n"
+    "from moto.server import main\n"
+    "sys.argv[0] = 'moto_server'\n"
+    "main()\n"
+)
+
+
 class LocalS3:
     """A moto S3 server process. ``env`` is what a client needs (endpoint, fake credentials,
     plus ``extra_env``); ``restart()`` stops and starts it on the same port (its buckets are
-    lost). As a context manager it is started and, at the end, stopped."""
+    lost). ``whole_once``: each object's value read once, not on every GET (see above). As a
+    context manager it is started and, at the end, stopped."""
 
-    def __init__(self, port: int | None = None, extra_env: dict[str, str] | None = None):
+    def __init__(self, port: int | None = None, extra_env: dict[str, str] | None = None,
+                 whole_once: bool = False):
+        self.whole_once = whole_once
         self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -83,8 +109,10 @@ class LocalS3:
     def start(self) -> LocalS3:
         os.makedirs(self._config, exist_ok=True)
         Path(self._config, "config").write_text("[default]\nregion = us-east-1\n")
-        self.process = launch(["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
-                              self.port)
+        args = ["-H", "127.0.0.1", "-p", str(self.port)]
+        command = [sys.executable, "-c", _MOTO_WHOLE_ONCE, *args] if self.whole_once \
+            else ["moto_server", *args]
+        self.process = launch(command, self.port)
         return self
 
     def stop(self) -> None:
@@ -124,3 +152,66 @@ class LocalS3:
             if path.is_file():
                 client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
         return f"s3://{bucket}/{prefix}/"
+
+
+# gcp-storage-emulator answers one request at a time (http.server.HTTPServer): a ranged GET
+# waits until the response before it has been written, so no two parts are served at once.
+# The benchmarks' emulator is the same code on a thread per connection, as a store serves.
+_THREADED_EMULATOR = (
+    "import sys, http.server\n"
+    "http.server.HTTPServer = http.server.ThreadingHTTPServer\n"
+    "http.server.ThreadingHTTPServer.daemon_threads = True\n"
+    "from gcp_storage_emulator.__main__ import main\n"
+    "sys.argv[0] = 'gcp-storage-emulator'\n"
+    "main()\n"
+)
+
+
+class LocalGcs:
+    """A gcp-storage-emulator process in memory, quiet, one thread per connection
+    (``threaded``; else as the command runs it). ``env`` is what gcsfs and wdstream's GCS
+    reader need. As a context manager it is started and, at the end, stopped."""
+
+    def __init__(self, bucket: str = "bucket", port: int | None = None, threaded: bool = True):
+        self.port = port or free_port()
+        self.bucket, self.threaded = bucket, threaded
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+        self.env = {"STORAGE_EMULATOR_HOST": self.endpoint,
+                    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+
+    def start(self) -> LocalGcs:
+        args = ["start", "--host", "127.0.0.1", "--port", str(self.port), "--default-bucket",
+                self.bucket, "--in-memory", "--quiet"]
+        command = [sys.executable, "-c", _THREADED_EMULATOR, *args] if self.threaded \
+            else ["gcp-storage-emulator", *args]
+        self.process = launch(command, self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process)
+
+    def __enter__(self) -> LocalGcs:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def upload(self, folder: str | Path, prefix: str) -> str:
+        """Upload every file of ``folder`` under ``gs://bucket/prefix/``; returns that URL."""
+        import urllib.parse
+
+        import urllib3
+
+        http = urllib3.PoolManager()
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file():
+                query = urllib.parse.urlencode({"uploadType": "media",
+                                                "name": f"{prefix}/{path.name}"})
+                response = http.request(
+                    "POST", f"{self.endpoint}/upload/storage/v1/b/{self.bucket}/o?{query}",
+                    body=path.read_bytes())
+                if response.status != 200:
+                    raise RuntimeError(f"upload of {path.name}: HTTP {response.status}")
+        return f"gs://{self.bucket}/{prefix}/"

@@ -2,10 +2,11 @@
 behaves like a cloud connection.
 
 Each connection's responses are capped at ``rate`` bytes/s (a pacing clock per connection,
-chunks of at most 64 KiB) and every request reaches the server ``delay`` seconds after the
-client sent it, so each response's first byte comes at least ``delay`` later than on loopback.
-Connections do not share the cap: as on a cloud link, more connections carry more, up to what
-the server behind can serve.
+chunks of at most 64 KiB, one chunk of credit: a token bucket one chunk deep, so that the
+proxy's own loop waking late on a busy machine does not lower the rate) and every request
+reaches the server ``delay`` seconds after the client sent it, so each response's first byte
+comes at least ``delay`` later than on loopback. Connections do not share the cap: as on a
+cloud link, more connections carry more, up to what the server behind can serve.
 
 For tests it can also break responses: ``cut={n: nbytes}`` closes the connection of the n-th
 request (counted from 1, in the order they reach the proxy) after ``nbytes`` bytes of its
@@ -153,7 +154,9 @@ class ShapedProxy:
                     return
                 cut_after -= len(data)
             now = time.monotonic()
-            clock = max(clock, now) + len(data) / self.rate
+            # a chunk's worth of credit: the loop waking late (a busy machine) is caught up
+            # instead of lowering the connection's rate; an idle connection bursts no more
+            clock = max(clock, now - CHUNK / self.rate) + len(data) / self.rate
             writer.write(data)
             await writer.drain()
             wait = clock - time.monotonic()

@@ -38,3 +38,31 @@ def test_local_s3_serves_an_upload(tmp_path):
         assert s3.process.poll() is None
     assert url == "s3://bench-bucket/p/" and body == b"payload"
     assert s3.process.poll() is not None  # stopped at the end of the block
+
+
+def test_the_link_benchmarks_servers_serve_ranges_of_the_current_object(tmp_path):
+    """The suite's moto that reads a value once, and its threaded GCS emulator: ranged GETs
+    give the object's bytes, also after it was replaced."""
+    import os
+
+    import urllib3
+
+    from benchmarks.local_servers import LocalGcs, LocalS3
+
+    first, second = os.urandom(3 << 20), os.urandom(3 << 20)
+    with LocalS3(whole_once=True) as s3:
+        client = s3.client()
+        client.create_bucket(Bucket="bench-bucket")
+        for data in (first, second):
+            client.put_object(Bucket="bench-bucket", Key="k", Body=data)
+            for begin in (0, 5, 1 << 20):
+                got = client.get_object(Bucket="bench-bucket", Key="k",
+                                        Range=f"bytes={begin}-{begin + 99}")["Body"].read()
+                assert got == data[begin:begin + 100]
+    (tmp_path / "x.bin").write_bytes(first)
+    with LocalGcs("bench") as gcs:
+        assert gcs.upload(tmp_path, "p") == "gs://bench/p/"
+        response = urllib3.PoolManager().request(
+            "GET", f"{gcs.endpoint}/download/storage/v1/b/bench/o/p%2Fx.bin?alt=media",
+            headers={"Range": "bytes=7-106"})
+        assert response.status == 206 and response.data == first[7:107]

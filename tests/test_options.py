@@ -61,7 +61,7 @@ def test_the_opener_variable_and_scheme_are_checked_when_built(data, monkeypatch
     with pytest.raises(InputError, match="WDSTREAM_OPENER='bogus'.*auto, cli, fsspec, sdk"):
         wdstream.StreamingDataset(data)
     monkeypatch.delenv("WDSTREAM_OPENER")
-    with pytest.raises(InputError, match="sdk opener reads s3:// only"):
+    with pytest.raises(InputError, match="sdk opener reads s3:// and gs:// only"):
         wdstream.StreamingDataset(["memory://x/shard-0.tar"], opener="sdk")
 
 

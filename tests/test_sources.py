@@ -135,7 +135,7 @@ def test_expand_and_local_paths():
 def test_resolve_opener(monkeypatch):
     monkeypatch.delenv("WDSTREAM_OPENER", raising=False)
     assert resolve_opener(None, "s3://b/k") == "sdk"
-    assert resolve_opener("auto", "gs://b/k") == "fsspec"
+    assert resolve_opener("auto", "gs://b/k") == "sdk"
     assert resolve_opener("auto", "memory://k") == "fsspec"
     assert resolve_opener("cli", "/d/x.tar") == "file"
     assert resolve_opener("sdk", "pipe:cat x") == "pipe"
@@ -147,8 +147,8 @@ def test_resolve_opener(monkeypatch):
         resolve_opener(None, "s3://b/k")
     with pytest.raises(InputError):
         resolve_opener("curl", "s3://b/k")
-    with pytest.raises(InputError, match="s3:// only"):
-        resolve_opener("sdk", "gs://b/k")
+    with pytest.raises(InputError, match="s3:// and gs:// only"):
+        resolve_opener("sdk", "memory://b/k")
     with pytest.raises(InputError):
         resolve_opener("cli", "memory://k")
 

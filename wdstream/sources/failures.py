@@ -55,13 +55,15 @@ def is_missing(exc: BaseException) -> bool:
     return _classify(exc)[1] == "not found"
 
 
-_ACCESS_PROBLEMS = ("access denied", "no usable AWS credentials")
+_ACCESS_PROBLEMS = ("access denied", "no usable AWS credentials",
+                    "no usable Google credentials")
 _TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException",
                     "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
 
 
 def _classify(exc: BaseException) -> tuple[bool, str]:
-    """(transient, what happened) for an exception from the OS, botocore, s3fs or gcsfs."""
+    """(transient, what happened) for an exception from the OS, botocore, s3fs, gcsfs,
+    google-auth or urllib3."""
     botocore_errors = sys.modules.get("botocore.exceptions")
     if botocore_errors is not None:
         if isinstance(exc, botocore_errors.ClientError):
@@ -81,13 +83,22 @@ def _classify(exc: BaseException) -> tuple[bool, str]:
         if isinstance(exc, botocore_errors.HTTPClientError | botocore_errors.ConnectionError
                       | botocore_errors.IncompleteReadError):
             return True, "connection failed"
-    status = getattr(exc, "code", None)  # gcsfs.retry.HttpError, aiohttp response errors
-    if isinstance(status, int) and not isinstance(exc, OSError):
+    status = getattr(exc, "code", None)  # gcsfs.retry.HttpError, aiohttp response errors,
+    if isinstance(status, int) and not isinstance(exc, OSError):  # gcs_ranges.GcsHttpError
         if status == 404:
             return False, "not found"
         if status in (401, 403):
             return False, "access denied"
-        return status >= 500 or status == 429, f"HTTP status {status}"
+        return status >= 500 or status in (408, 429), f"HTTP status {status}"
+    google_auth = sys.modules.get("google.auth.exceptions")
+    if google_auth is not None:
+        if isinstance(exc, google_auth.TransportError):
+            return True, "connection failed"
+        if isinstance(exc, google_auth.GoogleAuthError):
+            return bool(getattr(exc, "retryable", False)), "no usable Google credentials"
+    urllib3_errors = sys.modules.get("urllib3.exceptions")
+    if urllib3_errors is not None and isinstance(exc, urllib3_errors.HTTPError):
+        return True, "connection failed"  # resets, timeouts, short bodies (gcs_ranges)
     if isinstance(exc, FileNotFoundError):
         return False, "not found"
     if isinstance(exc, PermissionError):

@@ -15,8 +15,9 @@ Which opener reads what (``opener="auto"``, or the ``WDSTREAM_OPENER`` environme
       docs/benchmarks.md). One client per process; it honours ``AWS_ENDPOINT_URL``,
       ``AWS_PROFILE`` and the usual credential chain.
       An object is read as concurrent ranged GETs handed over in order (``ranged.py``).
-    - ``gs://``: "fsspec" (gcsfs, in-process; there is no lighter GCS SDK to depend on, and
-      ``gcloud storage cat`` costs a process start-up per shard).
+    - ``gs://``: "sdk" too: the same concurrent ranged reads over GCS's JSON API (urllib3,
+      credentials from google-auth; ``gcs_ranges.py``); "fsspec" is gcsfs, one stream of
+      sequential block reads, and ``gcloud storage cat`` costs a process start-up per shard.
     - other fsspec URLs (``memory://``, ``https://``, ...): "fsspec".
     - "cli": ``aws s3 cp --only-show-errors URL -`` for s3, ``gcloud storage cat URL`` (or
       ``gsutil cat URL`` without gcloud) for gs. Commands are argument lists, never shell
@@ -44,7 +45,7 @@ __all__ = ["CHUNK_SIZE", "CLI_READ_COMMANDS", "OPENERS", "ByteStream", "ChildPro
 
 OPENERS = ("auto", "cli", "fsspec", "sdk")
 
-_DEFAULT_OPENERS = {"s3": "sdk", "gs": "fsspec"}  # anything else remote: "fsspec"
+_DEFAULT_OPENERS = {"s3": "sdk", "gs": "sdk"}  # anything else remote: "fsspec"
 
 
 # --------------------------------------------------------------------------- choosing a reader
@@ -69,8 +70,9 @@ def resolve_opener(opener: str | None, url: str) -> str:
         return _DEFAULT_OPENERS.get(kind, "fsspec")
     if opener == "cli" and kind not in CLI_READ_COMMANDS:
         raise InputError(f"{url}: no command-line reader for {kind}:// (cli reads s3:// and gs://)")
-    if opener == "sdk" and kind != "s3":
-        raise InputError(f"{url}: the sdk opener reads s3:// only; use fsspec for {kind}://")
+    if opener == "sdk" and kind not in ("s3", "gs"):
+        raise InputError(f"{url}: the sdk opener reads s3:// and gs:// only; use fsspec for "
+                         f"{kind}://")
     return opener
 
 
@@ -83,7 +85,7 @@ def open_read(
 
     ``timeout`` is the longest wait for data (and the connect/read timeout of the SDK client).
     For pipes and CLIs ``start`` bytes are read and dropped; other readers seek or ask for a range.
-    ``size``: the object's size if known (a manifest's or a listing's), a plan only: the S3
+    ``size``: the object's size if known (a manifest's or a listing's), a plan only: the sdk
     reader then asks for several parts at once instead of waiting for a first response.
     """
     if timeout <= 0:
@@ -110,9 +112,11 @@ def open_read(
     elif reader == "cli":
         source = ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
     elif reader == "sdk":
-        from wdstream.sources.ranged import RangedS3Source, shared_link
+        from wdstream.sources.ranged import RangedGcsSource, RangedS3Source, shared_link
 
-        source = RangedS3Source(url, start, timeout, size=size, link=shared_link(timeout))
+        kind = urls.scheme(url)
+        ranged = RangedS3Source if kind == "s3" else RangedGcsSource
+        source = ranged(url, start, timeout, size=size, link=shared_link(timeout, kind))
     else:
         source = FsspecSource(url, start, timeout)
     return ByteStream(url, source, timeout)

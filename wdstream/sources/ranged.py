@@ -1,10 +1,14 @@
-"""Concurrent ranged reads of one S3 object, handed over in order.
+"""Concurrent ranged reads of one S3 or GCS object, handed over in order.
 
 One GET streams at one connection's share of the link; on a cloud link that share is a
 fraction of what the link carries (a cap per connection, a delay before the first byte). So
 the "sdk" reader fetches an object as parts, several in flight, each on its own thread and
 connection, handing their bytes over in order: the part being read is handed over as its
 chunks arrive, the parts after it are held until their turn.
+
+This module schedules the parts; what is the store's (the GET of a byte range, its response's
+size, version and status) is a small fetcher per store (``range_fetchers.py``: the contract and
+S3's, ``gcs_ranges.py``: GCS's). ``RangedSource`` and ``RangedGcsSource`` pair them.
 
 How a read starts
     - When the object's size is known beforehand (``size``, from the manifest or a listing),
@@ -26,7 +30,9 @@ shard being read and the next one, opened ahead)
     stream had to wait for a part once a part came in (waits for the first parts' first
     bytes only show the link's delay), up to ``MAX_PARTS``; a stream whose consumer is the
     slower side stays small. Parts are sized so that the wait for a part's first byte is
-    about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``).
+    about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``), as long as the
+    window the link wants still fits the bytes bound (below): on a link that wants 8 parts in
+    flight they stay at ``PART_SIZE``, since 4 parts twice as large carry half as much.
 
 Streams of one link take turns
     The shard being read has the link first: a stream opened while an earlier one of the
@@ -45,8 +51,10 @@ Memory
     GET) holds at most ``PART_SIZE`` ahead of the stream.
 
 Integrity
-    Parts asked for once the first response's ETag is known send it (``If-Match``); parts
-    asked for before compare their response's ETag with it. An object replaced during the
+    Parts asked for once the first response's version (S3's ETag, GCS's generation) is known
+    send it (``If-Match``, ``ifGenerationMatch``); parts asked for before compare their
+    response's version with it (a store whose responses do not say it is asked once more at
+    the end: ``Fetcher.check_end``). An object replaced during the
     read fails instead of mixing two versions; so does a size that differs between responses.
     A ``size`` given beforehand is only a plan: the first response's size wins. A part that
     fails with a transient error (reset, timeout, short body, 5xx) is asked again for its
@@ -59,14 +67,13 @@ from __future__ import annotations
 
 import collections
 import math
-import re
 import threading
 import time
 
 from wdstream.errors import StreamError
-from wdstream.sources import urls
-from wdstream.sources.clients import cached_client, s3_client
+from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
+from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd
 from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 
 PART_SIZE = 8 << 20
@@ -82,7 +89,6 @@ WAIT_SHARE = 9  # a part is at least this many first-byte waits' worth of transf
 SWITCH_WAITS = 4  # waits for the first GET's bytes before parts may start
 ONE_GET_ENOUGH = 120e6  # bytes/s: one connection this fast needs no parts
 _OPEN_END = 1 << 62  # the first GET's end until the object's size is known
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
 class Link:
@@ -94,16 +100,16 @@ class Link:
         self.parallel: bool | None = None  # True: parts pay; False: one GET is as fast
         self.window = window
         self.part_size: int | None = None  # None: the stream's smallest
-        self._asking: list[RangedS3Source] = []
+        self._asking: list[RangedSource] = []
         # a stream asked for all its parts: the start (worker start-up, the first batch) is
         # over, and streams opened ahead take their whole window from then on
         self.started = False
 
-    def enter(self, stream: RangedS3Source) -> None:
+    def enter(self, stream: RangedSource) -> None:
         with self.lock:
             self._asking.append(stream)
 
-    def leave(self, stream: RangedS3Source) -> None:
+    def leave(self, stream: RangedSource) -> None:
         """``stream`` asked for its last part (or ended): the next one may use the link."""
         with self.lock:
             if stream not in self._asking:
@@ -114,15 +120,15 @@ class Link:
         for other in following:
             other.nudge()
 
-    def first_asking(self, stream: RangedS3Source) -> bool:
+    def first_asking(self, stream: RangedSource) -> bool:
         """Whether no stream that started before ``stream`` still has parts to ask for."""
         with self.lock:
             return not self._asking or self._asking[0] is stream
 
 
-def shared_link(timeout: float) -> Link:
-    """The process's ``Link`` for the S3 endpoint of the environment."""
-    return cached_client("s3-link", "s3", timeout, Link)
+def shared_link(timeout: float, scheme: str = "s3") -> Link:
+    """The process's ``Link`` for the endpoint of the environment of ``scheme`` (s3, gs)."""
+    return cached_client(f"{scheme}-link", scheme, timeout, Link)
 
 
 class _Part:
@@ -145,15 +151,16 @@ class _Part:
         return self.end - self.begin
 
 
-class RangedS3Source(ChunkSource):
-    """A ``ChunkSource`` for ``ByteStream``: the object from ``start`` on, in parts (see above).
+class RangedSource(ChunkSource):
+    """A ``ChunkSource`` for ``ByteStream``: the object of ``fetcher`` from ``start`` on, in
+    parts (see above).
 
     ``size``: the object's size if known beforehand; ``link``: what the process learned of the
     link (None: a new one for this stream alone). ``peak_held`` is the most bytes fetched but
     not yet handed over at any time, ``peak_parts`` the most parts in flight, ``requests``
     the GETs asked (for tests and benchmarks)."""
 
-    def __init__(self, url: str, start: int, timeout: float, *, size: int | None = None,
+    def __init__(self, fetcher: Fetcher, start: int, timeout: float, *, size: int | None = None,
                  part_size: int = PART_SIZE, max_part_size: int | None = None,
                  max_parts: int = MAX_PARTS, initial_parts: int = INITIAL_PARTS,
                  start_parts: int = START_PARTS, retries: int | None = None,
@@ -165,8 +172,8 @@ class RangedS3Source(ChunkSource):
                 or not 1 <= initial_parts <= max_parts or start_parts < 1:
             raise ValueError("part sizes must be positive, max_part_size >= part_size, "
                              "1 <= initial_parts <= max_parts and start_parts >= 1")
-        self.url, self.start, self.timeout = url, start, timeout
-        self.bucket, self.key = urls.bucket_key(url)
+        self.fetcher = fetcher
+        self.url, self.start, self.timeout = fetcher.url, start, timeout
         self.part_size, self.max_part_size = part_size, max_part_size
         self.max_parts, self.initial_parts = max_parts, initial_parts
         self.start_parts = min(start_parts, max_parts)
@@ -176,7 +183,7 @@ class RangedS3Source(ChunkSource):
         self._cond = threading.Condition()
         self._stopped = False
         self._size: int | None = None  # the object's size, from the first response
-        self._etag: str | None = None
+        self._version: str | None = None  # ETag, generation: from the first response saying it
         self._whole = False  # the server ignored Range: the first part is the whole object
         self._parts: collections.deque[_Part] = collections.deque()
         self._following = start  # where the next part begins
@@ -217,7 +224,7 @@ class RangedS3Source(ChunkSource):
         return min(window, AHEAD_PARTS)
 
     def _run(self, put):
-        client = s3_client(self.timeout)
+        self.fetcher.connect()
         link = self.link
         with link.lock:
             parallel, learned_window = link.parallel, link.window
@@ -231,7 +238,7 @@ class RangedS3Source(ChunkSource):
         else:
             first = _Part(self.start, _OPEN_END)  # the rest of the object, in one GET
             parts.append(first)
-            self._launch(client, first)
+            self._launch(first)
             with self._cond:
                 while self._size is None and not first.done and not self._stopped:
                     self._cond.wait()
@@ -256,7 +263,7 @@ class RangedS3Source(ChunkSource):
             with self._cond:
                 self._nudged = False  # a nudge from here on ends the wait below
             allowed = self._allowed(window)
-            self._launch_parts(client, allowed)
+            self._launch_parts(allowed)
             if self._following >= self._end():
                 link.leave(self)  # every part asked: the next stream may use the link
             head = parts[0]
@@ -298,6 +305,9 @@ class RangedS3Source(ChunkSource):
                 self._finish(head)
                 with self._cond:  # _learn goes through the parts from the part threads
                     parts.popleft()
+        why = self.fetcher.check_end(self._version)
+        if why is not None and not self._stopped:
+            raise self._changed(why)
 
     def _end(self) -> int:
         """Where the object ends: its size once a response said it, else the planned size."""
@@ -306,7 +316,7 @@ class RangedS3Source(ChunkSource):
                 return self._size
             return self._planned if self._planned is not None else self.start
 
-    def _launch_parts(self, client, window: int) -> None:
+    def _launch_parts(self, window: int) -> None:
         """Parts up to ``window`` in flight, and as many as the bytes bound allows."""
         parts = self._parts
         room = max(1, self.max_parts * self.part_size // self._part_size)
@@ -322,7 +332,7 @@ class RangedS3Source(ChunkSource):
                 part = _Part(begin, stop)
                 self._following = stop
                 parts.append(part)
-            self._launch(client, part)
+            self._launch(part)
         self.peak_parts = max(self.peak_parts, len(parts))
 
     def _observe(self, part: _Part) -> None:
@@ -343,7 +353,10 @@ class RangedS3Source(ChunkSource):
                 link.parallel = True
                 wait = max(part.responded_at - part.asked_at, 0.0)
                 wanted = math.ceil(WAIT_SHARE * wait * rate / self.part_size) * self.part_size
-                size = link.part_size = min(max(wanted, self.part_size), self.max_part_size)
+                # larger parts leave fewer in the bytes bound: never fewer than the link wants
+                fits = max(1, self.max_parts // max(link.window, 1)) * self.part_size
+                size = link.part_size = min(max(min(wanted, fits), self.part_size),
+                                            self.max_part_size)
         with self._cond:
             if size is None:
                 self._rest_as_one = True
@@ -380,16 +393,16 @@ class RangedS3Source(ChunkSource):
 
     # the part threads ---------------------------------------------------------------------
 
-    def _launch(self, client, part: _Part) -> None:
-        thread = threading.Thread(target=self._fetch, args=(client, part), daemon=True,
+    def _launch(self, part: _Part) -> None:
+        thread = threading.Thread(target=self._fetch, args=(part,), daemon=True,
                                   name=f"wdstream-part {part.begin} {self.url[:60]}")
         thread.start()
 
-    def _fetch(self, client, part: _Part) -> None:
+    def _fetch(self, part: _Part) -> None:
         attempt = 0
         while True:
             try:
-                self._fetch_once(client, part)
+                self._fetch_once(part)
                 error = None
             except BaseException as exc:  # classified, retried or handed over
                 error = stream_error(self.url, exc)
@@ -412,45 +425,39 @@ class RangedS3Source(ChunkSource):
         if learn:
             self._observe(part)
 
-    def _fetch_once(self, client, part: _Part) -> None:
-        from botocore.exceptions import ClientError
-
+    def _fetch_once(self, part: _Part) -> None:
         begin = part.begin + part.received
         with self._cond:
             if begin >= part.end and self._size is not None:
                 return
-            last = "" if part.end == _OPEN_END else part.end - 1
-            etag = self._etag
+            last = None if part.end == _OPEN_END else part.end - 1
+            version = self._version
             self.requests += 1
-        request = {"Bucket": self.bucket, "Key": self.key, "Range": f"bytes={begin}-{last}"}
-        if etag is not None:
-            request["IfMatch"] = etag
         if part.asked_at is None:
             part.asked_at = time.monotonic()
         try:
-            response = client.get_object(**request)
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = error.get("Code")
-            actual = str(error.get("ActualObjectSize", ""))
-            if code == "InvalidRange" and actual.isdigit() and begin >= int(actual):
-                self._learn(part, size=int(actual), etag=None, whole=False)  # past the end
-                return
-            if code == "PreconditionFailed":
-                raise self._changed(f"its ETag is no longer {etag}") from exc
-            raise
+            response = self.fetcher.get(begin, last, version)
+        except PastEnd as end:
+            self._learn(part, size=end.size, version=None, whole=False)
+            return
+        except ObjectChanged as exc:
+            raise self._changed(str(exc)) from exc
         if part.responded_at is None:
             part.responded_at = time.monotonic()
-        body = response["Body"]
         try:
-            self._check(part, begin, response)
+            if response.partial and response.first != begin:
+                raise StreamError(self.url, f"asked for bytes from {begin}, got "
+                                  f"{response.content_range}")
+            self._learn(part, size=response.size, version=response.version,
+                        whole=not response.partial)
+            read = response.read
             skip = begin if self._whole else 0  # Range ignored: the body starts at byte 0
             while True:
                 room = part.end - part.begin - part.received  # the end may move (_cut)
                 if room <= 0:
                     break
                 step = min(CHUNK_SIZE, self.part_size)
-                chunk = body.read(step if skip else min(step, room))
+                chunk = read(step if skip else min(step, room))
                 if not chunk:
                     break
                 if skip:
@@ -478,7 +485,7 @@ class RangedS3Source(ChunkSource):
                     self.peak_held = max(self.peak_held, self._held)
                     self._cond.notify_all()
         finally:
-            body.close()
+            response.close()
         if part.received < part.size:
             raise StreamError(self.url, f"bytes {part.begin}-{part.end - 1}: the response "
                               f"ended after {part.received} of {part.size}", transient=True)
@@ -486,29 +493,14 @@ class RangedS3Source(ChunkSource):
     def _changed(self, why: str) -> StreamError:
         return StreamError(self.url, f"the object changed while it was being read ({why})")
 
-    def _check(self, part: _Part, begin: int, response: dict) -> None:
-        """Size and ETag from a response (206, or 200: Range ignored), checked against what
-        the earlier responses said."""
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        match = _CONTENT_RANGE.fullmatch(str(response.get("ContentRange") or ""))
-        etag = response.get("ETag")
-        if status == 206 and match:
-            first, _last, size = (int(g) for g in match.groups())
-            if first != begin:
-                raise StreamError(self.url, f"asked for bytes from {begin}, got "
-                                  f"{response.get('ContentRange')}")
-            self._learn(part, size=size, etag=etag, whole=False)
-        else:
-            self._learn(part, size=int(response["ContentLength"]), etag=etag, whole=True)
-
-    def _learn(self, part: _Part, *, size: int, etag: str | None, whole: bool) -> None:
+    def _learn(self, part: _Part, *, size: int, version: str | None, whole: bool) -> None:
         with self._cond:
             if self._size is not None and size != self._size:
                 raise self._changed(f"{self._size} bytes, then {size}")
-            if self._etag is not None and etag is not None and etag != self._etag:
-                raise self._changed(f"ETag {self._etag}, then {etag}")
+            if self._version is not None and version is not None and version != self._version:
+                raise self._changed(f"version {self._version}, then {version}")
             self._size = size
-            self._etag = self._etag or etag
+            self._version = self._version or version
             self._whole = self._whole or whole
             for each in (*self._parts, part):
                 if self._whole:  # the first part reads everything, the others nothing
@@ -519,3 +511,21 @@ class RangedS3Source(ChunkSource):
             if self._whole:
                 self._following = size
             self._cond.notify_all()
+
+
+class RangedS3Source(RangedSource):
+    """An S3 object (``s3://bucket/key``) read in ranged parts with botocore."""
+
+    def __init__(self, url: str, start: int, timeout: float, **options):
+        from wdstream.sources.range_fetchers import S3Ranges
+
+        super().__init__(S3Ranges(url, timeout), start, timeout, **options)
+
+
+class RangedGcsSource(RangedSource):
+    """A GCS object (``gs://bucket/name``) read in ranged parts over the JSON API."""
+
+    def __init__(self, url: str, start: int, timeout: float, **options):
+        from wdstream.sources.gcs_ranges import GcsRanges
+
+        super().__init__(GcsRanges(url, timeout), start, timeout, **options)

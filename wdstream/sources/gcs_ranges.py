@@ -1,0 +1,238 @@
+"""Ranged GETs of one GCS object for the ranged reader (``ranged.py``): the JSON API's media
+download, ``GET {endpoint}/download/storage/v1/b/BUCKET/o/NAME?alt=media`` with ``Range``,
+over urllib3 (one pool per process).
+
+Endpoint and credentials, as gcsfs and the Google SDKs find them
+    ``STORAGE_EMULATOR_HOST`` (an emulator: no credentials), else
+    ``https://storage.googleapis.com`` with Application Default Credentials from google-auth
+    (``GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth application-default login``, the
+    attached service account), refreshed as they expire; without any, requests go
+    unauthenticated (public buckets). google-auth is imported only then.
+
+Names
+    The bucket and the object's name are each one percent-encoded path segment (``/``, ``?``,
+    ``#``, ``%``, spaces all encoded; a name of only dots too, which a URL would otherwise
+    resolve away), so a name from a manifest fetches exactly that object.
+
+Versions
+    A response's generation (``x-goog-generation``, which GCS sends with every download) is
+    its version; parts asked once it is known send ``ifGenerationMatch`` (412 once replaced).
+    An emulator (``STORAGE_EMULATOR_HOST``) may not say it: there the object's metadata is
+    asked before the first download and again after the last byte, and a different
+    generation fails the read (the emulator serves one request at a time, so asking while a
+    body is open would wait behind it).
+
+Errors
+    Statuses other than 200/206 raise ``GcsHttpError`` (``code``: the status), which
+    ``failures.stream_error`` classifies like any store's: 404 missing, 401/403 denied,
+    408/429/5xx transient; urllib3's connection errors are transient.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.parse
+
+from wdstream.sources import urls
+from wdstream.sources.clients import cached_client
+from wdstream.sources.range_fetchers import (
+    Fetcher,
+    ObjectChanged,
+    PastEnd,
+    RangeResponse,
+    parse_content_range,
+)
+
+GCS_ENDPOINT = "https://storage.googleapis.com"
+READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+POOL_SIZE = 32  # connections kept per host: parts of the streams of a process
+
+
+class GcsHttpError(Exception):
+    """A GCS response with a status other than 200/206 (``code``), with its message."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(f"HTTP {code}: {message}" if message else f"HTTP {code}")
+        self.code = code
+
+
+def endpoint() -> str:
+    """The JSON API's root: the emulator's (``STORAGE_EMULATOR_HOST``) or GCS's."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if not host:
+        return GCS_ENDPOINT
+    if "://" not in host:
+        host = "http://" + host
+    return host.rstrip("/")
+
+
+def object_path(bucket: str, name: str) -> str:
+    """``/b/BUCKET/o/NAME`` with each one path segment (see the module docstring)."""
+    return f"/b/{_segment(bucket)}/o/{_segment(name)}"
+
+
+def _segment(text: str) -> str:
+    quoted = urllib.parse.quote(text, safe="")
+    if quoted.strip(".") == "":  # "", ".", "..": URL resolution would drop or climb them
+        quoted = quoted.replace(".", "%2E")
+    return quoted
+
+
+class _Client:
+    """The process's urllib3 pool and credentials (None: anonymous) for one endpoint."""
+
+    def __init__(self, timeout: float):
+        import urllib3
+
+        self.endpoint = endpoint()
+        self.pool = urllib3.PoolManager(
+            num_pools=4, maxsize=POOL_SIZE, retries=False,
+            timeout=urllib3.Timeout(connect=timeout, read=timeout))
+        self.credentials = None
+        self.emulator = self.endpoint != GCS_ENDPOINT
+        self.anonymous_reason = "an emulator" if self.emulator else None
+        if not self.emulator:
+            self.credentials, self.anonymous_reason = _default_credentials()
+        self._lock = threading.Lock()
+        self._auth_request = None
+
+    def headers(self, url: str) -> dict[str, str]:
+        """Authorization for a request to ``url`` (refreshing the token when it expired)."""
+        headers: dict[str, str] = {}
+        if self.credentials is None:
+            return headers
+        with self._lock:
+            if self._auth_request is None:
+                from google.auth.transport.urllib3 import Request
+
+                self._auth_request = Request(self.pool)
+            self.credentials.before_request(self._auth_request, "GET", url, headers)
+        return headers
+
+    def get(self, url: str, headers: dict[str, str], stream: bool):
+        headers = {**self.headers(url), **headers}
+        return self.pool.request("GET", url, headers=headers, preload_content=not stream,
+                                 decode_content=False, redirect=False)
+
+
+def _default_credentials():
+    """(credentials, None) from Application Default Credentials, or (None, why not)."""
+    try:
+        import google.auth
+        from google.auth.exceptions import DefaultCredentialsError
+    except ImportError:
+        return None, "google-auth is not installed"
+    try:
+        credentials, _project = google.auth.default(scopes=[READ_SCOPE])
+    except DefaultCredentialsError:
+        return None, "no Application Default Credentials were found"
+    return credentials, None
+
+
+def gcs_client(timeout: float) -> _Client:
+    return cached_client("gcs-json", "gs", timeout, lambda: _Client(timeout))
+
+
+class GcsRanges(Fetcher):
+    """Media downloads of one object with ``Range``; the version is its generation."""
+
+    scheme = "gs"
+
+    def __init__(self, url: str, timeout: float):
+        self.url, self.timeout = url, timeout
+        bucket, name = urls.bucket_key(url)
+        self._path = object_path(bucket, name)
+        self._client: _Client | None = None
+        self._asked_generation: str | None = None  # from the metadata (an emulator)
+        self._lock = threading.Lock()
+
+    def connect(self) -> None:
+        self._client = gcs_client(self.timeout)
+
+    def _fail(self, response) -> GcsHttpError:
+        message = _error_message(response)
+        client = self._client
+        if response.status in (401, 403) and client.credentials is None \
+                and not client.emulator:
+            message += f" (sent without credentials: {client.anonymous_reason})"
+        return GcsHttpError(response.status, message)
+
+    def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
+        client = self._client
+        if client.emulator and version is None:
+            with self._lock:  # asked before the download: a one-request-at-a-time emulator
+                if self._asked_generation is None:  # would hold it behind an open body
+                    self._asked_generation = self._metadata()["generation"]
+        query = "alt=media" + (f"&ifGenerationMatch={version}" if version is not None else "")
+        url = f"{client.endpoint}/download/storage/v1{self._path}?{query}"
+        # stored bytes as they are (a gzip-encoded object is not transcoded, so Range holds)
+        headers = {"Range": f"bytes={begin}-{'' if last is None else last}",
+                   "Accept-Encoding": "gzip"}
+        response = client.get(url, headers, stream=True)
+        status = response.status
+        if status not in (200, 206):
+            try:
+                if status == 412:
+                    raise ObjectChanged(f"its generation is no longer {version}")
+                if status == 416:
+                    raise PastEnd(self._size_past_end(response))
+                raise self._fail(response)
+            finally:
+                response.close()
+        content_range = response.headers.get("Content-Range", "")
+        parsed = parse_content_range(content_range) if status == 206 else None
+        if parsed is None:
+            length = response.headers.get("x-goog-stored-content-length") \
+                or response.headers.get("Content-Length")
+            if length is None or not str(length).isdigit():
+                response.close()
+                raise GcsHttpError(status, "a response without its length")
+            first, size = 0, int(length)  # the whole object (an empty one: no range)
+        else:
+            first, size = parsed
+        generation = response.headers.get("x-goog-generation") or self._asked_generation
+        return RangeResponse(partial=parsed is not None, first=first, size=size,
+                             version=generation, read=response.read, close=response.close,
+                             content_range=content_range)
+
+    def _size_past_end(self, response) -> int:
+        value = response.headers.get("Content-Range", "")
+        if value.startswith("bytes */") and value[8:].isdigit():
+            return int(value[8:])
+        return int(self._metadata()["size"])
+
+    def _metadata(self) -> dict[str, str]:
+        """The object's generation and size from its metadata."""
+        client = self._client
+        url = f"{client.endpoint}/storage/v1{self._path}?fields=generation,size"
+        response = client.get(url, {}, stream=False)
+        if response.status != 200:
+            raise self._fail(response)
+        try:
+            meta = json.loads(response.data)
+            return {"generation": str(meta["generation"]), "size": str(int(meta["size"]))}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GcsHttpError(response.status, f"unreadable object metadata ({exc})") from None
+
+    def check_end(self, version: str | None) -> str | None:
+        if self._asked_generation is None:
+            return None  # the responses said their generation, or nothing was read
+        now = self._metadata()["generation"]
+        if now != self._asked_generation:
+            return f"generation {self._asked_generation}, then {now}"
+        return None
+
+
+def _error_message(response) -> str:
+    """GCS's own message from an error body (JSON or text), cut short."""
+    try:
+        body = response.data[:2000]
+    except Exception:  # noqa: BLE001 - a body that cannot be read says nothing more
+        return ""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace")
+    return " ".join(str(message).split())[:300]

@@ -1,0 +1,120 @@
+"""What the ranged reader (``ranged.py``) asks of a store: one GET of a byte range, and its
+response's size, version and status. One small fetcher per store; the scheduling of parts
+(how many, how large, in order, retried) is the reader's and the same for all of them.
+
+``Fetcher.get(begin, last, version)`` returns a ``RangeResponse`` (``partial``: the store
+honoured the range and the body starts at ``begin``; else the body is the whole object),
+raises ``PastEnd(size)`` when ``begin`` is at or past the object's end, ``ObjectChanged`` when
+the store says the object is no longer ``version``, or the store's own exception for anything
+else, which ``failures.stream_error`` classifies (missing, denied, transient).
+
+The S3 fetcher is here (botocore ``get_object``, ``If-Match`` on the ETag); the GCS one is
+``gcs_ranges.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Callable
+
+from wdstream.sources import urls
+from wdstream.sources.clients import s3_client
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+class PastEnd(Exception):  # noqa: N818 - a signal, not a failure
+    """The range starts at or past the object's end; ``size`` is the object's size."""
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.size = size
+
+
+class ObjectChanged(Exception):  # noqa: N818 - the reader turns it into its StreamError
+    """The store says the object is not the version the earlier responses read."""
+
+
+class RangeResponse:
+    """One response: ``partial`` (206 with the range asked for), ``first`` (the body's first
+    byte), ``size`` (the object's), ``version`` (ETag, generation; None if not said),
+    ``content_range`` (for messages); ``read(n)`` the body, ``close()`` once done."""
+
+    __slots__ = ("close", "content_range", "first", "partial", "read", "size", "version")
+
+    def __init__(self, *, partial: bool, first: int, size: int, version: str | None,
+                 read: Callable[[int], bytes], close: Callable[[], None],
+                 content_range: str = ""):
+        self.partial, self.first, self.size, self.version = partial, first, size, version
+        self.read, self.close, self.content_range = read, close, content_range
+
+
+def parse_content_range(value: str | None) -> tuple[int, int] | None:
+    """``(first byte, object size)`` from ``bytes FIRST-LAST/SIZE``, else None."""
+    match = _CONTENT_RANGE.fullmatch(str(value or "").strip())
+    if not match:
+        return None
+    first, _last, size = (int(g) for g in match.groups())
+    return first, size
+
+
+class Fetcher(abc.ABC):
+    """Ranged GETs of one object (``url``). ``scheme`` names the ``Link`` the reader shares
+    with the other streams of the process on the same store."""
+
+    url: str
+    scheme: str
+
+    def connect(self) -> None:  # noqa: B027 - optional hook
+        """Make or take the process's client (called in the reader's thread, before any get)."""
+
+    @abc.abstractmethod
+    def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
+        """Bytes ``begin`` to ``last`` (None: to the end), of ``version`` if given."""
+
+    def check_end(self, version: str | None) -> str | None:
+        """After the last byte: why the object read is not ``version`` any more, if a store
+        whose responses do not say their version can tell (None: nothing to say)."""
+        return None
+
+
+class S3Ranges(Fetcher):
+    """botocore ``get_object`` with ``Range``; the version is the ETag, sent as ``If-Match``."""
+
+    scheme = "s3"
+
+    def __init__(self, url: str, timeout: float):
+        self.url, self.timeout = url, timeout
+        self.bucket, self.key = urls.bucket_key(url)
+        self._client = None
+
+    def connect(self) -> None:
+        self._client = s3_client(self.timeout)
+
+    def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
+        from botocore.exceptions import ClientError
+
+        request = {"Bucket": self.bucket, "Key": self.key,
+                   "Range": f"bytes={begin}-{'' if last is None else last}"}
+        if version is not None:
+            request["IfMatch"] = version
+        try:
+            response = self._client.get_object(**request)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = error.get("Code")
+            actual = str(error.get("ActualObjectSize", ""))
+            if code == "InvalidRange" and actual.isdigit() and begin >= int(actual):
+                raise PastEnd(int(actual)) from exc
+            if code == "PreconditionFailed":
+                raise ObjectChanged(f"its ETag is no longer {version}") from exc
+            raise
+        body = response["Body"]
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        content_range = str(response.get("ContentRange") or "")
+        parsed = parse_content_range(content_range) if status == 206 else None
+        first, size = parsed if parsed else (0, int(response["ContentLength"]))
+        return RangeResponse(partial=parsed is not None, first=first, size=size,
+                             version=response.get("ETag"), read=body.read, close=body.close,
+                             content_range=content_range)
