@@ -282,3 +282,61 @@ def test_a_decoding_failure_comes_after_the_samples_before_it(tmp_path):
                                                                     0, 0))
     assert items == [sample_key(0, i) for i in range(7)]
     assert error[0] is ShardError and "cannot decode .json" in error[1]
+
+
+def _usual_members(count: int) -> list[tuple[str, bytes]]:
+    return [(f"{i:04d}.json", b"{}" * (i + 1)) for i in range(count)]
+
+
+def _tar_with(members, edit) -> bytes:
+    """A tar of ``members`` from tarfile (ustar), with ``edit(tarinfo, index)`` applied."""
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for index, (name, payload) in enumerate(members):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            edit(info, index)
+            tar.addfile(info, io.BytesIO(payload) if info.isreg() else None)
+    return out.getvalue()
+
+
+def test_usual_headers_keep_every_check():
+    """After a few headers alike, the reader takes a short path for the next ones: it still
+    refuses a bad checksum, skips directory entries, reads a prefix, and refuses a member
+    past the recorded length."""
+    members = _usual_members(6)
+    data = bytearray(_tar_with(members, lambda info, i: None))
+    assert list(iter_members(io.BytesIO(bytes(data)), "u")) == members
+    bad = bytearray(data)
+    bad[4 * 1024 + 20] ^= 0x01  # a byte in the mode field of the 5th header
+    items, error = _outcome(_flat(iter_members(io.BytesIO(bytes(bad)), "u").batches()))
+    assert items == members[:4] and "bad header checksum" in error[1]
+
+    def directory(info, index):
+        if index == 3:
+            info.name, info.type, info.size = "adir/", b"0", 0
+
+    with_dir = _tar_with(members, directory)
+    assert [m[0] for m in iter_members(io.BytesIO(with_dir), "u")] == \
+        [m[0] for i, m in enumerate(members) if i != 3]
+    long = [(f"{'p' * 120}/{i:04d}.json", payload) for i, (_n, payload) in enumerate(members)]
+    assert list(iter_members(io.BytesIO(_tar_with(long, lambda info, i: None)), "u")) == long
+    cut = sum(512 + -(-len(payload) // 512) * 512 for _n, payload in members[:5]) + 515
+    with pytest.raises(ShardError, match="runs past"):
+        list(iter_members(io.BytesIO(bytes(data[:cut])), "u", limit=cut))
+
+
+def test_a_pax_path_after_usual_headers_names_the_member():
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for index in range(6):
+            name = f"{index:04d}.json" if index != 4 else "é" * 120 + ".json"
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
+    names = [name for name, _ in iter_members(io.BytesIO(out.getvalue()), "u")]
+    assert names == [f"{i:04d}.json" for i in range(4)] + ["é" * 120 + ".json", "0005.json"]

@@ -127,6 +127,18 @@ class TarMembers(TarBuffer):
                         return
                     raise self._error("truncated header", self.offset)
             data, pos = self._data, self._pos
+            if data[pos + 156] == 120 and pax is None and data[pos]:
+                seen = repeats.get(data[pos + 124 : pos + 136])  # by its size field
+                if seen is not None and data.startswith(seen[0], pos) \
+                        and pos + seen[2] <= len(data) \
+                        and (limit is None or self._base + pos + BLOCK + seen[1] <= limit) \
+                        and data.startswith(seen[3], pos + BLOCK) \
+                        and data[pos + BLOCK + seen[1] - 1] == 10:
+                    # a PAX header like an earlier one, with one record of the same length
+                    # and key, a key that means nothing for a regular file (an mtime...)
+                    pax = _NO_RECORDS
+                    self._pos = pos + seen[2]
+                    continue
             header = data[pos : pos + BLOCK]
             if not header[0] and header == zero:  # a member's name never starts with NUL
                 if long_name is not None or pax is not None:
@@ -141,17 +153,6 @@ class TarMembers(TarBuffer):
                 return
             start = self._base + pos
             typeflag = header[156]
-            if typeflag == 120 and pax is None:
-                seen = repeats.get(header[124:136])  # by its size field
-                if seen is not None and header == seen[0] and pos + seen[2] <= len(data) \
-                        and (limit is None or start + BLOCK + seen[1] <= limit) \
-                        and data.startswith(seen[3], pos + BLOCK) \
-                        and data[pos + BLOCK + seen[1] - 1] == 10:
-                    # a PAX header like an earlier one, with one record of the same length
-                    # and key, a key that means nothing for a regular file (an mtime...)
-                    pax = _NO_RECORDS
-                    self._pos = pos + seen[2]
-                    continue
             if typeflag == 48 and plain is not None and long_name is None and (
                     pax is None or pax is _NO_RECORDS) and header[154] == 0 \
                     and header[155] == 32 and header.endswith(plain[0]):
