@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from itertools import chain
 
 from wdstream.errors import InputError, ShardError
 
@@ -127,36 +128,61 @@ def iter_samples(members: Iterable[tuple[str, bytes]], url: str,
     repeated within a sample raises ShardError. Members webdataset skips (no ``key.ext``
     name, a hidden basename, ``__meta__`` names) are skipped and counted in ``strays``.
     """
+    batches = members.batches() if hasattr(members, "batches") else ([m] for m in members)
+    return chain.from_iterable(sample_batches(batches, url, strays))
+
+
+def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
+                   strays: StrayCount | None = None) -> Iterator[list[dict]]:
+    """``iter_samples`` over lists of members (``TarMembers.batches()``), as lists: the
+    samples a list of members completes (a sample is complete when a member of another key,
+    or the end, follows it). An error comes after the samples completed before it."""
     sample: dict | None = None
     key = None
-    for name, payload in members:
-        # the usual case of stray_split inlined: this runs once per member
-        slash = name.rfind("/") + 1
-        dot = name.find(".", slash)
-        if dot > slash and name[:1] != "_" and "\n" not in name:
-            member_key = name[:dot]
-            ext = name[dot + 1 :].lower()
-        else:
-            split = stray_split(name)
-            if split is None:
-                if strays is not None:
-                    strays.add(name)
-                continue
-            member_key, ext = split[0], split[1].lower()
-        if member_key == key:
-            if ext in sample:
-                what = "a reserved" if ext in _RESERVED else "a duplicate"
-                raise ShardError(f"{url}: sample {key!r} has {what} extension {ext!r}")
-            sample[ext] = payload
-            continue
-        if sample is not None:
-            yield sample
-        if ext in _RESERVED:
-            raise ShardError(f"{url}: sample {member_key!r} has a reserved extension {ext!r}")
-        key = member_key
-        sample = {"__key__": key, "__url__": url, ext: payload}
+    done: list[dict] = []
+    add = done.append
+    try:
+        for batch in batches:
+            for name, payload in batch:
+                # the usual case of stray_split inlined: this runs once per member
+                slash = name.rfind("/") + 1
+                dot = name.find(".", slash)
+                if dot > slash and name[:1] != "_" and "\n" not in name:
+                    member_key = name[:dot]
+                    ext = name[dot + 1 :].lower()
+                else:
+                    split = stray_split(name)
+                    if split is None:
+                        if strays is not None:
+                            strays.add(name)
+                        continue
+                    member_key, ext = split[0], split[1].lower()
+                if member_key == key:
+                    if ext in sample:
+                        what = "a reserved" if ext in _RESERVED else "a duplicate"
+                        raise ShardError(f"{url}: sample {key!r} has {what} extension {ext!r}")
+                    sample[ext] = payload
+                    continue
+                if sample is not None:
+                    add(sample)
+                if ext in _RESERVED:
+                    sample = None
+                    raise ShardError(f"{url}: sample {member_key!r} has a reserved extension "
+                                     f"{ext!r}")
+                key = member_key
+                sample = {"__key__": key, "__url__": url, ext: payload}
+            if done:
+                yield done[:]
+                done.clear()
+    except Exception:
+        if done:  # the samples before the error first; it is raised when asked again
+            yield done[:]
+            done.clear()
+        raise
     if sample is not None:
-        yield sample
+        add(sample)
+    if done:
+        yield done
 
 
 _RESERVED = frozenset(("__key__", "__url__"))

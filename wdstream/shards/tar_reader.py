@@ -13,6 +13,7 @@ a payload under another member's name. Extended records are capped (``LONG_NAME_
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import chain
 from types import MappingProxyType
 from typing import BinaryIO
 from zlib import adler32
@@ -56,13 +57,23 @@ class TarMembers(TarBuffer):
         # EXACT_READ to MAX_READ bytes go (see iter_members)
         self._target = payload_target
         self.complete = False
-        self._gen = self._members()
+        self._gen = None
 
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
-        return self._gen  # a for loop then runs the generator itself: no call per member
+        if self._gen is None:  # one member per list: ``offset`` is after the member given
+            self._gen = chain.from_iterable(self._parse(one=True))
+        return self._gen
 
     def __next__(self) -> tuple[str, bytes]:
-        return next(self._gen)
+        return next(iter(self))
+
+    def batches(self) -> Iterator[list[tuple[str, bytes]]]:
+        """The members as lists: those parsed from the buffer before the parser reads the
+        stream again (or raises, or ends), so a list holds no member the stream has not yet
+        given; an error comes after the members before it, on the next request. ``offset``
+        is then after the last member of the list given. Iterate either this or the
+        members, not both."""
+        return self._parse(one=False)
 
     def _pax(self, record: bytes, at: int) -> dict[bytes, bytes]:
         try:
@@ -70,13 +81,31 @@ class TarMembers(TarBuffer):
         except ValueError as exc:
             raise self._error(str(exc), at) from None
 
-    def _members(self) -> Iterator[tuple[str, bytes]]:
+    def _parse(self, one: bool) -> Iterator[list[tuple[str, bytes]]]:
+        pending: list[tuple[str, bytes]] = []  # parsed, not yet handed over
+        try:
+            yield from self._members(pending, one)
+        except Exception:
+            if pending:  # the members before the error first; it is raised when asked again
+                batch = pending[:]
+                pending.clear()
+                yield batch
+            raise
+        if pending:
+            yield pending
+
+    def _members(self, pending: list, one: bool) -> Iterator[list[tuple[str, bytes]]]:
+        """Parses members into ``pending``; yields a copy of it (and empties it) before each
+        read of the stream, so that nothing is read before the members already parsed are
+        used, and (``one``) after each member."""
+        add = pending.append
         long_name: bytes | None = None  # from a GNU 'L' entry, for the next member
         pax: dict[bytes, bytes] | None = None  # from a PAX 'x' header, for the next member
         zero = _ZERO_BLOCK
         limit = self._limit
         # per type flag: a verified header's bytes after its checksum field, and their sum
         tails: dict[int, tuple[bytes, int]] = {}
+        plain: tuple[bytes, int] | None = None  # that of a regular file without prefix
         no_payload, regular_types, extended = NO_PAYLOAD, REGULAR, EXTENDED
         target = self._target
         # PAX headers whose payload was one record of a key that means nothing here, by
@@ -86,13 +115,30 @@ class TarMembers(TarBuffer):
             self._fill(HEAD_BYTES if limit is None else min(HEAD_BYTES, limit))
             self._on_head(self._data[:HEAD_BYTES])
         while True:
-            if len(self._data) - self._pos < BLOCK and not self._fill(BLOCK):
-                if self._pos == len(self._data):  # clean end at a member boundary
-                    if long_name is not None or pax is not None:
-                        raise self._error("stream ends after an extended header", self.offset)
-                    return
-                raise self._error("truncated header", self.offset)
+            if len(self._data) - self._pos < BLOCK:
+                if pending:
+                    yield pending[:]
+                    pending.clear()
+                if not self._fill(BLOCK):
+                    if self._pos == len(self._data):  # clean end at a member boundary
+                        if long_name is not None or pax is not None:
+                            raise self._error("stream ends after an extended header",
+                                              self.offset)
+                        return
+                    raise self._error("truncated header", self.offset)
             data, pos = self._data, self._pos
+            if data[pos + 156] == 120 and pax is None and data[pos]:
+                seen = repeats.get(data[pos + 124 : pos + 136])  # by its size field
+                if seen is not None and data.startswith(seen[0], pos) \
+                        and pos + seen[2] <= len(data) \
+                        and (limit is None or self._base + pos + BLOCK + seen[1] <= limit) \
+                        and data.startswith(seen[3], pos + BLOCK) \
+                        and data[pos + BLOCK + seen[1] - 1] == 10:
+                    # a PAX header like an earlier one, with one record of the same length
+                    # and key, a key that means nothing for a regular file (an mtime...)
+                    pax = _NO_RECORDS
+                    self._pos = pos + seen[2]
+                    continue
             header = data[pos : pos + BLOCK]
             if not header[0] and header == zero:  # a member's name never starts with NUL
                 if long_name is not None or pax is not None:
@@ -100,20 +146,40 @@ class TarMembers(TarBuffer):
                                       self.offset)
                 self._pos = pos + BLOCK
                 self.complete = True
+                if pending:
+                    yield pending[:]
+                    pending.clear()
                 self._drain()
                 return
             start = self._base + pos
             typeflag = header[156]
-            if typeflag == 120 and pax is None:
-                seen = repeats.get(header[124:136])  # by its size field
-                if seen is not None and header == seen[0] and pos + seen[2] <= len(data) \
-                        and (limit is None or start + BLOCK + seen[1] <= limit) \
-                        and data.startswith(seen[3], pos + BLOCK) \
-                        and data[pos + BLOCK + seen[1] - 1] == 10:
-                    # a PAX header like an earlier one, with one record of the same length
-                    # and key, a key that means nothing for a regular file (an mtime...)
-                    pax = _NO_RECORDS
-                    self._pos = pos + seen[2]
+            if typeflag == 48 and plain is not None and long_name is None and (
+                    pax is None or pax is _NO_RECORDS) and header[154] == 0 \
+                    and header[155] == 32 and header.endswith(plain[0]):
+                # A regular file whose header is one of the shard's usual ones (the same
+                # bytes after the checksum as a verified one, no prefix, no extended header
+                # that names it): the checks below, with the steps for other headers left out.
+                # Anything it does not take (a bad checksum too) goes the general way.
+                try:
+                    stored = int(header[148:154], 8)
+                    size = int(header[124:135], 8)
+                except ValueError:
+                    stored = size = -1
+                end = pos + BLOCK + size
+                padded = end + (-size % BLOCK)
+                if size >= 0 and header[135] in (0, 32) and padded <= len(data) \
+                        and stored == (adler32(header[:148]) & 0xFFFF) + plain[1] \
+                        and (limit is None or start + BLOCK + size <= limit) \
+                        and (target is None or not EXACT_READ <= size <= MAX_READ):
+                    pax = None
+                    self._pos = padded
+                    nul = header.find(0, 0, 100)
+                    name = header[:nul] if nul >= 0 else header[:100]
+                    if size or not name.endswith(b"/"):  # else a directory entry
+                        add((name.decode("utf-8", "surrogateescape"), data[pos + BLOCK : end]))
+                        if one:
+                            yield pending[:]
+                            pending.clear()
                     continue
             # The checksum: the unsigned sum of the header with its checksum field as spaces
             # (some old writers used signed bytes). Adler-32's low half is one plus the byte
@@ -142,6 +208,8 @@ class TarMembers(TarBuffer):
                 tail_sum = (adler32(tail[:178]) & 0xFFFF) + (adler32(tail[178:]) & 0xFFFF) - 2
                 if stored == (adler32(header[:148]) & 0xFFFF) - 1 + tail_sum + 256:
                     tails[typeflag] = (tail, tail_sum + 255)  # + 8 spaces - Adler's 1
+                    if typeflag == 48 and not tail[189]:  # no prefix: see the usual path
+                        plain = tails[typeflag]
                 elif stored != signed_sum(header):
                     raise self._error("bad header checksum", start)
             try:
@@ -156,6 +224,9 @@ class TarMembers(TarBuffer):
             if size < 0:
                 raise self._error("bad size field", start)
             if typeflag in extended:
+                if pending and pos + BLOCK + size + padding(size) > len(data):  # it reads
+                    yield pending[:]
+                    pending.clear()
                 record = self._extended(pos, start, size, typeflag)
                 if typeflag == 76:  # 'L': the next member's name
                     if long_name is not None:
@@ -236,6 +307,9 @@ class TarMembers(TarBuffer):
                         region = self._region(self._base + pos + BLOCK)
                     into = self._target(text, size, region)
             if padded > len(data):
+                if pending:  # the gather reads: the members parsed so far first
+                    yield pending[:]
+                    pending.clear()
                 payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK, into, region)
                 if payload is None:
                     raise self._error(f"truncated member ({size} bytes expected)", start)
@@ -252,7 +326,10 @@ class TarMembers(TarBuffer):
                             memory[:] = memoryview(data)[pos + BLOCK : end]
                     else:
                         payload = data[pos + BLOCK : end]
-                yield text, payload
+                add((text, payload))
+                if one:
+                    yield pending[:]
+                    pending.clear()
             # else: an unknown type, skipped with its payload
 
     def _extended(self, pos: int, start: int, size: int, typeflag: int) -> bytes:

@@ -8,6 +8,7 @@ import gc
 import itertools
 import os
 import weakref
+from operator import itemgetter
 
 import torch
 import torch.utils.data
@@ -43,29 +44,31 @@ def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict
 
     batch = {}
     for name in samples[0]:
-        values = [sample[name] for sample in samples]
-        first = values[0]
-        kind = type(first)
+        values = list(map(itemgetter(name), samples))
+        types = set(map(type, values))  # one pass in C, where each check below was one
         if name in json_names:  # bytes: JSON not decoded yet
-            if kind is bytes and all(type(v) is bytes for v in values):
+            if types == _BYTES:
                 batch[name] = JsonColumn(values)  # decoded by the main process
                 continue
-            if any(type(v) is bytes for v in values):  # beside a large member: decoded here
+            if bytes in types:  # beside a large member: decoded here
                 values = _decoded(values, samples, name, bytes)
-                first = values[0]
-        elif kind is Deferred and all(type(v) is Deferred for v in values):
-            batch[name] = JsonColumn([v.data for v in values])  # decoded by the main process
-            continue
-        elif any(type(v) is Deferred for v in values):  # beside a large member: decoded here
-            values = _decoded(values, samples, name, Deferred)
-            first = values[0]
-        if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
+                types = set(map(type, values))
+        elif Deferred in types:
+            if len(types) == 1:
+                batch[name] = JsonColumn([v.data for v in values])  # decoded by the main
+                continue
+            values = _decoded(values, samples, name, Deferred)  # beside a large member
+            types = set(map(type, values))
+        first = values[0]
+        if len(types) == 1 and (types <= _TEXT):  # keys, URLs, text: the usual columns
+            batch[name] = values
+        elif isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
             batch[name] = _stack(values)
         elif isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
                 v.shape == first.shape for v in values):
             batch[name] = _stack([torch.from_numpy(v) for v in values])
-        elif isinstance(first, (int, float)) and not isinstance(first, bool) and all(
-                type(v) is type(first) for v in values):
+        elif isinstance(first, (int, float)) and not isinstance(first, bool) and \
+                len(types) == 1:
             batch[name] = torch.tensor(values)
         elif isinstance(first, bytes) and _in_worker() and all(
                 isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
@@ -73,6 +76,10 @@ def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict
         else:  # (payloads the reader placed go into shared memory in share_raw, after this)
             batch[name] = values
     return batch
+
+
+_BYTES = frozenset((bytes,))
+_TEXT = frozenset((str,))
 
 
 def _decoded(values: list, samples: list[dict], name: str, kind: type) -> list:

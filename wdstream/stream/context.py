@@ -10,7 +10,7 @@ DataLoader) makes its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from wdstream.errors import WdstreamError
 from wdstream.stream.read import ReadStats
@@ -39,7 +39,7 @@ class StreamContext:
     ``position``: the position after the last item handed out (direct iteration; the
     dataset's torchdata ``state_dict()`` reads it). ``trail``: under the loader, the position
     after each item not yet batched; a worker's fetcher pulls a fetch's items and then
-    collates, so the collate wrapper finds there the position after each of them.
+    collates, so the collate wrapper finds at its front the position after each of them.
     ``json_names``: the members whose JSON the stream's samples carry undecoded, for the
     default collate (``wdstream.stream.deferred``)."""
 
@@ -66,6 +66,28 @@ class StreamContext:
             for item, position in items:
                 append(position)
                 yield item
+        except WdstreamError as error:
+            yield StreamFailure(error)
+            return
+        yield END_OF_STREAM
+
+    def chunks_with_positions(self, chunks: Iterator[tuple[list, Sequence]]) -> Iterator[object]:
+        """``with_positions`` over ``(items, position after each)`` lists."""
+        for items, positions in chunks:
+            for item, position in zip(items, positions, strict=True):
+                self.position = position
+                yield item
+
+    def chunks_with_trail(self, chunks: Iterator[tuple[list, Sequence]]) -> Iterator[object]:
+        """``with_trail`` over ``(items, position after each)`` lists: a list's positions
+        join the trail before its items are handed out, so the trail may run ahead of the
+        items taken; the collate wrapper takes from its front the positions of the items it
+        was given."""
+        extend = self.trail.extend
+        try:
+            for items, positions in chunks:
+                extend(positions)
+                yield from items
         except WdstreamError as error:
             yield StreamFailure(error)
             return

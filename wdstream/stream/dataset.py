@@ -24,6 +24,7 @@ from wdstream.shards.samples import split_name
 from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
+from wdstream.stream.chunks import chunk_size, chunks_of
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
 from wdstream.stream.deferred import DeferringDecoder, can_defer
@@ -246,6 +247,13 @@ class StreamingDataset(PositionedDataset):
         """Stream ``stream``'s samples from position ``start`` (samples already consumed),
         each with the position after it. Stages built on this dataset (mixing, packing) call
         it and report positions of their own."""
+        for items, positions in self.positioned_chunks(spec, stream, start):
+            yield from zip(items, positions, strict=True)
+
+    def positioned_chunks(self, spec: IterationSpec, stream: int, start: int
+                          ) -> Iterator[tuple[list, Sequence[int]]]:
+        """``positioned`` as lists: ``(samples, the position after each)``. A failure comes
+        after the samples before it."""
         position = start
         stats = spec.context.stats if spec.context is not None else ReadStats()
         samples = self._samples(spec, stream, start, stats)
@@ -257,23 +265,40 @@ class StreamingDataset(PositionedDataset):
             decode_sample = DeferringDecoder(decoders, spec.context.json_names)
         else:
             decode_sample = SampleDecoder(decoders) if decoders is not None else None
-        for sample in samples:
-            position += 1
-            if sample is None:  # a sample skipped by on_error="skip"
+        manifest = self.manifest
+        size = chunk_size(manifest.samples, manifest.bytes) if manifest is not None else 1
+        for chunk in chunks_of(samples, size):
+            if mapper is None and None not in chunk and (
+                    decode_sample is None or decode_sample.unchanged(chunk)):
+                yield chunk, range(position + 1, position + 1 + len(chunk))
+                position += len(chunk)
                 continue
-            if decode_sample is not None:
-                try:
-                    sample = decode_sample(sample)
-                except ShardError as error:
-                    if self.read_options.on_error == "raise":
-                        raise
-                    log.error("skipped: %s", error)
-                    stats.skipped_samples += 1
-                    continue
-            if mapper is not None:
-                sample = mapper(sample)
-            if sample is not None:  # a map may drop a sample
-                yield sample, position
+            items, positions = [], []
+            try:
+                for sample in chunk:
+                    position += 1
+                    if sample is None:  # a sample skipped by on_error="skip"
+                        continue
+                    if decode_sample is not None:
+                        try:
+                            sample = decode_sample(sample)
+                        except ShardError as error:
+                            if self.read_options.on_error == "raise":
+                                raise
+                            log.error("skipped: %s", error)
+                            stats.skipped_samples += 1
+                            continue
+                    if mapper is not None:
+                        sample = mapper(sample)
+                    if sample is not None:  # a map may drop a sample
+                        items.append(sample)
+                        positions.append(position)
+            except Exception:
+                if items:  # the samples before the failure first
+                    yield items, positions
+                raise
+            if items:
+                yield items, positions
 
     def _samples(self, spec: IterationSpec, stream: int, start: int, stats: ReadStats
                  ) -> Iterator[dict | None]:

@@ -100,10 +100,15 @@ class PositionedDataset(torch.utils.data.IterableDataset):
             spec = replace(spec, context=context)
         context.position = start
         self._live = (spec, stream)
+        chunks = getattr(self, "positioned_chunks", None)  # the same items, in lists
         if self.spec is not None:  # iterated by wdstream.DataLoader
             if torch.utils.data.get_worker_info() is not None:
                 tune_worker_process()
+            if chunks is not None:
+                return closed_at_exit(context.chunks_with_trail(chunks(spec, stream, start)))
             return closed_at_exit(context.with_trail(self.positioned(spec, stream, start)))
+        if chunks is not None:
+            return closed_at_exit(context.chunks_with_positions(chunks(spec, stream, start)))
         return closed_at_exit(context.with_positions(self.positioned(spec, stream, start)))
 
     def _current_spec(self) -> tuple[IterationSpec, int]:

@@ -15,12 +15,13 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
 from wdstream.options import CHOICES, choice
 from wdstream.shards.compression import DecompressingStream, open_tar, stored_bytes
 from wdstream.shards.identity import head_check
-from wdstream.shards.samples import StrayCount, iter_samples
+from wdstream.shards.samples import StrayCount, sample_batches
 from wdstream.shards.tar_reader import iter_members
 from wdstream.sources.cache import ShardCache
 from wdstream.sources.hashing import HashingReader
@@ -133,6 +134,12 @@ class SpanReader:
             if options.cache_dir else None
 
     def __iter__(self) -> Iterator[dict]:
+        return chain.from_iterable(self.chunks())  # samples one by one, in C
+
+    def chunks(self) -> Iterator[list]:
+        """The samples as lists: those of one read of a shard, or the Nones of a skipped
+        one. A failure is handled (retried, skipped or raised) once the lists before it
+        are used."""
         try:
             for index, visit in enumerate(self.visits):
                 yield from self._read_visit(index, visit)
@@ -172,7 +179,7 @@ class SpanReader:
                                 verify_digest=self.options.verify_digest,
                                 head=self.shards.get("heads", shard))
 
-    def _read_visit(self, index: int, visit: list[Span]) -> Iterator[dict]:
+    def _read_visit(self, index: int, visit: list[Span]) -> Iterator[list]:
         url = self.shards.urls[visit[0].shard]
         delivered = 0
         attempt = 0
@@ -202,7 +209,7 @@ class SpanReader:
                             self.options.retries, delay)
                 time.sleep(delay)
 
-    def _give_up(self, url, visit, delivered, error, attempts) -> Iterator[None]:
+    def _give_up(self, url, visit, delivered, error, attempts) -> Iterator[list]:
         """Raise, or (``on_error="skip"``) record the shard and yield one None per sample
         not delivered, so stream positions stay exact for resume. A shard found not to be the
         manifest's after some of its samples were delivered always raises: those samples
@@ -216,12 +223,13 @@ class SpanReader:
                   missing, error)
         self.stats.skipped_shards.append(url)
         self.stats.skipped_samples += missing
-        yield from [None] * missing
+        if missing:
+            yield [None] * missing
 
     def _samples(self, stream, visit: list[Span], wanted: list[Span],
-                 last: tuple[int, str] | None = None) -> Iterator[dict]:
-        """The ``wanted`` samples of one shard (ranges in increasing order). Reads up to the
-        visit's last sample; checks the shard's end when the visit reaches it (or when the
+                 last: tuple[int, str] | None = None) -> Iterator[list[dict]]:
+        """The ``wanted`` samples of one shard (ranges in increasing order), in lists. Reads up
+        to the visit's last sample; checks the shard's end when the visit reaches it (or when the
         shard ends before the visit does). ``last``: the position and key of the last sample
         an earlier attempt delivered, which this attempt must find again."""
         shard = visit[0].shard
@@ -250,20 +258,24 @@ class SpanReader:
                                    on_head=head_check(url, head) if head else None)
             current = 0  # the range the next sample may fall in
             strays = StrayCount()  # counted once the shard was read to its end, cleanly
-            for sample in iter_samples(members, url, strays):
-                key = sample["__key__"]
-                if last is not None and count == last[0] and key != last[1]:
+            for batch in sample_batches(members.batches(), url, strays):
+                end = count + len(batch)  # the batch's samples are at count..end-1
+                if limit is not None and end > limit:
+                    batch = batch[: limit - count]
+                    end = limit
+                if last is not None and count <= last[0] < end and \
+                        batch[last[0] - count]["__key__"] != last[1]:
                     raise ShardMismatchError(
-                        f"{url}: sample {count} is {key!r} on this attempt, {last[1]!r} on "
-                        f"the one before: the shard changed between reads")
-                while current < len(ranges) and ranges[current][1] is not None \
-                        and count >= ranges[current][1]:
-                    current += 1
-                if current < len(ranges) and count >= ranges[current][0]:
-                    self._delivered += 1
-                    self._last = (count, key)
-                    yield sample
-                count += 1
+                        f"{url}: sample {last[0]} is {batch[last[0] - count]['__key__']!r} on "
+                        f"this attempt, {last[1]!r} on the one before: the shard changed "
+                        f"between reads")
+                key = batch[-1]["__key__"]
+                chosen, position, current = _wanted(batch, count, end, ranges, current)
+                if chosen:
+                    self._delivered += len(chosen)
+                    self._last = (position, chosen[-1]["__key__"])
+                    yield chosen
+                count = end
                 if count == limit:
                     _close_quietly(stream)
                     return
@@ -304,6 +316,34 @@ class SpanReader:
             if expected and hashing.sha256.hexdigest() != expected:
                 raise ShardMismatchError(f"{url}: sha256 {hashing.sha256.hexdigest()} does "
                                          f"not match the manifest's {expected}")
+
+
+def _wanted(batch: list, count: int, end: int, ranges: list, current: int
+            ) -> tuple[list, int, int]:
+    """The samples of ``batch`` (at shard positions ``count`` to ``end - 1``) that fall in
+    ``ranges`` (``(start, stop)``, increasing, from range ``current`` on), the position of the
+    last of them, and the range the next batch starts in."""
+    parts = []
+    last = -1
+    while current < len(ranges):
+        start, stop = ranges[current]
+        if stop is not None and stop <= count:
+            current += 1
+            continue
+        first = max(start, count)
+        after = end if stop is None else min(stop, end)
+        if first >= after:  # the range starts after this batch
+            break
+        parts.append(batch if first == count and after == end
+                     else batch[first - count : after - count])
+        last = after - 1
+        if stop is not None and stop <= end:
+            current += 1
+            continue
+        break
+    if len(parts) == 1:
+        return parts[0], last, current
+    return [sample for part in parts for sample in part], last, current
 
 
 def _raise_stream_failure_first(stream) -> None:

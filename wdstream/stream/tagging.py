@@ -52,7 +52,8 @@ class TaggedCollate:
             if isinstance(samples, StreamFailure):
                 failure, samples = samples.error, END_OF_STREAM
             ended = samples is END_OF_STREAM
-            batches = [] if ended else [(trail[-1], collate_fn(samples))]
+            batches = [] if ended else [(trail[0], collate_fn(samples))]
+            taken = 0 if ended else 1
         else:
             if samples and isinstance(samples[-1], StreamFailure):
                 failure, samples = samples[-1].error, samples[:-1] + [END_OF_STREAM]
@@ -60,12 +61,12 @@ class TaggedCollate:
             if ended:
                 samples = samples[:-1]
             size = self.batch_size
-            stop = len(samples)
+            stop = taken = len(samples)
             if self.drop_last or failure is not None:
                 stop -= stop % size  # only a stream's last batch can be short
             batches = [(trail[min(start + size, stop) - 1],
                         collate_fn(samples[start:start + size])) for start in range(0, stop, size)]
-        trail.clear()
+        del trail[:taken]  # the positions of these items; the dataset may have given more
         return stream, batches, context.stats.take(), ended, failure
 
     def _collate_and_share(self, samples):
