@@ -17,8 +17,9 @@ from datasets import all_keys, batch_keys, sample_key, take, write_dataset
 import wdstream
 import wdstream.stream.dataset as dataset_module
 from wdstream.errors import OptionError, StateError
+from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec
-from wdstream.stream.shuffle import window_shuffle
+from wdstream.stream.shuffle import window_chunks, window_shuffle
 from wdstream.stream.window import DEFAULT_SHUFFLE_START, WindowSchedule
 
 COUNTS = [13, 40, 7, 25, 3, 31, 18, 9, 60, 44]  # 250 samples, uneven shards
@@ -112,6 +113,28 @@ def test_each_window_is_read_only_when_its_turn_comes(window, start):
         assert sorted(got[begin:begin + size]) == list(range(begin, begin + size))
 
 
+@pytest.mark.parametrize("size", [1, 7, 64])
+@pytest.mark.parametrize("window,start,skip", [(1000, 32, 0), (16, 4, 3), (1, None, 0)])
+def test_lists_never_hold_two_windows(size, window, start, skip):
+    schedule = WindowSchedule.of(window, start)
+    pulled = []
+    lists = window_chunks(counted(3000, pulled), schedule, window_order, 0, skip, size)
+    flat = list(window_shuffle(counted(3000, []), schedule, window_order, 0, skip))
+    got, index, taken = [], 0, skip  # taken: picks of window ``index`` handed out
+    for items in lists:
+        assert 0 < len(items) <= size
+        if window > 1:
+            # every item of a list from one window, and the list asked for nothing after it
+            assert len(pulled) == min(schedule.begin(index) + schedule.size(index), 3000)
+            begin, end = schedule.begin(index), schedule.begin(index) + schedule.size(index)
+            assert all(begin <= item < end for item in items)
+            taken += len(items)
+            if taken == min(schedule.size(index), 3000 - begin):
+                index, taken = index + 1, 0
+        got.extend(items)
+    assert got == flat  # the same order as one by one
+
+
 def test_an_int_is_a_window_of_one_size():
     pulled = []
     out = window_shuffle(counted(100, pulled), 10, window_order)
@@ -159,8 +182,13 @@ def test_first_sample_after_the_first_window_only(request, pulls, source):
     next(wdstream.StreamingDataset(url, seed=5, shuffle_start=None).positioned(spec(), 0, 0))
     assert pulls[os.getpid()] == sum(COUNTS)  # the old way: the whole (1000) window
     pulls.clear()
-    next(wdstream.StreamingDataset(url, seed=5, shuffle=False).positioned(spec(), 0, 0))
-    assert pulls[os.getpid()] == 1
+    unshuffled = wdstream.StreamingDataset(url, seed=5, shuffle=False)
+    next(unshuffled.positioned(spec(), 0, 0))
+    # unshuffled samples go on a list at a time: one list (about 1 MiB of samples; 1 sample
+    # without a manifest's sizes) read before the first sample
+    manifest = unshuffled.manifest
+    expected = 1 if manifest is None else chunk_size(manifest.samples, manifest.bytes)
+    assert pulls[os.getpid()] == expected
     pulls.clear()
     resumed = wdstream.StreamingDataset(url, seed=5).positioned(spec(), 0, 100)
     next(resumed)  # position 100 is in the third window, [96, 224); without a manifest the

@@ -24,7 +24,7 @@ from wdstream.shards.samples import split_name
 from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
 from wdstream.sources.cache import ShardCache
-from wdstream.stream.chunks import chunk_size, chunks_of
+from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
 from wdstream.stream.deferred import DeferringDecoder, can_defer
@@ -41,7 +41,7 @@ from wdstream.stream.positioned import PositionedDataset
 from wdstream.stream.read import ReadOptions, ReadStats, SpanReader
 from wdstream.stream.resolve import resolve_source
 from wdstream.stream.shm import CAN_MAP_FILES, FileSpan, read_target
-from wdstream.stream.shuffle import window_shuffle
+from wdstream.stream.shuffle import window_chunks
 from wdstream.stream.window import (
     DEFAULT_SHUFFLE_BYTES,
     DEFAULT_SHUFFLE_START,
@@ -256,7 +256,9 @@ class StreamingDataset(PositionedDataset):
         after the samples before it."""
         position = start
         stats = spec.context.stats if spec.context is not None else ReadStats()
-        samples = self._samples(spec, stream, start, stats)
+        manifest = self.manifest
+        size = chunk_size(manifest.samples, manifest.bytes) if manifest is not None else 1
+        chunks = self._sample_chunks(spec, stream, start, stats, size)
         decoders, mapper = self.decoders, self.map
         if spec.shared_payloads and spec.context is not None and mapper is None and \
                 can_defer(decoders) and self.read_options.on_error == "raise" and \
@@ -265,9 +267,7 @@ class StreamingDataset(PositionedDataset):
             decode_sample = DeferringDecoder(decoders, spec.context.json_names)
         else:
             decode_sample = SampleDecoder(decoders) if decoders is not None else None
-        manifest = self.manifest
-        size = chunk_size(manifest.samples, manifest.bytes) if manifest is not None else 1
-        for chunk in chunks_of(samples, size):
+        for chunk in chunks:
             if mapper is None and None not in chunk and (
                     decode_sample is None or decode_sample.unchanged(chunk)):
                 yield chunk, range(position + 1, position + 1 + len(chunk))
@@ -300,10 +300,11 @@ class StreamingDataset(PositionedDataset):
             if items:
                 yield items, positions
 
-    def _samples(self, spec: IterationSpec, stream: int, start: int, stats: ReadStats
-                 ) -> Iterator[dict | None]:
+    def _sample_chunks(self, spec: IterationSpec, stream: int, start: int, stats: ReadStats,
+                       size: int) -> Iterator[list[dict | None]]:
         """The stream's raw samples from position ``start``, in the plan's order (None for a
-        sample skipped by ``on_error="skip"``)."""
+        sample skipped by ``on_error="skip"``), in lists of at most ``size`` that never span
+        two shuffle windows."""
         schedule = self.options.schedule
         first_window, begin = schedule.locate(start)  # the stream restarts at that window
         skip = start - begin
@@ -335,7 +336,7 @@ class StreamingDataset(PositionedDataset):
             def order(index, size):
                 return window_order(size, o.seed, spec.epoch, 0, spec.rank, stream, index,
                                     o.shuffle)
-        return window_shuffle(samples, schedule, order, first_window, skip)
+        return window_chunks(samples, schedule, order, first_window, skip, size)
 
     def _payload_target(self, spec: IterationSpec):
         """Where large payloads go (see ``iter_members``) when the loader asks for shared
