@@ -143,10 +143,8 @@ def test_an_int_is_a_window_of_one_size():
 
 
 # ---- the dataset: what the reader is asked for ---------------------------------------------
-@pytest.fixture
-def pulls(monkeypatch):
-    """Counts the samples the dataset pulls from its reader, per process."""
-    counts = Counter()
+def count_reads(monkeypatch, counts: Counter) -> None:
+    """Count in ``counts`` the samples datasets pull from their reader, per process."""
     real = dataset_module.SpanReader
 
     class CountingReader:
@@ -159,6 +157,13 @@ def pulls(monkeypatch):
                 yield sample
 
     monkeypatch.setattr(dataset_module, "SpanReader", CountingReader)
+
+
+@pytest.fixture
+def pulls(monkeypatch):
+    """Counts the samples the dataset pulls from its reader, per process."""
+    counts = Counter()
+    count_reads(monkeypatch, counts)
     return counts
 
 
@@ -206,18 +211,7 @@ PULLED = Counter()  # what the counting reader pulled in this (worker) process
 
 def test_each_worker_yields_its_first_sample_after_its_first_window(data, monkeypatch):
     """Under the loader, in worker processes (forked with the counting reader)."""
-    real = dataset_module.SpanReader
-
-    class CountingReader:
-        def __init__(self, *args, **kwargs):
-            self.reader = real(*args, **kwargs)
-
-        def __iter__(self):
-            for sample in self.reader:
-                PULLED[os.getpid()] += 1
-                yield sample
-
-    monkeypatch.setattr(dataset_module, "SpanReader", CountingReader)
+    count_reads(monkeypatch, PULLED)
     ds = wdstream.StreamingDataset(data, seed=2, map=stamp_pulls)
     loader = wdstream.DataLoader(ds, batch_size=4, num_workers=2,
                                  multiprocessing_context="fork")
