@@ -140,8 +140,9 @@ class StreamingDataset(PositionedDataset):
     ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
     that do not divide evenly among ranks are handled, so every rank gets as many.
 
-    Reading: ``opener`` is ``"auto"`` (``$WDSTREAM_OPENER``, else per scheme: the S3 SDK for
-    ``s3://``, fsspec for ``gs://``), ``"cli"``, ``"fsspec"`` or ``"sdk"``. A read with no data
+    Reading: ``opener`` is ``"auto"`` (``$WDSTREAM_OPENER``, else per scheme: ``"sdk"``, the
+    stores' own APIs in concurrent ranged parts, for ``s3://`` and ``gs://``; fsspec for other
+    URLs), ``"cli"``, ``"fsspec"`` or ``"sdk"``. A read with no data
     for ``timeout`` seconds is a stall. Transient failures are retried ``retries`` times,
     waiting ``retry_backoff`` seconds and doubling, from the last sample delivered. When
     retries run out, or a sample cannot be decoded, ``on_error="raise"`` (default) raises
