@@ -51,38 +51,20 @@ class StreamContext:
         self.trail: list = []
         self.json_names: set[str] = set()
 
-    def with_positions(self, items: Iterator[tuple[object, object]]) -> Iterator[object]:
-        """The items of (item, position after it) pairs, keeping each position."""
-        for item, position in items:
-            self.position = position
-            yield item
-
-    def with_trail(self, items: Iterator[tuple[object, object]]) -> Iterator[object]:
-        """``with_positions`` for wdstream.DataLoader: keeps the position after each item in
-        the trail instead (the collate wrapper cuts a fetch into batches and tags each with its
-        own position), and ends with ``END_OF_STREAM``, or a ``StreamFailure``."""
-        append = self.trail.append
-        try:
-            for item, position in items:
-                append(position)
-                yield item
-        except WdstreamError as error:
-            yield StreamFailure(error)
-            return
-        yield END_OF_STREAM
-
-    def chunks_with_positions(self, chunks: Iterator[tuple[list, Sequence]]) -> Iterator[object]:
-        """``with_positions`` over ``(items, position after each)`` lists."""
+    def with_positions(self, chunks: Iterator[tuple[list, Sequence]]) -> Iterator[object]:
+        """The items of ``(items, position after each)`` lists, keeping each position."""
         for items, positions in chunks:
             for item, position in zip(items, positions, strict=True):
                 self.position = position
                 yield item
 
-    def chunks_with_trail(self, chunks: Iterator[tuple[list, Sequence]]) -> Iterator[object]:
-        """``with_trail`` over ``(items, position after each)`` lists: a list's positions
-        join the trail before its items are handed out, so the trail may run ahead of the
-        items taken; the collate wrapper takes from its front the positions of the items it
-        was given."""
+    def with_trail(self, chunks: Iterator[tuple[list, Sequence]]) -> Iterator[object]:
+        """``with_positions`` for wdstream.DataLoader: keeps the position after each item in
+        the trail instead (the collate wrapper cuts a fetch into batches and tags each with its
+        own position), and ends with ``END_OF_STREAM``, or a ``StreamFailure``. A list's
+        positions join the trail before its items are handed out, so the trail may run ahead
+        of the items taken; the collate wrapper takes from its front the positions of the
+        items it was given."""
         extend = self.trail.extend
         try:
             for items, positions in chunks:

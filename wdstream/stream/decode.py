@@ -315,7 +315,6 @@ class SampleDecoder:
                                    error) from error
         return sample
 
-
     def unchanged(self, samples: list[dict]) -> bool:
         """Whether decoding leaves each of ``samples`` as it is (their member names are the
         same, and each has no decoder or is a value kept as it is): checked a list at a time,

@@ -72,6 +72,14 @@ class PositionedDataset(torch.utils.data.IterableDataset):
     def fingerprint(self) -> str:
         """Identifies the data and the options that shape the order, for resume states."""
 
+    def positioned_chunks(self, spec: IterationSpec, stream: int, start
+                          ) -> Iterator[tuple[list, Sequence]]:
+        """``positioned`` as lists: ``(items, the position after each)``, one item per list
+        here; a dataset whose items come in lists anyway (``StreamingDataset``) gives them
+        as they are."""
+        for item, position in self.positioned(spec, stream, start):
+            yield [item], (position,)
+
     def __len__(self) -> int:
         """Items each rank reads per epoch (``len(loader)`` gives its batches)."""
         _rank, world = world_info()
@@ -100,16 +108,12 @@ class PositionedDataset(torch.utils.data.IterableDataset):
             spec = replace(spec, context=context)
         context.position = start
         self._live = (spec, stream)
-        chunks = getattr(self, "positioned_chunks", None)  # the same items, in lists
+        chunks = self.positioned_chunks(spec, stream, start)
         if self.spec is not None:  # iterated by wdstream.DataLoader
             if torch.utils.data.get_worker_info() is not None:
                 tune_worker_process()
-            if chunks is not None:
-                return closed_at_exit(context.chunks_with_trail(chunks(spec, stream, start)))
-            return closed_at_exit(context.with_trail(self.positioned(spec, stream, start)))
-        if chunks is not None:
-            return closed_at_exit(context.chunks_with_positions(chunks(spec, stream, start)))
-        return closed_at_exit(context.with_positions(self.positioned(spec, stream, start)))
+            return closed_at_exit(context.with_trail(chunks))
+        return closed_at_exit(context.with_positions(chunks))
 
     def _current_spec(self) -> tuple[IterationSpec, int]:
         info = torch.utils.data.get_worker_info()
