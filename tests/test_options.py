@@ -81,6 +81,7 @@ def test_choices_are_one_table():
     ({"bytes_as": "array"}, "'bytes', 'tensor'"),
     ({"collate_fn": "stack"}, "callable"),
     ({"drop_last": "no"}, "True or False"),
+    ({"tune_malloc": "yes"}, "tune_malloc must be True or False"),
     ({"persistent_workers": True, "num_workers": 1}, "persistent_workers"),
     ({"in_order": False, "num_workers": 1}, "in_order"),
     ({"sampler": [1, 2]}, "samplers"),

@@ -224,6 +224,36 @@ def test_a_known_size_asks_for_several_parts_at_once(s3, proxied):
             assert reader.read() == data[1:]
 
 
+def test_a_stream_starts_with_smaller_parts_until_the_link_is_known(s3, proxied,
+                                                                    monkeypatch):
+    """On a link not known yet, the first parts of a stream of known size are of the start's
+    size (its first bytes come at twice a part's pace), the link is learned from them, and the
+    parts after them, and those of the next stream, are of the usual size."""
+    slow_link(monkeypatch)
+    bucket, make = proxied
+    part = 4 * PART  # several of the proxy's chunks: a rate to measure
+    data = os.urandom(12 * part + 5)
+    url = put(s3, bucket, "start.bin", data)
+    proxy = make(rate=20e6, delay=0.02)
+    link = Link()
+    asked = [[], []]  # the sizes of the parts each stream asked for
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        for sizes in asked:
+            reader, source = sized(url, len(data), link, start_parts=4, part_size=part,
+                                   start_part_size=part // 2)
+            launch = source._launch
+            monkeypatch.setattr(source, "_launch",
+                                lambda each, launch=launch, sizes=sizes: sizes.append(each.size)
+                                or launch(each))
+            with reader:
+                assert reader.read() == data
+            assert link.parallel is True
+    first, second = asked
+    assert first[:4] == [part // 2] * 4 and len(first) > 5
+    assert set(first[4:-1]) <= {part, 2 * part}  # then the usual size (the last: what is left)
+    assert part // 2 not in second[:-1]  # the link is known: no start parts
+
+
 @pytest.mark.parametrize("planned", [3 * PART, 20 * PART + 17])
 def test_a_wrong_size_beforehand_is_only_a_plan(s3, proxied, planned):
     """A manifest may be wrong or the object replaced: the bytes read are the object's."""

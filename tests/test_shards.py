@@ -335,7 +335,7 @@ class Unseekable(io.BytesIO):
 
 @pytest.mark.parametrize("stream", [io.BytesIO, Unseekable], ids=["seekable", "unseekable"])
 def test_large_members_read_whole_or_joined(stream):
-    """A payload from 128 KiB on is read with one exact read where the stream can seek (a
+    """A payload from 32 KiB on is read with one exact read where the stream can seek (a
     local file), else joined from chunks; both give the same members, offsets and errors."""
     big = bytes(range(256)) * 1200 + b"tail"  # 307,204 bytes: not a multiple of 512
     data = make_tar([("a.bin", b"a" * 100), ("b.bin", big), ("c.bin", big[::-1]),
@@ -380,7 +380,7 @@ class Target:
 @pytest.mark.parametrize("stream", [io.BytesIO, Unseekable, ReadOnly],
                          ids=["seekable", "unseekable", "read-only"])
 def test_large_payloads_read_into_a_target(stream):
-    """Regular members from 128 KiB on are offered to the payload target; those it takes are
+    """Regular members from 32 KiB on are offered to the payload target; those it takes are
     read into its memory (from the buffer, or straight from the stream), the others stay
     bytes; offsets and truncation errors are the same as without a target."""
     big = bytes(range(256)) * 1200 + b"tail"  # 307,204 bytes: not a multiple of 512

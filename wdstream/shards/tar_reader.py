@@ -377,7 +377,7 @@ def iter_members(stream: BinaryIO, url: str, payload_target=None, *, limit: int 
     number of bytes consumed, ``complete`` whether the end-of-archive marker was seen.
 
     Payloads are ``bytes``. ``payload_target(name, size, region)`` is asked about each regular
-    file's payload from 128 KiB to 64 MiB, with ``region`` the ``(path, offset, file size,
+    file's payload from 32 KiB to 64 MiB, with ``region`` the ``(path, offset, file size,
     st_dev, st_ino)`` of the payload when ``stream`` is a local file (else None). When it
     returns ``(payload, memory)``, the payload is read into ``memory`` (a writable memoryview
     of that size) and ``payload`` yielded instead; ``(payload, None)``: the payload is left in

@@ -14,7 +14,9 @@ How a read starts
     - When the object's size is known beforehand (``size``, from the manifest or a listing),
       ``START_PARTS`` parts are asked for from the start (the first one, then the others as
       soon as its response is in, so that it is served first): the first batch does not wait
-      for a link to prove slow.
+      for a link to prove slow. Until the process knows its link, they are of
+      ``START_PART_SIZE``, half a part: on a link that caps each connection, the stream's first
+      bytes come twice as fast, and the link is learned from them.
     - Otherwise it starts with one GET of the rest of the object (its response gives the size
       and ETag); once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times,
       longer in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH``
@@ -78,7 +80,8 @@ from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 
 PART_SIZE = 8 << 20
 MAX_PART_SIZE = 16 << 20
-START_PARTS = 4  # parts asked for at once when the size is known and the link is not yet
+START_PARTS = 8  # parts asked for at once when the size is known and the link is not yet,
+START_PART_SIZE = 4 << 20  # of this size: a stream's first bytes at twice a part's pace
 INITIAL_PARTS = 2  # parts in flight after a first GET proved slow
 AHEAD_PARTS = 1  # parts in flight of a stream opened ahead, while the one before it asks
 MAX_PARTS = 8
@@ -163,13 +166,15 @@ class RangedSource(ChunkSource):
     def __init__(self, fetcher: Fetcher, start: int, timeout: float, *, size: int | None = None,
                  part_size: int = PART_SIZE, max_part_size: int | None = None,
                  max_parts: int = MAX_PARTS, initial_parts: int = INITIAL_PARTS,
-                 start_parts: int = START_PARTS, retries: int | None = None,
+                 start_parts: int = START_PARTS, start_part_size: int = START_PART_SIZE,
+                 retries: int | None = None,
                  backoff: float = RETRY_BACKOFF, link: Link | None = None):
         retries = PART_RETRIES if retries is None else retries
         max_part_size = part_size * MAX_PART_SIZE // PART_SIZE if max_part_size is None \
             else max_part_size
         if part_size <= 0 or max_part_size < part_size or max_parts < 1 \
-                or not 1 <= initial_parts <= max_parts or start_parts < 1:
+                or not 1 <= initial_parts <= max_parts or start_parts < 1 \
+                or start_part_size <= 0:
             raise ValueError("part sizes must be positive, max_part_size >= part_size, "
                              "1 <= initial_parts <= max_parts and start_parts >= 1")
         self.fetcher = fetcher
@@ -177,6 +182,8 @@ class RangedSource(ChunkSource):
         self.part_size, self.max_part_size = part_size, max_part_size
         self.max_parts, self.initial_parts = max_parts, initial_parts
         self.start_parts = min(start_parts, max_parts)
+        self.start_part_size = min(start_part_size, part_size)
+        self._start_left = 0  # parts still to ask at the start's size
         self.retries, self.backoff = retries, backoff
         self.link = link if link is not None else Link(initial_parts)
         self._planned = size if size is not None and size > start else None
@@ -235,6 +242,8 @@ class RangedSource(ChunkSource):
         if self._planned is not None and parallel is not False \
                 and self._planned - self.start > self._part_size:
             window = learned_window if parallel else max(self.start_parts, learned_window)
+            if parallel is None:  # the link is not known yet: the first parts are smaller
+                self._start_left = self.start_parts
         else:
             first = _Part(self.start, _OPEN_END)  # the rest of the object, in one GET
             parts.append(first)
@@ -328,7 +337,11 @@ class RangedSource(ChunkSource):
                     break  # nothing left, or the first GET still covers what follows
                 if parts and self._size is None:
                     break  # the rest once the first response is in: it goes first
-                stop = end if self._rest_as_one else min(begin + self._part_size, end)
+                size = self._part_size
+                if self._start_left and not self._rest_as_one:
+                    self._start_left -= 1
+                    size = self.start_part_size
+                stop = end if self._rest_as_one else min(begin + size, end)
                 part = _Part(begin, stop)
                 self._following = stop
                 parts.append(part)
@@ -339,7 +352,7 @@ class RangedSource(ChunkSource):
         """Learn from a part as soon as it is in (before it is handed over, so that the parts
         asked next are sized by it): whether parts pay, and how large they should be."""
         if part.responded_at is None or part.done_at is None or part.asked_at is None \
-                or part.received < self.part_size or self._whole:
+                or part.received < self.start_part_size or self._whole:
             return  # a small object or a short read says nothing of the link
         rate = part.received / max(part.done_at - part.responded_at, 1e-3)
         link = self.link

@@ -1,6 +1,6 @@
 """Making batches in DataLoader workers: the default collate, the shared-memory transfer of
 large ``bytes`` members (pickled bytes are copied through the worker pipe; a tensor in shared
-memory crosses it as a file descriptor), and the malloc settings of worker processes."""
+memory crosses it as a file descriptor), and the malloc settings where payloads pass."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import gc
 import itertools
 import os
 import weakref
+from collections.abc import Callable
 from operator import itemgetter
 
 import torch
@@ -317,32 +318,34 @@ def _over(storage, nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
 
 
-# glibc's malloc in a DataLoader worker: blocks under 4 MiB (a payload, a read chunk) come from
-# the heap, and up to 64 MiB of freed heap stays mapped. By default each 1 MiB payload is a
+# glibc's malloc where large payloads pass: blocks under 4 MiB (a payload, a read chunk) come
+# from the heap, and up to 64 MiB of freed heap stays mapped. By default each 1 MiB payload is a
 # fresh mmap whose pages fault in one by one, or freed heap is trimmed and faulted in again
-# (figures: docs/benchmarks.md).
-# Workers only: they exist to read data; the training process keeps its own settings.
+# (figures: docs/benchmarks.md). Applied in every DataLoader worker, and in the training process
+# once a loader copies payloads out of shared memory into ``bytes`` (unless the loader was built
+# with ``tune_malloc=False``): glibc's own dynamic threshold reaches the same heap sizes there
+# after the first large free, but trims the freed heap after every batch.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-WORKER_MALLOC = {_M_TRIM_THRESHOLD: 64 << 20, _M_MMAP_THRESHOLD: 4 << 20}
+MALLOC_SETTINGS = {_M_TRIM_THRESHOLD: 64 << 20, _M_MMAP_THRESHOLD: 4 << 20}
 
 
-def tune_worker_allocator() -> None:
-    """Apply ``WORKER_MALLOC`` in this (worker) process (again: the same settings); nothing
-    where malloc is not glibc's."""
+def tune_allocator() -> None:
+    """Apply ``MALLOC_SETTINGS`` in this process (again: the same settings); nothing where
+    malloc is not glibc's."""
     libc = linux_libc()
     if libc is not None and hasattr(libc, "mallopt"):  # glibc's; musl has none
-        for option, value in WORKER_MALLOC.items():
+        for option, value in MALLOC_SETTINGS.items():
             libc.mallopt(option, value)
 
 
 def tune_worker_process() -> None:
-    """A DataLoader worker's settings: ``WORKER_MALLOC``, and the objects it inherited
+    """A DataLoader worker's settings: ``MALLOC_SETTINGS``, and the objects it inherited
     (torch's modules, the dataset...) moved out of the garbage collector's sight. A worker
     holds a shuffle window of samples, whose dicts outlive the young generations; each full
     collection they set off would walk every inherited object, and on ~1 KiB samples that
     doubled the worker's CPU time per sample (docs/benchmarks.md). What the worker allocates
     later is collected as usual."""
-    tune_worker_allocator()
+    tune_allocator()
     gc.freeze()
 
 
@@ -370,12 +373,15 @@ def share_raw(batch, all_bytes: bool, json_names=()):
     return batch
 
 
-def unpack_shared(batch, bytes_as: str = "bytes"):
+def unpack_shared(batch, bytes_as: str = "bytes", before_copy: Callable[[], None] | None = None):
     """In the main process: batches' shared-memory bytes back into lists of ``bytes``, or
-    (``bytes_as="tensor"``) into uint8 tensors that share the memory."""
+    (``bytes_as="tensor"``) into uint8 tensors that share the memory. ``before_copy`` is
+    called before payloads are copied into ``bytes``."""
     if isinstance(batch, dict):
         for name, value in batch.items():
             if isinstance(value, _SharedBytes):
+                if before_copy is not None and bytes_as != "tensor":
+                    before_copy()
                 values = value.views() if bytes_as == "tensor" else value.unpack()
                 batch[name] = values[0] if value.single else values
             elif type(value) is JsonColumn:

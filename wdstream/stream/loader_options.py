@@ -9,7 +9,7 @@ from wdstream.stream.contract import Trackable
 
 
 def check_loader_options(dataset, batch_size, num_workers, collate_fn, drop_last,
-                         persistent_workers, bytes_as, kwargs) -> None:
+                         persistent_workers, bytes_as, tune_malloc, kwargs) -> None:
     owner = "DataLoader"
     if not isinstance(dataset, Trackable):
         raise OptionTypeError("DataLoader: needs a wdstream.StreamingDataset or a stage built "
@@ -19,6 +19,7 @@ def check_loader_options(dataset, batch_size, num_workers, collate_fn, drop_last
     options.function(owner, "collate_fn", collate_fn)
     options.boolean(owner, "drop_last", drop_last)
     options.choice(owner, "bytes_as", bytes_as)
+    options.boolean(owner, "tune_malloc", tune_malloc)
     if persistent_workers:
         raise OptionError("DataLoader: persistent_workers=True is not supported: every epoch's "
                           "plan and resume position are handed to freshly started workers")
