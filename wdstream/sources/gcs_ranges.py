@@ -6,8 +6,9 @@ Endpoint and credentials, as gcsfs and the Google SDKs find them
     ``STORAGE_EMULATOR_HOST`` (an emulator: no credentials), else
     ``https://storage.googleapis.com`` with Application Default Credentials from google-auth
     (``GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth application-default login``, the
-    attached service account), refreshed as they expire; without any, requests go
-    unauthenticated (public buckets). google-auth is imported only then.
+    attached service account), refreshed as they expire, and once more when GCS refuses a
+    token (401: revoked, or expired by GCS's clock), the request then asked again; without
+    any, requests go unauthenticated (public buckets). google-auth is imported only then.
 
 Names
     The bucket and the object's name are each one percent-encoded path segment (``/``, ``?``,
@@ -22,6 +23,12 @@ Versions
     generation fails the read (the emulator serves one request at a time, so asking while a
     body is open would wait behind it).
 
+Stored bytes
+    Downloads send ``Accept-Encoding: gzip``, so that a ``Content-Encoding: gzip`` object comes
+    as stored (GCS would otherwise decompress it and ignore ``Range``); a response encoded
+    otherwise than the object is stored (``x-goog-stored-content-encoding``: decompressed on
+    the way) fails the read rather than hand over other bytes.
+
 Errors
     Statuses other than 200/206 raise ``GcsHttpError`` (``code``: the status), which
     ``failures.stream_error`` classifies like any store's: 404 missing, 401/403 denied,
@@ -35,6 +42,7 @@ import os
 import threading
 import urllib.parse
 
+from wdstream.errors import StreamError
 from wdstream.sources import urls
 from wdstream.sources.clients import cached_client
 from wdstream.sources.range_fetchers import (
@@ -112,9 +120,27 @@ class _Client:
         return headers
 
     def get(self, url: str, headers: dict[str, str], stream: bool):
-        headers = {**self.headers(url), **headers}
+        sent = self.headers(url)
+        response = self._request(url, {**sent, **headers}, stream)
+        if response.status == 401 and self.credentials is not None:
+            # a token GCS no longer takes, though valid by our clock: a new one, and once more
+            response.close()
+            self._refresh(sent)
+            response = self._request(url, {**self.headers(url), **headers}, stream)
+        return response
+
+    def _request(self, url: str, headers: dict[str, str], stream: bool):
         return self.pool.request("GET", url, headers=headers, preload_content=not stream,
                                  decode_content=False, redirect=False)
+
+    def _refresh(self, refused: dict[str, str]) -> None:
+        """A new token, unless another request already replaced the one ``refused`` carried
+        (the parts that met the same 401 refresh it once)."""
+        with self._lock:
+            current: dict[str, str] = {}
+            self.credentials.apply(current)
+            if current.get("authorization") == refused.get("authorization"):
+                self.credentials.refresh(self._auth_request)
 
 
 def _default_credentials():
@@ -181,6 +207,10 @@ class GcsRanges(Fetcher):
                 raise self._fail(response)
             finally:
                 response.close()
+        why = _not_as_stored(response.headers)
+        if why is not None:
+            response.close()
+            raise StreamError(self.url, f"GCS served it {why}, not its stored bytes")
         content_range = response.headers.get("Content-Range", "")
         parsed = parse_content_range(content_range) if status == 206 else None
         if parsed is None:
@@ -223,6 +253,24 @@ class GcsRanges(Fetcher):
         if now != self._asked_generation:
             return f"generation {self._asked_generation}, then {now}"
         return None
+
+
+def _not_as_stored(headers) -> str | None:
+    """How the body is encoded otherwise than GCS says the object is stored, or None (as
+    stored, or an emulator that does not say how it is stored)."""
+    stored = headers.get("x-goog-stored-content-encoding")
+    if stored is None:
+        return None
+    stored, served = _coding(stored), _coding(headers.get("Content-Encoding"))
+    if served == stored:
+        return None
+    if served == "identity":
+        return "decompressed (decompressive transcoding of a gzip-encoded object)"
+    return "encoded otherwise than it is stored (Content-Encoding)"
+
+
+def _coding(value: str | None) -> str:
+    return (value or "").strip().lower() or "identity"
 
 
 def _error_message(response) -> str:
