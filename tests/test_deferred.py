@@ -85,10 +85,10 @@ def columns(monkeypatch):
     """The kinds of batch values that reach the main process from the workers."""
     seen = []
 
-    def spy(batch, bytes_as="bytes"):
+    def spy(batch, bytes_as="bytes", before_copy=None):
         if isinstance(batch, dict):
             seen.append({name: type(value).__name__ for name, value in batch.items()})
-        return unpack_shared(batch, bytes_as)
+        return unpack_shared(batch, bytes_as, before_copy)
 
     monkeypatch.setattr(loader_module, "unpack_shared", spy)
     return seen

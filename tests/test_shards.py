@@ -335,7 +335,7 @@ class Unseekable(io.BytesIO):
 
 @pytest.mark.parametrize("stream", [io.BytesIO, Unseekable], ids=["seekable", "unseekable"])
 def test_large_members_read_whole_or_joined(stream):
-    """A payload from 32 KiB on is read with one exact read where the stream can seek (a
+    """A payload from 128 KiB on is read with one exact read where the stream can seek (a
     local file), else joined from chunks; both give the same members, offsets and errors."""
     big = bytes(range(256)) * 1200 + b"tail"  # 307,204 bytes: not a multiple of 512
     data = make_tar([("a.bin", b"a" * 100), ("b.bin", big), ("c.bin", big[::-1]),

@@ -14,9 +14,10 @@ from wdstream.errors import ShardError, ShardMismatchError
 
 READ_SIZE = 1 << 20  # large reads: slicing from a buffer beats many small read() calls
 MAX_READ = 1 << 26  # one read's cap, however large the member (or a corrupt size field)
-EXACT_READ = 1 << 15  # payloads from this size on are read whole where the stream can seek, and
-# offered to a payload target (shared memory, a local file left in place): from 32 KiB, that beats
-# pickling them through a worker's pipe (docs/benchmarks.md)
+EXACT_READ = 1 << 17  # payloads from this size on are read whole where the stream can seek
+TARGET_READ = 1 << 15  # payloads from this size on are offered to a payload target (shared
+# memory, a local file left in place): from 32 KiB that beats pickling them through a worker's
+# pipe (docs/benchmarks.md)
 _READ_AFTER_EXACT = 1 << 13  # the read after one: mostly the next header (the rest is re-read)
 DRAIN_MAX = 1 << 20  # read after the end marker when the shard's length is unknown (GNU tar
 # pads to 10 KiB records)

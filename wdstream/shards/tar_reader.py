@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import BinaryIO
 from zlib import adler32
 
-from wdstream.shards.tar_buffer import EXACT_READ, MAX_READ, TarBuffer
+from wdstream.shards.tar_buffer import MAX_READ, TARGET_READ, TarBuffer
 from wdstream.shards.tar_header import (
     AREGTYPE,
     BLOCK,
@@ -54,7 +54,7 @@ class TarMembers(TarBuffer):
         super().__init__(stream, url, limit)
         self._on_head = on_head
         # payload_target(name, size, region) -> (payload, memory) or None: where payloads of
-        # EXACT_READ to MAX_READ bytes go (see iter_members)
+        # TARGET_READ to MAX_READ bytes go (see iter_members)
         self._target = payload_target
         self.complete = False
         self._gen = None
@@ -170,7 +170,7 @@ class TarMembers(TarBuffer):
                 if size >= 0 and header[135] in (0, 32) and padded <= len(data) \
                         and stored == (adler32(header[:148]) & 0xFFFF) + plain[1] \
                         and (limit is None or start + BLOCK + size <= limit) \
-                        and (target is None or not EXACT_READ <= size <= MAX_READ):
+                        and (target is None or not TARGET_READ <= size <= MAX_READ):
                     pax = None
                     self._pos = padded
                     nul = header.find(0, 0, 100)
@@ -302,7 +302,7 @@ class TarMembers(TarBuffer):
                             raise self._error("prefix field set in a non-POSIX header", start)
                         name = cstr(header[345:500]) + b"/" + name
                 text = name.decode("utf-8", "surrogateescape")
-                if target is not None and EXACT_READ <= size <= MAX_READ:
+                if target is not None and TARGET_READ <= size <= MAX_READ:
                     if self._region is not None and self._stream is not None:
                         region = self._region(self._base + pos + BLOCK)
                     into = self._target(text, size, region)
