@@ -148,6 +148,7 @@ class _Part:
         self.done_at: float | None = None
         self.done = False
         self.error: BaseException | None = None
+        self.opening = False  # asked at the start of a stream on a link not known yet
 
     @property
     def size(self) -> int:
@@ -218,7 +219,8 @@ class RangedSource(ChunkSource):
 
     def nudge(self) -> None:
         """Wake the stream to widen its window (another stream left the link, or the
-        consumer started reading)."""
+        consumer started reading); the first response's size does the same, so that the parts
+        after the first one are asked as soon as it is in, not once its first chunk is."""
         with self._cond:
             self._nudged = True
             self._cond.notify_all()
@@ -278,9 +280,10 @@ class RangedSource(ChunkSource):
             head = parts[0]
             with self._cond:
                 waited = False
+                before_first_byte = head.first_byte_at is None
                 began = time.monotonic()
                 while not head.chunks and not head.done and not self._stopped \
-                        and not (self._nudged and allowed < window):
+                        and not (self._nudged and (allowed < window or len(parts) < allowed)):
                     waited = True
                     self._cond.wait()
                 if self._stopped:
@@ -296,7 +299,7 @@ class RangedSource(ChunkSource):
                 finished = head.done
                 self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
             if waited and head is not first and allowed == window and window < self.max_parts \
-                    and link.parallel:
+                    and link.parallel and not (head.opening and before_first_byte):
                 # the network was the slower side: one more part in flight (not before a part
                 # came in: waits for the first parts' first bytes only show the link's delay)
                 window += 1
@@ -337,12 +340,13 @@ class RangedSource(ChunkSource):
                     break  # nothing left, or the first GET still covers what follows
                 if parts and self._size is None:
                     break  # the rest once the first response is in: it goes first
-                size = self._part_size
-                if self._start_left and not self._rest_as_one:
+                size, opening = self._part_size, False
+                if self._start_left and self.link.parallel is None:  # not learned yet
                     self._start_left -= 1
-                    size = self.start_part_size
+                    size, opening = self.start_part_size, True
                 stop = end if self._rest_as_one else min(begin + size, end)
                 part = _Part(begin, stop)
+                part.opening = opening
                 self._following = stop
                 parts.append(part)
             self._launch(part)
@@ -512,6 +516,8 @@ class RangedSource(ChunkSource):
                 raise self._changed(f"{self._size} bytes, then {size}")
             if self._version is not None and version is not None and version != self._version:
                 raise self._changed(f"version {self._version}, then {version}")
+            if self._size is None:
+                self._nudged = True  # the first response: the parts after it may be asked
             self._size = size
             self._version = self._version or version
             self._whole = self._whole or whole
