@@ -273,6 +273,41 @@ print(*faults)
     assert untuned > 12_000 and tuned < untuned / 2, result.stdout
 
 
+@pytest.mark.parametrize("odd", [0, 5], ids=["first-sample", "later-sample"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_with_other_members_in_one_batch_name_the_sample(tmp_path, single_rank, odd,
+                                                                 workers):
+    """Shards from another tool whose samples do not all have the same members: the default
+    collate names the shard and the sample rather than fail with a KeyError or drop a column
+    unsaid (the odd sample lacking a member, or having one more)."""
+    import hashlib
+    import io
+
+    from wdstream.errors import ShardError
+    from wdstream.shards.manifest import Manifest, ShardInfo
+    from wdstream.shards.tar_writer import TarWriter
+
+    for extra in (False, True):
+        folder = tmp_path / f"extra-{extra}"
+        folder.mkdir()
+        buffer = io.BytesIO()
+        writer = TarWriter(buffer)
+        for i in range(8):
+            writer.add(f"k{i}.txt", b"text")
+            if (i == odd) != extra:  # the odd one out lacks it, or alone has it
+                writer.add(f"k{i}.cls", b"1")
+        writer.close()
+        data = buffer.getvalue()
+        (folder / "shard.tar").write_bytes(data)
+        info = ShardInfo("shard.tar", 8, len(data), hashlib.sha256(data).hexdigest())
+        (folder / "index.json").write_text(Manifest([info], ["txt", "cls"]).to_json())
+        loader = wdstream.DataLoader(wdstream.StreamingDataset(str(folder), shuffle=False),
+                                     batch_size=8, num_workers=workers)
+        with pytest.raises(ShardError, match=r"shard\.tar: sample 'k\d' has the members "
+                           r".*the default collate needs the same members"):
+            list(loader)
+
+
 def _binary_dataset(folder, payloads: dict[str, bytes]) -> str:
     import hashlib
     import io

@@ -14,6 +14,7 @@ from operator import itemgetter
 import torch
 import torch.utils.data
 
+from wdstream.errors import ShardError
 from wdstream.options import CHOICES
 from wdstream.stream.decode import decode_error, json_member
 from wdstream.stream.deferred import Deferred, JsonColumn
@@ -43,9 +44,14 @@ def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict
     main process to decode (``stream.deferred.DeferringDecoder``)."""
     import numpy as np
 
+    if len(set(map(len, samples))) > 1:  # with a KeyError below: the members differ
+        raise _members_differ(samples)
     batch = {}
     for name in samples[0]:
-        values = list(map(itemgetter(name), samples))
+        try:
+            values = list(map(itemgetter(name), samples))
+        except KeyError:
+            raise _members_differ(samples) from None
         types = set(map(type, values))  # one pass in C, where each check below was one
         if name in json_names:  # bytes: JSON not decoded yet
             if types == _BYTES:
@@ -81,6 +87,22 @@ def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict
 
 _BYTES = frozenset((bytes,))
 _TEXT = frozenset((str,))
+
+
+def _members_differ(samples: list[dict]) -> ShardError:
+    """The error of a batch whose samples do not all have the same members: the default
+    collate makes one column per member, and would otherwise fail or drop one unsaid."""
+    first = samples[0]
+    other = next(s for s in samples if s.keys() != first.keys())
+
+    def members(sample):
+        return ", ".join(sorted(repr(n) for n in sample if not n.startswith("__"))) or "none"
+
+    return ShardError(
+        f"{other.get('__url__')}: sample {other.get('__key__')!r} has the members "
+        f"{members(other)}, where sample {first.get('__key__')!r} of the same batch has "
+        f"{members(first)}: the default collate needs the same members in every sample of a "
+        "batch (give the others with map=, or pass a collate_fn)")
 
 
 def _decoded(values: list, samples: list[dict], name: str, kind: type) -> list:
