@@ -1,17 +1,20 @@
 """A shaped link on 127.0.0.1: a TCP proxy in front of a local server (the moto S3 server) that
 behaves like a cloud connection.
 
-Each connection's responses are capped at ``rate`` bytes/s (a pacing clock per connection,
-chunks of at most 64 KiB, one chunk of credit: a token bucket one chunk deep, so that the
-proxy's own loop waking late on a busy machine does not lower the rate) and every request
-reaches the server ``delay`` seconds after the client sent it, so each response's first byte
-comes at least ``delay`` later than on loopback. Connections do not share the cap: as on a
-cloud link, more connections carry more, up to what the server behind can serve.
+Each connection's responses are capped at ``rate`` bytes/s by the kernel's TCP pacing
+(``SO_MAX_PACING_RATE`` on the socket towards the client) and every request reaches the server
+``delay`` seconds after the client sent it, so each response's first byte comes at least
+``delay`` later than on loopback. Connections do not share the cap: as on a cloud link, more
+connections carry more, up to what the server behind can serve. Responses are moved with
+``splice`` (socket to pipe to socket, never through Python): on a cloud link the network costs
+the training machine's cores nothing, and the proxy, which shares them here, should cost them
+as little.
 
 For tests it can also break responses: ``cut={n: nbytes}`` closes the connection of the n-th
 request (counted from 1, in the order they reach the proxy) after ``nbytes`` bytes of its
 response; the client sees a short body or a reset. ``drop_range=True`` strips ``Range``
-headers, as a server that ignores them.
+headers, as a server that ignores them. With ``cut``, responses go through Python, to be
+counted.
 
 ``python -m benchmarks.shaped_link UPSTREAM_PORT RATE_MB_S DELAY_MS`` runs one in the foreground
 and prints its port.
@@ -19,13 +22,20 @@ and prints its port.
 
 from __future__ import annotations
 
-import asyncio
+import collections
+import fcntl
+import os
 import re
+import socket
+import struct
 import sys
 import threading
 import time
 
 CHUNK = 64 << 10
+PIPE_SIZE = 1 << 20
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux's number
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class ShapedProxy:
@@ -41,10 +51,11 @@ class ShapedProxy:
         self.port: int | None = None
         self.requests = 0  # GET/HEAD/PUT... requests seen
         self.connections = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+        self._open: set[socket.socket] = set()
+        self._stopped = False
 
     @property
     def endpoint(self) -> str:
@@ -57,25 +68,23 @@ class ShapedProxy:
     # lifecycle --------------------------------------------------------------------------
 
     def start(self) -> ShapedProxy:
-        self._thread = threading.Thread(target=self._serve, name="shaped-link", daemon=True)
+        self._listener = socket.create_server((self.host, 0), backlog=128)
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, name="shaped-link", daemon=True)
         self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the shaped proxy did not start")
         return self
 
     def stop(self) -> None:
-        if self._loop is not None and self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(self._close(), self._loop)
+        with self._lock:
+            self._stopped = True
+            sockets = list(self._open)
+        if self._listener is not None:
+            _shut(self._listener)  # wakes accept()
+            self._listener.close()
+        for sock in sockets:
+            _shut(sock)  # wakes the threads blocked on it
         if self._thread is not None:
             self._thread.join(5)
-
-    async def _close(self) -> None:
-        self._server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.get_running_loop().stop()
 
     def __enter__(self) -> ShapedProxy:
         return self.start()
@@ -83,85 +92,113 @@ class ShapedProxy:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _serve(self) -> None:
-        loop = self._loop = asyncio.new_event_loop()
-        self._server = loop.run_until_complete(
-            asyncio.start_server(self._connection, self.host, 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._stopped:
+                    client.close()
+                    return
+                self.connections += 1
+                self._open.add(client)
+            threading.Thread(target=self._connection, args=(client,), daemon=True,
+                             name="shaped-link connection").start()
 
     # one connection ---------------------------------------------------------------------
 
-    async def _connection(self, client_reader, client_writer) -> None:
-        self.connections += 1
+    def _connection(self, client: socket.socket) -> None:
+        upstream = None
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            client_writer.close()
-            return
-        requests = asyncio.Queue()  # numbers of the requests whose responses are due
-        upward = asyncio.ensure_future(self._requests(client_reader, up_writer, requests))
-        try:
-            await self._responses(up_reader, client_writer, requests)
-        except OSError:  # the client went away (a reader closed early): nothing to relay
-            pass
+            client.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE,
+                              struct.pack("=Q", int(self.rate)))
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                return
+            with self._lock:
+                self._open.add(upstream)
+            due: collections.deque[int] = collections.deque()  # requests awaiting a response
+            threading.Thread(target=self._requests, args=(client, upstream, due), daemon=True,
+                             name="shaped-link requests").start()
+            try:
+                if self.cut:
+                    self._copy_responses(upstream, client, due)
+                else:
+                    self._splice_responses(upstream, client)
+            except OSError:  # the client went away (a reader closed early): nothing to relay
+                pass
         finally:
-            upward.cancel()
-            for writer in (client_writer, up_writer):
-                writer.close()
+            for sock in (client, upstream):
+                if sock is not None:
+                    with self._lock:
+                        self._open.discard(sock)
+                    _shut(sock)
+                    sock.close()
 
-    async def _requests(self, reader, writer, requests: asyncio.Queue) -> None:
+    def _requests(self, client: socket.socket, upstream: socket.socket,
+                  due: collections.deque) -> None:
         """Client to server: each new request is held back ``delay`` seconds."""
         try:
-            while data := await reader.read(CHUNK):
+            while data := client.recv(CHUNK):
                 if _starts_request(data):
                     if self.drop_range:
                         data = _RANGE_HEADER.sub(b"", data)
-                    self.requests += 1
-                    await requests.put(self.requests)
+                    with self._lock:
+                        self.requests += 1
+                        due.append(self.requests)
                     if self.delay:
-                        await asyncio.sleep(self.delay)
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
+                        time.sleep(self.delay)
+                upstream.sendall(data)
+        except OSError:
             pass
         finally:
             try:
-                writer.write_eof()
-            except (OSError, RuntimeError):
+                upstream.shutdown(socket.SHUT_WR)
+            except OSError:
                 pass
 
-    async def _responses(self, reader, writer, requests: asyncio.Queue) -> None:
-        """Server to client, paced at ``rate``; a cut closes the connection mid-response."""
-        clock = time.monotonic()
+    @staticmethod
+    def _splice_responses(upstream: socket.socket, client: socket.socket) -> None:
+        """Server to client through a pipe, in the kernel; the client's socket paces them."""
+        read_end, write_end = os.pipe()
+        try:
+            try:
+                fcntl.fcntl(write_end, F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:
+                pass  # the default pipe size moves less per call, as correctly
+            source, target = upstream.fileno(), client.fileno()
+            while moved := os.splice(source, write_end, PIPE_SIZE):
+                while moved:
+                    moved -= os.splice(read_end, target, moved)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
+    def _copy_responses(self, upstream: socket.socket, client: socket.socket,
+                        due: collections.deque) -> None:
+        """Server to client through Python: a cut closes the connection mid-response."""
         cut_after = None
-        while True:
-            data = await reader.read(CHUNK)
-            if not data:
-                return
+        while data := upstream.recv(CHUNK):
             if _starts_response(data):
-                number = requests.get_nowait() if not requests.empty() else None
-                cut_after = self.cut.pop(number, None) if number is not None else None
+                number = due.popleft() if due else None
+                with self._lock:
+                    cut_after = self.cut.pop(number, None) if number is not None else None
             if cut_after is not None:
                 if len(data) >= cut_after:
-                    writer.write(data[:cut_after])
-                    await writer.drain()
-                    writer.transport.abort()
+                    client.sendall(data[:cut_after])
                     return
                 cut_after -= len(data)
-            now = time.monotonic()
-            # a chunk's worth of credit: the loop waking late (a busy machine) is caught up
-            # instead of lowering the connection's rate; an idle connection bursts no more
-            clock = max(clock, now - CHUNK / self.rate) + len(data) / self.rate
-            writer.write(data)
-            await writer.drain()
-            wait = clock - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            client.sendall(data)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 _RANGE_HEADER = re.compile(rb"\r\n[Rr]ange: [^\r]*(?=\r\n)")

@@ -212,8 +212,7 @@ def test_a_known_size_asks_for_several_parts_at_once(s3, proxied):
         reader, source = sized(url, len(data), start_parts=4)
         with reader:
             first = reader.read(PART + 1)
-            # the first part was asked alone, the others as soon as its response came: all
-            # of them were on their way before it was read
+            # all of them were on their way before the first was read
             assert source.requests >= 4 and source.peak_parts >= 4
             assert first + reader.read() == data
         # without the size: one GET first, parts only once it proved slow
@@ -231,7 +230,7 @@ def test_a_stream_starts_with_smaller_parts_until_the_link_is_known(s3, proxied,
     parts after them, and those of the next stream, are of the usual size."""
     slow_link(monkeypatch)
     bucket, make = proxied
-    part = 4 * PART  # several of the proxy's chunks: a rate to measure
+    part = 4 * PART  # long enough for a rate to measure
     data = os.urandom(8 * part + 5)
     url = put(s3, bucket, "start.bin", data)
     # slow enough that the first part is still coming when the others are asked (once its
@@ -256,6 +255,30 @@ def test_a_stream_starts_with_smaller_parts_until_the_link_is_known(s3, proxied,
     assert part // 2 not in second[:-1]  # the link is known: no start parts
 
 
+def test_the_start_parts_are_asked_at_once(s3, proxied, monkeypatch):
+    """A stream of known size asks for all its start parts at once, not the others once the
+    first one's response is in: one round trip less before the first batch."""
+    slow_link(monkeypatch)
+    bucket, make = proxied
+    data = os.urandom(32 * PART)
+    url = put(s3, bucket, "start-at-once.bin", data)
+    proxy = make(rate=2e6, delay=0.05)
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = sized(url, len(data), Link(), start_parts=4, part_size=8 * PART,
+                               start_part_size=4 * PART)
+        parts = []
+        launch = source._launch
+        monkeypatch.setattr(source, "_launch",
+                            lambda part: parts.append(part) or launch(part))
+        with reader:
+            assert reader.read() == data
+    start = parts[:4]
+    assert [part.size for part in start] == [4 * PART] * 4
+    # the fourth was asked before the first one's response, 50 ms on its way, came in
+    assert start[3].asked_at < start[0].responded_at
+    assert all(part.size >= 8 * PART for part in parts[4:-1])  # then parts, learned
+
+
 @pytest.mark.parametrize("planned", [3 * PART, 20 * PART + 17])
 def test_a_wrong_size_beforehand_is_only_a_plan(s3, proxied, planned):
     """A manifest may be wrong or the object replaced: the bytes read are the object's."""
@@ -275,7 +298,7 @@ def test_what_a_stream_learns_the_next_one_starts_with(s3, proxied, monkeypatch)
     the link proved to need."""
     slow_link(monkeypatch)
     bucket, make = proxied
-    part = 4 * PART  # several of the proxy's chunks: a rate to measure
+    part = 4 * PART  # long enough for a rate to measure
     data = os.urandom(16 * part)
     current, following = (put(s3, bucket, name, data) for name in ("current.bin", "next.bin"))
     proxy = make(rate=10e6, delay=0.05)

@@ -44,6 +44,7 @@ import urllib.parse
 
 from wdstream.errors import StreamError
 from wdstream.sources import urls
+from wdstream.sources.body_reads import LargeReads
 from wdstream.sources.clients import cached_client
 from wdstream.sources.range_fetchers import (
     Fetcher,
@@ -223,8 +224,9 @@ class GcsRanges(Fetcher):
         else:
             first, size = parsed
         generation = response.headers.get("x-goog-generation") or self._asked_generation
+        reads = LargeReads(response)
         return RangeResponse(partial=parsed is not None, first=first, size=size,
-                             version=generation, read=response.read, close=response.close,
+                             version=generation, read=reads.read, close=reads.close,
                              content_range=content_range)
 
     def _size_past_end(self, response) -> int:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 
 from wdstream.sources import urls
+from wdstream.sources.body_reads import LargeReads
 from wdstream.sources.clients import s3_client
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
@@ -110,11 +111,11 @@ class S3Ranges(Fetcher):
             if code == "PreconditionFailed":
                 raise ObjectChanged(f"its ETag is no longer {version}") from exc
             raise
-        body = response["Body"]
+        reads = LargeReads(response["Body"])
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         content_range = str(response.get("ContentRange") or "")
         parsed = parse_content_range(content_range) if status == 206 else None
         first, size = parsed if parsed else (0, int(response["ContentLength"]))
         return RangeResponse(partial=parsed is not None, first=first, size=size,
-                             version=response.get("ETag"), read=body.read, close=body.close,
+                             version=response.get("ETag"), read=reads.read, close=reads.close,
                              content_range=content_range)

@@ -12,11 +12,11 @@ S3's, ``gcs_ranges.py``: GCS's). ``RangedSource`` and ``RangedGcsSource`` pair t
 
 How a read starts
     - When the object's size is known beforehand (``size``, from the manifest or a listing),
-      ``START_PARTS`` parts are asked for from the start (the first one, then the others as
-      soon as its response is in, so that it is served first): the first batch does not wait
-      for a link to prove slow. Until the process knows its link, they are of
-      ``START_PART_SIZE``, half a part: on a link that caps each connection, the stream's first
-      bytes come twice as fast, and the link is learned from them.
+      ``START_PARTS`` parts are asked for at once from the start: the first batch does not
+      wait for a link to prove slow, nor for one response before the others are asked. Until
+      the process knows its link, they are of ``START_PART_SIZE``, half a part: on a link
+      that caps each connection, the stream's first bytes come twice as fast, and the link is
+      learned from them.
     - Otherwise it starts with one GET of the rest of the object (its response gives the size
       and ETag); once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times,
       longer in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH``
@@ -220,7 +220,7 @@ class RangedSource(ChunkSource):
     def nudge(self) -> None:
         """Wake the stream to widen its window (another stream left the link, or the
         consumer started reading); the first response's size does the same, so that the parts
-        after the first one are asked as soon as it is in, not once its first chunk is."""
+        past a planned size that fell short are asked as soon as it is in."""
         with self._cond:
             self._nudged = True
             self._cond.notify_all()
@@ -338,8 +338,6 @@ class RangedSource(ChunkSource):
                 begin = self._following
                 if begin >= end or (parts and parts[-1].end > begin):
                     break  # nothing left, or the first GET still covers what follows
-                if parts and self._size is None:
-                    break  # the rest once the first response is in: it goes first
                 size, opening = self._part_size, False
                 if self._start_left and self.link.parallel is None:  # not learned yet
                     self._start_left -= 1
@@ -517,7 +515,7 @@ class RangedSource(ChunkSource):
             if self._version is not None and version is not None and version != self._version:
                 raise self._changed(f"version {self._version}, then {version}")
             if self._size is None:
-                self._nudged = True  # the first response: the parts after it may be asked
+                self._nudged = True  # the first response: parts up to its size may be asked
             self._size = size
             self._version = self._version or version
             self._whole = self._whole or whole

@@ -1,0 +1,71 @@
+"""Reading an HTTP response's body in large pieces: the socket's low-water mark.
+
+On a link that paces each connection, a response's bytes come in packets of tens of KiB; a
+read of 1 MiB then wakes its thread once per packet, and each wake-up takes the GIL back from
+the other part threads and the process's main thread. With the socket's ``SO_RCVLOWAT``
+raised, the kernel wakes the reader once that many bytes are in: a few wake-ups per read.
+
+A socket with a timeout waits in poll(), which wakes once the mark's bytes are in whatever
+the read asked for; so the mark is set before each read to at most what will still be on
+its way when that read ends (the body's remaining length, less the read, less what
+http.client may hold in its buffer: ``MARGIN``), and a read never waits for bytes that will
+not come. A body's last reads go with a mark of 1, so the connection goes back to its pool
+as it came; a connection that fails or closes early is not reused.
+
+``socket_of`` is the one place that reaches into urllib3's and http.client's objects; when they
+change shape it finds nothing and bodies are read as they were (tests/test_body_reads.py
+fails loudly then).
+"""
+
+from __future__ import annotations
+
+import socket
+
+LOW_WATER = 512 << 10
+MARGIN = 256 << 10  # more than http.client's buffer holds (8 KiB; larger in newer Pythons)
+
+
+def socket_of(body) -> tuple[object, socket.socket] | None:
+    """(the http.client response, its socket) under a urllib3 response or botocore's
+    ``StreamingBody`` (which wraps one); None if they cannot be found."""
+    raw = getattr(body, "_raw_stream", body)  # botocore's StreamingBody
+    http_response = getattr(raw, "_fp", None)  # urllib3's HTTPResponse holds http.client's
+    socket_io = getattr(getattr(http_response, "fp", None), "raw", None)
+    sock = getattr(socket_io, "_sock", None)
+    if not isinstance(sock, socket.socket) or not hasattr(http_response, "length"):
+        return None
+    return http_response, sock
+
+
+class LargeReads:
+    """``read(n)`` and ``close()`` of ``body`` (a urllib3 response or a ``StreamingBody``),
+    with the socket's low-water mark raised while much of the body is still to come."""
+
+    __slots__ = ("_close", "_http", "_mark", "_read", "_sock")
+
+    def __init__(self, body):
+        self._read = body.read
+        self._close = body.close
+        found = socket_of(body)
+        self._http, self._sock = found if found is not None else (None, None)
+        self._mark = 1
+
+    def read(self, amount: int) -> bytes:
+        if self._sock is not None:
+            left = self._http.length  # None: read to the end, or chunked
+            mark = 1 if not left else max(1, min(LOW_WATER, amount, left - amount - MARGIN))
+            if mark != self._mark:
+                self._set(mark)
+        return self._read(amount)
+
+    def close(self) -> None:
+        if self._sock is not None and self._mark != 1:
+            self._set(1)
+        self._close()
+
+    def _set(self, mark: int) -> None:
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+            self._mark = mark
+        except OSError:  # the connection is gone: its read fails or ends on its own
+            self._sock = None
