@@ -8,10 +8,12 @@ they cannot lean on the test tree, while the tests can import them.
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +23,7 @@ if _REPO not in sys.path:
 
 from benchmarks.local_servers import LocalS3, free_port, launch, stop  # noqa: E402
 
-__all__ = ["GcsEmulator", "MotoServer", "environ", "free_port"]
+__all__ = ["GcsEmulator", "MotoServer", "environ", "free_port", "http_server"]
 
 
 class MotoServer(LocalS3):
@@ -78,3 +80,17 @@ def environ(values: dict[str, str]):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextmanager
+def http_server(handler: type[http.server.BaseHTTPRequestHandler]):
+    """``handler`` served on 127.0.0.1 by a thread per connection; yields the base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -7,11 +7,11 @@ from __future__ import annotations
 import http.server
 import os
 import socket
-import threading
 import time
 
 import pytest
 import urllib3
+from servers import http_server
 
 from wdstream.sources.body_reads import LOW_WATER, LargeReads, socket_of
 
@@ -58,12 +58,8 @@ def keep_alive():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", bodies
-    server.shutdown()
-    server.server_close()
+    with http_server(Handler) as base:
+        yield base, bodies
 
 
 def test_a_pooled_connection_reads_a_body_then_the_next_response(keep_alive):

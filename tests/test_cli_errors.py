@@ -8,10 +8,10 @@ import io
 import json
 import subprocess
 import sys
-import threading
 
 import pytest
 from datasets import shard_bytes
+from servers import http_server
 
 
 def run(args, cli_env, cwd, **env):
@@ -129,12 +129,8 @@ def http_without_length():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/shard-000000.tar"
-    server.shutdown()
-    server.server_close()
+    with http_server(Handler) as base:
+        yield f"{base}/shard-000000.tar"
 
 
 def test_verify_an_http_shard_without_content_length(http_without_length, cli_env, tmp_path):

@@ -257,8 +257,8 @@ def test_an_object_replaced_during_the_read_fails(fake_gcs, monkeypatch, known_s
     old = os.urandom(12 * PART)
     url = fake_gcs.put("replaced.bin", old)
     fake_gcs.replace_after, fake_gcs.replacement = 1, os.urandom(12 * PART)
-    if known_size:  # one start part: the parts after it are asked once it said its generation
-        reader, _ = sized(url, len(old), max_parts=2, start_parts=1)
+    if known_size:  # one part at the start: those after it are asked once it said its generation
+        reader, _ = sized(url, len(old), link=Link(window=1), max_parts=2, start_parts=1)
     else:
         link = Link()
         link.parallel = True  # a link known to want parts: the first GET is cut at once

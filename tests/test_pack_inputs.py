@@ -8,11 +8,11 @@ import gzip
 import http.server
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from servers import http_server
 from test_pack import (
     check_local_dataset,
     fail,
@@ -187,12 +187,8 @@ def http_folder(tmp_path):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield folder, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with http_server(Quiet) as base:
+        yield folder, base
 
 
 def test_inputs_over_http(tmp_path, http_folder, cli_env):

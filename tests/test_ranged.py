@@ -255,17 +255,17 @@ def test_a_stream_starts_with_smaller_parts_until_the_link_is_known(s3, proxied,
     assert part // 2 not in second[:-1]  # the link is known: no start parts
 
 
-def test_the_start_parts_are_asked_at_once(s3, proxied, monkeypatch):
-    """A stream of known size asks for all its start parts at once, not the others once the
-    first one's response is in: one round trip less before the first batch."""
+def test_the_start_parts_carry_the_first_bytes_together(s3, proxied, monkeypatch):
+    """The bytes the consumer wants first (a first batch) are spread over the start's parts,
+    all asked at once, not one after another's response."""
     slow_link(monkeypatch)
     bucket, make = proxied
     data = os.urandom(32 * PART)
-    url = put(s3, bucket, "start-at-once.bin", data)
+    url = put(s3, bucket, "first-bytes.bin", data)
     proxy = make(rate=2e6, delay=0.05)
     with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
         reader, source = sized(url, len(data), Link(), start_parts=4, part_size=8 * PART,
-                               start_part_size=4 * PART)
+                               first_bytes=16 * PART)
         parts = []
         launch = source._launch
         monkeypatch.setattr(source, "_launch",
@@ -273,10 +273,48 @@ def test_the_start_parts_are_asked_at_once(s3, proxied, monkeypatch):
         with reader:
             assert reader.read() == data
     start = parts[:4]
-    assert [part.size for part in start] == [4 * PART] * 4
+    assert [part.size for part in start] == [ranged.MIN_START_PART_SIZE] * 4  # 1 MiB / 4
     # the fourth was asked before the first one's response, 50 ms on its way, came in
     assert start[3].asked_at < start[0].responded_at
-    assert all(part.size >= 8 * PART for part in parts[4:-1])  # then parts, learned
+    assert [part.size for part in parts[4:-1]] == [8 * PART] * (len(parts) - 5)
+
+
+def test_a_loader_tells_the_first_shards_reader_its_first_batchs_bytes(tmp_path, monkeypatch):
+    """The first batch's bytes, from the manifest's sizes and counts, reach the first shard's
+    reader only."""
+    import wdstream
+    from wdstream.stream import read
+
+    folder = tmp_path / "data"
+    write_dataset(folder, [24, 24], payload=40_000)
+    asked = []
+    opener = read.open_read
+    monkeypatch.setattr(read, "open_read", lambda url, **options: asked.append(
+        (Path(url).name, options["size"], options["first_bytes"])) or opener(url, **options))
+    dataset = wdstream.StreamingDataset(str(folder), shuffle=False)
+    loader = wdstream.DataLoader(dataset, batch_size=8, num_workers=0)
+    assert sum(len(batch["__key__"]) for batch in loader) == 48
+    (first, size, first_bytes), *others = asked
+    assert first_bytes == -(-size * 8 // 24)  # 8 of its 24 samples
+    assert [each[2] for each in others] == [None]
+
+
+def test_a_part_shorter_than_the_start_size_tells_nothing_of_the_link():
+    """A small part (a first batch's) whose bytes were all in when its headers were read
+    looks like a fast link; it must not make the process read everything as one GET."""
+    source = RangedS3Source("s3://bucket/key", 0, 10.0, size=64 << 20, link=Link(),
+                            first_bytes=1 << 20)
+    assert source.start_part_size == ranged.MIN_START_PART_SIZE
+    part = ranged._Part(0, source.start_part_size)
+    part.received = part.size
+    part.asked_at, part.responded_at, part.done_at = 0.0, 0.03, 0.0301  # 26 GB/s
+    source._observe(part)
+    assert source.link.parallel is None
+    part = ranged._Part(0, ranged.START_PART_SIZE)
+    part.received = part.size
+    part.asked_at, part.responded_at, part.done_at = 0.0, 0.03, 0.0301
+    source._observe(part)
+    assert source.link.parallel is False  # a part of the start's size does tell
 
 
 @pytest.mark.parametrize("planned", [3 * PART, 20 * PART + 17])

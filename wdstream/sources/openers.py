@@ -79,7 +79,7 @@ def resolve_opener(opener: str | None, url: str) -> str:
 
 def open_read(
     url: str, *, opener: str | None = None, timeout: float = 60.0, start: int = 0,
-    size: int | None = None,
+    size: int | None = None, first_bytes: int | None = None,
 ) -> ByteStream | LocalFile:
     """Open ``url`` for streaming, from byte ``start`` on. See the module docstring.
 
@@ -87,6 +87,8 @@ def open_read(
     For pipes and CLIs ``start`` bytes are read and dropped; other readers seek or ask for a range.
     ``size``: the object's size if known (a manifest's or a listing's), a plan only: the sdk
     reader then asks for several parts at once instead of waiting for a first response.
+    ``first_bytes``: how many bytes the caller wants before anything else (a first batch's);
+    the sdk reader spreads them over its first parts, so that they come together.
     """
     if timeout <= 0:
         raise InputError(f"{url}: timeout must be positive, got {timeout}")
@@ -116,7 +118,8 @@ def open_read(
 
         kind = urls.scheme(url)
         ranged = RangedS3Source if kind == "s3" else RangedGcsSource
-        source = ranged(url, start, timeout, size=size, link=shared_link(timeout, kind))
+        source = ranged(url, start, timeout, size=size, first_bytes=first_bytes,
+                        link=shared_link(timeout, kind))
     else:
         source = FsspecSource(url, start, timeout)
     return ByteStream(url, source, timeout)

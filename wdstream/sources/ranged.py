@@ -14,9 +14,10 @@ How a read starts
     - When the object's size is known beforehand (``size``, from the manifest or a listing),
       ``START_PARTS`` parts are asked for at once from the start: the first batch does not
       wait for a link to prove slow, nor for one response before the others are asked. Until
-      the process knows its link, they are of ``START_PART_SIZE``, half a part: on a link
-      that caps each connection, the stream's first bytes come twice as fast, and the link is
-      learned from them.
+      the process knows its link, they are of ``START_PART_SIZE``, half a part, or smaller
+      when the consumer said how many bytes it wants first (``first_bytes``: a first batch's,
+      from the manifest's mean sample): those bytes then come over ``START_PARTS``
+      connections, not one. The link is learned from these parts.
     - Otherwise it starts with one GET of the rest of the object (its response gives the size
       and ETag); once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times,
       longer in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH``
@@ -28,7 +29,9 @@ What a process learns (``Link``, one per process and endpoint, shared by its str
 shard being read and the next one, opened ahead)
     Whether parts pay on this link, how many to keep in flight, and their size, learned from
     each part as soon as it is in (so the parts asked right after the first one are sized
-    by it). A stream starts where the last one left off. The window grows by one each time a
+    by it), if it is at least ``START_PART_SIZE`` long: much of a shorter one may have come
+    in before its thread read its response's headers, so its rate says little (a first
+    batch's small parts once read as a fast link, and the shards after them as one GET). A stream starts where the last one left off. The window grows by one each time a
     stream had to wait for a part once a part came in (waits for the first parts' first
     bytes only show the link's delay), up to ``MAX_PARTS``; a stream whose consumer is the
     slower side stays small. Parts are sized so that the wait for a part's first byte is
@@ -82,6 +85,7 @@ PART_SIZE = 8 << 20
 MAX_PART_SIZE = 16 << 20
 START_PARTS = 8  # parts asked for at once when the size is known and the link is not yet,
 START_PART_SIZE = 4 << 20  # of this size: a stream's first bytes at twice a part's pace
+MIN_START_PART_SIZE = 256 << 10  # the smallest, when the consumer wants few bytes first
 INITIAL_PARTS = 2  # parts in flight after a first GET proved slow
 AHEAD_PARTS = 1  # parts in flight of a stream opened ahead, while the one before it asks
 MAX_PARTS = 8
@@ -159,16 +163,17 @@ class RangedSource(ChunkSource):
     """A ``ChunkSource`` for ``ByteStream``: the object of ``fetcher`` from ``start`` on, in
     parts (see above).
 
-    ``size``: the object's size if known beforehand; ``link``: what the process learned of the
-    link (None: a new one for this stream alone). ``peak_held`` is the most bytes fetched but
-    not yet handed over at any time, ``peak_parts`` the most parts in flight, ``requests``
-    the GETs asked (for tests and benchmarks)."""
+    ``size``: the object's size if known beforehand; ``first_bytes``: how many bytes the
+    consumer wants before anything else (sizes the start's parts); ``link``: what the process
+    learned of the link (None: a new one for this stream alone). ``peak_held`` is the most
+    bytes fetched but not yet handed over at any time, ``peak_parts`` the most parts in
+    flight, ``requests`` the GETs asked (for tests and benchmarks)."""
 
     def __init__(self, fetcher: Fetcher, start: int, timeout: float, *, size: int | None = None,
                  part_size: int = PART_SIZE, max_part_size: int | None = None,
                  max_parts: int = MAX_PARTS, initial_parts: int = INITIAL_PARTS,
                  start_parts: int = START_PARTS, start_part_size: int = START_PART_SIZE,
-                 retries: int | None = None,
+                 first_bytes: int | None = None, retries: int | None = None,
                  backoff: float = RETRY_BACKOFF, link: Link | None = None):
         retries = PART_RETRIES if retries is None else retries
         max_part_size = part_size * MAX_PART_SIZE // PART_SIZE if max_part_size is None \
@@ -184,6 +189,10 @@ class RangedSource(ChunkSource):
         self.max_parts, self.initial_parts = max_parts, initial_parts
         self.start_parts = min(start_parts, max_parts)
         self.start_part_size = min(start_part_size, part_size)
+        self._telling_size = self.start_part_size  # a part this long tells the link's rate
+        if first_bytes is not None and first_bytes > 0:  # those bytes over all start parts
+            self.start_part_size = min(self.start_part_size, max(
+                MIN_START_PART_SIZE, -(-first_bytes // self.start_parts)))
         self._start_left = 0  # parts still to ask at the start's size
         self.retries, self.backoff = retries, backoff
         self.link = link if link is not None else Link(initial_parts)
@@ -354,8 +363,8 @@ class RangedSource(ChunkSource):
         """Learn from a part as soon as it is in (before it is handed over, so that the parts
         asked next are sized by it): whether parts pay, and how large they should be."""
         if part.responded_at is None or part.done_at is None or part.asked_at is None \
-                or part.received < self.start_part_size or self._whole:
-            return  # a small object or a short read says nothing of the link
+                or part.received < self._telling_size or self._whole:
+            return  # a small object, a short part or a short read says little of the link
         rate = part.received / max(part.done_at - part.responded_at, 1e-3)
         link = self.link
         with link.lock:

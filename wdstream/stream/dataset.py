@@ -311,9 +311,13 @@ class StreamingDataset(PositionedDataset):
         skip = start - begin
         target = self._payload_target(spec)
         if self.has_counts:
+            # what the stream reads before its first item leaves: a batch, and its whole first
+            # shuffle window (its reader sizes its first requests by these samples' bytes)
+            first = max(skip + spec.batch_size, schedule.size(first_window))
             plan = self.plan(spec.epoch, spec.world, spec.workers, spec.history)
             spans = drop_first(plan.stream_spans(spec.rank, stream), begin)
-            samples = SpanReader(spans, self.shards, self.read_options, stats, target)
+            samples = SpanReader(spans, self.shards, self.read_options, stats, target,
+                                 first_samples=first)
             o, segment = self.options, plan.segment
             del plan  # the order needs a few integers, not the epoch's arrays
 

@@ -118,11 +118,14 @@ def _skip(spans: list[Span], count: int) -> list[Span]:
 
 class SpanReader:
     """Reads a list of spans in order; iterate it for samples (None for each sample skipped
-    under ``on_error="skip"``). Keeps one shard opened ahead."""
+    under ``on_error="skip"``). Keeps one shard opened ahead. ``first_samples``: how many
+    samples the consumer wants before it can go on (a first batch, a first shuffle window);
+    with the shards' sizes and counts, the first shard's reader is told their bytes."""
 
     def __init__(self, spans: Sequence[Span], shards: ShardTable, options: ReadOptions,
-                 stats: ReadStats | None = None, payload_target=None):
+                 stats: ReadStats | None = None, payload_target=None, first_samples: int = 0):
         self.visits = SpanArray.of(spans).visits()  # runs read in one pass, as arrays
+        self.first_samples = first_samples
         self.payload_target = payload_target  # see wdstream.shards.tar_reader.iter_members
         self.shards = shards
         self.options = options
@@ -151,8 +154,19 @@ class SpanReader:
     def _open(self, index: int, retry: bool = False):
         stream = self._ahead.pop(index, None)
         if stream is None:
-            stream = self._open_shard(self.visits.shard(index), retry)
+            stream = self._open_shard(self.visits.shard(index), retry,
+                                      self._first_bytes() if index == 0 else None)
         return stream
+
+    def _first_bytes(self) -> int | None:
+        """The bytes of the first shard up to its ``first_samples``-th sample read (from the
+        shard's start: a stream reads every shard from its first byte), at its mean sample."""
+        shard = self.visits.shard(0)
+        samples, size = self.shards.get("samples", shard), self.shards.get("bytes", shard)
+        if not self.first_samples or not samples or not size:
+            return None
+        wanted = int(self.visits.spans.start[0]) + self.first_samples
+        return min(size, -(-size * wanted // samples))
 
     def _open_ahead(self, index: int) -> None:
         if index < len(self.visits) and index not in self._ahead:
@@ -161,14 +175,14 @@ class SpanReader:
             except WdstreamError:
                 pass  # reported, with retries, when the span is actually read
 
-    def _open_shard(self, shard: int, retry: bool = False):
+    def _open_shard(self, shard: int, retry: bool = False, first_bytes: int | None = None):
         """The shard's stream, through the cache if there is one (a retry drops its copy)."""
         url = self.shards.urls[shard]
         size = self.shards.bytes[shard] if self.shards.bytes is not None else None
 
         def source():
             return open_read(url, opener=self.options.opener, timeout=self.options.timeout,
-                             size=size or None)
+                             size=size or None, first_bytes=first_bytes)
 
         if self._cache is None:
             return source()
