@@ -299,6 +299,25 @@ def test_a_loader_tells_the_first_shards_reader_its_first_batchs_bytes(tmp_path,
     assert [each[2] for each in others] == [None]
 
 
+def test_a_stream_kept_waiting_with_its_whole_start_window_teaches_it(s3, proxied,
+                                                                      monkeypatch):
+    """A first stream whose start parts (all it may have in flight) still kept it waiting
+    tells the link so: the next streams start with that window, not the initial one."""
+    slow_link(monkeypatch)
+    bucket, make = proxied
+    part = 4 * PART
+    data = os.urandom(12 * part)
+    url = put(s3, bucket, "whole-window.bin", data)
+    proxy = make(rate=2e6, delay=0.02)
+    link = Link()
+    assert link.window == ranged.INITIAL_PARTS < 4
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        reader, source = sized(url, len(data), link, start_parts=4, max_parts=4, part_size=part)
+        with reader:
+            assert reader.read() == data
+    assert link.parallel is True and link.window == 4 and source.peak_parts == 4
+
+
 def test_a_part_shorter_than_the_start_size_tells_nothing_of_the_link():
     """A small part (a first batch's) whose bytes were all in when its headers were read
     looks like a fast link; it must not make the process read everything as one GET."""
@@ -351,12 +370,11 @@ def test_what_a_stream_learns_the_next_one_starts_with(s3, proxied, monkeypatch)
             # 9 first-byte waits of 50 ms at the measured rate is well past the largest part
             assert link.part_size == 2 * part
             ahead, ahead_source = sized(following, len(data), link, max_parts=6, part_size=part)
-            requests = []
             deadline = time.monotonic() + 5
             while ahead_source.peak_parts < 3 and time.monotonic() < deadline:
-                with ahead_source._cond:
-                    requests = [each.size for each in ahead_source._parts]
                 time.sleep(0.01)
+            with ahead_source._cond:  # nobody reads it yet: its parts are all still there
+                requests = [each.size for each in ahead_source._parts]
             # read ahead, several parts (of the larger size) in flight, before anything was
             # asked of it
             assert ahead_source.peak_parts == 3 and requests[:1] == [2 * part]

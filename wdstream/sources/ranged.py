@@ -29,12 +29,12 @@ What a process learns (``Link``, one per process and endpoint, shared by its str
 shard being read and the next one, opened ahead)
     Whether parts pay on this link, how many to keep in flight, and their size, learned from
     each part as soon as it is in (so the parts asked right after the first one are sized
-    by it), if it is at least ``START_PART_SIZE`` long: much of a shorter one may have come
-    in before its thread read its response's headers, so its rate says little (a first
-    batch's small parts once read as a fast link, and the shards after them as one GET). A stream starts where the last one left off. The window grows by one each time a
-    stream had to wait for a part once a part came in (waits for the first parts' first
-    bytes only show the link's delay), up to ``MAX_PARTS``; a stream whose consumer is the
-    slower side stays small. Parts are sized so that the wait for a part's first byte is
+    by it), if it is at least ``START_PART_SIZE`` long: much of a shorter one may be in
+    before its thread reads its response's headers, which reads as a fast link. A stream
+    starts where the last one left off. The window grows by one each time a stream had to
+    wait for a part once a part came in (waits for the first parts' first bytes only show
+    the link's delay), up to ``MAX_PARTS``; a stream whose consumer is the slower side stays
+    small. Parts are sized so that the wait for a part's first byte is
     about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``), as long as the
     window the link wants still fits the bytes bound (below): on a link that wants 8 parts in
     flight they stay at ``PART_SIZE``, since 4 parts twice as large carry half as much.
@@ -307,11 +307,12 @@ class RangedSource(ChunkSource):
                 head.pending = 0
                 finished = head.done
                 self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
-            if waited and head is not first and allowed == window and window < self.max_parts \
-                    and link.parallel and not (head.opening and before_first_byte):
+            if waited and head is not first and allowed == window and link.parallel \
+                    and not (head.opening and before_first_byte):
                 # the network was the slower side: one more part in flight (not before a part
-                # came in: waits for the first parts' first bytes only show the link's delay)
-                window += 1
+                # came in: waits for the first parts' first bytes only show the link's delay);
+                # at the most, the link learns that this stream wanted them all (its start's)
+                window = min(window + 1, self.max_parts)
                 with link.lock:
                     link.window = max(link.window, window)
             began = time.monotonic()
