@@ -299,10 +299,11 @@ def test_a_loader_tells_the_first_shards_reader_its_first_batchs_bytes(tmp_path,
     assert [each[2] for each in others] == [None]
 
 
-def test_a_stream_kept_waiting_with_its_whole_start_window_teaches_it(s3, proxied,
-                                                                      monkeypatch):
-    """A first stream whose start parts (all it may have in flight) still kept it waiting
-    tells the link so: the next streams start with that window, not the initial one."""
+def test_a_stream_kept_waiting_with_its_whole_window_teaches_it(s3, proxied,
+                                                                monkeypatch):
+    """A first stream that, past its start, was kept waiting with all the parts it may have
+    in flight tells the link so: the next streams start with that window, not the initial
+    one."""
     slow_link(monkeypatch)
     bucket, make = proxied
     part = 4 * PART
@@ -439,7 +440,7 @@ def _wait_for(check, seconds: float = 5.0) -> bool:
 
 
 def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxied,
-                                                                      monkeypatch):
+                                                                monkeypatch):
     """The shard being read has the link first: the next one, opened ahead, keeps one part in
     flight until the current one has asked for its last part, then as many as the link needs."""
     from wdstream.sources import streams

@@ -33,8 +33,9 @@ shard being read and the next one, opened ahead)
     before its thread reads its response's headers, which reads as a fast link. A stream
     starts where the last one left off. The window grows by one each time a stream had to
     wait for a part once a part came in (waits for the first parts' first bytes only show
-    the link's delay), up to ``MAX_PARTS``; a stream whose consumer is the slower side stays
-    small. Parts are sized so that the wait for a part's first byte is
+    the link's delay), up to ``MAX_PARTS`` (a stream that, past its start, waited with all
+    the parts it may have in flight teaches the link that window); a stream whose consumer
+    is the slower side stays small. Parts are sized so that the wait for a part's first byte is
     about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``), as long as the
     window the link wants still fits the bytes bound (below): on a link that wants 8 parts in
     flight they stay at ``PART_SIZE``, since 4 parts twice as large carry half as much.
@@ -308,10 +309,13 @@ class RangedSource(ChunkSource):
                 finished = head.done
                 self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
             if waited and head is not first and allowed == window and link.parallel \
-                    and not (head.opening and before_first_byte):
+                    and not (head.opening and before_first_byte) \
+                    and (window < self.max_parts or not head.opening):
                 # the network was the slower side: one more part in flight (not before a part
                 # came in: waits for the first parts' first bytes only show the link's delay);
-                # at the most, the link learns that this stream wanted them all (its start's)
+                # at the most, the link learns that this stream wanted them all (past its
+                # start, whose parts all began together: a wait for the first one says nothing
+                # of how many the link wants)
                 window = min(window + 1, self.max_parts)
                 with link.lock:
                     link.window = max(link.window, window)
