@@ -1,6 +1,7 @@
 """The steps the torchrun job scripts (ddp_job.py, ddp_llm_job.py) share: join the gloo group,
 resume from rank 0's checkpoint, advance in lockstep, log each batch durably, die on cue,
-write a file atomically, and finish together."""
+write a file atomically, and finish together; the trainer jobs (hf_trainer_job.py,
+lightning_job.py) leave the group and the process as these do."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import datetime
 import json
 import os
 import signal
+import sys
+from typing import NoReturn
 
 
 def join_group(timeout: float = 60.0) -> tuple[int, int]:
@@ -61,11 +64,27 @@ def write_json_atomic(path: str, value) -> None:
     os.replace(temporary, path)
 
 
-def finish(path: str, record: dict) -> int:
-    """Write this rank's ``done`` record, wait for the others, leave the group; 0."""
+def leave_group() -> None:
+    """Wait for the other ranks and leave the process group, if this process is in one:
+    gloo's threads then end cleanly, not at exit."""
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def exit_done() -> NoReturn:
+    """End a job whose results are written and whose group is left, without the interpreter's
+    teardown: torch's C++ threads (gloo's, the store's) can still be joinable then, which
+    aborts the process (std::terminate, SIGABRT) after a job that succeeded."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def finish(path: str, record: dict) -> int:
+    """Write this rank's ``done`` record, wait for the others, leave the group; 0."""
     write_json_atomic(path, record)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group()
     return 0

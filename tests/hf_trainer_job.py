@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import transformers  # noqa: E402
+from ddp_steps import exit_done, leave_group  # noqa: E402
 
 import wdstream  # noqa: E402
 from wdstream.integrations.hf_trainer import use_loader  # noqa: E402
@@ -76,18 +77,9 @@ def main() -> None:
         json.dump({"reference": reference.seen, "resumed": resumed.seen, "len": len(data),
                    "max_steps": first.state.max_steps,
                    "saved": sorted(os.listdir(checkpoint))}, f)
-    import torch.distributed
-
-    if torch.distributed.is_initialized():  # gloo's threads end cleanly, not at exit
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":
     main()
-    # the results are written and the group left; torch's C++ threads (gloo's, the store's)
-    # can still be joinable when the interpreter tears down, which aborts the process
-    # (std::terminate, SIGABRT) after a job that succeeded
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_done()

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import lightning
 import numpy as np
 import torch
+from ddp_steps import exit_done, leave_group
 
 import wdstream
 
@@ -81,16 +81,9 @@ def main() -> None:
     with open(os.path.join(args.work, f"rank-{rank}.json"), "w") as f:
         json.dump({"reference": reference.seen, "resumed": resumed.seen,
                    "saved": saved.get("combined_loader")}, f)
-    if torch.distributed.is_initialized():  # gloo's threads end cleanly, not at exit
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":
     main()
-    # the results are written and the group left; torch's C++ threads (gloo's, the store's)
-    # can still be joinable when the interpreter tears down, which aborts the process
-    # (std::terminate, SIGABRT) after a job that succeeded
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_done()
