@@ -3,7 +3,10 @@ PAX and GNU headers, read by our reader and by Python's tarfile.
 
 Every mutated shard must be either refused with wdstream's own error, or read exactly as
 tarfile reads it, or (where tarfile refuses it or stops early) read as the unmutated shard.
-Anything else -- above all a payload yielded under another member's name -- fails.
+Anything else -- above all a payload yielded under another member's name -- fails. Runs of
+many small members are also read as lists (``TarMembers.batches()``, where the reader scans
+a buffer's headers as one array: ``tar_blocks``), which must give what reading them one at
+a time gives, the same error included.
 ``WDSTREAM_FUZZ_CASES`` sets the number of mutations (default 3000, a few seconds),
 ``WDSTREAM_FUZZ_SEED`` the seed (default 12).
 """
@@ -18,6 +21,7 @@ import tarfile
 import pytest
 
 from wdstream.errors import WdstreamError
+from wdstream.shards import tar_reader
 from wdstream.shards.tar_reader import iter_members
 from wdstream.shards.tar_writer import TarWriter
 
@@ -62,6 +66,27 @@ def tarfile_shard(rng, fmt):
             data = _payload(rng, i)
             info = tarfile.TarInfo(_names(i) if i % 3 else f"ü{i:05d}" + "n" * 110 + ".txt")
             info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def many_shard(rng, fmt=None):
+    """60 small members: by our writer (``fmt`` None), or by tarfile with a PAX header of a
+    fractional mtime before each (as webdataset's ShardWriter writes them)."""
+    members = [(f"{i:06d}." + ("json", "txt", "cls")[i % 3],
+                b"<%d>" % i + rng.randbytes(rng.choice((0, 5, 300, 507, 508, 509, 700, 1500))))
+               for i in range(60)]
+    out = io.BytesIO()
+    if fmt is None:
+        writer = TarWriter(out)
+        for name, data in members:
+            writer.add(name, data)
+        writer.close()
+        return out.getvalue()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
+        for i, (name, data) in enumerate(members):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1796160775.25 + i / 1000
             tf.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
@@ -189,21 +214,67 @@ def ours(data: bytes, seekable: bool, limit: int | None):
     return list(iter_members(stream, "fuzz.tar", limit=limit))
 
 
+def read_outcome(data: bytes, limit: int | None, as_lists: bool):
+    """The members read before the first error, and that error (None: the tar read whole),
+    one at a time or as lists (``batches()``)."""
+    members = iter_members(io.BytesIO(data), "fuzz.tar", limit=limit)
+    got = []
+    try:
+        if as_lists:
+            for batch in members.batches():
+                got += batch
+        else:
+            got += members
+    except Exception as exc:  # compared, and reported where it is not wdstream's
+        return got, exc
+    return got, None
+
+
+def ours_as_lists(data: bytes, seekable: bool, limit: int | None):
+    """Read as lists and one at a time, which must agree (members, then the same error)."""
+    one = read_outcome(data, limit, as_lists=False)
+    lists = read_outcome(data, limit, as_lists=True)
+    assert lists[0] == one[0] and repr(lists[1]) == repr(one[1]), (lists, one)
+    if one[1] is not None:
+        raise one[1]
+    return one[0]
+
+
 def test_fuzzed_headers_never_misattribute_payloads():
     rng = random.Random(SEED)
     bases = [our_shard(rng), tarfile_shard(rng, tarfile.PAX_FORMAT),
              tarfile_shard(rng, tarfile.GNU_FORMAT)]
+    fuzz(rng, bases, ours, CASES)
+
+
+def test_fuzzed_runs_of_small_members_read_alike_as_lists(monkeypatch):
+    rng = random.Random(SEED + 1)
+    bases = [many_shard(rng), many_shard(rng, tarfile.PAX_FORMAT)]
+    scans = []
+    real_scan = tar_reader.scan_members
+
+    def counted(*args, **kwargs):
+        found = real_scan(*args, **kwargs)
+        scans.append(len(found[0]) if found else 0)
+        return found
+
+    monkeypatch.setattr(tar_reader, "scan_members", counted)
+    fuzz(rng, bases, ours_as_lists, CASES // 2)
+    assert sum(scans) > CASES * 20  # the scan read most members, not the general parser
+
+
+def fuzz(rng, bases, reader, cases: int) -> None:
     views = [tarfile_view(base) for base in bases]
     for base, view in zip(bases, views, strict=True):
-        assert view is not None and ours(base, True, None) == view
+        assert view is not None and reader(base, True, None) == view
     outcomes = {"refused": 0, "as tarfile": 0, "as unmutated": 0}
     failures = []
-    for case in range(CASES):
+    for case in range(cases):
         index = case % len(bases)
         mutated = mutate(rng, bases[index])
         limit = len(mutated) if case % 5 == 0 else None
         try:
-            read = ours(mutated, seekable=case % 2 == 0, limit=limit)
+            read = reader(mutated, seekable=case % 2 == 0, limit=limit)
         except WdstreamError:
             outcomes["refused"] += 1
             continue
@@ -218,7 +289,7 @@ def test_fuzzed_headers_never_misattribute_payloads():
         else:
             diff = [(n, p[:12]) for n, p in read if (n, p) not in (expected or views[index])]
             failures.append((case, f"read differently: {diff[:3]}"))
-    assert not failures, f"{len(failures)} of {CASES}: {failures[:10]}"
+    assert not failures, f"{len(failures)} of {cases}: {failures[:10]}"
     assert all(outcomes.values()), outcomes
 
 

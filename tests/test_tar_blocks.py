@@ -1,0 +1,212 @@
+"""The tar reader's block scan (``wdstream.shards.tar_blocks``): runs of small members read as
+lists (``TarMembers.batches()``, the way the stream reads shards) must give what reading them
+one member at a time gives, errors included, wherever in a run the odd header sits; and the
+scan must really read the usual shards (ours, tarfile's, webdataset's ShardWriter's)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from test_tar_pax import member, mtime, pax, record, tar
+
+from wdstream.errors import ShardError
+from wdstream.shards import tar_reader
+from wdstream.shards.tar_reader import iter_members
+from wdstream.shards.tar_writer import TarWriter
+
+BLOCK = 512
+RUN = 60  # members in a run: several times the rows the scan needs to start
+
+
+@pytest.fixture
+def scanned(monkeypatch) -> list[int]:
+    """The members each block scan gave (0: it gave none)."""
+    counts: list[int] = []
+    real_scan = tar_reader.scan_members
+
+    def counted(*args, **kwargs):
+        found = real_scan(*args, **kwargs)
+        counts.append(len(found[0]) if found else 0)
+        return found
+
+    monkeypatch.setattr(tar_reader, "scan_members", counted)
+    return counts
+
+
+def outcome(data: bytes, as_lists: bool, **kwargs):
+    """The members read before the first error, and the error's text (None: read whole)."""
+    members = iter_members(io.BytesIO(data), "s3://b/run.tar", **kwargs)
+    got: list = []
+    try:
+        if as_lists:
+            for batch in members.batches():
+                got += batch
+        else:
+            got += members
+    except ShardError as error:
+        return got, str(error)
+    return got, None
+
+
+def read_both(data: bytes, **kwargs):
+    """Members and error, which must be the same read as lists and one at a time."""
+    lists = outcome(data, True, **kwargs)
+    assert lists == outcome(data, False, **kwargs)
+    return lists
+
+
+def tarfile_members(data: bytes) -> list[tuple[str, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        return [(m.name, tf.extractfile(m).read()) for m in tf.getmembers() if m.isreg()]
+
+
+def pax_run(count: int = RUN, at: int | None = None, odd: bytes = b"") -> bytes:
+    """Members each after an mtime PAX header (as ShardWriter writes them), with ``odd``
+    in place of member ``at``'s."""
+    parts = [pax(mtime(i)) + member(f"{i:05d}.json", b'{"i": %d}' % i) for i in range(count)]
+    if at is not None:
+        parts[at] = odd
+    return tar(*parts)
+
+
+def offset_of(data: bytes, name: bytes) -> int:
+    return data.index(name) // BLOCK * BLOCK
+
+
+def test_our_shards_are_read_by_the_scan(scanned):
+    out = io.BytesIO()
+    writer = TarWriter(out)
+    expected = [(f"{i:06d}.txt", b"x" * (i * 37 % 1400)) for i in range(400)]
+    for name, payload in expected:
+        writer.add(name, payload)
+    writer.close()
+    assert read_both(out.getvalue()) == (expected, None)
+    assert sum(scanned) >= 390
+
+
+def test_shardwriter_shards_are_read_by_the_scan(tmp_path, scanned):
+    import webdataset as wds
+
+    with wds.ShardWriter(str(tmp_path / "w-%02d.tar"), maxcount=400, verbose=0) as sink:
+        for i in range(400):
+            sink.write({"__key__": f"s{i:05d}", "json": {"i": i, "t": "x" * (i % 700)}})
+    data = (tmp_path / "w-00.tar").read_bytes()
+    assert read_both(data) == (tarfile_members(data), None)
+    assert sum(scanned) >= 390
+
+
+def test_a_bad_checksum_in_a_run_is_refused_where_it_is(scanned):
+    data = bytearray(pax_run())
+    at = offset_of(data, b"00030.json")
+    data[at + 1] ^= 0x01  # the name changed, the checksum not
+    members, error = read_both(bytes(data))
+    assert [name for name, _ in members] == [f"{i:05d}.json" for i in range(30)]
+    assert error == f"s3://b/run.tar: bad header checksum at byte {at}"
+    assert sum(scanned) >= 29
+    data = bytearray(pax_run())
+    at = offset_of(data, b"00030.json") - 2 * BLOCK  # the PAX header before it
+    data[at + 101] ^= 0x01  # its mode
+    assert read_both(bytes(data))[1] == f"s3://b/run.tar: bad header checksum at byte {at}"
+
+
+def test_a_header_inside_a_payload_is_payload(scanned):
+    """A payload that holds whole, valid headers at block boundaries (a tar in a tar)."""
+    inner = io.BytesIO()
+    writer = TarWriter(inner)
+    for i in range(40):
+        writer.add(f"evil{i:03d}.json", b"{}")
+    writer.close()
+    parts = [member(f"{i:05d}.tar" if i == 20 else f"{i:05d}.json",
+                    inner.getvalue() if i == 20 else b"%d" % i) for i in range(RUN)]
+    data = tar(*parts)
+    members, error = read_both(data)
+    assert error is None and members == tarfile_members(data)
+    assert [n for n, _ in members if n.startswith("evil")] == []
+    assert members[20] == ("00020.tar", inner.getvalue())
+
+
+@pytest.mark.parametrize("key", ["path", "size"])
+def test_a_meaningful_record_in_a_run_is_applied(key, scanned):
+    first = mtime(0)
+    body = record("path", "renamed.json") if key == "path" else record("size", "3")
+    data = pax_run(at=30, odd=pax(body) + member("00030.json", b"abcdef"))
+    members, error = read_both(data)
+    assert error is None and members == tarfile_members(data)
+    assert members[30] == (("renamed.json", b"abcdef") if key == "path" else
+                           ("00030.json", b"abc"))
+    assert len(first) == len(mtime(30))
+
+
+def test_a_record_of_another_key_or_length_in_a_run_is_read(scanned):
+    odd = pax(record("mtime", "1796160775.5") + record("uname", "someone")) \
+        + member("00030.json", b"x")
+    data = pax_run(at=30, odd=odd)
+    assert read_both(data) == (tarfile_members(data), None)
+    odd = pax(record("mtime", "17961607751")) + member("00030.json", b"y")  # shorter
+    data = pax_run(at=30, odd=odd)
+    assert read_both(data) == (tarfile_members(data), None)
+    assert sum(scanned) >= 2 * (RUN - 3)
+
+
+@pytest.mark.parametrize("body", [
+    mtime(30)[:-1] + b"0",  # no newline at its end
+    b"2x" + mtime(30)[2:],  # a length that is not a number
+    record("GNU.sparse.size", "100000000000000"),
+])
+def test_a_malformed_or_sparse_record_in_a_run_is_refused(body, scanned):
+    data = pax_run(at=30, odd=pax(body) + member("00030.json", b"x"))
+    members, error = read_both(data)
+    assert len(members) == 30 and error is not None
+    assert "bad PAX header" in error or "sparse member" in error
+
+
+def test_other_entries_in_a_run_are_read_as_alone():
+    """A directory, a link, a GNU long name, a prefixed name, two PAX headers: the general
+    parser's rules, the same read as lists."""
+    cases = {
+        "directory": tarfile.TarInfo("somedir/"),
+        "symlink": tarfile.TarInfo("00030.lnk"),
+    }
+    cases["directory"].type = tarfile.DIRTYPE
+    cases["symlink"].type, cases["symlink"].linkname = tarfile.SYMTYPE, "00001.json"
+    for info in cases.values():
+        data = pax_run(at=30, odd=info.tobuf(tarfile.USTAR_FORMAT))
+        assert read_both(data) == (tarfile_members(data), None)
+    for name in ("k" * 150 + ".json", "d" * 90 + "/" + "e" * 60 + ".json"):  # GNU L, prefix
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tf:
+            for i in range(RUN):
+                info = tarfile.TarInfo(name if i == 30 else f"{i:05d}.json")
+                info.size = 2
+                tf.addfile(info, io.BytesIO(b"{}"))
+        data = out.getvalue()
+        assert read_both(data) == (tarfile_members(data), None)
+    data = pax_run(at=30, odd=pax(mtime(1)) + pax(mtime(2)) + member("00030.json", b"x"))
+    assert "two PAX headers for one member" in read_both(data)[1]
+
+
+def test_a_run_cut_short_or_past_its_recorded_length(scanned):
+    data = pax_run()
+    at = offset_of(data, b"00030.json")
+    members, error = read_both(data[: at + BLOCK + 3])
+    assert len(members) == 30 and "truncated member" in error
+    members, error = read_both(data[: at + BLOCK + 3], limit=at + BLOCK + 3)
+    assert len(members) == 30 and f"runs past the {at + BLOCK + 3} bytes" in error
+
+
+def test_a_payload_for_the_target_in_a_run_goes_to_it(scanned):
+    large = bytes(range(256)) * 160  # 40 KiB: offered to a payload target
+    data = pax_run(at=30, odd=pax(mtime(30)) + member("00030.json", large))
+    offered = []
+
+    def target(name, size, region):
+        offered.append((name, size))
+        memory = bytearray(size)
+        return memory, memoryview(memory)
+
+    members, error = read_both(data, payload_target=target)
+    assert error is None and offered == [("00030.json", len(large))] * 2  # once per read
+    assert members[30] == ("00030.json", bytearray(large))
+    assert members[:30] + members[31:] == [m for m in tarfile_members(data) if m[0] != "00030.json"]
