@@ -19,9 +19,12 @@ from collections.abc import Collection
 
 import numpy as np
 
+from wdstream.shards.tar_buffer import READ_SIZE
 from wdstream.shards.tar_header import BLOCK
 
-MIN_ROWS = 16  # fewer candidate headers than this: the general parser is as quick
+MIN_ROWS = 64  # fewer candidate headers than this in a buffer: the general parser is quicker
+# members above this size: too few of them in a read of the reader's (1 MiB) for a scan
+SCAN_SIZE_MAX = READ_SIZE // MIN_ROWS
 _OCTAL_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # 11 digits, most significant first
 _OCTAL_SUM = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the checksum's 6 digits
 _MAGIC_AT = 257  # magic + version: where a header says what it is
@@ -33,40 +36,67 @@ def _byte_sums(rows: np.ndarray) -> np.ndarray:
     return np.add.reduce(rows, axis=1, dtype=np.uint32).astype(np.int64)
 
 
+def _run_start(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes],
+               size_below: int | None) -> int | None:
+    """A quick look at the header at ``pos``, before the arrays are built: None when it
+    cannot start a run, else the bytes of its member (0 for a PAX header). A run's header is
+    a regular file's without prefix, its payload of a size the scan takes, or a PAX header
+    whose record is of a key in ``pax_keys``, with ``magic``."""
+    if not data.startswith(magic, pos + _MAGIC_AT):
+        return None
+    typeflag = data[pos + 156]
+    if typeflag != 48 and typeflag != 120 or typeflag == 48 and data[pos + 345]:
+        return None
+    try:
+        size = int(data[pos + 124 : pos + 135], 8)
+    except ValueError:
+        return None
+    if typeflag == 48:
+        return BLOCK + size if size_below is None or size < size_below else None
+    if any(data.startswith(b"%d %s=" % (size, key), pos + BLOCK) for key in pax_keys):
+        return 0
+    return None
+
+
 def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes],
                  *, size_below: int | None) -> tuple[list, int] | None:
-    """The regular members at ``data[pos:]`` with headers of ``magic`` (bytes 257 to 264),
+    """The regular members at ``data[pos:]`` with ``magic`` in their headers (bytes 257 to 263),
     each after a PAX header of one record of a key in ``pax_keys`` or after none, as a list
-    of ``(name, payload)`` and the position after the last; None when there are none to
-    give this way.
+    of ``(name, payload)`` and the position after the last. The list is empty when a quick
+    look at the header at ``pos`` tells it does not start such a run (one may start further
+    on); None when the rest of ``data`` is not worth another scan: too few headers, or a
+    first header that the scan found is not one of a run.
 
     Only members ``data`` holds whole are given, so none runs past a shard's recorded
     length (the buffer never holds a byte beyond it). ``size_below``: payloads of this size
     or more are left to the general parser (which hands them to a payload target)."""
+    first = _run_start(data, pos, magic, pax_keys, size_below)
+    if first is None:
+        return [], pos
     rows_total = (len(data) - pos) // BLOCK
-    if rows_total < MIN_ROWS:
-        return None
+    if rows_total < MIN_ROWS or first * MIN_ROWS > len(data) - pos:  # members like the
+        return None  # first: too few of them in the rest of the buffer
     blocks = np.frombuffer(data, np.uint8, rows_total * BLOCK, pos).reshape(rows_total, BLOCK)
-    # bytes 256 to 263 of each block as one word: the magic but its last byte, after the
-    # link name's last (masked)
+    # bytes 256 to 263 of each block as one word: the link name's last (masked), then the
+    # magic
     words = np.frombuffer(data, np.uint64, rows_total * BLOCK // 8, pos)[_MAGIC_AT // 8 :: 64]
-    word = np.frombuffer(bytes(1) + magic[:7], np.uint64)[0]
+    word = np.frombuffer(bytes(1) + magic, np.uint64)[0]
     rows = np.flatnonzero(words & _NOT_FIRST_BYTE == word)
-    if len(rows) < MIN_ROWS or rows[0] != 0:
+    if len(rows) < MIN_ROWS:
         return None
     heads = blocks[rows]
-    # the general parser's checks, every row at once: the magic, the size and checksum
-    # fields as the usual writers fill them, the unsigned checksum
+    # the general parser's checks, every row at once: the size and checksum fields as the
+    # usual writers fill them, the unsigned checksum
     size_digits = heads[:, 124:135] - np.uint8(48)  # wraps below '0': fails the <= 7
     sum_digits = heads[:, 148:154] - np.uint8(48)
     sizes = size_digits @ _OCTAL_SIZE
-    valid = (heads[:, _MAGIC_AT + 7] == magic[7]) & (size_digits <= 7).all(1) \
+    valid = (size_digits <= 7).all(1) \
         & ((heads[:, 135] == 0) | (heads[:, 135] == 32)) & (sum_digits <= 7).all(1) \
         & (heads[:, 154] == 0) & (heads[:, 155] == 32) \
         & (sum_digits @ _OCTAL_SUM == _byte_sums(heads) - _byte_sums(heads[:, 148:156])
            + 8 * 32)
     kept = np.flatnonzero(valid)
-    if len(kept) < MIN_ROWS or kept[0] != 0:
+    if not len(kept) or kept[0] != 0:
         return None
     rows, sizes = rows[kept], sizes[kept]
     typeflags = heads[kept, 156]

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import BinaryIO
 from zlib import adler32
 
-from wdstream.shards.tar_blocks import scan_members
+from wdstream.shards.tar_blocks import SCAN_SIZE_MAX, scan_members
 from wdstream.shards.tar_buffer import MAX_READ, TARGET_READ, TarBuffer
 from wdstream.shards.tar_header import (
     AREGTYPE,
@@ -37,7 +37,6 @@ from wdstream.shards.tar_header import (
 _ZERO_BLOCK = bytes(BLOCK)
 LONG_NAME_MAX = 1 << 16  # a GNU long name or link: far above any file system's PATH_MAX
 PAX_MAX = 1 << 20  # a PAX extended header: names, times and a few attributes
-SCAN_AGAIN = 64 << 10  # after the block scan found nothing to take: bytes before it tries again
 HEAD_BYTES = 4096  # what ``on_head`` is given: the shard's first header(s) and payload bytes
 
 
@@ -114,11 +113,12 @@ class TarMembers(TarBuffer):
         # their size field: the header, payload size, size with padding, b"<length> <key>="
         repeats: dict[bytes, tuple[bytes, int, int, bytes]] = {}
         # the block scan (tar_blocks) of a buffer of members like those verified: the magic
-        # of their headers, the keys of their PAX records, and where it is tried next (in a
-        # new buffer, or past a position in this one)
+        # of their headers, the keys of their PAX records, and where it is tried next (past
+        # a position in this buffer, or in the next)
         magic: bytes | None = None
         pax_keys: set[bytes] = set()
         scanned, scan_at = None, 0
+        last_size = 0  # of the last member read the general way: a scan's only after small ones
         if self._on_head is not None:
             self._fill(HEAD_BYTES if limit is None else min(HEAD_BYTES, limit))
             self._on_head(self._data[:HEAD_BYTES])
@@ -135,18 +135,19 @@ class TarMembers(TarBuffer):
                         return
                     raise self._error("truncated header", self.offset)
             data, pos = self._data, self._pos
-            if magic is not None and not one and pax is None and long_name is None and (
-                    data is not scanned or pos >= scan_at):
+            if magic is not None and last_size <= SCAN_SIZE_MAX and not one and pax is None \
+                    and long_name is None and (data is not scanned or pos >= scan_at):
                 found = scan_members(data, pos, magic, pax_keys,
                                      size_below=None if target is None else TARGET_READ)
                 scanned = data
-                if found is None:  # not here: again a little further on
-                    scan_at = pos + SCAN_AGAIN
+                if found is None:  # too few headers left in this buffer
+                    scan_at = len(data)
                 else:  # up to what it does not take, which the general way reads next
                     members, self._pos = found
-                    pending += members
                     scan_at = self._pos + 1
-                    continue
+                    if members:
+                        pending += members
+                        continue
             if data[pos + 156] == 120 and pax is None and data[pos]:
                 seen = repeats.get(data[pos + 124 : pos + 136])  # by its size field
                 if seen is not None and data.startswith(seen[0], pos) \
@@ -195,6 +196,7 @@ class TarMembers(TarBuffer):
                     self._pos = padded
                     nul = header.find(0, 0, 100)
                     name = header[:nul] if nul >= 0 else header[:100]
+                    last_size = size
                     if size or not name.endswith(b"/"):  # else a directory entry
                         add((name.decode("utf-8", "surrogateescape"), data[pos + BLOCK : end]))
                         if one:
@@ -230,7 +232,7 @@ class TarMembers(TarBuffer):
                     tails[typeflag] = (tail, tail_sum + 255)  # + 8 spaces - Adler's 1
                     if typeflag == 48 and not tail[189]:  # no prefix: see the usual path
                         plain = tails[typeflag]
-                        magic = header[257:265]
+                        magic = header[257:264]
                 elif stored != signed_sum(header):
                     raise self._error("bad header checksum", start)
             try:
@@ -348,6 +350,7 @@ class TarMembers(TarBuffer):
                             memory[:] = memoryview(data)[pos + BLOCK : end]
                     else:
                         payload = data[pos + BLOCK : end]
+                last_size = size
                 add((text, payload))
                 if one:
                     yield pending[:]
