@@ -1,6 +1,6 @@
 """Shared fixtures: real S3 (moto server) and GCS (gcp-storage-emulator) processes on
-127.0.0.1, their client environment applied to this process and to subprocesses, and small
-generated datasets."""
+127.0.0.1, their client environment applied to this process and to subprocesses, small
+generated datasets, and a count of the tar reader's block scans."""
 
 from __future__ import annotations
 
@@ -102,3 +102,20 @@ def silent_endpoint():
     for connection in connections:
         connection.close()
     server.close()
+
+
+@pytest.fixture
+def scanned(monkeypatch) -> list[int]:
+    """The members each block scan of the tar reader gave (0: it gave none)."""
+    from wdstream.shards import tar_reader
+
+    counts: list[int] = []
+    real_scan = tar_reader.scan_members
+
+    def counted(*args, **kwargs):
+        found = real_scan(*args, **kwargs)
+        counts.append(len(found[0]) if found else 0)
+        return found
+
+    monkeypatch.setattr(tar_reader, "scan_members", counted)
+    return counts

@@ -12,7 +12,6 @@ import pytest
 from test_tar_pax import member, mtime, pax, record, tar
 
 from wdstream.errors import ShardError
-from wdstream.shards import tar_reader
 from wdstream.shards.tar_reader import iter_members
 from wdstream.shards.tar_writer import TarWriter
 
@@ -20,23 +19,9 @@ BLOCK = 512
 RUN = 200  # members in a run: several times the headers the scan needs to start
 
 
-@pytest.fixture
-def scanned(monkeypatch) -> list[int]:
-    """The members each block scan gave (0: it gave none)."""
-    counts: list[int] = []
-    real_scan = tar_reader.scan_members
-
-    def counted(*args, **kwargs):
-        found = real_scan(*args, **kwargs)
-        counts.append(len(found[0]) if found else 0)
-        return found
-
-    monkeypatch.setattr(tar_reader, "scan_members", counted)
-    return counts
-
-
-def outcome(data: bytes, as_lists: bool, **kwargs):
-    """The members read before the first error, and the error's text (None: read whole)."""
+def outcome(data: bytes, as_lists: bool, **kwargs) -> tuple[list, Exception | None]:
+    """The members read before the first error, and that error (None: the tar read whole),
+    read as lists (``batches()``) or one at a time."""
     members = iter_members(io.BytesIO(data), "s3://b/run.tar", **kwargs)
     got: list = []
     try:
@@ -45,16 +30,19 @@ def outcome(data: bytes, as_lists: bool, **kwargs):
                 got += batch
         else:
             got += members
-    except ShardError as error:
-        return got, str(error)
+    except Exception as error:  # compared; anything but a ShardError fails the tests
+        return got, error
     return got, None
 
 
-def read_both(data: bytes, **kwargs):
-    """Members and error, which must be the same read as lists and one at a time."""
-    lists = outcome(data, True, **kwargs)
-    assert lists == outcome(data, False, **kwargs)
-    return lists
+def read_both(data: bytes, **kwargs) -> tuple[list, str | None]:
+    """Members and error (its text), which must be the same read as lists and one at a
+    time."""
+    lists, lists_error = outcome(data, True, **kwargs)
+    one, one_error = outcome(data, False, **kwargs)
+    assert lists == one and repr(lists_error) == repr(one_error), (lists_error, one_error)
+    assert lists_error is None or isinstance(lists_error, ShardError), lists_error
+    return lists, None if lists_error is None else str(lists_error)
 
 
 def tarfile_members(data: bytes) -> list[tuple[str, bytes]]:
