@@ -14,6 +14,7 @@ import tarfile
 import pytest
 
 from wdstream.errors import InputError, ManifestError, ShardError
+from wdstream.shards import samples as samples_module
 from wdstream.shards.index import index_shards, merge_manifests
 from wdstream.shards.manifest import (
     MANIFEST_NAME,
@@ -23,7 +24,13 @@ from wdstream.shards.manifest import (
     load_manifest,
     write_manifest,
 )
-from wdstream.shards.samples import StrayCount, check_key, iter_samples, split_name
+from wdstream.shards.samples import (
+    StrayCount,
+    check_key,
+    iter_samples,
+    sample_batches,
+    split_name,
+)
 from wdstream.shards.tar_reader import iter_members
 from wdstream.shards.tar_writer import END_SIZE, TarWriter, member_size
 
@@ -538,6 +545,46 @@ def test_iter_samples_groups_consecutive_members():
     assert strays.count == 5 and strays.names == ["README", ".hidden", "__meta__",
                                                   "__x__/a.txt", "d.e/f"]
 
+
+
+def _grouped(lists, url="shard.tar"):
+    """``sample_batches`` of ``lists``: the samples and strays given, then the error's text."""
+    strays, got = StrayCount(), []
+    try:
+        for samples in sample_batches(iter(lists), url, strays):
+            got += samples
+    except ShardError as error:
+        return got, strays.names, str(error)
+    return got, strays.names, None
+
+
+def test_lists_of_one_member_samples_group_as_members_one_by_one(monkeypatch):
+    """Lists whose members are each a sample of its own are grouped a list at a time: the
+    same samples, strays and errors as member by member, wherever the lists are cut."""
+    rng = random.Random(5)
+    pieces = ["a", "b", "Σ", "x1", ".", ".", "/", "_", "__", "\n", "JSON", "__key__", "ΑΣ"]
+    for case in range(400):
+        names = []
+        for i in range(rng.randrange(1, 40)):
+            if case % 3 and rng.random() < 0.9:  # mostly the usual shape
+                names.append(f"{i:04d}.{rng.choice(['json', 'TXT', 'cls', 'x.y', 'ΑΣ'])}")
+            else:
+                names.append("".join(rng.choice(pieces) for _ in range(rng.randrange(1, 6))))
+            if rng.random() < 0.05 and names:  # a key again, right after
+                names.append(names[-1].split(".")[0] + ".other")
+        members = [(name, b"%d" % i) for i, name in enumerate(names)]
+        cuts = sorted({0, len(members), *rng.sample(range(len(members)), min(3, len(members)))})
+        lists = [members[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+        fast = _grouped(lists)
+        with monkeypatch.context() as patched:
+            patched.setattr(samples_module, "_one_member_samples", lambda batch, key: None)
+            assert fast == _grouped(lists), (case, names)
+    lists = [[(f"{i:04d}.json", b"x") for i in range(j, j + 10)] for j in range(0, 50, 10)]
+    calls = []
+    real = samples_module._one_member_samples
+    monkeypatch.setattr(samples_module, "_one_member_samples",
+                        lambda batch, key: calls.append(real(batch, key)) or calls[-1])
+    assert len(_grouped(lists)[0]) == 50 and all(calls)  # the usual lists: the quick way
 
 # --- manifest --------------------------------------------------------------------------------
 

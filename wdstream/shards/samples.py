@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from itertools import chain
+from itertools import chain, islice, repeat
+from operator import eq, itemgetter
 
 from wdstream.errors import InputError, ShardError
 
@@ -143,6 +144,18 @@ def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
     add = done.append
     try:
         for batch in batches:
+            alone = _one_member_samples(batch, key)
+            if alone is not None:  # each member a sample of its own: made a list at a time
+                if sample is not None:
+                    add(sample)
+                done += [{"__key__": k, "__url__": url, ext: payload}
+                         for k, ext, payload in zip(*alone, strict=True)]
+                sample = done.pop()  # the last may have members in the next list
+                key = sample["__key__"]
+                if done:
+                    yield done[:]
+                    done.clear()
+                continue
             for name, payload in batch:
                 # the usual case of stray_split inlined: this runs once per member
                 slash = name.rfind("/") + 1
@@ -186,3 +199,31 @@ def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
 
 
 _RESERVED = frozenset(("__key__", "__url__"))
+
+
+def _one_member_samples(batch: list[tuple[str, bytes]], key: str | None
+                        ) -> tuple[list[str], list[str], list] | None:
+    """``(keys, extensions, payloads)`` of a list of members that are each a sample of its
+    own, their names of the usual shape (``key.ext``, no directory, nothing ``stray_split``
+    would look at twice), their keys none like the one before it nor the first like ``key``
+    (the open sample's): checked for the whole list at once, in C. None when any member is
+    not so (the members are then grouped one by one)."""
+    if len(batch) < 2:
+        return None
+    names, payloads = map(list, zip(*batch, strict=True))
+    joined = "\n".join(names)
+    if "/" in joined or joined.count("\n") != len(names) - 1 or joined[:1] in "._" \
+            or "\n." in joined or "\n_" in joined:
+        return None
+    parts = list(map(str.partition, names, repeat(".")))
+    if "" in map(itemgetter(1), parts):  # a name without a dot
+        return None
+    keys = list(map(itemgetter(0), parts))
+    if keys[0] == key or any(map(eq, keys, islice(keys, 1, None))):
+        return None
+    exts = list(map(itemgetter(2), parts))
+    lowered = "\n".join(exts).lower()
+    exts = lowered.split("\n")
+    if len(exts) != len(keys) or not _RESERVED.isdisjoint(exts):
+        return None
+    return keys, exts, payloads
