@@ -175,6 +175,16 @@ def test_other_entries_in_a_run_are_read_as_alone():
     assert "two PAX headers for one member" in read_both(data)[1]
 
 
+def test_empty_members_in_a_run(scanned):
+    """An empty regular member named like a directory is a directory entry (skipped); an
+    empty file is a member."""
+    data = pax_run(at=30, odd=pax(mtime(30)) + member("somedir/", b""))
+    data = data.replace(member("00031.json", b'{"i": 31}'), member("00031.json", b""))
+    members, error = read_both(data)
+    assert error is None and len(members) == RUN - 1
+    assert "somedir/" not in dict(members) and dict(members)["00031.json"] == b""
+    assert sum(scanned) >= RUN - 2
+
 def test_a_run_cut_short_or_past_its_recorded_length(scanned):
     data = pax_run()
     at = offset_of(data, b"00150.json")

@@ -138,15 +138,17 @@ def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes
     if count == 0:
         return None
     taken = np.flatnonzero(is_regular[:count])
-    names_at = heads[kept[taken], :100] == 0
+    names = heads[kept[taken], :100]
+    names_at = names == 0
     name_lengths = np.where(names_at.any(1), names_at.argmax(1), 100)
-    starts = pos + rows[taken] * BLOCK
-    members = []
-    add = members.append
-    for start, length, size in zip(starts.tolist(), name_lengths.tolist(),
-                                   sizes[taken].tolist(), strict=True):
-        name = data[start : start + length]
-        if size or not name.endswith(b"/"):  # else a directory entry
-            add((name.decode("utf-8", "surrogateescape"),
-                 data[start + BLOCK : start + BLOCK + size]))
+    sizes = sizes[taken]
+    # an empty member whose name ends in "/" is a directory entry
+    files = (sizes > 0) | (names[np.arange(len(taken)), np.maximum(name_lengths - 1, 0)] != 47)
+    starts = pos + rows[taken[files]] * BLOCK
+    payload_starts = starts + BLOCK
+    members = [(data[start:name_end].decode("utf-8", "surrogateescape"), data[begin:end])
+               for start, name_end, begin, end in zip(
+                   starts.tolist(), (starts + name_lengths[files]).tolist(),
+                   payload_starts.tolist(), (payload_starts + sizes[files]).tolist(),
+                   strict=True)]
     return members, pos + int(ends[count - 1]) * BLOCK
