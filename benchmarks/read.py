@@ -254,6 +254,7 @@ def case_webdataset_s3(urls: list[str], expected: int | None = None) -> dict:
 
 # =========================================================================== the suite (parent)
 
+SMALL_RUNS_FACTOR = 2  # the small records' cases run 2 * runs - 1 times (5 by default)
 T_SMALL = "small records: ~1 KiB JSON samples, local shards, 2 workers, batch 32"
 T_LARGE = "large samples: ~1 MiB samples, local shards"
 T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"
@@ -351,8 +352,9 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                                                               "decode": False})
     for spec in cases.values():
         spec[1]["expected"] = samples
+    # these cases take a second or two each, and a single run of one moves most: more runs
     results = common.repeat({f"{k[0]} / {k[1]}": v for k, v in cases.items()},
-                            progress=common.log)
+                            runs=SMALL_RUNS_FACTOR * common.RUNS - 1, progress=common.log)
     by_key = {key: results[f"{key[0]} / {key[1]}"] for key in cases}
     rows, summary = [], {}
     summary["defaults_vs_litdata_raw"] = ratio(_rate(by_key[(DEFAULTS, "json")]),
