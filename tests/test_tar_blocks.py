@@ -180,6 +180,57 @@ def test_other_entries_in_a_run_are_read_as_alone():
     assert "two PAX headers for one member" in read_both(data)[1]
 
 
+def _with_size_field(part: bytes, field: bytes) -> bytes:
+    """``part`` (a member: header, payload) with its header's size field replaced."""
+    header = bytearray(part[:BLOCK])
+    header[124:136] = field
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\x00 " % sum(header)
+    return bytes(header) + part[BLOCK:]
+
+
+@pytest.mark.parametrize("field", [
+    b"000000001750",  # twelve digits, no terminator: 1,000
+    b"00000001750 ",  # a space for the terminator
+    b"00000001790\x00",  # not octal
+    b" 0000001750\x00",  # a leading space
+])
+def test_size_fields_of_other_writers_in_a_run(field, scanned):
+    """A run's last member (where no next header checks where it ends) with a size field the
+    usual writers do not write: read as the general parser reads it."""
+    last = member("00199.json", b"z" * 1000)
+    data = pax_run(at=RUN - 1, odd=pax(mtime(RUN - 1)) + _with_size_field(last, field))
+    members, error = read_both(data)
+    if field == b"00000001790\x00":
+        assert len(members) == RUN - 1 and "bad size field" in error
+    else:
+        assert error is None and members[-1] == ("00199.json", b"z" * 1000)
+    assert sum(scanned) >= RUN - 2
+
+@pytest.mark.parametrize("form", ["%07o\x00", "%06o7\x00", "%06o\x00\x00", "%06o  ", "colon"])
+def test_checksum_fields_of_other_writers_in_a_run(form, scanned):
+    """A member in the middle of a run with its checksum written another way (seven digits,
+    a NUL for the space...), or with a digit too many, or with ':' (the digit after '7') as
+    its last digit, the field then worth the checksum if it were a digit: read as the
+    general parser reads it."""
+    part = member("00100.json", b"x" * 700)
+    header = bytearray(part[:BLOCK])
+    header[148:156] = b" " * 8
+    if form == "colon":
+        while (sum(header) - 10) % 8:
+            header[103] += 1  # a digit of the mode, which the reader does not read
+        field = b"%05o:\x00 " % ((sum(header) - 10) // 8)
+    else:
+        field = (form % sum(header)).encode("latin-1")
+    header[148:148 + len(field)] = field
+    data = pax_run(at=100, odd=pax(mtime(100)) + bytes(header) + part[BLOCK:])
+    members, error = read_both(data)
+    if form in ("%06o7\x00", "colon"):  # the digits read are not the checksum
+        assert len(members) == 100 and "bad header checksum" in error
+    else:
+        assert error is None and members[100] == ("00100.json", b"x" * 700)
+    assert sum(scanned) >= 99
+
 def test_empty_members_in_a_run(scanned):
     """An empty regular member named like a directory is a directory entry (skipped); an
     empty file is a member."""
