@@ -215,10 +215,12 @@ def ours(data: bytes, seekable: bool, limit: int | None):
 
 
 def ours_as_lists(data: bytes, seekable: bool, limit: int | None):
-    """Read as lists (from a seekable stream: buffers large enough for a scan) and one at a
-    time, which must agree: the same members, then the same error."""
+    """Read as lists and one at a time, which must agree: the same members, then the same
+    error. Always from a seekable stream (``seekable`` aside): its buffers are large enough
+    for a scan."""
     got, error = outcome(data, True, limit=limit)
-    assert (got, repr(error)) == (lambda o: (o[0], repr(o[1])))(outcome(data, False, limit=limit))
+    one, one_error = outcome(data, False, limit=limit)
+    assert got == one and repr(error) == repr(one_error), (error, one_error)
     if error is not None:
         raise error
     return got
