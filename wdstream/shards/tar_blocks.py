@@ -74,8 +74,9 @@ def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes
     if first is None:
         return [], pos
     rows_total = (len(data) - pos) // BLOCK
-    if rows_total < MIN_ROWS or first * MIN_ROWS > len(data) - pos:  # members like the
-        return None  # first: too few of them in the rest of the buffer
+    # too few headers, or of members like the first, in the rest of the buffer
+    if rows_total < MIN_ROWS or first * MIN_ROWS > len(data) - pos:
+        return None
     blocks = np.frombuffer(data, np.uint8, rows_total * BLOCK, pos).reshape(rows_total, BLOCK)
     # bytes 256 to 263 of each block as one word: the link name's last (masked), then the
     # magic

@@ -273,7 +273,7 @@ class TarMembers(TarBuffer):
                         if prefix is not None:
                             repeats[header[124:136]] = (header, size,
                                                         BLOCK + size + padding(size), prefix)
-                            pax_keys.add(prefix[prefix.index(b" ") + 1 : -1])
+                            pax_keys.update(pax)  # its one key
                 elif typeflag == 103:  # 'g': global PAX header
                     records = self._pax(record, start)
                     if b"path" in records or b"size" in records or \
