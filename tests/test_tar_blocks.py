@@ -9,7 +9,7 @@ import io
 import tarfile
 
 import pytest
-from test_tar_pax import member, mtime, pax, record, record_of, tar
+from test_tar_pax import fix_checksum, member, mtime, pax, record, record_of, tar
 
 from wdstream.errors import ShardError
 from wdstream.shards.tar_reader import iter_members
@@ -182,11 +182,10 @@ def test_other_entries_in_a_run_are_read_as_alone():
 
 def _with_size_field(part: bytes, field: bytes) -> bytes:
     """``part`` (a member: header, payload) with its header's size field replaced."""
-    header = bytearray(part[:BLOCK])
-    header[124:136] = field
-    header[148:156] = b" " * 8
-    header[148:156] = b"%06o\x00 " % sum(header)
-    return bytes(header) + part[BLOCK:]
+    changed = bytearray(part)
+    changed[124:136] = field
+    fix_checksum(changed, 0)
+    return bytes(changed)
 
 
 @pytest.mark.parametrize("field", [

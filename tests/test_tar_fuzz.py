@@ -20,6 +20,7 @@ import tarfile
 
 import pytest
 from test_tar_blocks import outcome
+from test_tar_pax import fix_checksum
 
 from wdstream.errors import WdstreamError
 from wdstream.shards.tar_reader import iter_members
@@ -102,12 +103,6 @@ def headers(data: bytes) -> list[tuple[int, int]]:
             size = 0
         pos += BLOCK + size + (-size % BLOCK)
     return found
-
-
-def fix_checksum(data: bytearray, at: int) -> None:
-    header = data[at : at + BLOCK]
-    header[148:156] = b" " * 8
-    data[at + 148 : at + 156] = b"%06o\x00 " % sum(header)
 
 
 def _size_field(rng, size):

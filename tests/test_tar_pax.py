@@ -41,6 +41,13 @@ def record(key: str, value: str) -> bytes:
     return str(length).encode() + body
 
 
+def fix_checksum(data: bytearray, at: int) -> None:
+    """The checksum of the header at ``data[at:]`` made right again, as tar writes it."""
+    header = data[at : at + BLOCK]
+    header[148:156] = b" " * 8
+    data[at + 148 : at + 156] = b"%06o\x00 " % sum(header)
+
+
 def member(name: str, data: bytes) -> bytes:
     return _header(name, len(data)) + _padded(data)
 
