@@ -268,6 +268,10 @@ def test_unchanged_tells_which_lists_need_no_decoding():
     assert not decoder.unchanged([sample(json=b"{}", txt=b"a")])  # txt decodes to str
     assert decoder.unchanged([sample(bin=b"\x00")])  # no decoder
     assert not decoder.unchanged([sample(json=b"{}"), sample(json=bytearray(b"{}"))])
+    # samples of different members: what each has is checked
+    assert decoder.unchanged([sample(bin=b"\x00"), sample(json=b"{}"), sample(dat=b"")])
+    assert not decoder.unchanged([sample(bin=b"\x00"), sample(json=b" " * DEFER_MAX)])
+    assert not decoder.unchanged([sample(bin=b"\x00"), sample(json=b"{}"), sample(txt=b"")])
 
 
 def test_a_decoding_failure_comes_after_the_samples_before_it(tmp_path):

@@ -316,14 +316,11 @@ class SampleDecoder:
         return sample
 
     def unchanged(self, samples: list[dict]) -> bool:
-        """Whether decoding leaves each of ``samples`` as it is (their member names are the
-        same, and each has no decoder or is a value kept as it is): checked a list at a time,
-        in C, rather than member by member."""
-        names = set(map(tuple, samples))
-        if len(names) != 1:
-            return False
+        """Whether decoding leaves each of ``samples`` as it is (each of their members has no
+        decoder, or is a value kept as it is): checked a list at a time, in C, rather than
+        member by member."""
         by_name, kept = self._by_name, []
-        for name in names.pop():
+        for name in set().union(*samples):  # the names of all their members
             decoder = by_name.get(name, _UNSEEN)
             if decoder is _UNSEEN:
                 decoder = self._decoder(name)
@@ -333,7 +330,10 @@ class SampleDecoder:
                 return False
             kept.append(name)
         for name in kept:
-            values = list(map(itemgetter(name), samples))
+            try:
+                values = list(map(itemgetter(name), samples))
+            except KeyError:  # a member not every sample has
+                values = [sample[name] for sample in samples if name in sample]
             if set(map(type, values)) != _BYTES or max(map(len, values)) >= self._kept_below:
                 return False
         return True
