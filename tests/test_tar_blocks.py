@@ -230,6 +230,30 @@ def test_checksum_fields_of_other_writers_in_a_run(form, scanned):
         assert error is None and members[100] == ("00100.json", b"x" * 700)
     assert sum(scanned) >= 99
 
+def test_names_of_any_bytes_in_a_run(scanned):
+    """The scan decodes a run's names together; names holding a newline, bytes that are not
+    UTF-8, bytes after the name's NUL or no NUL at all read as they do one at a time."""
+    data = bytearray(pax_run())
+    for index, field in [(20, b"00020\n.json"), (21, b"\xff\xfe.json"),
+                         (22, b"00022.json\x00junk"), (23, b"%099d.j" % 23)]:
+        at = offset_of(data, b"%05d.json" % index)
+        data[at : at + 100] = field[:100].ljust(100, b"\x00")
+        fix_checksum(data, at)
+    members, error = read_both(bytes(data))
+    assert error is None and len(members) == RUN
+    assert [name for name, _ in members[20:24]] == [
+        "00020\n.json", "\udcff\udcfe.json", "00022.json", f"{23:099d}.j"[:100]]
+    assert sum(scanned) >= RUN - 1
+    # the same names in separate runs, one odd name each
+    for field in (b"00020\n.json", b"00022.json\x00junk"):
+        data = bytearray(pax_run())
+        at = offset_of(data, b"00020.json")
+        data[at : at + 100] = field.ljust(100, b"\x00")
+        fix_checksum(data, at)
+        members, error = read_both(bytes(data))
+        assert error is None and members[20][0] == field.split(b"\x00")[0].decode()
+
+
 def test_empty_members_in_a_run(scanned):
     """An empty regular member named like a directory is a directory entry (skipped); an
     empty file is a member."""

@@ -145,11 +145,22 @@ def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes
     sizes = sizes[taken]
     # an empty member whose name ends in "/" is a directory entry
     files = (sizes > 0) | (names[np.arange(len(taken)), np.maximum(name_lengths - 1, 0)] != 47)
-    starts = pos + rows[taken[files]] * BLOCK
-    payload_starts = starts + BLOCK
-    members = [(data[start:name_end].decode("utf-8", "surrogateescape"), data[begin:end])
-               for start, name_end, begin, end in zip(
-                   starts.tolist(), (starts + name_lengths[files]).tolist(),
-                   payload_starts.tolist(), (payload_starts + sizes[files]).tolist(),
-                   strict=True)]
+    payload_starts = pos + rows[taken[files]] * BLOCK + BLOCK
+    payload_ends = (payload_starts + sizes[files]).tolist()
+    payloads = [data[begin:end]
+                for begin, end in zip(payload_starts.tolist(), payload_ends, strict=True)]
+    members = list(zip(_decoded_names(names[files]), payloads, strict=True))
     return members, pos + int(ends[count - 1]) * BLOCK
+
+
+def _decoded_names(fields: np.ndarray) -> list[str]:
+    """Tar name fields (rows of 100 bytes, each a name up to its first NUL) as ``str``,
+    decoded as the general parser decodes one (UTF-8, undecodable bytes escaped), in one
+    call rather than one per name."""
+    listed = fields.view(f"S{fields.shape[1]}").ravel().tolist()  # trailing NULs dropped
+    text = b"\n".join(listed).decode("utf-8", "surrogateescape")
+    names = text.split("\n")
+    if len(names) == len(listed) and "\0" not in text:
+        return names
+    # a name holding a newline, or bytes after its first NUL: name by name
+    return [name.split(b"\0", 1)[0].decode("utf-8", "surrogateescape") for name in listed]
