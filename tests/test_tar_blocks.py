@@ -230,6 +230,7 @@ def test_checksum_fields_of_other_writers_in_a_run(form, scanned):
         assert error is None and members[100] == ("00100.json", b"x" * 700)
     assert sum(scanned) >= 99
 
+
 def test_names_of_any_bytes_in_a_run(scanned):
     """The scan decodes a run's names together; names holding a newline, bytes that are not
     UTF-8, bytes after the name's NUL or no NUL at all read as they do one at a time."""
