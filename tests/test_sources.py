@@ -3,6 +3,7 @@ real ``aws`` CLI, the GCS emulator with ``gcloud``, and a TCP server that never 
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -457,6 +458,29 @@ def test_local_write_is_atomic(tmp_path):
     assert sorted(os.listdir(tmp_path / "new" / "folder")) == ["x.tar"]
     with pytest.raises(ValueError):
         out.write(b"late")
+
+
+def test_a_local_write_interrupted_while_it_opens_leaves_nothing(tmp_path, monkeypatch):
+    """A Ctrl-C (pack's workers get one when another fails) may land in a writer's __init__,
+    here in its last call: the half-made writer is dropped without an error and its temporary
+    file goes with it."""
+    real_getpid = os.getpid
+
+    def interrupted():
+        monkeypatch.setattr(os, "getpid", real_getpid)
+        raise KeyboardInterrupt
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    monkeypatch.setattr(os, "getpid", interrupted)
+    try:
+        open_write(str(tmp_path / "x.tar"))
+    except KeyboardInterrupt:
+        pass
+    else:
+        pytest.fail("the writer opened")
+    gc.collect()
+    assert unraisable == [] and os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("via", ["auto", "fsspec", "cli"])

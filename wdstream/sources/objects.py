@@ -147,8 +147,10 @@ class Writer(abc.ABC):
 
     def __del__(self):
         # A writer dropped without commit is aborted: it must not upload from a finalizer. Not
-        # in a forked copy, which must leave the parent's temporary file or upload alone.
-        if not getattr(self, "_finished", True) and os.getpid() == self._pid:
+        # in a forked copy, which must leave the parent's temporary file or upload alone. No
+        # _pid: a Ctrl-C (pack's workers get one when another fails) ended __init__ here.
+        if not getattr(self, "_finished", True) and os.getpid() == getattr(
+                self, "_pid", os.getpid()):
             self.abort()
 
     @abc.abstractmethod
