@@ -35,12 +35,19 @@ def outcome(data: bytes, as_lists: bool, **kwargs) -> tuple[list, Exception | No
     return got, None
 
 
-def read_both(data: bytes, **kwargs) -> tuple[list, str | None]:
-    """Members and error (its text), which must be the same read as lists and one at a
-    time."""
+def outcome_both_ways(data: bytes, **kwargs) -> tuple[list, Exception | None]:
+    """``outcome`` read as lists, which must be what reading one member at a time gives:
+    the same members, then the same error."""
     lists, lists_error = outcome(data, True, **kwargs)
     one, one_error = outcome(data, False, **kwargs)
     assert lists == one and repr(lists_error) == repr(one_error), (lists_error, one_error)
+    return lists, lists_error
+
+
+def read_both(data: bytes, **kwargs) -> tuple[list, str | None]:
+    """Members and error (its text), which must be the same read as lists and one at a
+    time."""
+    lists, lists_error = outcome_both_ways(data, **kwargs)
     assert lists_error is None or isinstance(lists_error, ShardError), lists_error
     return lists, None if lists_error is None else str(lists_error)
 
@@ -206,6 +213,7 @@ def test_size_fields_of_other_writers_in_a_run(field, scanned):
         assert error is None and members[-1] == ("00199.json", b"z" * 1000)
     assert sum(scanned) >= RUN - 2
 
+
 @pytest.mark.parametrize("form", ["%07o\x00", "%06o7\x00", "%06o\x00\x00", "%06o  ", "colon"])
 def test_checksum_fields_of_other_writers_in_a_run(form, scanned):
     """A member in the middle of a run with its checksum written another way (seven digits,
@@ -231,15 +239,20 @@ def test_checksum_fields_of_other_writers_in_a_run(form, scanned):
     assert sum(scanned) >= 99
 
 
+def _set_name_field(data: bytearray, index: int, field: bytes) -> None:
+    """Member ``index``'s name field (100 bytes) in a ``pax_run`` set to ``field``."""
+    at = offset_of(data, b"%05d.json" % index)
+    data[at : at + 100] = field[:100].ljust(100, b"\x00")
+    fix_checksum(data, at)
+
+
 def test_names_of_any_bytes_in_a_run(scanned):
     """The scan decodes a run's names together; names holding a newline, bytes that are not
     UTF-8, bytes after the name's NUL or no NUL at all read as they do one at a time."""
     data = bytearray(pax_run())
     for index, field in [(20, b"00020\n.json"), (21, b"\xff\xfe.json"),
                          (22, b"00022.json\x00junk"), (23, b"%099d.j" % 23)]:
-        at = offset_of(data, b"%05d.json" % index)
-        data[at : at + 100] = field[:100].ljust(100, b"\x00")
-        fix_checksum(data, at)
+        _set_name_field(data, index, field)
     members, error = read_both(bytes(data))
     assert error is None and len(members) == RUN
     assert [name for name, _ in members[20:24]] == [
@@ -248,9 +261,7 @@ def test_names_of_any_bytes_in_a_run(scanned):
     # the same names in separate runs, one odd name each
     for field in (b"00020\n.json", b"00022.json\x00junk"):
         data = bytearray(pax_run())
-        at = offset_of(data, b"00020.json")
-        data[at : at + 100] = field.ljust(100, b"\x00")
-        fix_checksum(data, at)
+        _set_name_field(data, 20, field)
         members, error = read_both(bytes(data))
         assert error is None and members[20][0] == field.split(b"\x00")[0].decode()
 
