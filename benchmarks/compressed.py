@@ -50,7 +50,7 @@ def case_read(source: str, expected: int, opener: str = "auto") -> dict:
     import wdstream.stream.dataset  # noqa: F401 - import torch before the clock starts
     import wdstream.stream.loader  # noqa: F401
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=False, opener=opener)
     loader = wdstream.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
     return consume(loader, started, expected)
@@ -62,7 +62,7 @@ def case_images_wdstream(source: str, expected: int) -> dict:
     import wdstream.stream.dataset  # noqa: F401
     import wdstream.stream.loader  # noqa: F401
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=False, decode="rgb8")
     loader = wdstream.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
     return _check_images(consume_images(loader, started), expected)
@@ -73,7 +73,7 @@ def case_images_webdataset(urls: list[str], expected: int) -> dict:
     import torch.utils.data
     import webdataset as wds
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8")
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
     return _check_images(consume_images(loader, started), expected)

@@ -121,7 +121,7 @@ def case_link_limit(bucket: str, keys: list[str], sizes: list[int], part: int = 
     with context.Pool(processes, initializer=_warm,
                       initargs=(bucket, keys[0], in_flight // processes, store)) as pool:
         pool.starmap(time.sleep, [(0.2,)] * processes)  # every initializer has run
-        started = time.perf_counter()
+        started = common.start_clock()
         totals = pool.starmap(_fetch_ranges, [(bucket, share, in_flight // processes)
                                               for share in shares])
         seconds = time.perf_counter() - started
@@ -210,7 +210,7 @@ def case_one_get(bucket: str, key: str, first_bytes: int, store: str = "s3") -> 
 
     client = boto3.client("s3")
     client.head_object(Bucket=bucket, Key=key)
-    started = time.perf_counter()
+    started = common.start_clock()
     body = client.get_object(Bucket=bucket, Key=key)["Body"]
     first = None
     got = 0
@@ -232,7 +232,7 @@ def _one_gcs_get(bucket: str, name: str, first_bytes: int) -> dict:
     pool = urllib3.PoolManager(retries=False)
     url = f"{endpoint()}/download/storage/v1{object_path(bucket, name)}?alt=media"
     pool.request("GET", url, headers={"Range": "bytes=0-0"})  # connected, as a warm client
-    started = time.perf_counter()
+    started = common.start_clock()
     response = pool.request("GET", url, preload_content=False, decode_content=False)
     first = None
     got = 0
@@ -255,7 +255,7 @@ def case_first_batch(source: str, workers: int = WORKERS, batch: int = BATCH) ->
     import wdstream.stream.dataset  # noqa: F401
     import wdstream.stream.loader  # noqa: F401
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wdstream.StreamingDataset(source)
     loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers)
     iterator = iter(loader)

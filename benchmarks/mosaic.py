@@ -145,7 +145,7 @@ def case_wdstream(source: str, decode: bool, shuffle: bool, expected: int) -> di
 
     import wdstream
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode)
     loader = wdstream.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
     return consume(loader, started, expected, touch=True)

@@ -94,7 +94,7 @@ def case_wdstream(source: str, output: str, workers: int, per_shard: int,
     from wdstream.write.packer import pack
 
     server_cpu = _process_cpu(server_pid)
-    started = time.perf_counter()
+    started = common.start_clock()
     main_cpu, workers_cpu = _cpu_seconds(resource.RUSAGE_SELF), _cpu_seconds(resource.RUSAGE_CHILDREN)
     manifest = pack([source], output, max_count=per_shard, workers=workers, overwrite=True)
     seconds = time.perf_counter() - started
@@ -113,7 +113,7 @@ def case_shardwriter(source: str, output: str, per_shard: int) -> dict:
     import webdataset
 
     os.makedirs(output, exist_ok=True)
-    started = time.perf_counter()
+    started = common.start_clock()
     records = 0
     with webdataset.ShardWriter(os.path.join(output, "shard-%06d.tar"), maxcount=per_shard,
                                 maxsize=1e15, verbose=0) as sink, open(source, "rb") as lines:

@@ -91,7 +91,7 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
     if source.startswith("s3://"):
         import botocore.session  # noqa: F401 - as the boto3 case imports boto3 before its clock
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode, opener=opener)
     loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers,
                                  bytes_as=bytes_as)
@@ -104,7 +104,7 @@ def case_wdstream_inprocess(source: str, expected: int | None = None) -> dict:
     import wdstream
     import wdstream.stream.dataset  # noqa: F401 - import torch before the clock starts
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=False, decode=False)
     items, first = 0, None
     for _sample in dataset:
@@ -122,7 +122,7 @@ def case_webdataset(urls: list[str], decode: bool = True, expected: int | None =
     import torch.utils.data
     import webdataset as wds
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
     if decode:
         dataset = dataset.decode()
@@ -143,7 +143,7 @@ def case_hf(files: list[str], builder: str, expected: int | None = None) -> dict
     import torch.utils.data
 
     datasets.disable_progress_bars()
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = datasets.load_dataset(builder, data_files={"train": files}, split="train",
                                     streaming=True)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
@@ -169,7 +169,7 @@ def prepare_shardwriter(shards: list[str], output: str, per_shard: int) -> dict:
     from wdstream.shards.samples import iter_samples
     from wdstream.shards.tar_reader import iter_members
 
-    started = time.perf_counter()
+    started = common.start_clock()
     os.makedirs(output, exist_ok=True)
     with wds.ShardWriter(os.path.join(output, "shard-%06d.tar"), maxcount=per_shard,
                          verbose=0) as writer:
@@ -192,7 +192,7 @@ def prepare_litdata(shards: list[str], output: str) -> dict:
         import litdata
     except ImportError as error:
         raise Skip(f"litdata not installed ({error})") from None
-    started = time.perf_counter()
+    started = common.start_clock()
     litdata.optimize(fn=_litdata_record, inputs=shards, output_dir=output, chunk_bytes="64MB",
                      num_workers=2, mode="overwrite")
     return {"seconds": time.perf_counter() - started}
@@ -215,14 +215,14 @@ def case_litdata(directory: str, decode: bool = True, expected: int | None = Non
                 item["json"] = json.loads(item["json"])
             return item
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = JsonDataset(directory, shuffle=False, drop_last=False)
     loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
     return _consume_timed(loader, started, expected)
 
 
 def case_cat(files: list[str]) -> dict:
-    started = time.perf_counter()
+    started = common.start_clock()
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
     return {"seconds": time.perf_counter() - started, "samples": None}
 
@@ -232,7 +232,7 @@ def case_boto3(bucket: str, keys: list[str]) -> dict:
     other, one process."""
     import boto3
 
-    started = time.perf_counter()  # the client's set-up counts, as the dataset's does
+    started = common.start_clock()  # the client's set-up counts, as the dataset's does
     client = boto3.client("s3")
     first = None
     total = 0

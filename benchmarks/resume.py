@@ -86,7 +86,7 @@ def case_resume(source: str, states: str | None, fraction: float | None,
     import wdstream.stream.loader  # noqa: F401
 
     saved = json.loads(Path(states).read_text())[str(fraction)] if fraction is not None else None
-    started = time.perf_counter()
+    started = common.start_clock()
     loader = _loader(source, workers)
     if saved is not None:
         loader.load_state_dict(saved["state"])
@@ -121,7 +121,7 @@ def case_plan(shards: int, per_shard: int, world: int, workers: int,
         plan.window_order(0, 0, 0, options.schedule.size(0))
         return plan, spans
 
-    started = time.perf_counter()
+    started = common.start_clock()
     plan, spans = plan_once()
     seconds = time.perf_counter() - started
     del plan, spans
@@ -146,7 +146,7 @@ def case_first_batch(source: str, options: dict, per_shard: int, workers: int = 
     if source.startswith("s3://"):
         import botocore.session  # noqa: F401 - as the other cases import it before their clock
 
-    started = time.perf_counter()
+    started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, seed=SEED, **options)
     loader = wdstream.DataLoader(dataset, batch_size=BATCH, num_workers=workers)
     iterator = iter(loader)
