@@ -1,6 +1,7 @@
 """The benchmark suite's plumbing that the results page depends on: a rewrite of
 docs/benchmarks-results.md keeps the sections of benchmarks not run and hand-written notes,
-and the local S3 server the suite (and these tests) start serves uploads."""
+and the local S3 server the suite (and these tests) start serves uploads; a case's clock starts
+after a full garbage collection."""
 
 from __future__ import annotations
 
@@ -66,3 +67,24 @@ def test_the_link_benchmarks_servers_serve_ranges_of_the_current_object(tmp_path
             "GET", f"{gcs.endpoint}/download/storage/v1/b/bench/o/p%2Fx.bin?alt=media",
             headers={"Range": "bytes=7-106"})
         assert response.status == 206 and response.data == first[7:107]
+
+
+def test_a_case_clock_starts_with_no_collection_due():
+    """Garbage that only a full collection frees (cycles that outlived the young
+    generations) is gone once a case's clock starts, as in a process that has run a while."""
+    import gc
+    import weakref
+
+    from benchmarks import common
+
+    class Node:
+        pass
+
+    gc.collect()
+    cycle = Node()
+    cycle.self = cycle
+    alive = weakref.ref(cycle)
+    gc.collect(1)  # it survives into the oldest generation, which only a full collection walks
+    del cycle
+    common.start_clock()
+    assert alive() is None
