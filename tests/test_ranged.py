@@ -588,3 +588,42 @@ def test_a_manifests_version_on_s3_is_one_head_with_the_readers_client(s3, proxi
     assert version == {"size": 200, "ETag": etag}
     assert not s3fs_loaded and not aiobotocore_loaded
     assert proxy.requests == 1
+
+
+def test_a_small_manifest_on_s3_is_read_with_its_version_in_one_request(s3, proxied, tmp_path):
+    """Loading a manifest too small to share takes one request through the link: the GET
+    that asks its version reads it whole (a HEAD and then a GET took two). A larger one is
+    asked the same way, then shared as before; a server that ignores the range gives the same
+    manifest."""
+    import json
+    import subprocess
+
+    from wdstream.shards import compact
+    from wdstream.shards.manifest import Manifest, ShardInfo
+
+    bucket, make = proxied
+    small = Manifest([ShardInfo(f"shard-{i:06d}.tar", 3, 10_240) for i in range(20)])
+    large = Manifest([ShardInfo(f"shard-{i:06d}.tar", 3, 10_240)
+                      for i in range(compact.SMALL + 5)])
+    put(s3, bucket, "small/index.json", small.to_json().encode())
+    put(s3, bucket, "large/index.json", large.to_json().encode())
+    code = ("import json, sys\n"
+            "from wdstream.shards.manifest import load_manifest\n"
+            "got = load_manifest(sys.argv[1], share=sys.argv[2])\n"
+            "print(json.dumps(got.to_json()))\n")
+
+    def load(proxy, prefix: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-c", code, f"s3://{bucket}/{prefix}/", str(tmp_path / "shared")],
+            capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint))
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    proxy = make(delay=0.01)
+    assert load(proxy, "small") == small.to_json() and proxy.requests == 1
+    assert load(proxy, "large") == large.to_json()
+    first = proxy.requests - 1
+    assert load(proxy, "large") == large.to_json()  # mapped from the node's copy
+    assert proxy.requests - 1 - first == 1  # its version asked, nothing read
+    assert load(make(drop_range=True), "small") == small.to_json()

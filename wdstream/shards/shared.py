@@ -2,7 +2,8 @@
 
 ``shared_manifest(url, ...)`` first asks the store for the manifest's version (a local file's
 size, inode, mtime and ctime; an object's size and ETag or generation), which is one small
-request instead of a download. A node-local entry named by the manifest's URL and that
+request instead of a download (on S3, a GET of the first bytes that reads a manifest too
+small to share whole: one round trip where a HEAD and a GET took two). A node-local entry named by the manifest's URL and that
 version holds the parsed ``compact.ShardArrays`` columns, the manifest's head (extensions,
 extra keys, sums) and the sha256 and size of the text they came from. The first process to
 take the entry's lock (``flock``) reads and parses the manifest and publishes the entry; the
@@ -71,8 +72,11 @@ def shared_manifest(url: str, base: str, read: Callable[[], bytes],
     folder = shared_folder(directory)
     if folder is None:
         return None
-    version = object_version(url)
-    if version is None or version["size"] < compact.SMALL * _MIN_LINE:
+    small = compact.SMALL * _MIN_LINE
+    version, text = _version_and_text(url, small)
+    if text is not None:  # read whole by the request that asked its version
+        return parse(text)
+    if version is None or version["size"] < small:
         return None  # too small to hold a manifest parsed into arrays: no lock, no files
     name = entry_name(url, version)
     path = os.path.join(folder, name + ENTRY_SUFFIX)
@@ -149,6 +153,23 @@ def _private_dir(path: str, strict: bool) -> str | None:
     return path
 
 
+def _version_and_text(url: str, small: int) -> tuple[dict | None, bytes | None]:
+    """``object_version(url)``, and the object's bytes when it is shorter than ``small``
+    and one request tells both: on S3, one ranged GET of its first ``small`` bytes rather
+    than a HEAD and then a GET (the bytes are dropped when the object is longer)."""
+    from wdstream.sources import s3_objects
+
+    if not s3_objects.is_object_url(url):
+        return object_version(url), None
+    try:
+        described, start = s3_objects.head_and_start(url, small)
+    except Exception:  # noqa: BLE001 - no version: the caller's read reports the failure
+        return None, None
+    size = described.get("size")
+    whole = start if isinstance(size, int) and len(start) == size < small else None
+    return _strong_version(described), whole
+
+
 def object_version(url: str) -> dict | None:
     """What changes whenever the object at ``url`` does, asked of the store without reading
     it; None when the store tells nothing that reliable (or the request fails)."""
@@ -175,6 +196,12 @@ def object_version(url: str) -> dict | None:
             described = fs.info(key)
     except Exception:  # noqa: BLE001 - no version: the caller reads the manifest itself
         return None
+    return _strong_version(described)
+
+
+def _strong_version(described: dict) -> dict | None:
+    """The size and the strong version fields of a store's description of an object; None
+    without them."""
     version = {name: str(described[name]) for name in _STRONG_VERSION if described.get(name)}
     size = described.get("size")
     if not version or not isinstance(size, int) or isinstance(size, bool):

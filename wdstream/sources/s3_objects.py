@@ -51,6 +51,32 @@ def head(url: str, timeout: float = TIMEOUT) -> dict:
     return described
 
 
+def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dict, bytes]:
+    """What ``head`` tells of the S3 object at ``url``, and its first ``nbytes`` bytes (fewer
+    when the object is shorter), by one ranged GET instead of a HEAD and then a GET: a round
+    trip less for an object that is often read whole right after. ``size`` is None when the
+    answer does not tell the whole object's length. Raises botocore's errors (a missing
+    object, or an empty one, which has no byte 0: ``ClientError``)."""
+    bucket, key = urls.bucket_key(url)
+    response = s3_client(timeout).get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{nbytes - 1}")
+    body = response["Body"]
+    try:
+        start = body.read(nbytes)  # a server that ignored the range: the rest is not read
+    finally:
+        body.close()
+    size = None
+    whole = str(response.get("ContentRange") or "").rpartition("/")[2]
+    if whole.isdigit():
+        size = int(whole)
+    elif response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 200:
+        size = response.get("ContentLength")  # the whole object was the answer
+    described = {"size": size}
+    for name in ("ETag", "VersionId"):
+        if response.get(name):
+            described[name] = response[name]
+    return described, start
+
+
 def head_size(url: str) -> int | None:
     """The size of the object at ``url``, None if there is none (nor its bucket); other
     failures (refused credentials, unreachable endpoint) raise StreamError naming ``url``."""
