@@ -2,14 +2,14 @@
 
 ``shared_manifest(url, ...)`` first asks the store for the manifest's version (a local file's
 size, inode, mtime and ctime; an object's size and ETag or generation), which is one small
-request instead of a download (on S3, a GET of the first bytes that reads a manifest too
-small to share whole: one round trip where a HEAD and a GET took two). A node-local entry named by the manifest's URL and that
-version holds the parsed ``compact.ShardArrays`` columns, the manifest's head (extensions,
-extra keys, sums) and the sha256 and size of the text they came from. The first process to
-take the entry's lock (``flock``) reads and parses the manifest and publishes the entry; the
-others wait on the lock, then map the entry read-only (``mmap``: the page cache holds one copy
-for the whole node, and DataLoader workers share it too). The publisher maps it as well and
-drops its private arrays.
+request instead of a download (on S3, a GET of the first bytes, which reads a manifest too
+small to share whole: one round trip where a HEAD and a GET took two). A node-local entry named
+by the manifest's URL and that version holds the parsed ``compact.ShardArrays`` columns, the
+manifest's head (extensions, extra keys, sums) and the sha256 and size of the text they came
+from. The first process to take the entry's lock (``flock``) reads and parses the manifest and
+publishes the entry; the others wait on the lock, then map the entry read-only (``mmap``: the
+page cache holds one copy for the whole node, and DataLoader workers share it too). The
+publisher maps it as well and drops its private arrays.
 
 Entry files: a 16-byte magic, the header's length and sha256, the header (JSON), then the
 columns, each at a 64-byte aligned offset (raw arrays, numpy dtypes named in the header, whose
