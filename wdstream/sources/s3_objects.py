@@ -21,6 +21,7 @@ from wdstream.sources import urls
 from wdstream.sources.clients import s3_client
 from wdstream.sources.failures import is_missing, stream_error
 from wdstream.sources.objects import Writer
+from wdstream.sources.range_fetchers import parse_content_range
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,12 @@ def head(url: str, timeout: float = TIMEOUT) -> dict:
     the reader's own client. Raises botocore's errors (a missing object: ``ClientError``)."""
     bucket, key = urls.bucket_key(url)
     response = s3_client(timeout).head_object(Bucket=bucket, Key=key)
-    described = {"size": response.get("ContentLength")}
+    return _described(response, response.get("ContentLength"))
+
+
+def _described(response: dict, size: int | None) -> dict:
+    """``{"size": size, "ETag": ..., "VersionId": ...}`` from a HEAD's or GET's answer."""
+    described = {"size": size}
     for name in ("ETag", "VersionId"):
         if response.get(name):
             described[name] = response[name]
@@ -65,16 +71,12 @@ def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dic
     finally:
         body.close()
     size = None
-    whole = str(response.get("ContentRange") or "").rpartition("/")[2]
-    if whole.isdigit():
-        size = int(whole)
+    parsed = parse_content_range(response.get("ContentRange"))
+    if parsed is not None:
+        size = parsed[1]
     elif response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 200:
         size = response.get("ContentLength")  # the whole object was the answer
-    described = {"size": size}
-    for name in ("ETag", "VersionId"):
-        if response.get(name):
-            described[name] = response[name]
-    return described, start
+    return _described(response, size), start
 
 
 def head_size(url: str) -> int | None:
