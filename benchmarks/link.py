@@ -362,10 +362,8 @@ def run(quick: bool) -> list[dict]:
                 loopback = by_key[("loopback", store + name)]
                 mbps = _mbps(result, data[name]["bytes"])
                 sample_bytes = data[name]["bytes"] / data[name]["samples"]
-                budget = None
-                if rtt is not None and loopback.get("ttfb_s") is not None and limit_mbps:
-                    budget = (loopback["ttfb_s"] + 2 * rtt
-                              + BATCH * sample_bytes / common.MB / limit_mbps)
+                batch_mb = BATCH * sample_bytes / common.MB
+                budget = _first_batch_budget(loopback, rtt, batch_mb, limit_mbps)
                 rows.append({"table": table, "link": link,
                              "reader": f"wdstream default loader, {name} samples, 2 workers",
                              "MB/s": mbps, "÷ limit": ratio(mbps, limit_mbps),
@@ -381,11 +379,8 @@ def run(quick: bool) -> list[dict]:
                     continue
                 defaults = by_key[(link, f"{name} defaults")]
                 loopback_defaults = by_key[("loopback", f"{name} defaults")]
-                defaults_budget = None
-                if rtt is not None and loopback_defaults.get("ttfb_s") is not None \
-                        and limit_mbps:
-                    defaults_budget = (loopback_defaults["ttfb_s"] + 2 * rtt
-                                       + BATCH * sample_bytes / common.MB / limit_mbps)
+                defaults_budget = _first_batch_budget(loopback_defaults, rtt, batch_mb,
+                                                      limit_mbps)
                 rows.append({"table": table, "link": link,
                              "reader": f"wdstream loader with the defaults (shuffle on), {name} "
                              "samples, 2 workers: its first batch",
@@ -453,6 +448,15 @@ def run(quick: bool) -> list[dict]:
     return goals + rows
 
 
+def _first_batch_budget(loopback: dict, rtt: float | None, batch_mb: float,
+                        limit_mbps: float | None) -> float | None:
+    """A first batch's budget on a link: the same loader's first batch on loopback, 2 round
+    trips and a batch's bytes at the link's limit; None where a figure is missing."""
+    if rtt is None or loopback.get("ttfb_s") is None or not limit_mbps:
+        return None
+    return loopback["ttfb_s"] + 2 * rtt + batch_mb / limit_mbps
+
+
 def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str,
                 table: str) -> tuple[float | None, float | None]:
     """The rows of the link's limit and of one GET; returns (limit MB/s, round trip s)."""
@@ -480,12 +484,13 @@ def _repeat(cases: dict[str, tuple], server_pids: list[int],
     """``common.repeat`` with the CPU each case took, the servers', the proxy's and the
     machine's. The cases in ``more_runs`` run ``2 × runs − 1`` times, the others ``runs``."""
     runs = common.RUNS
+    most = 2 * runs - 1  # the runs of the cases in more_runs
     results: dict[str, list[dict]] = {name: [] for name in cases}
-    for round_ in range(2 * runs - 1):
+    for round_ in range(most):
         for name, (target, args, env) in cases.items():
-            if round_ >= runs and name not in more_runs:
+            total = most if name in more_runs else runs
+            if round_ >= total:
                 continue
-            total = 2 * runs - 1 if name in more_runs else runs
             common.log(f"{name} (run {round_ + 1}/{total})")
             load = os.getloadavg()[0]
             before = _cpu(server_pids)
