@@ -4,6 +4,7 @@ reaches into urllib3's and http.client's objects; the first test fails when they
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import os
 import socket
@@ -41,18 +42,28 @@ def test_a_large_body_is_read_with_the_mark_raised_then_lowered(s3, s3_bucket):
 @pytest.fixture
 def keep_alive():
     """An HTTP/1.1 server on 127.0.0.1 that keeps connections open (as S3 and GCS do; moto
-    closes each): GET /<n> answers n pseudo-random bytes. Yields (base URL, bodies)."""
+    closes each): GET /<n> answers n pseudo-random bytes (/gzip/<n>: gzip-encoded, /short/<n>:
+    the first half, then the connection closes). Yields (base URL, bodies)."""
     bodies = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self):  # noqa: N802 - http.server's name
-            size = int(self.path.strip("/"))
+            kind, _, size = self.path.strip("/").rpartition("/")
+            size = int(size)
             body = bodies.setdefault(size, os.urandom(size))
+            if kind == "gzip":  # an encoded body, which urllib3 decodes when asked
+                body = gzip.compress(body)
             self.send_response(200)
-            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Length", str(len(body)))
+            if kind == "gzip":
+                self.send_header("Content-Encoding", "gzip")
             self.end_headers()
+            if kind == "short":  # half the body, then the connection closes
+                self.wfile.write(body[: size // 2])
+                self.close_connection = True
+                return
             self.wfile.write(body)
 
         def log_message(self, *args):
@@ -83,3 +94,57 @@ def test_a_pooled_connection_reads_a_body_then_the_next_response(keep_alive):
     assert pool.pools  # one pool, one connection: every request after the first reused it
     (connections,) = [each.pool.qsize() for each in pool.pools._container.values()]
     assert connections == 1
+
+
+def _connections(pool: urllib3.PoolManager) -> int:
+    """Connections waiting in the pool's queue (urllib3 keeps one per reusable connection)."""
+    return sum(each.pool.qsize() - list(each.pool.queue).count(None)
+               for each in pool.pools._container.values())
+
+
+def test_readinto_fills_the_callers_buffer_and_gives_the_connection_back(keep_alive):
+    base, bodies = keep_alive
+    pool = urllib3.PoolManager(maxsize=1, timeout=urllib3.Timeout(read=5.0))
+    large = (3 << 20) + 4321
+    buffer = memoryview(bytearray(1 << 20))
+    for _ in range(2):
+        response = pool.request("GET", f"{base}/{large}", preload_content=False,
+                                decode_content=False)
+        reads = LargeReads(response)
+        got = []
+        while count := reads.readinto(buffer):
+            got.append(bytes(buffer[:count]))
+        assert [len(each) for each in got[:3]] == [1 << 20] * 3  # full buffers until the end
+        reads.close()
+        assert b"".join(got) == bodies[large]
+        assert _connections(pool) == 1  # back in the pool, and used again the second time
+    assert pool.request("GET", f"{base}/10").data == bodies[10]
+
+
+def test_readinto_of_a_body_cut_short_keeps_its_connection_out_of_the_pool(keep_alive):
+    base, bodies = keep_alive
+    pool = urllib3.PoolManager(maxsize=1, timeout=urllib3.Timeout(read=5.0))
+    size = 1 << 20
+    response = pool.request("GET", f"{base}/short/{size}", preload_content=False)
+    reads = LargeReads(response)
+    buffer = memoryview(bytearray(size))
+    count = reads.readinto(buffer)
+    assert count == size // 2 and bytes(buffer[:count]) == bodies[size][: size // 2]
+    assert reads.readinto(buffer) == 0
+    reads.close()
+    assert _connections(pool) == 0
+    assert pool.request("GET", f"{base}/10").data == bodies[10]  # a new connection
+
+
+def test_readinto_of_a_body_urllib3_decodes_gives_the_decoded_bytes(keep_alive):
+    base, bodies = keep_alive
+    pool = urllib3.PoolManager(timeout=urllib3.Timeout(read=5.0))
+    size = 300_000
+    response = pool.request("GET", f"{base}/gzip/{size}", preload_content=False)
+    reads = LargeReads(response)
+    buffer = memoryview(bytearray(64 << 10))
+    got = []
+    while count := reads.readinto(buffer):
+        got.append(bytes(buffer[:count]))
+    reads.close()
+    assert b"".join(got) == bodies[size]

@@ -3,6 +3,7 @@ benchmarks (a capped, delayed link that can also cut responses)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -17,10 +18,16 @@ from servers import environ  # noqa: E402
 
 from benchmarks.shaped_link import ShapedProxy  # noqa: E402
 from wdstream.errors import StreamError  # noqa: E402
-from wdstream.sources import ranged  # noqa: E402
+from wdstream.sources import ranged, streams  # noqa: E402
 from wdstream.sources.openers import open_read  # noqa: E402
 from wdstream.sources.ranged import Link, RangedS3Source  # noqa: E402
-from wdstream.sources.streams import ByteStream  # noqa: E402
+from wdstream.sources.streams import (  # noqa: E402
+    CHUNK_SIZE,
+    READ_AHEAD,
+    BufferPool,
+    ByteStream,
+    ChunkSource,
+)
 
 KiB = 1 << 10
 PART = 64 * KiB
@@ -628,3 +635,79 @@ def test_a_small_manifest_on_s3_is_read_with_its_version_in_one_request(s3, prox
     assert load(proxy, "large") == large.to_json()  # mapped from the node's copy
     assert proxy.requests == asked + 1  # its version asked, nothing read
     assert load(make(drop_range=True), "small") == small.to_json()
+
+
+class LendingSource(ChunkSource):
+    """Lends views of its own buffers in pieces of ``sizes`` (in turn), as the ranged reader
+    does. A buffer given back is overwritten at once: a byte taken from it afterwards shows."""
+
+    def __init__(self, data: bytes, sizes: list[int]):
+        self.data, self.sizes = data, sizes
+        self.pool = BufferPool(size=max(sizes))
+        self.lent = self.returned = 0
+
+    def run(self, put):
+        at = 0
+        for size in itertools.cycle(self.sizes):
+            if at >= len(self.data):
+                return
+            piece = self.data[at : at + size]
+            buffer = self.pool.take()
+            buffer[: len(piece)] = piece
+            self.lent += 1
+            if not put(memoryview(buffer)[: len(piece)]):
+                return
+            at += len(piece)
+
+    def recycle(self, chunk):
+        chunk.obj[:] = b"\xff" * len(chunk.obj)
+        self.returned += 1
+        self.pool.give(chunk)
+
+
+def _read_all(reader, how: str) -> bytes:
+    if how == "read":
+        return reader.read()
+    got = []
+    if how == "readinto":
+        buffer = bytearray(3000)
+        while count := reader.readinto(buffer):
+            got.append(bytes(buffer[:count]))
+    else:
+        read = reader.read1 if how == "read1" else reader.read
+        while piece := read(2500):  # pieces that span chunks, and chunks that span pieces
+            assert type(piece) is bytes
+            got.append(piece)
+    return b"".join(got)
+
+
+@pytest.mark.parametrize("how", ["read", "read(n)", "read1", "readinto"])
+def test_lent_chunks_are_copied_out_before_they_go_back(how, monkeypatch):
+    monkeypatch.setattr(streams, "READ_AHEAD", 4096)  # the source stays a few chunks ahead
+    data = os.urandom(50_000)
+    source = LendingSource(data, [1000, 700, 4096, 1])
+    with ByteStream("lent://x", source, 10.0) as reader:
+        assert _read_all(reader, how) == data
+    assert source.returned >= source.lent - 1  # all but the chunk being read at the end
+    if how != "read":  # (read() holds every chunk until it joins them)
+        assert source.pool.allocated < source.lent // 4
+
+
+def test_the_parts_are_read_into_buffers_the_stream_gives_back(s3, proxied):
+    """A stream's parts are read into its link's buffers, each given back once the consumer
+    took its bytes: three objects read one after the other over one link take about one
+    object's worth of buffers (those in flight at once), not three."""
+    bucket, make = proxied
+    chunk = CHUNK_SIZE
+    data = os.urandom(12 * chunk + 5)
+    url = put(s3, bucket, "buffers.bin", data)
+    proxy = make()
+    link = Link()
+    with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
+        for how in ("readinto", "read(n)", "read1"):
+            reader, _source = sized(url, len(data), link, part_size=chunk, max_parts=3,
+                                    start_parts=3, start_part_size=chunk)
+            with reader:
+                assert _read_all(reader, how) == data
+    # in flight at most: 3 parts of one buffer, and the stream's read-ahead
+    assert link.buffers.allocated <= 3 + READ_AHEAD // chunk + 4 < 3 * 13

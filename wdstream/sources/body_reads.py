@@ -12,6 +12,11 @@ http.client may hold in its buffer: ``MARGIN``), and a read never waits for byte
 not come. A body's last reads go with a mark of 1, so the connection goes back to its pool
 as it came; a connection that fails or closes early is not reused.
 
+``readinto`` fills a buffer the caller reuses straight from http.client (urllib3's own
+``readinto`` reads into a new ``bytes`` and copies it), when urllib3 would hand the body over
+unchanged (no decoding); once the whole body is in, the connection goes back to its pool, as
+urllib3 does when its own read reaches the end.
+
 ``socket_of`` is the one place that reaches into urllib3's and http.client's objects; when they
 change shape it finds nothing and bodies are read as they were (tests/test_body_reads.py
 fails loudly then).
@@ -38,10 +43,11 @@ def socket_of(body) -> tuple[object, socket.socket] | None:
 
 
 class LargeReads:
-    """``read(n)`` and ``close()`` of ``body`` (a urllib3 response or a ``StreamingBody``),
-    with the socket's low-water mark raised while much of the body is still to come."""
+    """``read(n)``, ``readinto(buffer)`` and ``close()`` of ``body`` (a urllib3 response or a
+    ``StreamingBody``), with the socket's low-water mark raised while much of the body is still
+    to come. Use one of ``read`` and ``readinto`` for a body, not both."""
 
-    __slots__ = ("_close", "_http", "_mark", "_read", "_sock")
+    __slots__ = ("_close", "_http", "_mark", "_read", "_sock", "_urllib3")
 
     def __init__(self, body):
         self._read = body.read
@@ -49,14 +55,38 @@ class LargeReads:
         found = socket_of(body)
         self._http, self._sock = found if found is not None else (None, None)
         self._mark = 1
+        urllib3_response = getattr(body, "_raw_stream", body)
+        headers = getattr(urllib3_response, "headers", None) or {}
+        encoding = str(headers.get("Content-Encoding") or "identity").strip().lower()
+        # straight from http.client only where urllib3 would hand the bytes over as they come
+        passes_through = encoding == "identity" \
+            or getattr(urllib3_response, "decode_content", True) is False
+        self._urllib3 = urllib3_response if found is not None and passes_through \
+            and hasattr(urllib3_response, "release_conn") else None
 
     def read(self, amount: int) -> bytes:
+        self._mark_for(amount)
+        return self._read(amount)
+
+    def readinto(self, buffer: memoryview) -> int:
+        """Fill ``buffer`` from the body (less only at its end); 0 at the end."""
+        if self._urllib3 is None:
+            data = self._read(len(buffer))
+            buffer[: len(data)] = data
+            return len(data)
+        self._mark_for(len(buffer))
+        http = self._http
+        count = http.readinto(buffer)
+        if http.isclosed() and http.length == 0:  # all of it: the connection can be reused
+            self._urllib3.release_conn()
+        return count
+
+    def _mark_for(self, amount: int) -> None:
         if self._sock is not None:
             left = self._http.length  # None: read to the end, or chunked
             mark = 1 if not left else max(1, min(LOW_WATER, amount, left - amount - MARGIN))
             if mark != self._mark:
                 self._set(mark)
-        return self._read(amount)
 
     def close(self) -> None:
         if self._sock is not None and self._mark != 1:

@@ -99,6 +99,9 @@ def _classify(exc: BaseException) -> tuple[bool, str]:
     urllib3_errors = sys.modules.get("urllib3.exceptions")
     if urllib3_errors is not None and isinstance(exc, urllib3_errors.HTTPError):
         return True, "connection failed"  # resets, timeouts, short bodies (gcs_ranges)
+    http_client = sys.modules.get("http.client")
+    if http_client is not None and isinstance(exc, http_client.HTTPException):
+        return True, "connection failed"  # a broken body read from http.client (body_reads)
     if isinstance(exc, FileNotFoundError):
         return False, "not found"
     if isinstance(exc, PermissionError):

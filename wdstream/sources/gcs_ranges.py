@@ -226,7 +226,7 @@ class GcsRanges(Fetcher):
         generation = response.headers.get("x-goog-generation") or self._asked_generation
         reads = LargeReads(response)
         return RangeResponse(partial=parsed is not None, first=first, size=size,
-                             version=generation, read=reads.read, close=reads.close,
+                             version=generation, readinto=reads.readinto, close=reads.close,
                              content_range=content_range)
 
     def _size_past_end(self, response) -> int:

@@ -40,15 +40,16 @@ class ObjectChanged(Exception):  # noqa: N818 - the reader turns it into its Str
 class RangeResponse:
     """One response: ``partial`` (206 with the range asked for), ``first`` (the body's first
     byte), ``size`` (the object's), ``version`` (ETag, generation; None if not said),
-    ``content_range`` (for messages); ``read(n)`` the body, ``close()`` once done."""
+    ``content_range`` (for messages); ``readinto(buffer)`` the body (``LargeReads.readinto``),
+    ``close()`` once done."""
 
-    __slots__ = ("close", "content_range", "first", "partial", "read", "size", "version")
+    __slots__ = ("close", "content_range", "first", "partial", "readinto", "size", "version")
 
     def __init__(self, *, partial: bool, first: int, size: int, version: str | None,
-                 read: Callable[[int], bytes], close: Callable[[], None],
+                 readinto: Callable[[memoryview], int], close: Callable[[], None],
                  content_range: str = ""):
         self.partial, self.first, self.size, self.version = partial, first, size, version
-        self.read, self.close, self.content_range = read, close, content_range
+        self.readinto, self.close, self.content_range = readinto, close, content_range
 
 
 def parse_content_range(value: str | None) -> tuple[int, int] | None:
@@ -117,5 +118,5 @@ class S3Ranges(Fetcher):
         parsed = parse_content_range(content_range) if status == 206 else None
         first, size = parsed if parsed else (0, int(response["ContentLength"]))
         return RangeResponse(partial=parsed is not None, first=first, size=size,
-                             version=response.get("ETag"), read=reads.read, close=reads.close,
+                             version=response.get("ETag"), readinto=reads.readinto, close=reads.close,
                              content_range=content_range)

@@ -54,7 +54,9 @@ Streams of one link take turns
 Memory
     A stream holds at most ``MAX_PARTS * PART_SIZE`` bytes fetched but not handed over (with
     larger parts, fewer of them in flight); a part longer than ``MAX_PART_SIZE`` (a single
-    GET) holds at most ``PART_SIZE`` ahead of the stream.
+    GET) holds at most ``PART_SIZE`` ahead of the stream. Parts are read into the process's
+    buffers of ``CHUNK_SIZE`` (``Link.buffers``), lent to the stream and given back once it
+    copied them out (``streams.py``); up to the bytes bound of them wait between reads.
 
 Integrity
     Parts asked for once the first response's version (S3's ETag, GCS's generation) is known
@@ -80,7 +82,7 @@ from wdstream.errors import StreamError
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
 from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd
-from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
+from wdstream.sources.streams import CHUNK_SIZE, BufferPool, ChunkSource
 
 PART_SIZE = 8 << 20
 MAX_PART_SIZE = 16 << 20
@@ -109,6 +111,9 @@ class Link:
         self.window = window
         self.part_size: int | None = None  # None: the stream's smallest
         self._asking: list[RangedSource] = []
+        # what the part threads read into (see streams.py): at most a stream's bytes bound
+        # of them wait between shards
+        self.buffers = BufferPool(CHUNK_SIZE, keep=MAX_PARTS * PART_SIZE // CHUNK_SIZE)
         # a stream asked for all its parts: the start (worker start-up, the first batch) is
         # over, and streams opened ahead take their whole window from then on
         self.started = False
@@ -144,7 +149,7 @@ class _Part:
 
     def __init__(self, begin: int, end: int):
         self.begin, self.end = begin, end
-        self.chunks: collections.deque[bytes] = collections.deque()
+        self.chunks: collections.deque[memoryview] = collections.deque()  # of lent buffers
         self.received = 0  # bytes appended so far
         self.pending = 0  # bytes appended and not yet taken
         self.asked_at: float | None = None  # time.monotonic() of its first request
@@ -420,6 +425,9 @@ class RangedSource(ChunkSource):
             self._stopped = True
             self._cond.notify_all()
 
+    def recycle(self, chunk: memoryview) -> None:
+        self.link.buffers.give(chunk)
+
     # the part threads ---------------------------------------------------------------------
 
     def _launch(self, part: _Part) -> None:
@@ -479,20 +487,25 @@ class RangedSource(ChunkSource):
                                   f"{response.content_range}")
             self._learn(part, size=response.size, version=response.version,
                         whole=not response.partial)
-            read = response.read
+            readinto, buffers = response.readinto, self.link.buffers
             skip = begin if self._whole else 0  # Range ignored: the body starts at byte 0
             while True:
                 room = part.end - part.begin - part.received  # the end may move (_cut)
                 if room <= 0:
                     break
-                step = min(CHUNK_SIZE, self.part_size)
-                chunk = read(step if skip else min(step, room))
-                if not chunk:
+                step = min(buffers.size, self.part_size)
+                buffer = buffers.take()
+                chunk = memoryview(buffer)[: step if skip else min(step, room)]
+                count = readinto(chunk)
+                if not count:
+                    buffers.give(buffer)
                     break
+                chunk = chunk[:count]
                 if skip:
-                    dropped = min(skip, len(chunk))
+                    dropped = min(skip, count)
                     chunk, skip = chunk[dropped:], skip - dropped
                     if not chunk:
+                        buffers.give(buffer)
                         continue
                 with self._cond:
                     # a part longer than the largest part (the first GET, a whole object)

@@ -11,6 +11,13 @@ How a stream works
     thread, is seekable (the tar reader reads a large payload whole, in one copy), and a
     missing file is raised when it is opened.
 
+Chunks a source reads into buffers of its own
+    A chunk is ``bytes``, or a ``memoryview`` of a buffer the source lent (the ranged reader
+    reads into reused buffers: a buffer fresh from the allocator costs the kernel the zeroing
+    of its pages, on every chunk, at the first byte written). The stream copies a lent chunk
+    out (``readinto``, or ``bytes`` for ``read``) and gives its buffer back to the source
+    (``recycle``) once it moves past it; a chunk never leaves the stream otherwise.
+
 How a stream ends
     ``read()`` returns ``b""`` at the end. ``close()`` then checks how a command (``pipe:`` or a
     CLI) ended: a non-zero exit status raises ``StreamError`` with the tail of its stderr, also
@@ -65,12 +72,40 @@ class ChunkSource(abc.ABC):
     def reading(self) -> None:  # noqa: B027 - optional hook
         """The consumer asked for data for the first time (called once, from its thread)."""
 
+    def recycle(self, chunk: memoryview) -> None:  # noqa: B027 - optional hook
+        """The consumer is done with ``chunk``, a view of a buffer this source lent (its
+        bytes were copied out): the source may read into that buffer again."""
+
     def check_end(self, timeout: float) -> None:  # noqa: B027 - optional hook
         """After ``run`` returned by itself: raise StreamError if the source failed."""
 
     def release(self) -> None:  # noqa: B027 - optional hook
         """Free what the source holds (processes, threads); called once, last."""
 
+
+
+class BufferPool:
+    """Buffers of ``size`` bytes that a process's reads fill again and again, at most ``keep``
+    of them waiting (a buffer given back beyond that is left to the allocator). ``take`` and
+    ``give`` may be called from any thread; ``allocated`` counts the buffers made."""
+
+    def __init__(self, size: int = CHUNK_SIZE, keep: int = 64):
+        self.size = size
+        self.allocated = 0
+        self._free: collections.deque[bytearray] = collections.deque(maxlen=keep)
+
+    def take(self) -> bytearray:
+        try:
+            return self._free.pop()
+        except IndexError:
+            self.allocated += 1
+            return bytearray(self.size)
+
+    def give(self, chunk: memoryview | bytearray) -> None:
+        """Take back the buffer under ``chunk`` (a view of one that ``take`` handed out)."""
+        buffer = chunk.obj if isinstance(chunk, memoryview) else chunk
+        if type(buffer) is bytearray and len(buffer) == self.size:
+            self._free.append(buffer)
 
 
 class _ChunkBuffer:
@@ -164,14 +199,22 @@ class ByteStream(io.BufferedIOBase):
 
     # reading --------------------------------------------------------------------------------
 
-    def _next_chunk(self) -> bool:
-        """Make ``self._chunk`` non-empty; False at the end of the data."""
+    def _next_chunk(self, spent: list[memoryview] | None = None) -> bool:
+        """Make ``self._chunk`` non-empty; False at the end of the data. A lent chunk moved
+        past goes back to the source, or into ``spent`` while views of it are still to be
+        copied."""
         if self._failed is not None:
             raise self._failed
         if not self._asked:
             self._asked = True
             self._source.reading()
         while self._offset >= len(self._chunk):
+            if type(self._chunk) is not bytes:  # lent by the source, and all taken
+                if spent is None:
+                    self._source.recycle(self._chunk)
+                else:
+                    spent.append(self._chunk)
+                self._chunk = b""
             if self._at_end:
                 return False
             try:
@@ -193,8 +236,9 @@ class ByteStream(io.BufferedIOBase):
         self._source.stop()
         return error
 
-    def _take(self, n: int) -> bytes:
-        """Up to ``n`` bytes of the current chunk (which must be non-empty)."""
+    def _take(self, n: int) -> bytes | memoryview:
+        """Up to ``n`` bytes of the current chunk (which must be non-empty); a view of a lent
+        chunk, which the caller copies before the next ``_next_chunk``."""
         if self._offset == 0 and n >= len(self._chunk):
             piece = self._chunk
         else:
@@ -207,18 +251,22 @@ class ByteStream(io.BufferedIOBase):
         self._check_open()
         if n is None or n < 0:
             n = sys.maxsize
-        parts = []
-        while n > 0 and self._next_chunk():
+        parts, spent = [], []
+        while n > 0 and self._next_chunk(spent):
             piece = self._take(n)
             parts.append(piece)
             n -= len(piece)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        data = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
+        for chunk in spent:
+            self._source.recycle(chunk)
+        return data
 
     def read1(self, n: int | None = -1) -> bytes:
         self._check_open()
         if n == 0 or not self._next_chunk():
             return b""
-        return self._take(sys.maxsize if n is None or n < 0 else n)
+        piece = self._take(sys.maxsize if n is None or n < 0 else n)
+        return piece if type(piece) is bytes else bytes(piece)
 
     def readinto(self, buffer) -> int:
         self._check_open()
