@@ -451,3 +451,40 @@ def test_hostile_names_request_exactly_their_own_path(fake_gcs):
         seen = fake_gcs.seen[before:]
         assert [s.path for s in seen] == [f"{MEDIA}{BUCKET}/o/{HOSTILE[name]}"], name
         assert seen[0].query == {"alt": "media"}, name
+
+
+def test_a_manifest_on_gcs_is_asked_its_generation_with_the_readers_client(
+        fake_gcs, tmp_path, monkeypatch):
+    """A manifest too small to share takes one download, which says its generation and holds
+    it whole; a larger one is asked the same way, read, and shared on the node, where the
+    next load finds it by that one download. gcsfs is never loaded (an import of it fails
+    here, and would leave no version: more requests)."""
+    import sys
+
+    from wdstream.shards import compact, shared
+    from wdstream.shards.manifest import Manifest, ShardInfo, load_manifest
+
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    small = Manifest([ShardInfo(f"shard-{i:06d}.tar", 3, 10_240) for i in range(20)])
+    large = Manifest([ShardInfo(f"shard-{i:06d}.tar", 3, 10_240)
+                      for i in range(compact.SMALL + 5)])
+    fake_gcs.put("small/index.json", small.to_json().encode())
+    fake_gcs.put("large/index.json", large.to_json().encode())
+    folder = str(tmp_path / "shared")
+
+    def load(prefix: str) -> tuple[str, list[Seen]]:
+        fake_gcs.seen.clear()
+        got = load_manifest(f"gs://{BUCKET}/{prefix}/", share=folder)
+        return got.to_json(), list(fake_gcs.seen)
+
+    probe = f"bytes=0-{compact.SMALL * shared._MIN_LINE - 1}"  # the download that asks
+    got, seen = load("small")
+    assert got == small.to_json()
+    assert [(each.media, each.headers.get("range")) for each in seen] == [(True, probe)]
+    got, seen = load("large")
+    assert got == large.to_json()
+    assert not any(each.media for each in seen[-1:])  # its generation asked again, once read
+    assert os.listdir(folder)
+    got, seen = load("large")  # mapped from the node's copy
+    assert got == large.to_json()
+    assert [(each.media, each.headers.get("range")) for each in seen] == [(True, probe)]

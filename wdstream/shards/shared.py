@@ -155,14 +155,20 @@ def _private_dir(path: str, strict: bool) -> str | None:
 
 def _version_and_text(url: str, small: int) -> tuple[dict | None, bytes | None]:
     """``object_version(url)``, and the object's bytes when it is shorter than ``small``
-    and one request tells both: on S3, one ranged GET of its first ``small`` bytes rather
-    than a HEAD and then a GET (the bytes are dropped when the object is longer)."""
+    and one request tells both: on S3 and GCS, one ranged GET of its first ``small`` bytes
+    rather than asking its version and then reading it (the bytes are dropped when the
+    object is longer)."""
     from wdstream.sources import s3_objects
 
-    if not s3_objects.is_object_url(url):
-        return object_version(url), None
     try:
-        described, start = s3_objects.head_and_start(url, small)
+        if s3_objects.is_object_url(url):
+            described, start = s3_objects.head_and_start(url, small)
+        elif _is_gcs_object(url):
+            from wdstream.sources import gcs_ranges
+
+            described, start = gcs_ranges.head_and_start(url, small)
+        else:
+            return object_version(url), None
     except Exception:  # noqa: BLE001 - no version: the caller's read reports the failure
         return None, None
     size = described.get("size")
@@ -189,6 +195,10 @@ def object_version(url: str) -> dict | None:
             from wdstream.sources.s3_objects import head as s3_head
 
             described = s3_head(url)
+        elif _is_gcs_object(url):  # the reader's JSON API client: gcsfs is not loaded
+            from wdstream.sources.gcs_ranges import describe
+
+            described = describe(url)
         else:
             from wdstream.sources.openers import filesystem
 
@@ -197,6 +207,15 @@ def object_version(url: str) -> dict | None:
     except Exception:  # noqa: BLE001 - no version: the caller reads the manifest itself
         return None
     return _strong_version(described)
+
+
+def _is_gcs_object(url: str) -> bool:
+    from wdstream.sources import urls
+
+    if urls.scheme(url) != "gs":
+        return False
+    _bucket, name = urls.bucket_key(url)
+    return bool(name) and not name.endswith("/")
 
 
 def _strong_version(described: dict) -> dict | None:

@@ -57,6 +57,7 @@ from wdstream.sources.range_fetchers import (
 GCS_ENDPOINT = "https://storage.googleapis.com"
 READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 POOL_SIZE = 32  # connections kept per host: parts of the streams of a process
+TIMEOUT = 60.0  # seconds, for the requests made outside a stream (describe, head_and_start)
 
 
 class GcsHttpError(Exception):
@@ -160,6 +161,38 @@ def _default_credentials():
 
 def gcs_client(timeout: float) -> _Client:
     return cached_client("gcs-json", "gs", timeout, lambda: _Client(timeout))
+
+
+def describe(url: str, timeout: float = TIMEOUT) -> dict:
+    """``{"size": bytes, "generation": ...}`` of the GCS object at ``url``, from its metadata
+    (one request with the reader's client, without loading gcsfs). Raises ``GcsHttpError``
+    (a missing object: 404)."""
+    fetcher = GcsRanges(url, timeout)
+    fetcher.connect()
+    metadata = fetcher._metadata()
+    return {"size": int(metadata["size"]), "generation": metadata["generation"]}
+
+
+def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dict, bytes]:
+    """What ``describe`` tells of the GCS object at ``url``, and its first ``nbytes`` bytes
+    (fewer when the object is shorter), by one ranged download: a round trip less for an
+    object that is often read whole right after (an emulator, whose downloads do not say the
+    generation, is asked its metadata first). Raises ``GcsHttpError`` (a missing object) or
+    ``PastEnd`` (an empty one, which has no byte 0)."""
+    fetcher = GcsRanges(url, timeout)
+    fetcher.connect()
+    response = fetcher.get(0, nbytes - 1, None)
+    start = memoryview(bytearray(nbytes))
+    filled = 0
+    try:
+        while filled < nbytes:  # a server that ignored the range: the rest is not read
+            count = response.readinto(start[filled:])
+            if not count:
+                break
+            filled += count
+    finally:
+        response.close()
+    return {"size": response.size, "generation": response.version}, bytes(start[:filled])
 
 
 class GcsRanges(Fetcher):
