@@ -32,8 +32,9 @@ class TarBuffer:
         self._limit = limit  # the stream's length when known: a byte beyond it is an error
         self._readinto = getattr(stream, "readinto", None)
         self._region = getattr(stream, "region", None)  # a local file's: see _skip
-        # read1 where there is one: it hands over a stream's chunk as it is, without copying
-        # or waiting for more (read(n) of a ByteStream joins chunks to give exactly n bytes).
+        # read1 where there is one: it hands over a stream's chunk as it is (one lent by the
+        # source, copied once), without waiting for more (read(n) of a ByteStream joins
+        # chunks to give exactly n bytes).
         self._read = getattr(stream, "read1", None) or stream.read
         self._end = 0  # stream position after the last byte read
         if limit is not None:
