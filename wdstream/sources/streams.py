@@ -16,7 +16,9 @@ Chunks a source reads into buffers of its own
     reads into reused buffers: a buffer fresh from the allocator costs the kernel the zeroing
     of its pages, on every chunk, at the first byte written). The stream copies a lent chunk
     out (``readinto``, or ``bytes`` for ``read``) and gives its buffer back to the source
-    (``recycle``) once it moves past it; a chunk never leaves the stream otherwise.
+    (``recycle``) once it moves past it (a ``read`` that gathered more than
+    ``RECYCLED_PER_READ``, a whole object, lets them go); a chunk never leaves the stream
+    otherwise.
 
 How a stream ends
     ``read()`` returns ``b""`` at the end. ``close()`` then checks how a command (``pipe:`` or a
@@ -48,6 +50,8 @@ CHUNK_SIZE = 1 << 20  # largest piece the reader thread hands over
 READ_AHEAD = 8 << 20  # bytes the reader thread may get ahead of the consumer; 32 MiB read no
 # faster here (local or moto, 1 MiB samples) and cost ~100 MB more across two workers, each with
 # the next shard open too
+RECYCLED_PER_READ = 4  # lent chunks one read(n) gives back; more (a whole object, a
+# manifest) go to the allocator rather than fill a pool that a stream's reads would not use
 DRAIN_BYTES = 64 << 10  # unread bytes a close may drop to reach a command's end (tar padding
 DRAIN_SECONDS = 2.0  # is at most 10 KiB) and how long it waits for that end
 
@@ -257,8 +261,9 @@ class ByteStream(io.BufferedIOBase):
             parts.append(piece)
             n -= len(piece)
         data = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
-        for chunk in spent:
-            self._source.recycle(chunk)
+        if len(spent) <= RECYCLED_PER_READ:  # a whole object read at once lets its go
+            for chunk in spent:
+                self._source.recycle(chunk)
         return data
 
     def read1(self, n: int | None = -1) -> bytes:
