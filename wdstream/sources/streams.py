@@ -261,7 +261,7 @@ class ByteStream(io.BufferedIOBase):
             parts.append(piece)
             n -= len(piece)
         data = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
-        if len(spent) <= RECYCLED_PER_READ:  # a whole object read at once lets its go
+        if len(spent) <= RECYCLED_PER_READ:  # a whole object read at once lets them go
             for chunk in spent:
                 self._source.recycle(chunk)
         return data
