@@ -212,10 +212,7 @@ def object_version(url: str) -> dict | None:
 def _is_gcs_object(url: str) -> bool:
     from wdstream.sources import urls
 
-    if urls.scheme(url) != "gs":
-        return False
-    _bucket, name = urls.bucket_key(url)
-    return bool(name) and not name.endswith("/")
+    return urls.scheme(url) == "gs" and urls.object_key(url) is not None
 
 
 def _strong_version(described: dict) -> dict | None:

@@ -29,14 +29,8 @@ PART_SIZE = 64 << 20  # bytes buffered before a multipart upload sends a part (S
 TIMEOUT = 60.0
 
 
-def _key(url: str) -> tuple[str, str] | None:
-    """``(bucket, key)`` of an object URL; None for a bucket or a "folder" (``.../``)."""
-    bucket, key = urls.bucket_key(url)
-    return None if not key or key.endswith("/") else (bucket, key)
-
-
 def is_object_url(url: str) -> bool:
-    return urls.scheme(url) == "s3" and _key(url) is not None
+    return urls.scheme(url) == "s3" and urls.object_key(url) is not None
 
 
 def head(url: str, timeout: float = TIMEOUT) -> dict:
@@ -92,7 +86,7 @@ def head_size(url: str) -> int | None:
 
 def delete_object(url: str) -> None:
     """Delete the object at ``url``; a missing one is fine."""
-    bucket, key = _key(url)
+    bucket, key = urls.object_key(url)
     try:
         s3_client(TIMEOUT).delete_object(Bucket=bucket, Key=key)
     except Exception as exc:
@@ -107,7 +101,7 @@ class S3Writer(Writer):
     abort sends nothing, or aborts the multipart upload."""
 
     def __init__(self, url: str, part_size: int = PART_SIZE):
-        bucket_key = _key(url)
+        bucket_key = urls.object_key(url)
         if bucket_key is None:
             from wdstream.errors import InputError
 

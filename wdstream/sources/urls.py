@@ -112,6 +112,12 @@ def bucket_key(url: str) -> tuple[str, str]:
     return bucket, key
 
 
+def object_key(url: str) -> tuple[str, str] | None:
+    """``bucket_key`` of an object URL; None for a bucket or a "folder" (``.../``)."""
+    bucket, key = bucket_key(url)
+    return None if not key or key.endswith("/") else (bucket, key)
+
+
 def expand(source: str | os.PathLike | list | tuple) -> list[str]:
     """A URL, a brace pattern or a list of them -> the list of URLs, in order.
 
