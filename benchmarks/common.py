@@ -102,13 +102,17 @@ def medians(results: list[dict]) -> dict:
 
 
 class _MemorySampler:
-    """Peak RSS (and PSS, where /proc has smaps_rollup) of a process and its descendants."""
+    """Peak RSS of a process and its descendants and, if ``pss`` (it costs tens of ms of CPU
+    per sample for a loader's processes, taken from the cores the case runs on), peak PSS
+    where /proc has smaps_rollup. ``cpu_s``: the CPU the sampling took."""
 
-    def __init__(self, pid: int, interval: float = 0.05):
+    def __init__(self, pid: int, interval: float = 0.05, pss: bool = False):
         self.pid = pid
         self.interval = interval
+        self.pss = pss
         self.peak_rss = 0
         self.peak_pss = 0
+        self.cpu_s = 0.0
         self._stop = threading.Event()
         try:
             import psutil
@@ -125,23 +129,32 @@ class _MemorySampler:
         return [root, *root.children(recursive=True)]
 
     def _run(self) -> None:
+        try:
+            self._sample()
+        finally:
+            self.cpu_s = time.thread_time()
+
+    def _sample(self) -> None:
         psutil = self._psutil
-        pss_every, tick = 4, 0  # PSS is dearer to read: every 4th sample
+        # PSS, and the walk of /proc for new descendants, are dearer: every 4th sample
+        every, tick = 4, 0
+        processes = []
         while not self._stop.is_set():
-            try:
-                processes = self._tree()
-            except psutil.Error:
-                return
+            if tick % every == 0:
+                try:
+                    processes = self._tree()
+                except psutil.Error:
+                    return
             rss = pss = 0
             for process in processes:
                 try:
                     rss += process.memory_info().rss
                 except psutil.Error:
                     continue
-                if tick % pss_every == 0:
+                if self.pss and tick % every == 0:
                     pss += _pss(process.pid)
             self.peak_rss = max(self.peak_rss, rss)
-            if tick % pss_every == 0:
+            if self.pss and tick % every == 0:
                 self.peak_pss = max(self.peak_pss, pss)
             tick += 1
             self._stop.wait(self.interval)
@@ -172,7 +185,7 @@ def child_env(extra: dict | None = None) -> dict:
 
 
 def run_case(target: str, args: dict | None = None, *, env: dict | None = None,
-             timeout: float = CASE_TIMEOUT) -> dict:
+             timeout: float = CASE_TIMEOUT, pss: bool = False) -> dict:
     """Run ``"module:function"(**args)`` in a fresh interpreter and return its dict, with
     ``peak_rss_mb`` / ``peak_pss_mb`` (the whole process tree) and ``wall_s`` added; on failure
     ``{"error": ...}``."""
@@ -183,7 +196,7 @@ def run_case(target: str, args: dict | None = None, *, env: dict | None = None,
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=REPO, env=child_env(env),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    sampler = _MemorySampler(process.pid)
+    sampler = _MemorySampler(process.pid, pss=pss)
     try:
         _out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -207,6 +220,7 @@ def run_case(target: str, args: dict | None = None, *, env: dict | None = None,
     if sampler.available and sampler.peak_rss:
         result["peak_rss_mb"] = sampler.peak_rss / MB
         result["peak_pss_mb"] = (sampler.peak_pss / MB) if sampler.peak_pss else None
+        result["sampler_cpu_s"] = sampler.cpu_s
     else:
         result["peak_rss_mb"] = result.pop("_self_rss_mb") + result.pop("_children_rss_mb")
     result.pop("_self_rss_mb", None)
@@ -215,10 +229,12 @@ def run_case(target: str, args: dict | None = None, *, env: dict | None = None,
     return result
 
 
-def repeat(cases: dict[str, tuple], runs: int | None = None, progress=None) -> dict[str, dict]:
+def repeat(cases: dict[str, tuple], runs: int | None = None, progress=None,
+           pss: bool = False) -> dict[str, dict]:
     """Run each case ``runs`` times, interleaved, and return the medians per case name.
 
-    ``cases``: name -> (target, args) or (target, args, env)."""
+    ``cases``: name -> (target, args) or (target, args, env); ``pss``: sample each case's peak
+    PSS as well (see ``_MemorySampler``)."""
     runs = runs or RUNS
     results: dict[str, list[dict]] = {name: [] for name in cases}
     for round_ in range(runs):
@@ -226,7 +242,7 @@ def repeat(cases: dict[str, tuple], runs: int | None = None, progress=None) -> d
             target, args, *rest = spec
             if progress:
                 progress(f"{name} (run {round_ + 1}/{runs})")
-            result = run_case(target, args, env=rest[0] if rest else None)
+            result = run_case(target, args, env=rest[0] if rest else None, pss=pss)
             results[name].append(result)
             if "error" in result and round_ == 0 and result.get("skip"):
                 results[name] *= runs  # "not installed": no point trying again

@@ -28,8 +28,9 @@ Goals: the loader's MB/s ≥ 0.8x the limit; its first batch no later than the l
 batch + 2 round trips of one GET + the first batch's bytes at the link's limit.
 
 CPU: moto, the proxy and the loader share the machine's cores (and other jobs may too), so
-every case reports the CPU seconds it took, moto's, the proxy's (the suite's process) and
-everything else the machine ran meanwhile ("others"), and the load average at its start.
+every case reports the CPU seconds it took, moto's, the proxy's (the suite's process, less
+its sampling of the case's memory) and everything else the machine ran meanwhile ("others":
+that sampling, other jobs), and the load average at its start.
 """
 
 from __future__ import annotations
@@ -437,7 +438,9 @@ def run(quick: bool) -> list[dict]:
         "seconds of CPU during the case taken by the reader (its processes, once their imports "
         "were done: about 1.7 s of importing torch for the loader is left out), the store's "
         "server (moto, or the GCS emulator), the "
-        "proxy, and everything else the machine ran meanwhile (others: other jobs); "
+        "proxy, and everything else the machine ran meanwhile (others: the suite's sampling "
+        "of the case's RSS every 50 ms, other jobs; until 2026-12-03 the suite read each "
+        "case's PSS too, at about 0.5 s of CPU a case, counted as the proxy's); "
         "load: the 1-minute load average at the case's start.")})
     rows.append({"table": T_GCS, "note": (
         "The 1 MiB dataset in gcp-storage-emulator (in memory), run by the suite on a thread "
@@ -497,6 +500,8 @@ def _repeat(cases: dict[str, tuple], server_pids: list[int],
             result = common.run_case(target, args, env=env)
             after = _cpu(server_pids)
             used = {key: after[key] - before[key] for key in before}
+            # this process's CPU is the proxy's, but for the sampling of the case's memory
+            used["proxy"] = max(0.0, used["proxy"] - result.get("sampler_cpu_s", 0.0))
             # the reader's own CPU once its imports were done, where the case says it
             result.update({"cpu_reader_s": result.get("cpu_s", used["reader"]),
                            "cpu_server_s": used["server"],

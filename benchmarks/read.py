@@ -445,7 +445,7 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
         "webdataset, large": (here + "case_webdataset", {"urls": big["shards"], "decode": False,
                                                          "expected": big["samples"]}),
     }
-    results = common.repeat(cases, progress=common.log)
+    results = common.repeat(cases, progress=common.log, pss=True)  # the memory table's PSS
     cat = _mbps(results["cat"], small["bytes"])
     rows = _mbps_rows(T_LARGE, results, ("cat", "wdstream", TOUCHED, TENSOR, TENSOR_TOUCHED,
                                          SHUFFLED, SHUFFLED_TOUCHED,
