@@ -22,8 +22,9 @@ from benchmarks.shaped_link import ShapedProxy  # noqa: E402
 from wdstream.errors import AccessError, StreamError  # noqa: E402
 from wdstream.sources import ranged  # noqa: E402
 from wdstream.sources.failures import stream_error  # noqa: E402
-from wdstream.sources.gcs_ranges import GcsHttpError, object_path  # noqa: E402
+from wdstream.sources.gcs_ranges import object_path  # noqa: E402
 from wdstream.sources.openers import open_read  # noqa: E402
+from wdstream.sources.range_fetchers import HttpStatusError  # noqa: E402
 from wdstream.sources.ranged import Link, RangedGcsSource  # noqa: E402
 from wdstream.sources.streams import ByteStream  # noqa: E402
 
@@ -199,11 +200,11 @@ def test_hostile_names_fetch_exactly_that_object(gcs, proxied):
 
 def test_failures_go_through_the_classifier():
     url = "gs://b/k"
-    denied = stream_error(url, GcsHttpError(403, "forbidden"))
+    denied = stream_error(url, HttpStatusError(403, "forbidden"))
     assert isinstance(denied, AccessError) and not denied.transient
-    assert not stream_error(url, GcsHttpError(404, "")).transient
+    assert not stream_error(url, HttpStatusError(404, "")).transient
     for status in (408, 429, 500, 503):
-        assert stream_error(url, GcsHttpError(status, "")).transient
+        assert stream_error(url, HttpStatusError(status, "")).transient
     import urllib3
 
     assert stream_error(url, urllib3.exceptions.ProtocolError("reset")).transient

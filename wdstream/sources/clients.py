@@ -12,12 +12,14 @@ from wdstream.sources import urls
 from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 
 _clients: dict[tuple, object] = {}
-_clients_lock = threading.Lock()
+_clients_lock = threading.RLock()  # a make() may ask for another client (s3_ranges)
 
 # Settings that change which client we need: a new one is made when one of them changes.
 _CLIENT_SETTINGS = {
     "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_DEFAULT_REGION",
-           "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"),
+           "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+           "AWS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
+           "https_proxy", "no_proxy"),
     "gs": ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT",
            "CLOUDSDK_CONFIG"),
 }
@@ -51,6 +53,16 @@ def s3_client(timeout: float):
         return _botocore_session().create_client("s3", config=config)
 
     return cached_client("botocore", "s3", timeout, make)
+
+
+def s3_ca_bundle() -> str | None:
+    """The CA bundle botocore checks S3's certificates with (``AWS_CA_BUNDLE``, the config's
+    ``ca_bundle``, else its default), for the ranged reader's presigned GETs."""
+    from botocore.httpsession import get_cert_path
+
+    with _clients_lock:
+        session = _botocore_session()
+    return session.get_config_variable("ca_bundle") or get_cert_path(True)
 
 
 _sessions: dict[tuple, object] = {}

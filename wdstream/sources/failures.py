@@ -84,7 +84,7 @@ def _classify(exc: BaseException) -> tuple[bool, str]:
                       | botocore_errors.IncompleteReadError):
             return True, "connection failed"
     status = getattr(exc, "code", None)  # gcsfs.retry.HttpError, aiohttp response errors,
-    if isinstance(status, int) and not isinstance(exc, OSError):  # gcs_ranges.GcsHttpError
+    if isinstance(status, int) and not isinstance(exc, OSError):  # range_fetchers.HttpStatusError
         if status == 404:
             return False, "not found"
         if status in (401, 403):

@@ -30,7 +30,7 @@ Stored bytes
     the way) fails the read rather than hand over other bytes.
 
 Errors
-    Statuses other than 200/206 raise ``GcsHttpError`` (``code``: the status), which
+    Statuses other than 200/206 raise ``HttpStatusError`` (``code``: the status), which
     ``failures.stream_error`` classifies like any store's: 404 missing, 401/403 denied,
     408/429/5xx transient; urllib3's connection errors are transient.
 """
@@ -48,6 +48,7 @@ from wdstream.sources.body_reads import LargeReads
 from wdstream.sources.clients import cached_client
 from wdstream.sources.range_fetchers import (
     Fetcher,
+    HttpStatusError,
     ObjectChanged,
     PastEnd,
     RangeResponse,
@@ -58,14 +59,6 @@ GCS_ENDPOINT = "https://storage.googleapis.com"
 READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 POOL_SIZE = 32  # connections kept per host: parts of the streams of a process
 TIMEOUT = 60.0  # seconds, for the requests made outside a stream (describe, head_and_start)
-
-
-class GcsHttpError(Exception):
-    """A GCS response with a status other than 200/206 (``code``), with its message."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(f"HTTP {code}: {message}" if message else f"HTTP {code}")
-        self.code = code
 
 
 def endpoint() -> str:
@@ -165,7 +158,7 @@ def gcs_client(timeout: float) -> _Client:
 
 def describe(url: str, timeout: float = TIMEOUT) -> dict:
     """``{"size": bytes, "generation": ...}`` of the GCS object at ``url``, from its metadata
-    (one request with the reader's client, without loading gcsfs). Raises ``GcsHttpError``
+    (one request with the reader's client, without loading gcsfs). Raises ``HttpStatusError``
     (a missing object: 404)."""
     fetcher = GcsRanges(url, timeout)
     fetcher.connect()
@@ -177,7 +170,7 @@ def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dic
     """What ``describe`` tells of the GCS object at ``url``, and its first ``nbytes`` bytes
     (fewer when the object is shorter), by one ranged download: a round trip less for an
     object that is often read whole right after (an emulator, whose downloads do not say the
-    generation, is asked its metadata first). Raises ``GcsHttpError`` (a missing object) or
+    generation, is asked its metadata first). Raises ``HttpStatusError`` (a missing object) or
     ``PastEnd`` (an empty one, which has no byte 0)."""
     fetcher = GcsRanges(url, timeout)
     fetcher.connect()
@@ -211,13 +204,13 @@ class GcsRanges(Fetcher):
     def connect(self) -> None:
         self._client = gcs_client(self.timeout)
 
-    def _fail(self, response) -> GcsHttpError:
+    def _fail(self, response) -> HttpStatusError:
         message = _error_message(response)
         client = self._client
         if response.status in (401, 403) and client.credentials is None \
                 and not client.emulator:
             message += f" (sent without credentials: {client.anonymous_reason})"
-        return GcsHttpError(response.status, message)
+        return HttpStatusError(response.status, message)
 
     def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
         client = self._client
@@ -252,7 +245,7 @@ class GcsRanges(Fetcher):
                 or response.headers.get("Content-Length")
             if length is None or not str(length).isdigit():
                 response.close()
-                raise GcsHttpError(status, "a response without its length")
+                raise HttpStatusError(status, "a response without its length")
             first, size = 0, int(length)  # the whole object (an empty one: no range)
         else:
             first, size = parsed
@@ -279,7 +272,7 @@ class GcsRanges(Fetcher):
             meta = json.loads(response.data)
             return {"generation": str(meta["generation"]), "size": str(int(meta["size"]))}
         except (ValueError, KeyError, TypeError) as exc:
-            raise GcsHttpError(response.status, f"unreadable object metadata ({exc})") from None
+            raise HttpStatusError(response.status, f"unreadable object metadata ({exc})") from None
 
     def check_end(self, version: str | None) -> str | None:
         if self._asked_generation is None:

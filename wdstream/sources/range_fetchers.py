@@ -8,8 +8,9 @@ raises ``PastEnd(size)`` when ``begin`` is at or past the object's end, ``Object
 the store says the object is no longer ``version``, or the store's own exception for anything
 else, which ``failures.stream_error`` classifies (missing, denied, transient).
 
-The S3 fetcher is here (botocore ``get_object``, ``If-Match`` on the ETag); the GCS one is
-``gcs_ranges.py``.
+The S3 fetcher is ``s3_ranges.py`` (presigned GETs, ``If-Match`` on the ETag), the GCS one
+``gcs_ranges.py``; both raise ``HttpStatusError`` for a status the store's own client would
+have raised as its error.
 """
 
 from __future__ import annotations
@@ -17,10 +18,6 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Callable
-
-from wdstream.sources import urls
-from wdstream.sources.body_reads import LargeReads
-from wdstream.sources.clients import s3_client
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
@@ -35,6 +32,14 @@ class PastEnd(Exception):  # noqa: N818 - a signal, not a failure
 
 class ObjectChanged(Exception):  # noqa: N818 - the reader turns it into its StreamError
     """The store says the object is not the version the earlier responses read."""
+
+
+class HttpStatusError(Exception):
+    """A response with a status other than 200/206 (``code``), with the store's message."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(f"HTTP {code}: {message}" if message else f"HTTP {code}")
+        self.code = code
 
 
 class RangeResponse:
@@ -79,44 +84,3 @@ class Fetcher(abc.ABC):
         """After the last byte: why the object read is not ``version`` any more, if a store
         whose responses do not say their version can tell (None: nothing to say)."""
         return None
-
-
-class S3Ranges(Fetcher):
-    """botocore ``get_object`` with ``Range``; the version is the ETag, sent as ``If-Match``."""
-
-    scheme = "s3"
-
-    def __init__(self, url: str, timeout: float):
-        self.url, self.timeout = url, timeout
-        self.bucket, self.key = urls.bucket_key(url)
-        self._client = None
-
-    def connect(self) -> None:
-        self._client = s3_client(self.timeout)
-
-    def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
-        from botocore.exceptions import ClientError
-
-        request = {"Bucket": self.bucket, "Key": self.key,
-                   "Range": f"bytes={begin}-{'' if last is None else last}"}
-        if version is not None:
-            request["IfMatch"] = version
-        try:
-            response = self._client.get_object(**request)
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = error.get("Code")
-            actual = str(error.get("ActualObjectSize", ""))
-            if code == "InvalidRange" and actual.isdigit() and begin >= int(actual):
-                raise PastEnd(int(actual)) from exc
-            if code == "PreconditionFailed":
-                raise ObjectChanged(f"its ETag is no longer {version}") from exc
-            raise
-        reads = LargeReads(response["Body"])
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        content_range = str(response.get("ContentRange") or "")
-        parsed = parse_content_range(content_range) if status == 206 else None
-        first, size = parsed if parsed else (0, int(response["ContentLength"]))
-        return RangeResponse(partial=parsed is not None, first=first, size=size,
-                             version=response.get("ETag"), readinto=reads.readinto, close=reads.close,
-                             content_range=content_range)

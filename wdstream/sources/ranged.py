@@ -7,8 +7,9 @@ connection, handing their bytes over in order: the part being read is handed ove
 chunks arrive, the parts after it are held until their turn.
 
 This module schedules the parts; what is the store's (the GET of a byte range, its response's
-size, version and status) is a small fetcher per store (``range_fetchers.py``: the contract and
-S3's, ``gcs_ranges.py``: GCS's). ``RangedSource`` and ``RangedGcsSource`` pair them.
+size, version and status) is a small fetcher per store (``range_fetchers.py``: the contract,
+``s3_ranges.py``: S3's, ``gcs_ranges.py``: GCS's). ``RangedS3Source`` and ``RangedGcsSource``
+pair them with the scheduler.
 
 How a read starts
     - When the object's size is known beforehand (``size``, from the manifest or a listing),
@@ -558,10 +559,10 @@ class RangedSource(ChunkSource):
 
 
 class RangedS3Source(RangedSource):
-    """An S3 object (``s3://bucket/key``) read in ranged parts with botocore."""
+    """An S3 object (``s3://bucket/key``) read in ranged parts, presigned by botocore."""
 
     def __init__(self, url: str, start: int, timeout: float, **options):
-        from wdstream.sources.range_fetchers import S3Ranges
+        from wdstream.sources.s3_ranges import S3Ranges
 
         super().__init__(S3Ranges(url, timeout), start, timeout, **options)
 
