@@ -161,11 +161,15 @@ class LocalS3:
 
 # gcp-storage-emulator answers one request at a time (http.server.HTTPServer): a ranged GET
 # waits until the response before it has been written, so no two parts are served at once.
-# The benchmarks' emulator is the same code on a thread per connection, as a store serves.
+# The benchmarks' emulator is the same code on a thread per connection, as a store serves,
+# with a listen backlog of 128 rather than http.server's 5: a loader's workers open 16 or more
+# connections at once, and a connection dropped from a full backlog is retried by the kernel
+# 1 s later (until 2026-12-03 the GCS rows' first batch took 1.2 s at times for that alone).
 _THREADED_EMULATOR = (
     "import sys, http.server\n"
     "http.server.HTTPServer = http.server.ThreadingHTTPServer\n"
     "http.server.ThreadingHTTPServer.daemon_threads = True\n"
+    "http.server.ThreadingHTTPServer.request_queue_size = 128\n"
     "from gcp_storage_emulator.__main__ import main\n"
     "sys.argv[0] = 'gcp-storage-emulator'\n"
     "main()\n"

@@ -82,10 +82,14 @@ def environ(values: dict[str, str]):
                 os.environ[name] = value
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    request_queue_size = 128  # http.server's 5 drops a reader's parts opened at once (1 s)
+
+
 @contextmanager
 def http_server(handler: type[http.server.BaseHTTPRequestHandler]):
     """``handler`` served on 127.0.0.1 by a thread per connection; yields the base URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _Server(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
