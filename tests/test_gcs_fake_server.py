@@ -71,6 +71,9 @@ class FakeGcs:
     ignore_range: bool = False  # answer 200 with the whole stored object
     drop_accept_encoding: bool = False  # a middlebox: GCS never sees Accept-Encoding: gzip
     range_on_416: bool = True  # a 416 says ``Content-Range: bytes */SIZE``
+    failure: tuple[int, bytes] | None = None  # every download answered: status, body's start
+    failure_sent: int = 0  # bytes of those bodies written, of 64 MiB each
+
 
     def put(self, name: str, data: bytes, encoding: str = "identity") -> str:
         self.objects[BUCKET, name] = Stored(data, 1, encoding)
@@ -113,6 +116,8 @@ class Handler(BaseHTTPRequestHandler):
         if len(segments) != 3 or segments[1] != "o":
             return self._error(seen, 404, "Not Found")
         key = (urllib.parse.unquote(segments[0]), urllib.parse.unquote(segments[2]))
+        if fake.failure is not None and prefix == MEDIA:
+            return self._fail_at_length(fake, seen)
         with fake.lock:
             stored = fake.objects.get(key)
             if stored is not None and prefix == MEDIA:
@@ -168,6 +173,19 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, seen: Seen, status: int, message: str, headers=None) -> None:
         body = json.dumps({"error": {"code": status, "message": message}}).encode()
         self._send(seen, status, body, {"Content-Type": "application/json", **(headers or {})})
+
+    def _fail_at_length(self, fake: FakeGcs, seen: Seen) -> None:
+        """The failure's status and body, then spaces up to 64 MiB, as long as they are read."""
+        status, body = fake.failure
+        seen.status = status
+        self.send_response(status)
+        self.send_header("Content-Length", str(64 << 20))
+        self.end_headers()
+        self.wfile.write(body)
+        for _ in range(64):
+            self.wfile.write(b" " * (1 << 20))
+            with fake.lock:
+                fake.failure_sent += 1 << 20
 
     def _send(self, seen: Seen, status: int, body: bytes, headers: dict[str, str]) -> None:
         seen.status = status
@@ -488,3 +506,17 @@ def test_a_manifest_on_gcs_is_asked_its_generation_with_the_readers_client(
     got, seen = load("large")  # mapped from the node's copy
     assert got == large.to_json()
     assert [(each.media, each.headers.get("range")) for each in seen] == [(True, probe)]
+
+
+def test_a_hostile_error_body_is_cut_short_and_escaped(fake_gcs):
+    url = fake_gcs.put("failing.bin", os.urandom(PART))
+    fake_gcs.failure = (503, json.dumps({"error": {
+        "message": "Back\x1b[2Joff\u202e now"}}).encode())
+    reader, _ = sized(url, PART, retries=0)
+    with pytest.raises(StreamError) as caught, reader:
+        reader.read()
+    message = str(caught.value)
+    assert caught.value.transient and "failing.bin" in message and "503" in message
+    assert "Back\\x1b[2Joff\\u202e now" in message
+    assert "\x1b" not in message and "\u202e" not in message
+    assert fake_gcs.failure_sent < 64 << 20  # the reader did not take the whole body

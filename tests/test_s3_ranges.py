@@ -79,10 +79,17 @@ def refuse_first(monkeypatch, statuses: list[int]) -> list[int]:
     left = list(statuses)
 
     class Refusing:
-        def request(self, *args, **kwargs):
+        def connection_from_url(self, url):
+            return RefusingConnections(pool.connection_from_url(url))
+
+    class RefusingConnections:
+        def __init__(self, connections):
+            self.connections = connections
+
+        def urlopen(self, *args, **kwargs):
             if left:
                 return _Refusal(left.pop(0), b"<Error><Code>Refused</Code></Error>")
-            return pool.request(*args, **kwargs)
+            return self.connections.urlopen(*args, **kwargs)
 
     monkeypatch.setattr(s3_ranges, "direct_pool", lambda timeout: Refusing())
     return left
@@ -178,3 +185,13 @@ def test_a_hostile_error_body_is_cut_short_and_escaped(monkeypatch):
     assert "Slow\\x1b[2JDown" in message and "\x1b" not in message
     assert "\\r\\n forged line" in message and "\n" not in message
     assert sent["bytes"] < 64 << 20  # the reader did not take the whole body
+
+
+@pytest.mark.parametrize("key", ["dir/../other.bin", "./other.bin", "dir/./../other.bin"])
+def test_a_key_with_dot_segments_reads_that_object_not_another(s3, s3_bucket, counted, key):
+    put(s3, s3_bucket, "other.bin", b"the other object")
+    data = os.urandom(3 * PART)
+    url = put(s3, s3_bucket, key, data)
+    got, _source = read_in_parts(url, len(data))
+    assert got == data
+    assert counted["get_object"] == 0

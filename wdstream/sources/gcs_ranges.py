@@ -43,16 +43,19 @@ import threading
 import urllib.parse
 
 from wdstream.errors import StreamError
+from wdstream.printable import printable
 from wdstream.sources import urls
 from wdstream.sources.body_reads import LargeReads
 from wdstream.sources.clients import cached_client
 from wdstream.sources.range_fetchers import (
+    ERROR_BODY_LIMIT,
     Fetcher,
     HttpStatusError,
     ObjectChanged,
     PastEnd,
     RangeResponse,
     parse_content_range,
+    unsatisfied_range_size,
 )
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
@@ -256,10 +259,8 @@ class GcsRanges(Fetcher):
                              content_range=content_range)
 
     def _size_past_end(self, response) -> int:
-        value = response.headers.get("Content-Range", "")
-        if value.startswith("bytes */") and value[8:].isdigit():
-            return int(value[8:])
-        return int(self._metadata()["size"])
+        size = unsatisfied_range_size(response.headers.get("Content-Range"))
+        return size if size is not None else int(self._metadata()["size"])
 
     def _metadata(self) -> dict[str, str]:
         """The object's generation and size from its metadata."""
@@ -302,13 +303,14 @@ def _coding(value: str | None) -> str:
 
 
 def _error_message(response) -> str:
-    """GCS's own message from an error body (JSON or text), cut short."""
+    """GCS's own message from an error body (JSON or text; of a streamed response, its first
+    ``ERROR_BODY_LIMIT`` bytes), cut short and escaped."""
     try:
-        body = response.data[:2000]
+        body = response.read(ERROR_BODY_LIMIT) or (response.data or b"")[:ERROR_BODY_LIMIT]
     except Exception:  # noqa: BLE001 - a body that cannot be read says nothing more
         return ""
     try:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = body.decode("utf-8", "replace")
-    return " ".join(str(message).split())[:300]
+    return printable(" ".join(str(message).split())[:300])

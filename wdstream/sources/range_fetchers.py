@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+ERROR_BODY_LIMIT = 16 << 10  # bytes of an error response read for its message, at most
 
 
 class PastEnd(Exception):  # noqa: N818 - a signal, not a failure
@@ -64,6 +65,14 @@ def parse_content_range(value: str | None) -> tuple[int, int] | None:
         return None
     first, _last, size = (int(g) for g in match.groups())
     return first, size
+
+
+def unsatisfied_range_size(value: str | None) -> int | None:
+    """The object's size from a 416's ``bytes */SIZE``, else None."""
+    value = str(value or "")
+    if value.startswith("bytes */") and value[8:].isdigit():
+        return int(value[8:])
+    return None
 
 
 class Fetcher(abc.ABC):

@@ -5,6 +5,8 @@ again every ``RESIGN_AFTER`` seconds, for credentials that rotate), not each par
 whole request pipeline (parameters, events, endpoint rules, response parsing), which costs
 about 1 ms of CPU more per request, taken from the threads that hand the data over
 (docs/cloud.md). Neither ``Range`` nor ``If-Match`` is part of a presigned URL's signature.
+The URL's path goes out as botocore wrote it: a key's ``.`` and ``..`` segments (a name from
+someone else's bucket) are not resolved away to another object's name.
 
 botocore still carries what only it knows how to handle
     - A bucket in another region than the client's (301, 307, 400): ``get_object`` follows
@@ -37,18 +39,19 @@ from wdstream.sources import urls
 from wdstream.sources.body_reads import LargeReads
 from wdstream.sources.clients import cached_client, s3_ca_bundle, s3_client
 from wdstream.sources.range_fetchers import (
+    ERROR_BODY_LIMIT,
     Fetcher,
     HttpStatusError,
     ObjectChanged,
     PastEnd,
     RangeResponse,
     parse_content_range,
+    unsatisfied_range_size,
 )
 
 SIGNED_FOR = 3600  # seconds a presigned URL is valid
 RESIGN_AFTER = 600  # seconds after which a part is sent with a URL signed anew
 POOL_SIZE = 32  # connections kept per host, as the botocore client's pool
-ERROR_BODY_LIMIT = 16 << 10
 _BOTOCORE_STATUSES = (301, 307, 400)  # a region to follow: botocore for this object
 _XML_FIELD = re.compile(rb"<(Code|Message|ActualObjectSize)>([^<]{0,300})</\1>")
 
@@ -60,9 +63,9 @@ def direct_pool(timeout: float):
     config = client.meta.config
     if getattr(config, "proxies", None) or getattr(config, "client_cert", None):
         return None
-    host = urllib.parse.urlsplit(client.meta.endpoint_url).hostname or ""
-    scheme = urllib.parse.urlsplit(client.meta.endpoint_url).scheme
-    if urllib.request.getproxies().get(scheme) and not urllib.request.proxy_bypass(host):
+    endpoint = urllib.parse.urlsplit(client.meta.endpoint_url)
+    if urllib.request.getproxies().get(endpoint.scheme) \
+            and not urllib.request.proxy_bypass(endpoint.hostname or ""):
         return None
     return cached_client("s3-direct", "s3", timeout, lambda: _make_pool(timeout))
 
@@ -125,8 +128,13 @@ class S3Ranges(Fetcher):
         headers = {"Range": _range(begin, last)}
         if version is not None:
             headers["If-Match"] = version
-        response = pool.request("GET", url, headers=headers, preload_content=False,
-                                decode_content=False, redirect=False)
+        # the request target as signed: urllib3's request() would resolve a key's "." and
+        # ".." segments away, and fetch another object
+        parts = urllib.parse.urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        response = pool.connection_from_url(url).urlopen(
+            "GET", target, headers=headers, preload_content=False, decode_content=False,
+            redirect=False)
         status = response.status
         if status in (200, 206):
             got = response.headers
@@ -211,9 +219,7 @@ def _error_fields(response) -> dict[str, str]:
 
 
 def _size_past_end(content_range: str | None, actual: str | None) -> int | None:
-    value = str(content_range or "")
-    if value.startswith("bytes */") and value[8:].isdigit():
-        return int(value[8:])
-    if actual is not None and actual.isdigit():
-        return int(actual)
-    return None
+    size = unsatisfied_range_size(content_range)
+    if size is None and actual is not None and actual.isdigit():
+        size = int(actual)
+    return size
