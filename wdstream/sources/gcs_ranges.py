@@ -54,7 +54,7 @@ from wdstream.sources.range_fetchers import (
     ObjectChanged,
     PastEnd,
     RangeResponse,
-    parse_content_range,
+    range_response,
     unsatisfied_range_size,
 )
 
@@ -241,22 +241,11 @@ class GcsRanges(Fetcher):
         if why is not None:
             response.close()
             raise StreamError(self.url, f"GCS served it {why}, not its stored bytes")
-        content_range = response.headers.get("Content-Range", "")
-        parsed = parse_content_range(content_range) if status == 206 else None
-        if parsed is None:
-            length = response.headers.get("x-goog-stored-content-length") \
-                or response.headers.get("Content-Length")
-            if length is None or not str(length).isdigit():
-                response.close()
-                raise HttpStatusError(status, "a response without its length")
-            first, size = 0, int(length)  # the whole object (an empty one: no range)
-        else:
-            first, size = parsed
-        generation = response.headers.get("x-goog-generation") or self._asked_generation
-        reads = LargeReads(response)
-        return RangeResponse(partial=parsed is not None, first=first, size=size,
-                             version=generation, readinto=reads.readinto, close=reads.close,
-                             content_range=content_range)
+        got = response.headers
+        return range_response(
+            status, got.get("Content-Range"),
+            got.get("x-goog-stored-content-length") or got.get("Content-Length"),
+            got.get("x-goog-generation") or self._asked_generation, LargeReads(response))
 
     def _size_past_end(self, response) -> int:
         size = unsatisfied_range_size(response.headers.get("Content-Range"))

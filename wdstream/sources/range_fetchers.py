@@ -67,6 +67,28 @@ def parse_content_range(value: str | None) -> tuple[int, int] | None:
     return first, size
 
 
+def range_response(status: int | None, content_range: str | None, content_length,
+                   version: str | None, body) -> RangeResponse:
+    """The ``RangeResponse`` of a 200/206 response: a 206's ``Content-Range`` gives its first
+    byte and the object's size, else the body is the whole object of ``content_length``
+    bytes. ``body`` (``LargeReads``) is closed, and ``HttpStatusError`` raised, when neither
+    says the size."""
+    content_range = str(content_range or "")
+    parsed = parse_content_range(content_range) if status == 206 else None
+    if parsed is None:
+        length = str(content_length if content_length is not None else "")
+        if not length.isdigit():
+            body.close()
+            raise HttpStatusError(status or 0, "a response without its length")
+        parsed = 0, int(length)  # the whole object (an empty one: no range)
+        partial = False
+    else:
+        partial = True
+    first, size = parsed
+    return RangeResponse(partial=partial, first=first, size=size, version=version,
+                         readinto=body.readinto, close=body.close, content_range=content_range)
+
+
 def unsatisfied_range_size(value: str | None) -> int | None:
     """The object's size from a 416's ``bytes */SIZE``, else None."""
     value = str(value or "")

@@ -23,7 +23,8 @@ Statuses
     the size S3 tells (``Content-Range: bytes */SIZE`` or the error's ``ActualObjectSize``); the
     others raise ``HttpStatusError`` with S3's error code, which ``failures.stream_error``
     classifies: 404 missing, 408/429/5xx transient. An error body is read up to
-    ``ERROR_BODY_LIMIT`` bytes and only its ``Code`` and ``Message`` are kept, escaped.
+    ``ERROR_BODY_LIMIT`` bytes and only its ``Code``, ``Message`` and ``ActualObjectSize`` are
+    kept, escaped.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from wdstream.sources.range_fetchers import (
     ObjectChanged,
     PastEnd,
     RangeResponse,
-    parse_content_range,
+    range_response,
     unsatisfied_range_size,
 )
 
@@ -138,7 +139,7 @@ class S3Ranges(Fetcher):
         status = response.status
         if status in (200, 206):
             got = response.headers
-            return _range_response(status, got.get("Content-Range"), got.get("Content-Length"),
+            return range_response(status, got.get("Content-Range"), got.get("Content-Length"),
                                    got.get("ETag"), LargeReads(response))
         try:
             fields = _error_fields(response)
@@ -180,30 +181,13 @@ class S3Ranges(Fetcher):
                 raise ObjectChanged(f"its ETag is no longer {version}") from exc
             raise
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return _range_response(status, response.get("ContentRange"),
+        return range_response(status, response.get("ContentRange"),
                                response.get("ContentLength"), response.get("ETag"),
                                LargeReads(response["Body"]))
 
 
 def _range(begin: int, last: int | None) -> str:
     return f"bytes={begin}-{'' if last is None else last}"
-
-
-def _range_response(status, content_range, content_length, etag,
-                    reads: LargeReads) -> RangeResponse:
-    content_range = str(content_range or "")
-    parsed = parse_content_range(content_range) if status == 206 else None
-    if parsed is None:
-        length = str(content_length if content_length is not None else "")
-        if not length.isdigit():
-            reads.close()
-            raise HttpStatusError(status or 0, "a response without its length")
-        parsed_first, size = 0, int(length)
-    else:
-        parsed_first, size = parsed
-    return RangeResponse(partial=parsed is not None, first=parsed_first,
-                         size=size, version=etag, readinto=reads.readinto, close=reads.close,
-                         content_range=content_range)
 
 
 def _error_fields(response) -> dict[str, str]:
