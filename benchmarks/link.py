@@ -30,7 +30,10 @@ batch + 2 round trips of one GET + the first batch's bytes at the link's limit.
 CPU: moto, the proxy and the loader share the machine's cores (and other jobs may too), so
 every case reports the CPU seconds it took, moto's, the proxy's (the suite's process, less
 its sampling of the case's memory) and everything else the machine ran meanwhile ("others":
-that sampling, other jobs), and the load average at its start.
+that sampling, other jobs), how many cores they kept busy during the timed read, and the
+load average at its start. Each limit row also says what share of its connections' caps
+together it reached ("÷ caps"): well below 1 with the cores busy, the limit is the
+machine's CPU, not the link.
 """
 
 from __future__ import annotations
@@ -68,8 +71,11 @@ __all__ = ["case_first_batch", "case_link_limit", "case_loader", "case_one_get",
 # =========================================================================== cases (child side)
 
 
-def _fetch_ranges(bucket: str, ranges: list[tuple[str, int, int]], threads: int) -> int:
-    """Bytes read by ``threads`` threads taking ranged GETs from ``ranges`` (one client)."""
+def _fetch_ranges(bucket: str, ranges: list[tuple[str, int, int]],
+                  threads: int) -> tuple[int, float]:
+    """Bytes read by ``threads`` threads taking ranged GETs from ``ranges`` (one client), and
+    the CPU seconds this process took meanwhile."""
+    cpu_before = _cpu_so_far()
     get = _POOL_CLIENT["get"]
     work: queue.Queue = queue.Queue()
     for item in ranges:
@@ -99,7 +105,7 @@ def _fetch_ranges(bucket: str, ranges: list[tuple[str, int, int]], threads: int)
         thread.join()
     if errors:
         raise RuntimeError(f"ranged GET failed: {errors[0]}")
-    return total[0]
+    return total[0], _cpu_so_far() - cpu_before
 
 
 def case_link_limit(bucket: str, keys: list[str], sizes: list[int], part: int = 8 * MiB,
@@ -118,19 +124,19 @@ def case_link_limit(bucket: str, keys: list[str], sizes: list[int], part: int = 
               for key, size in zip(keys, sizes, strict=True) for begin in range(0, size, part)]
     shares = [ranges[k::processes] for k in range(processes)]
     context = multiprocessing.get_context("fork")
-    before = _cpu_so_far()
     with context.Pool(processes, initializer=_warm,
                       initargs=(bucket, keys[0], in_flight // processes, store)) as pool:
         pool.starmap(time.sleep, [(0.2,)] * processes)  # every initializer has run
         started = common.start_clock()
-        totals = pool.starmap(_fetch_ranges, [(bucket, share, in_flight // processes)
-                                              for share in shares])
+        fetched = pool.starmap(_fetch_ranges, [(bucket, share, in_flight // processes)
+                                               for share in shares])
         seconds = time.perf_counter() - started
-        pool.close()
-        pool.join()  # its processes' CPU is counted once they have ended
-    if sum(totals) != sum(sizes):
-        raise RuntimeError(f"read {sum(totals)} bytes, expected {sum(sizes)}")
-    return {"seconds": seconds, "bytes_read": sum(totals), "cpu_s": _cpu_so_far() - before}
+    total = sum(nbytes for nbytes, _cpu in fetched)
+    if total != sum(sizes):
+        raise RuntimeError(f"read {total} bytes, expected {sum(sizes)}")
+    # the CPU of the processes while they fetched (their clients made and connected before)
+    return {"seconds": seconds, "bytes_read": total,
+            "cpu_s": sum(cpu for _nbytes, cpu in fetched)}
 
 
 _POOL_CLIENT: dict = {}  # the client of a pool process of case_link_limit
@@ -357,7 +363,8 @@ def run(quick: bool) -> list[dict]:
     for proxy, _gcs_proxy in proxies:
         link = proxy.describe()
         for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
-            limit_mbps, rtt = _limit_rows(rows, by_key, link, store, table)
+            limit_mbps, rtt = _limit_rows(rows, by_key, link, store, table,
+                                          proxy.rate / common.MB)
             for name in names:
                 result = by_key[(link, store + name)]
                 loopback = by_key[("loopback", store + name)]
@@ -436,12 +443,19 @@ def run(quick: bool) -> list[dict]:
         "on this machine (with moto serving ranges at their cost, the 100 MB/s link's limit "
         "is above it). CPU s: "
         "seconds of CPU during the case taken by the reader (its processes, once their imports "
-        "were done: about 1.7 s of importing torch for the loader is left out), the store's "
+        "were done: about 1.7 s of importing torch for the loader is left out; the limit's "
+        "processes while they fetched, since 2026-12-03, their clients made before), the store's "
         "server (moto, or the GCS emulator), the "
         "proxy, and everything else the machine ran meanwhile (others: the suite's sampling "
         "of the case's RSS every 50 ms, other jobs; until 2026-12-03 the suite read each "
         "case's PSS too, at about 0.5 s of CPU a case, counted as the proxy's); "
-        "load: the 1-minute load average at the case's start.")})
+        "cores busy: those CPU seconds per second of the timed read (of "
+        f"{os.cpu_count()} cores; the reader's imports left out); load: the 1-minute load "
+        "average at the case's start. '÷ caps': a limit's MB/s ÷ the caps of its "
+        f"{LIMIT_IN_FLIGHT} connections together: near 1 the limit is the link's; well "
+        "below it, with the cores busy, it is what this machine's CPU carries through moto and "
+        "the proxy, and the loader's ratio to it compares the loader's CPU per byte with "
+        "that of a bare client of ranged GETs.")})
     rows.append({"table": T_GCS, "note": (
         "The 1 MiB dataset in gcp-storage-emulator (in memory), run by the suite on a thread "
         "per connection (the command serves one request at a time, so no two parts would be "
@@ -460,9 +474,11 @@ def _first_batch_budget(loopback: dict, rtt: float | None, batch_mb: float,
     return loopback["ttfb_s"] + 2 * rtt + batch_mb / limit_mbps
 
 
-def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str,
-                table: str) -> tuple[float | None, float | None]:
-    """The rows of the link's limit and of one GET; returns (limit MB/s, round trip s)."""
+def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str, table: str,
+                connection_mbps: float) -> tuple[float | None, float | None]:
+    """The rows of the link's limit and of one GET; returns (limit MB/s, round trip s).
+    ``connection_mbps``: one connection's cap, so that each limit row says what share of
+    its GETs' caps together it reached."""
     limits = []
     for part in LIMIT_PARTS:
         limit = by_key[(link, f"{store}limit {part // MiB} MiB")]
@@ -470,6 +486,7 @@ def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str,
         rows.append({"table": table, "link": link,
                      "reader": f"limit: {LIMIT_IN_FLIGHT} ranged GETs of {part // MiB} MiB "
                      f"in flight ({WORKERS} processes)", "MB/s": limits[-1] or None,
+                     "÷ caps": ratio(limits[-1] or None, LIMIT_IN_FLIGHT * connection_mbps),
                      "runs": limit.get("runs"), **_cpu_columns(limit),
                      "error": limit.get("error")})
     one = by_key[(link, f"{store}one GET")]
@@ -509,6 +526,10 @@ def _repeat(cases: dict[str, tuple], server_pids: list[int],
                            "cpu_others_s": max(0.0, used["machine"] - used["reader"]
                                                - used["server"] - used["proxy"]),
                            "load": load})
+            if result.get("seconds"):  # how much of the machine the timed read kept busy
+                result["cores_busy"] = sum(result[key] for key in (
+                    "cpu_reader_s", "cpu_server_s", "cpu_proxy_s", "cpu_others_s")) \
+                    / result["seconds"]
             results[name].append(result)
     return {name: common.medians(values) for name, values in results.items()}
 
@@ -532,7 +553,7 @@ def _cpu(server_pids: list[int]) -> dict:
 def _cpu_columns(result: dict) -> dict:
     return {"CPU s: reader": result.get("cpu_reader_s"), "server": result.get("cpu_server_s"),
             "proxy": result.get("cpu_proxy_s"), "others": result.get("cpu_others_s"),
-            "load": result.get("load")}
+            "cores busy": result.get("cores_busy"), "load": result.get("load")}
 
 
 def _mbps(result: dict, nbytes) -> float | None:
