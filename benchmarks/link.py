@@ -29,7 +29,8 @@ batch + 2 round trips of one GET + the first batch's bytes at the link's limit.
 
 CPU: moto, the proxy and the loader share the machine's cores (and other jobs may too), so
 every case reports the CPU seconds it took, moto's, the proxy's (the suite's process, less
-its sampling of the case's memory) and everything else the machine ran meanwhile ("others":
+its sampling of the case's memory), the kernel's interrupt work (the network's softirqs,
+which no process is charged for) and everything else the machine ran meanwhile ("others":
 that sampling, other jobs), how many cores they kept busy during the timed read, and the
 load average at its start. Each limit row also says what share of its connections' caps
 together it reached ("÷ caps"): well below 1 with the cores busy, the limit is the
@@ -446,9 +447,13 @@ def run(quick: bool) -> list[dict]:
         "were done: about 1.7 s of importing torch for the loader is left out; the limit's "
         "processes while they fetched, since 2026-12-03, their clients made before), the store's "
         "server (moto, or the GCS emulator), the "
-        "proxy, and everything else the machine ran meanwhile (others: the suite's sampling "
-        "of the case's RSS every 50 ms, other jobs; until 2026-12-03 the suite read each "
-        "case's PSS too, at about 0.5 s of CPU a case, counted as the proxy's); "
+        "proxy, the kernel's interrupt work (the network stack's softirqs: on the shaped "
+        "link, its paced connections' timers and packets; /proc/stat counts them apart from "
+        "any process), and everything else the machine ran meanwhile (others: the suite's "
+        "sampling of the case's RSS every 50 ms, other jobs; until 2026-12-03 the interrupt "
+        "work was counted there, and the suite read each case's PSS too, at about 0.5 s of "
+        "CPU a case, counted as the proxy's; the time the hypervisor took, 'steal', is left "
+        "out since 2026-12-03); "
         "cores busy: those CPU seconds per second of the timed read (of "
         f"{os.cpu_count()} cores; the reader's imports left out); load: the 1-minute load "
         "average at the case's start. '÷ caps': a limit's MB/s ÷ the caps of its "
@@ -523,36 +528,42 @@ def _repeat(cases: dict[str, tuple], server_pids: list[int],
             result.update({"cpu_reader_s": result.get("cpu_s", used["reader"]),
                            "cpu_server_s": used["server"],
                            "cpu_proxy_s": used["proxy"],
+                           "cpu_interrupts_s": used["interrupts"],
                            "cpu_others_s": max(0.0, used["machine"] - used["reader"]
-                                               - used["server"] - used["proxy"]),
+                                               - used["server"] - used["proxy"]
+                                               - used["interrupts"]),
                            "load": load})
             if result.get("seconds"):  # how much of the machine the timed read kept busy
                 result["cores_busy"] = sum(result[key] for key in (
-                    "cpu_reader_s", "cpu_server_s", "cpu_proxy_s", "cpu_others_s")) \
-                    / result["seconds"]
+                    "cpu_reader_s", "cpu_server_s", "cpu_proxy_s", "cpu_interrupts_s",
+                    "cpu_others_s")) / result["seconds"]
             results[name].append(result)
     return {name: common.medians(values) for name, values in results.items()}
 
 
 def _cpu(server_pids: list[int]) -> dict:
     """CPU seconds so far: the cases' processes (reaped children of this one), the servers
-    (moto, the GCS emulator), this process (the proxy's thread), and the whole machine (from
-    /proc/stat)."""
+    (moto, the GCS emulator), this process (the proxy's thread), the kernel's interrupt work
+    (the network's softirqs, charged to no process) and the whole machine's work (from
+    /proc/stat: the time the hypervisor took from it, "steal", left out)."""
     import psutil
 
     mine = os.times()
     server = sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in server_pids)
     with open("/proc/stat") as stat:
         ticks = [int(v) for v in stat.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle, iowait
+    hertz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq = ticks[:7]
     return {"reader": mine.children_user + mine.children_system,
             "server": server, "proxy": mine.user + mine.system,
-            "machine": (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")}
+            "interrupts": (irq + softirq) / hertz,
+            "machine": (user + nice + system + irq + softirq) / hertz}
 
 
 def _cpu_columns(result: dict) -> dict:
     return {"CPU s: reader": result.get("cpu_reader_s"), "server": result.get("cpu_server_s"),
-            "proxy": result.get("cpu_proxy_s"), "others": result.get("cpu_others_s"),
+            "proxy": result.get("cpu_proxy_s"), "interrupts": result.get("cpu_interrupts_s"),
+            "others": result.get("cpu_others_s"),
             "cores busy": result.get("cores_busy"), "load": result.get("load")}
 
 
