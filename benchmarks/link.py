@@ -65,8 +65,11 @@ T_LINK = "shaped link: S3 (moto) behind a proxy that caps each connection and de
 T_GCS = ("shaped link: GCS (gcp-storage-emulator, a thread per connection) behind the same "
          "proxy")
 T_GOALS = "goals (issue 18)"
+# where the simulated cloud (moto, the GCS emulator, the proxy) runs apart from the loader
+LINK_CPUS_VARIABLE = "WDSTREAM_BENCH_LINK_CPUS"
 
-__all__ = ["case_first_batch", "case_link_limit", "case_loader", "case_one_get", "run"]
+__all__ = ["case_first_batch", "case_link_limit", "case_loader", "case_one_get", "cpu_split",
+           "pin_process", "run"]
 
 
 # =========================================================================== cases (child side)
@@ -291,6 +294,7 @@ def run(quick: bool) -> list[dict]:
     from .shaped_link import ShapedProxy
 
     sizes = QUICK if quick else FULL
+    split = cpu_split(os.environ.get(LINK_CPUS_VARIABLE, ""))  # a mistake fails before any work
     rows: list[dict] = []
     goals: list[dict] = []
     with common.scratch() as root, common.LocalS3(whole_once=True) as s3, \
@@ -307,9 +311,16 @@ def run(quick: bool) -> list[dict]:
         common.log(f"link: uploading {data['1 MiB']['bytes'] / common.MB:,.0f} MB to the "
                    "GCS emulator")
         gcs_url = gcs.upload(data["1 MiB"]["dir"], "mib")
+        every_cpu = os.sched_getaffinity(0)
+        if split is not None:  # the servers, and the proxies' threads, on the link's CPUs
+            for pid in (s3.process.pid, gcs.process.pid):
+                pin_process(pid, split[0])
+            os.sched_setaffinity(0, split[0])  # this thread's, which new threads inherit
         proxies = [(ShapedProxy(s3.port, rate * 1e6, delay / 1000).start(),
                     ShapedProxy(gcs.port, rate * 1e6, delay / 1000).start())
                    for rate, delay in LINKS]
+        if split is not None:  # the cases this thread starts, on the others
+            os.sched_setaffinity(0, split[1])
         try:
             cases = {}
             for proxy, gcs_proxy in proxies:
@@ -361,6 +372,7 @@ def run(quick: bool) -> list[dict]:
             for pair in proxies:
                 for each in pair:
                     each.stop()
+            os.sched_setaffinity(0, every_cpu)
     for proxy, _gcs_proxy in proxies:
         link = proxy.describe()
         for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
@@ -436,8 +448,8 @@ def run(quick: bool) -> list[dict]:
         "2026-12-02 it compared the first batch of the shuffle-off loader, 3 runs). The "
         "kernel paces each connection's responses (SO_MAX_PACING_RATE; until 2026-12-02 the "
         "proxy paced them in Python, at 3 s of its CPU per run) and the proxy holds each "
-        "request back by the delay; it runs in the suite's process, moto in its own, both on "
-        "the same 2 cores as the loader. MB/s of a loader counts from "
+        "request back by the delay; it runs in the suite's process, moto in its own, "
+        f"{_placement(split)}. MB/s of a loader counts from "
         "building the dataset to its last batch (worker start-up included); 'after first "
         "batch' leaves the start out. The limit is the better of its two part sizes; '÷ "
         "loopback' compares with the same loader without the proxy, the loader's own ceiling "
@@ -468,6 +480,60 @@ def run(quick: bool) -> list[dict]:
         "urllib3 media downloads, as the gs:// reader asks. The emulator, unlike moto, "
         "costs a GET its range, not the whole object.")})
     return goals + rows
+
+
+def cpu_split(text: str) -> tuple[set[int], set[int]] | None:
+    """``WDSTREAM_BENCH_LINK_CPUS`` read: (the CPUs the link's simulation runs on, the CPUs
+    left to the cases), from a list such as "2,3" or "2-3"; None when ``text`` is empty (every
+    process on every CPU). Raises ``ValueError`` naming the variable for a list it cannot
+    read, a CPU this process may not run on, or a list that leaves the cases none."""
+    text = text.strip()
+    if not text:
+        return None
+    link_cpus: set[int] = set()
+    for piece in text.split(","):
+        first, dash, last = piece.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise ValueError(f"{LINK_CPUS_VARIABLE}={text!r}: expected CPU numbers such as "
+                             "2,3 or 2-3") from None
+        if low < 0 or high < low:
+            raise ValueError(f"{LINK_CPUS_VARIABLE}={text!r}: {piece.strip()!r} is not a "
+                             "range of CPUs")
+        link_cpus.update(range(low, high + 1))
+    allowed = os.sched_getaffinity(0)
+    if not link_cpus <= allowed:
+        raise ValueError(f"{LINK_CPUS_VARIABLE}={text!r}: CPUs {sorted(link_cpus - allowed)} "
+                         f"are not among this process's ({sorted(allowed)})")
+    if not allowed - link_cpus:
+        raise ValueError(f"{LINK_CPUS_VARIABLE}={text!r} leaves no CPU for the loader "
+                         f"(this process may run on {sorted(allowed)})")
+    return link_cpus, allowed - link_cpus
+
+
+def _placement(split: tuple[set[int], set[int]] | None) -> str:
+    """Where the note says the link's simulation and the cases ran."""
+    if split is None:
+        return (f"both on the same {len(os.sched_getaffinity(0))} cores as the loader "
+                f"({LINK_CPUS_VARIABLE} unset)")
+    return (f"both, and the GCS emulator, on CPUs {_cpu_list(split[0])}, the cases on CPUs "
+            f"{_cpu_list(split[1])} ({LINK_CPUS_VARIABLE})")
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cpus`` (the threads it starts later inherit its
+    threads' CPUs)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
 
 
 def _first_batch_budget(loopback: dict, rtt: float | None, batch_mb: float,

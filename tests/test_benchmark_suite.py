@@ -88,3 +88,24 @@ def test_a_case_clock_starts_with_no_collection_due():
     del cycle
     common.start_clock()
     assert alive() is None
+
+
+def test_the_link_suites_cpu_split_is_read_or_refused_before_any_work():
+    import os
+
+    import pytest
+
+    from benchmarks.link import LINK_CPUS_VARIABLE, cpu_split
+
+    allowed = sorted(os.sched_getaffinity(0))
+    assert cpu_split("") is None and cpu_split("  ") is None
+    if len(allowed) >= 2:
+        last = allowed[-1]
+        assert cpu_split(str(last)) == ({last}, set(allowed[:-1]))
+        assert cpu_split(f"{allowed[0]}-{allowed[0]}") == ({allowed[0]}, set(allowed[1:]))
+    everything = ",".join(map(str, allowed))
+    for text, says in ((everything, "leaves no CPU"), ("two", "expected CPU numbers"),
+                       ("3-1", "not a range"), (str(max(allowed) + 64), "are not among")):
+        with pytest.raises(ValueError, match=says) as caught:
+            cpu_split(text)
+        assert LINK_CPUS_VARIABLE in str(caught.value)
