@@ -28,7 +28,6 @@ from wdstream.stream.shm import (
     linux_libc,
     map_file,
     mapped,
-    populate,
     release,
     unmap,
 )
@@ -162,8 +161,9 @@ class _SharedBytes:
     of the batch are then packed into the arena too). A batch of only ``bytes`` copied out
     into ``bytes`` at once (the default ``bytes_as``) is packed into a fresh segment, which
     keeps peak memory at its lowest (pooling trades a little memory for speed:
-    docs/benchmarks.md). The main process maps the pages it reads with one ``madvise`` call rather
-    than a fault per page."""
+    docs/benchmarks.md). The pages of a file a batch reads come in as its payloads are read
+    (the kernel maps the neighbours of each faulting page that the page cache holds: fewer
+    faults than pages, and no page the batch does not read)."""
 
     single = False  # one value (a sample's member) rather than a batch's list
 
@@ -249,19 +249,8 @@ class _SharedBytes:
     def nbytes(self) -> int:
         return sum(end - start for _buffer, start, end in self.parts)
 
-    def _mapped(self) -> list[torch.Tensor]:
-        """The buffers, with the pages this batch uses mapped in one call each (arena
-        segments were mapped whole when first received)."""
-        for k, buffer in enumerate(self.buffers):
-            if self.holds is not None and self.holds[k] is not None:
-                continue
-            for start, end in _runs(sorted((start, end) for b, start, end in self.parts
-                                           if b == k)):
-                populate(buffer[start:end])
-        return self.buffers
-
     def unpack(self) -> list[bytes]:
-        arrays = [memoryview(buffer.numpy()) for buffer in self._mapped()]
+        arrays = [memoryview(buffer.numpy()) for buffer in self.buffers]
         values = [bytes(arrays[b][start:end]) for b, start, end in self.parts]
         del arrays
         if self.holds is not None:  # copied out: the worker may use the memory again
@@ -274,7 +263,7 @@ class _SharedBytes:
     def views(self) -> list[torch.Tensor]:
         """The values as 1-D uint8 tensors sharing this batch's memory: no copy. Arena memory
         goes back to the worker once no view of it (nor array made from one) is left."""
-        buffers = self._mapped()
+        buffers = self.buffers
         if self.holds is not None:
             # views keep their base tensor alive (``view._base``): each batch gets bases of
             # its own over the kept segments, and releases its flag when a base goes
@@ -290,19 +279,6 @@ class _SharedBytes:
         values = [buffers[b][start:end] for b, start, end in self.parts]
         self.holds = self.buffers = None
         return values
-
-
-def _runs(ranges: list[tuple[int, int]], gap: int = 64 << 10) -> list[tuple[int, int]]:
-    """Sorted byte ranges merged where they touch or lie less than ``gap`` apart: the parts of
-    a file a batch reads, mapped in as few calls as possible without mapping the pages between
-    parts far apart (a shuffled batch takes payloads from all over its shards)."""
-    runs = [list(ranges[0])]
-    for start, end in ranges[1:]:
-        if start - runs[-1][1] < gap:
-            runs[-1][1] = max(runs[-1][1], end)
-        else:
-            runs.append([start, end])
-    return [(start, end) for start, end in runs]
 
 
 def _source_key(span) -> tuple:
