@@ -254,7 +254,8 @@ def case_webdataset_s3(urls: list[str], expected: int | None = None) -> dict:
 
 # =========================================================================== the suite (parent)
 
-SMALL_RUNS_FACTOR = 2  # the small records and the shuffle goal run 2 * runs - 1 times (5 by default)
+# the small records' cases and the shuffle goal's pair run 2 * runs - 1 times (5 by default)
+SMALL_RUNS_FACTOR = 2
 T_SMALL = "small records: ~1 KiB JSON samples, local shards, 2 workers, batch 32"
 T_LARGE = "large samples: ~1 MiB samples, local shards"
 T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"

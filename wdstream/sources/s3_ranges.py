@@ -140,7 +140,7 @@ class S3Ranges(Fetcher):
         if status in (200, 206):
             got = response.headers
             return range_response(status, got.get("Content-Range"), got.get("Content-Length"),
-                                   got.get("ETag"), LargeReads(response))
+                                  got.get("ETag"), LargeReads(response))
         try:
             fields = _error_fields(response)
         finally:
@@ -182,8 +182,8 @@ class S3Ranges(Fetcher):
             raise
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         return range_response(status, response.get("ContentRange"),
-                               response.get("ContentLength"), response.get("ETag"),
-                               LargeReads(response["Body"]))
+                              response.get("ContentLength"), response.get("ETag"),
+                              LargeReads(response["Body"]))
 
 
 def _range(begin: int, last: int | None) -> str:
