@@ -7,7 +7,7 @@
 5. "crashes" half-way through the next epoch, resumes from the saved state, and checks that
    the resumed run delivers exactly the batches the uninterrupted one does.
 
-Run it with `tox -e demo` (or `python examples/quickstart.py` where wdstream[test] is
+Run it with `tox -e demo` (or `python examples/quickstart.py` where wdstream[demo] is
 installed).
 """
 

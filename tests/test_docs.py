@@ -227,13 +227,6 @@ def page_runs(docs_env, tmp_path_factory):
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=[p.name for p in RUNNABLE])
 def test_code_in_page_runs(page, page_runs):
-    for step in steps_of(page):
-        if step["kind"] == "python" and page.name == "README.md":
-            try:
-                compile(step["code"], step["where"], "exec")
-            except SyntaxError as error:
-                pytest.xfail(f"{step['where']} is not valid Python ({error.msg}, line "
-                             f"{error.lineno}): fix the README's example")
     status, output = page_runs[page.name]
     assert status == 0, output[-6000:]
 
