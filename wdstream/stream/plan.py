@@ -37,6 +37,7 @@ then the list of finished segments plus the current one: a few integers each.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,15 @@ REMAINDER_POLICIES = CHOICES["remainder"]
 
 
 STREAM_END = "end"  # a consumed entry: the stream was read to its end
+RANKS = "ranks"  # key of a consumed entry that holds every rank's (see consumed_at)
+COUNT_LIMIT = 1 << 63  # counts in positions and states fit an int64
+EPOCH_LIMIT = 1 << 40  # epochs read by a loader; those above are cycled passes' (stages.base)
+
+
+def is_count(value) -> bool:
+    """Whether ``value`` is a count as positions and states hold them: an int (not a bool)
+    from 0 to ``COUNT_LIMIT - 1``."""
+    return type(value) is int and 0 <= value < COUNT_LIMIT
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ class HistorySegment:
 def consumed_at(value, rank: int):
     """A segment's entry for ``rank``: the same on every rank, or one of ``{"ranks": [...]}``."""
     if isinstance(value, dict):
-        return value["ranks"][rank]
+        return value[RANKS][rank]
     return value
 
 
@@ -232,7 +242,7 @@ class Layout:
         self.total, self.world, self.workers = total, world, workers
         self.rank_samples = samples_per_rank(total, world, remainder)
         self.stream_samples = stream_sizes(self.rank_samples, workers)
-        self._stream_offsets = [sum(self.stream_samples[:k]) for k in range(workers)]
+        self._stream_offsets = [0, *itertools.accumulate(self.stream_samples[:-1])]
 
     @property
     def remainder_samples(self) -> int:
