@@ -3,7 +3,8 @@
 Per worker stream, the position the training loop has received and the batches it has had;
 the epoch, the layout (world size, workers, batch size, ``drop_last``) and the segments of
 this epoch consumed under other layouts (``HistorySegment``). ``make_state`` writes one,
-``check_loadable`` decides whether a dataset can resume from one.
+``check_loadable`` decides whether a dataset can resume from one, every value of it bounded
+by what the dataset allows before any plan is made (``check_bounds``).
 """
 
 from __future__ import annotations
