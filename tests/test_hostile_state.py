@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import random
 import resource
 
 import pytest
@@ -16,7 +17,7 @@ from datasets import write_dataset
 from llm_data import sources, write_sources, write_token_sources
 
 import wdstream
-from wdstream.errors import StateError
+from wdstream.errors import StateError, WdstreamError
 from wdstream.stream.loader_state import MAX_DEPTH, MAX_STREAMS
 
 pytestmark = pytest.mark.usefixtures("single_rank")
@@ -54,9 +55,9 @@ def saved_state(kind: str, root) -> dict:
     return loader.state_dict()
 
 
-def load_in_child(loader, state) -> tuple[str, str]:
-    """``loader.load_state_dict(state)`` in a forked child with a time and memory limit:
-    ("ok", "") or (the exception's class name, its message)."""
+def in_child(function) -> tuple[str, str]:
+    """``function()`` in a forked child with a time and memory limit: ("ok", what it
+    returned) or (the exception's class name, its message)."""
     receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
 
     def child():
@@ -64,20 +65,28 @@ def load_in_child(loader, state) -> tuple[str, str]:
             vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
         resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_LIMIT, vm + MEMORY_LIMIT))
         try:
-            loader.load_state_dict(state)
-            len(loader)  # what a resume plans first
-            send.send(("ok", ""))
+            send.send(("ok", function()))
         except BaseException as error:  # handed to the test
             send.send((type(error).__name__, str(error)[:500]))
 
     process = multiprocessing.get_context("fork").Process(target=child, daemon=True)
     process.start()
     try:
-        assert receive.poll(TIME_LIMIT), f"load_state_dict still running after {TIME_LIMIT} s"
+        assert receive.poll(TIME_LIMIT), f"still running after {TIME_LIMIT} s"
         return receive.recv()
     finally:
         process.kill()
         process.join()
+
+
+def load_in_child(loader, state) -> tuple[str, str]:
+    """``loader.load_state_dict(state)`` and ``len(loader)`` (what a resume plans first) in a
+    forked child with a time and memory limit."""
+    def load():
+        loader.load_state_dict(state)
+        len(loader)
+        return ""
+    return in_child(load)
 
 
 def at(path, value):
@@ -229,3 +238,74 @@ def test_the_torchdata_state_of_a_dataset_is_checked(folders):
         with pytest.raises(StateError, match=key if key == "epoch" else "position"):
             ds.load_state_dict({**good, key: value})
     ds.load_state_dict(good)
+
+
+@pytest.mark.parametrize("kind", ["mix", "packed"])
+@pytest.mark.parametrize("entry", [None, {"ranks": []}, {"ranks": [None]}, {"ranks": 5},
+                                   {"ranks": [None, None]}, [None]])
+def test_malformed_segment_entries_are_refused(folders, states, kind, entry):
+    """A segment of 2 ranks whose entry is no position, or not those of 2 ranks; the segment
+    after it is real. Both ranks' entries missing is a well-formed state that cannot be
+    resumed: refused when the resume is planned (``len()`` reports it as unsized)."""
+    state = copy.deepcopy(states[kind])
+    position = state["positions"][0]
+    state["history"] = [[2, 1, 2, [entry]], [3, 1, 2, [copy.deepcopy(position)]]]
+    loader = wdstream.DataLoader(make(kind, folders), batch_size=2)
+    kind_name, text = load_in_child(loader, state)
+    if entry == {"ranks": [None, None]}:
+        assert kind_name == "UnsizedError" and "lacks some ranks' positions" in text, text
+    else:
+        assert kind_name == "StateError", text
+
+
+JUNK = [None, True, -1, 0, 1, 7, 23, 2**63 - 1, 2**63, 1.5, float("nan"), "end", "x", "AAAA",
+        [], [0], [[0]], {}, {"ranks": []}, {"ranks": [None]}, {"ranks": "AAAA"},
+        {"ranks": [[0, 0, 0, 0]]}]
+
+
+def places(value, path=()):
+    """The paths (keys and indexes) of every value in ``value``, itself first."""
+    yield path
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from places(item, (*path, index))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from places(item, (*path, key))
+
+
+def mutated(state: dict, rng: random.Random) -> dict:
+    """``state`` with one to three of its values (or parts of them) replaced by junk."""
+    state = copy.deepcopy(state)
+    for _ in range(rng.randint(1, 3)):
+        path = rng.choice([p for p in places(state) if p])
+        at(list(path), copy.deepcopy(rng.choice(JUNK)))(state)
+    return state
+
+
+@pytest.mark.parametrize("kind", ["dataset", "mix", "packed"])
+def test_random_junk_gives_a_state_error_or_a_resume(folders, states, kind):
+    """Random values replaced by junk, in a state with and without history segments (of
+    every rank's positions, gathered): each loads and reads its first batches, or is refused
+    with wdstream's own error, never another one."""
+    rng = random.Random(f"junk-{kind}")
+    position = states[kind]["positions"][0]
+    with_history = copy.deepcopy(states[kind])
+    with_history["history"] = [[2, 1, 2, [{"ranks": [position, position]}]],
+                               [3, 1, 2, [position]]]
+    cases = [mutated(rng.choice([states[kind], with_history]), rng) for _ in range(60)]
+
+    def run() -> str:
+        for state in cases:
+            loader = wdstream.DataLoader(make(kind, folders), batch_size=2)
+            try:
+                loader.load_state_dict(state)
+                len(loader)
+                batches = iter(loader)
+                next(batches, None)
+                next(batches, None)
+            except WdstreamError:
+                pass
+        return ""
+
+    assert in_child(run) == ("ok", "")

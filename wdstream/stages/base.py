@@ -263,12 +263,17 @@ class Stage(PositionedDataset):
         """The datasets this stage reads."""
         raise NotImplementedError
 
-    def check_position(self, position) -> None:
+    def check_position(self, position, world: int = 1) -> None:
         """Refuse (``StateError``) a position of a state that ``positioned`` cannot start
-        from: this stage's own (``check_own``), or every rank's, gathered."""
-        ranks = ranks_of(position) if isinstance(position, dict) else [position]
-        if not isinstance(ranks, list):
-            raise StateError(f"{self.source}: not a position of every rank: {position!r:.80}")
+        from: this stage's own (``check_own``), or those of the ``world`` ranks of its layout,
+        gathered (None for a rank whose position is missing)."""
+        if not isinstance(position, dict):
+            self.check_own(position)
+            return
+        ranks = ranks_of(position)
+        if not isinstance(ranks, list) or len(ranks) != world:
+            raise StateError(f"{self.source}: not the positions of {world} ranks: "
+                             f"{position!r:.80}")
         for value in ranks:
             if value is not None:
                 self.check_own(value)

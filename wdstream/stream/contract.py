@@ -67,9 +67,10 @@ class Trackable(Protocol):
     position is a sample count), ``positions_per_rank`` (positions differ between ranks: the
     loader gathers every rank's into its state, ``stages.base.gather_positions``),
     ``accounting(positions, history, rank)`` (per-source counts for ``loader.stats["sources"]``)
-    and ``check_position(position)`` (raises ``StateError`` for a position of a loaded state
-    that ``positioned`` cannot start from; ``wdstream.stream.loader_state`` calls it on every
-    position and history entry before anything is planned).
+    and ``check_position(position, world)`` (raises ``StateError`` for a position of a loaded
+    state, of a layout of ``world`` ranks, that ``positioned`` cannot start from;
+    ``wdstream.stream.loader_state`` calls it on every position and history entry before
+    anything is planned).
     """
 
     spec: IterationSpec | None

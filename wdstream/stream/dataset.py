@@ -238,9 +238,10 @@ class StreamingDataset(PositionedDataset):
                 else sum(int(n) for n in self.shards.samples)
         return self._epoch_samples
 
-    def check_position(self, position) -> None:
+    def check_position(self, position, world: int = 1) -> None:
         """Refuse (``StateError``) a position of a state that ``positioned`` cannot start
-        from: anything but a sample count up to an epoch's samples."""
+        from: anything but a sample count up to an epoch's samples (the same on each of the
+        ``world`` ranks)."""
         samples = self.epoch_samples()
         most = COUNT_LIMIT - 1 if samples is None else samples
         if not is_count(position) or position > most:

@@ -128,10 +128,10 @@ def check_bounds(state: dict, dataset: Trackable) -> None:
     if check is None:
         return
     for position in state["positions"]:
-        check(position)
+        check(position, state["world"])
     for segment in state["history"]:
         for position in segment[3]:
-            check(position)
+            check(position, segment[0])
 
 
 def dataset_samples(dataset) -> int | None:
