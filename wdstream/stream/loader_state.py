@@ -25,9 +25,9 @@ from wdstream.stream.plan import (
 
 STATE_FORMAT = "wdstream.loader"  # the state format's name, not the module path
 STATE_VERSION = 1
-# The streams (world x workers) of all of a state's layouts together: more than any job's
-# ranks x workers, few enough that an elastic re-plan over them ends in seconds.
-MAX_STREAMS = 1 << 17
+# The streams (world x workers) of all of a state's layouts together: a job of 8192 ranks x 8
+# workers, few enough that an elastic re-plan over them ends within a minute (docs/security.md).
+MAX_STREAMS = 1 << 16
 MAX_DEPTH = 16  # how deeply a state's values may nest (positions of stages over stages)
 
 _STATE_TYPES = {
