@@ -76,7 +76,6 @@ def fixed_plan(per_epoch: int, world: int, workers: int) -> StagePlan:
     return StagePlan(stream_sizes(rank_items, workers), per_epoch - rank_items * world)
 
 
-
 def rank_position(value, rank: int):
     """This rank's start position: ``value`` itself, or its entry of a gathered position."""
     if not isinstance(value, dict):
