@@ -273,10 +273,10 @@ def test_abandoned_temporaries_are_removed(tmp_path):
     dead.join()
     host = cache_folder.host()
     names = {
-        "dead": f"{cache_folder.TEMP_PREFIX}{host}-{dead.pid}-abc",
-        "live": f"{cache_folder.TEMP_PREFIX}{host}-{os.getpid()}-abc",
-        "old": f"{cache_folder.TEMP_PREFIX}otherhost-1-abc",
-        "recent": f"{cache_folder.TEMP_PREFIX}otherhost-2-abc",
+        "dead": f"{cache_folder.TEMP_PREFIX}{host}-{dead.pid}-{'a' * 16}",
+        "live": f"{cache_folder.TEMP_PREFIX}{host}-{os.getpid()}-{'a' * 16}",
+        "old": f"{cache_folder.TEMP_PREFIX}otherhost-1-{'a' * 16}",
+        "recent": f"{cache_folder.TEMP_PREFIX}otherhost-2-{'a' * 16}",
     }
     for name in names.values():
         (tmp_path / "cache" / name).write_bytes(b"x")
@@ -310,3 +310,109 @@ def test_processes_racing_on_one_folder(shard_files, tmp_path):
     cache = ShardCache(cache_dir)
     assert sorted(entry_bytes(cache)) == sorted(Path(p).read_bytes() for p in shard_files)
     assert not temporaries(cache_dir)
+
+
+# --------------------------------------------------------------------------- only its own files
+
+
+def fill(cache: ShardCache, shard_files, order=(0, 1, 2)) -> list[str]:
+    """Read the shards in ``order`` through ``cache``, each later than the one before; their
+    entries' paths."""
+    urls = [f"pipe:cat '{p}'" for p in shard_files]
+    for index in order:
+        read_through(cache, urls[index])
+        time.sleep(0.02)
+    return [cache.path_for(url) for url in urls]
+
+
+def test_files_not_its_own_are_neither_counted_nor_deleted(shard_files, tmp_path):
+    """A user's files in cache_dir, larger than the limit, survive reads that overflow it,
+    and do not count towards it: the cache keeps as many entries as without them."""
+    size = os.path.getsize(shard_files[0])
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    old = time.time() - cache_folder.STALE_TEMP_SECONDS - 10
+    theirs = {
+        "thesis.docx": b"x" * (3 * size),
+        ".tmp-notes": b"n",  # starts like a temporary file, is not one
+        f".tmp-{cache_folder.host()}-999999-notes": b"n",
+        "0" * 39 + "-short.tar": b"s",  # one hex digit short of an entry's name
+        "A" * 40 + "-upper.tar": b"u",
+    }
+    for name, data in theirs.items():
+        (cache_dir / name).write_bytes(data)
+        os.utime(cache_dir / name, (old, old))
+    (cache_dir / ("f" * 40 + "-folder")).mkdir()  # an entry's name, but a folder
+    cache = ShardCache(cache_dir, int(2.5 * size))
+    paths = fill(cache, shard_files)
+    assert [p for p, _s, _m in cache.entries()] == paths[1:]  # the oldest evicted
+    assert cache.total_bytes() == 2 * size
+    for name, data in theirs.items():
+        assert (cache_dir / name).read_bytes() == data
+    assert (cache_dir / ("f" * 40 + "-folder")).is_dir()
+
+
+def test_links_are_neither_followed_nor_deleted(shard_files, tmp_path):
+    """Links in cache_dir to a file outside, under a name of the user's, an entry's name and
+    an abandoned temporary file's name: not counted, not deleted, the file outside intact."""
+    size = os.path.getsize(shard_files[0])
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"o" * (3 * size))  # would overflow the limit if it were counted
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    old = time.time() - cache_folder.STALE_TEMP_SECONDS - 10
+    links = [cache_dir / "data.tar", cache_dir / ("e" * 40 + "-x.tar"),
+             cache_dir / f"{cache_folder.TEMP_PREFIX}otherhost-1-{'b' * 16}"]
+    for link in links:
+        os.symlink(outside, link)
+        os.utime(link, (old, old), follow_symlinks=False)
+    cache = ShardCache(cache_dir, int(2.5 * size))
+    paths = fill(cache, shard_files)
+    assert [p for p, _s, _m in cache.entries()] == paths[1:]
+    assert all(link.is_symlink() for link in links)
+    assert outside.read_bytes() == b"o" * (3 * size)
+
+
+def test_an_entry_it_cannot_delete_is_skipped_with_one_warning(shard_files, tmp_path,
+                                                              monkeypatch, caplog):
+    """An entry whose unlink is refused (another user's in a sticky folder) is skipped: newer
+    entries are evicted in its place, the total stays within the limit, and one warning names
+    it, however many reads follow."""
+    size = os.path.getsize(shard_files[0])
+    cache = ShardCache(tmp_path / "cache", int(2.5 * size))
+    urls = [f"pipe:cat '{p}'" for p in shard_files]
+    stuck = cache.path_for(urls[0])
+    unlink = os.unlink
+
+    def refuse(path, *args, **kwargs):
+        if os.fspath(path) == stuck:
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), path)
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    caplog.set_level("WARNING", logger="wdstream.sources.cache")
+    fill(cache, shard_files, order=(0, 1, 2, 1, 2, 1))
+    kept = [p for p, _s, _m in cache.entries()]
+    assert kept[0] == stuck and len(kept) == 2  # the stuck one and the last read
+    assert kept[1] == cache.path_for(urls[1])
+    assert cache.total_bytes() <= cache.limit
+    warnings = [r.getMessage() for r in caplog.records if stuck in r.getMessage()]
+    assert len(warnings) == 1 and "cannot delete" in warnings[0]
+    assert not any("exceed" in r.getMessage() for r in caplog.records)
+    # a limit the stuck entry alone exceeds: everything else goes, and a warning says so, once
+    small = ShardCache(tmp_path / "cache", size // 2)
+    for _ in range(3):
+        small.evict()
+    assert [p for p, _s, _m in small.entries()] == [stuck]
+    assert sum("exceed cache_limit" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_remove_checks_the_name(tmp_path):
+    """The one function that deletes: only the cache's own names, never a link's target."""
+    theirs = tmp_path / "thesis.docx"
+    theirs.write_bytes(b"t")
+    assert not cache_folder.remove(str(theirs)) and theirs.exists()
+    entry = tmp_path / ("a" * 40 + "-x.tar")
+    os.symlink(theirs, entry)
+    assert cache_folder.remove(str(entry)) and not entry.is_symlink() and theirs.exists()
+    assert not cache_folder.remove(str(entry))  # gone already

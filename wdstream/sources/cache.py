@@ -38,6 +38,13 @@ POSIX: an open file lives on until closed. Temporary files of downloads in progr
 counted (the disk may briefly hold the limit plus one shard per active reader); those left by
 a killed process are removed by a later eviction. A shard larger than the limit is not kept.
 
+Only the cache's own files are counted and deleted: regular files named as its entries or
+temporary files (``cache_folder.own``; the name is checked before every unlink). Other files
+in the directory, links and folders are left alone, and a link is never followed. An entry it
+may not delete (another user's, in a shared folder with the sticky bit) is skipped, with one
+warning naming it per ``ShardCache``, and other entries are evicted in its place; if what is
+left still exceeds the limit, a warning says so, once.
+
 The cache never makes a read fail: if the disk is full or the directory unwritable, the
 stream goes on uncached (with a warning). Local files (plain paths, ``file://``) are never
 cached; ``pipe:`` commands are, keyed by the command text.
@@ -54,7 +61,6 @@ import io
 import json
 import logging
 import os
-import re
 import stat as stat_mode
 from collections.abc import Callable
 
@@ -82,6 +88,8 @@ class ShardCache:
         except OSError as exc:
             raise InputError(f"cache_dir {self.directory}: cannot create it: {exc}") from exc
         self.hits = self.misses = self.stored = 0
+        self._stuck: set[str] = set()  # files eviction could not delete, already warned of
+        self._over_limit = False  # whether it warned that those exceed the limit
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, limit={self.limit})"
@@ -95,9 +103,7 @@ class ShardCache:
     def path_for(self, url: str, size: int | None = None, sha256: str | None = None) -> str:
         """Where the shard ``url`` (with the manifest's ``size``/``sha256``, if known) is kept."""
         key = hashlib.sha256(json.dumps([url, size or None, sha256 or None]).encode()).hexdigest()
-        tail = url.rstrip("/").rsplit("/", 1)[-1]
-        readable = re.sub(r"[^A-Za-z0-9._-]", "_", tail)[-60:]  # for people listing the folder
-        return os.path.join(self.directory, f"{key[:40]}-{readable}")
+        return os.path.join(self.directory, cache_folder.entry_name(key, url))
 
     # ---- reading ------------------------------------------------------------------------
     def open(self, url: str, opener: Callable[[], io.IOBase], *, size: int | None = None,
@@ -128,7 +134,7 @@ class ShardCache:
                         path, exc)
             with contextlib.suppress(OSError):
                 if stat_mode.S_ISLNK(os.lstat(path).st_mode):
-                    os.unlink(path)
+                    cache_folder.remove(path)  # the link, never what it points to
             return None
         file = open(fd, "rb", buffering=0, closefd=True)  # owned by the stream
         try:
@@ -148,14 +154,17 @@ class ShardCache:
     def forget(self, url: str, size: int | None = None, sha256: str | None = None) -> None:
         """Delete the cached copy of ``url`` if any (e.g. before a retry: a copy that failed
         the reader's checks must not be served again)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path_for(url, size, sha256))
+        path = self.path_for(url, size, sha256)
+        try:
+            cache_folder.remove(path)
+        except OSError as exc:
+            log.warning("%s: cannot delete the cached copy %s: %s", url, path, exc)
 
     @staticmethod
     def _remove_if_same(path: str, stat: os.stat_result) -> None:
         try:
             if os.path.samestat(os.lstat(path), stat):
-                os.unlink(path)
+                cache_folder.remove(path)
         except OSError:
             pass
 
@@ -169,8 +178,19 @@ class ShardCache:
 
     def evict(self) -> int:
         """Delete least recently used entries until the total is within the limit, and
-        temporary files of readers that are gone. Returns the bytes freed."""
-        return cache_folder.evict(self.directory, self.limit)
+        temporary files of readers that are gone. Returns the bytes freed. A file it may not
+        delete is skipped and named in a warning, once."""
+        result = cache_folder.evict(self.directory, self.limit)
+        for path, reason in result.stuck:
+            if path not in self._stuck:
+                self._stuck.add(path)
+                log.warning("%s: cannot delete this cache file (%s); evicting others in its "
+                            "place", path, reason)
+        if result.total > self.limit and not self._over_limit:
+            self._over_limit = True
+            log.warning("%s: %d bytes of entries it cannot delete exceed cache_limit (%d)",
+                        self.directory, result.total, self.limit)
+        return result.freed
 
     # ---- called by TeeStream ------------------------------------------------------------
     def _temporary(self):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from wdstream.shards.identity import HEAD_BYTES as _HEAD_BYTES
 from wdstream.shards.identity import head_digest
+from wdstream.sources import cache_folder
 from wdstream.sources.hashing import HashingReader
 from wdstream.sources.streams import LocalFile
 
@@ -225,8 +226,8 @@ class TeeStream(io.BufferedIOBase):
                 self._file.close()
             self._file = None
         if self._temporary is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._temporary)
+            with contextlib.suppress(OSError):  # left to a later eviction
+                cache_folder.remove(self._temporary)
             self._temporary = None
 
     def __del__(self):

@@ -21,12 +21,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from wdstream.errors import StateError
-from wdstream.stream.plan import STREAM_END, HistorySegment, stream_sizes
+from wdstream.stream.plan import (
+    EPOCH_LIMIT,
+    RANKS,
+    STREAM_END,
+    HistorySegment,
+    stream_sizes,
+)
 from wdstream.stream.positioned import PositionedDataset
 
-# Epochs that cycled passes of an inner dataset read live above every real epoch number, so a
-# pass never replays the order of another epoch (see cycle_epoch).
-_CYCLE_EPOCHS = 1 << 40
+# Epochs that cycled passes of an inner dataset read live above every epoch a loader reads,
+# so a pass never replays the order of another epoch (see cycle_epoch).
+_CYCLE_EPOCHS = EPOCH_LIMIT
 
 
 def cycle_epoch(epoch: int, cycle: int) -> int:
@@ -68,9 +74,6 @@ def fixed_plan(per_epoch: int, world: int, workers: int) -> StagePlan:
     rank) and over a rank's streams as the epoch plan does."""
     rank_items = per_epoch // world
     return StagePlan(stream_sizes(rank_items, workers), per_epoch - rank_items * world)
-
-
-RANKS = "ranks"  # key of a position that holds every rank's (see gather_positions)
 
 
 def rank_position(value, rank: int):
@@ -258,3 +261,29 @@ class Stage(PositionedDataset):
     def inner(self) -> list:
         """The datasets this stage reads."""
         raise NotImplementedError
+
+    def check_position(self, position, world: int = 1) -> None:
+        """Refuse (``StateError``) a position of a state that ``positioned`` cannot start
+        from: this stage's own (``check_own``), or those of the ``world`` ranks of its layout,
+        gathered (None for a rank whose position is missing)."""
+        if not isinstance(position, dict):
+            self.check_own(position)
+            return
+        ranks = ranks_of(position)
+        if not isinstance(ranks, list) or len(ranks) != world:
+            raise StateError(f"{self.source}: not the positions of {world} ranks: "
+                             f"{position!r:.80}")
+        for value in ranks:
+            if value is not None:
+                self.check_own(value)
+
+    def check_own(self, position) -> None:
+        """Refuse one rank's position of this stage that it cannot start from; a stage
+        checks its own shape here (this one accepts any)."""
+
+
+def check_inner(dataset, position) -> None:
+    """Refuse a position of ``dataset``, read by a stage, that it cannot start from."""
+    check = getattr(dataset, "check_position", None)
+    if check is not None:
+        check(position)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wdstream.stages.base import RANKS, cycle_epoch, inner_history, segment_entries
-from wdstream.stream.plan import STREAM_END, HistorySegment
+from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,7 @@ class Tail:
 
 def is_tail_marker(inner) -> bool:
     """A packing position's inner position ``[t]``: the stream was at its tail ``t``."""
-    return isinstance(inner, list) and len(inner) == 1 and isinstance(inner[0], int) \
-        and not isinstance(inner[0], bool) and inner[0] >= 0
+    return isinstance(inner, list) and len(inner) == 1 and is_count(inner[0])
 
 
 def advance(dataset, position, epoch: int, rank: int, world: int, workers: int, stream: int,

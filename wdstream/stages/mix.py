@@ -29,6 +29,7 @@ from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
+    check_inner,
     cycle_epoch,
     fixed_plan,
     inner_history,
@@ -41,7 +42,7 @@ from wdstream.stages.choices import BLOCK, block_choices, stream_length
 from wdstream.stages.mix_sources import END, SourceStreams
 from wdstream.stages.schedule import make_schedule, normalise
 from wdstream.stream.contract import IterationSpec
-from wdstream.stream.plan import STREAM_END, HistorySegment
+from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
 
 STOP_RULES = CHOICES["stop"]
 class Mix(Stage):
@@ -371,12 +372,18 @@ class Mix(Stage):
         if self.by_tokens:  # and the stage in force and its first draw
             lengths = tuple(n + 2 for n in lengths)
         valid = (isinstance(start, list) and len(start) in lengths
-                 and all(isinstance(v, int) and v >= 0
+                 and all(is_count(v)
                          for v in [start[0], *start[1:1 + 2 * count:2], *start[1 + 2 * count:]])
                  and (not self.by_tokens or start[-2] < len(self.schedule.starts)))
         if not valid:
             raise StateError(f"not a position of this mixture: {start!r:.200}")
         return start[0], start[1:1 + 2 * count:2], start[2:1 + 2 * count:2]
+
+    def check_own(self, position) -> None:
+        """A position of this mixture, with one each source can start from."""
+        _draws, _cycles, positions = self._parse(position)
+        for dataset, inner in zip(self.datasets, positions, strict=True):
+            check_inner(dataset, inner)
 
     def documents(self, position) -> list[int]:
         """Documents drawn from each source in a stream's segment, from its position (0 for

@@ -30,17 +30,18 @@ from wdstream.stages.base import (
     Stage,
     StageOptions,
     StagePlan,
+    check_inner,
     fixed_plan,
     inner_history,
     rank_entry,
     rank_position,
     remaining_items,
 )
-from wdstream.stages.cut import cut_history
+from wdstream.stages.cut import cut_history, is_tail_marker
 from wdstream.stages.documents import Document, DocumentReader, field_name, field_value, where
 from wdstream.stages.schedule import TokenClock
 from wdstream.stream.contract import IterationSpec
-from wdstream.stream.plan import STREAM_END, HistorySegment
+from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
 from wdstream.tokenizer import Tokenizer
 
 LONG_DOCUMENTS = CHOICES["long_documents"]
@@ -281,14 +282,19 @@ class PackedSequences(Stage):
         try:
             sequences, cycle, inner, offset = start[:4]
             valid = isinstance(start, list) and len(start) in lengths \
-                and all(isinstance(v, int) and v >= 0
-                        for v in (sequences, cycle, offset, *start[4:])) \
+                and all(is_count(v) for v in (sequences, cycle, offset, *start[4:])) \
                 and (len(start) <= tallied or start[-1] <= sequences)
         except (TypeError, ValueError):
             valid = False
         if not valid:
             raise StateError(f"not a position of this packing stage: {start!r:.200}")
         return sequences, cycle, inner, offset
+
+    def check_own(self, position) -> None:
+        """A position of this stage, with an inner one its dataset can start from."""
+        _sequences, _cycle, inner, _offset = self._parse(position)
+        if not is_tail_marker(inner):
+            check_inner(self.dataset, inner)
 
     @property
     def names(self) -> list[str]:

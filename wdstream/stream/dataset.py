@@ -30,10 +30,13 @@ from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option,
 from wdstream.stream.deferred import DeferringDecoder, can_defer
 from wdstream.stream.loader_state import OLDER_ORDER, saved_with_fixed_windows
 from wdstream.stream.plan import (
+    COUNT_LIMIT,
+    EPOCH_LIMIT,
     EpochPlan,
     HistorySegment,
     PlanOptions,
     drop_first,
+    is_count,
     shard_streams,
     window_order,
 )
@@ -169,6 +172,8 @@ class StreamingDataset(PositionedDataset):
     each process parses its own.
     """
 
+    _epoch_samples: int | None = None  # epoch_samples(), once known
+
     def __init__(
         self,
         source,
@@ -225,6 +230,23 @@ class StreamingDataset(PositionedDataset):
             raise ManifestError(f"{self.source}: no manifest, so sample counts are unknown; "
                                 "run `wdstream index` on the shards' prefix")
         return EpochPlan(self.shards.samples, epoch, world, workers, self.options, history)
+
+    def epoch_samples(self) -> int | None:
+        """Samples in an epoch (the manifest's counts), None without a manifest."""
+        if self._epoch_samples is None and self.has_counts:
+            self._epoch_samples = int(self.manifest.samples) if self.manifest is not None \
+                else sum(int(n) for n in self.shards.samples)
+        return self._epoch_samples
+
+    def check_position(self, position, world: int = 1) -> None:
+        """Refuse (``StateError``) a position of a state that ``positioned`` cannot start
+        from: anything but a sample count up to an epoch's samples (the same on each of the
+        ``world`` ranks)."""
+        samples = self.epoch_samples()
+        most = COUNT_LIMIT - 1 if samples is None else samples
+        if not is_count(position) or position > most:
+            raise StateError(f"{self.source}: the state's position {position!r:.40} is not a "
+                             f"sample count from 0 to {most}")
 
     def fingerprint(self) -> str:
         """Identifies the data and the options that shape the order; part of a resume state.
@@ -389,6 +411,10 @@ class StreamingDataset(PositionedDataset):
         """Make the next iteration continue this stream where ``state`` was taken."""
         if not isinstance(state, dict) or not {"fingerprint", "seed", "epoch", "position"} <= set(state):
             raise StateError(f"not a wdstream dataset state: {state!r:.200}")
+        if not is_count(state["epoch"]) or state["epoch"] >= EPOCH_LIMIT:
+            raise StateError(f"the dataset state: 'epoch' must be an integer from 0 to "
+                             f"{EPOCH_LIMIT - 1}, not {state['epoch']!r:.40}")
+        self.check_position(state["position"])
         if state["seed"] == self.options.seed and state["fingerprint"] != self.fingerprint() \
                 and saved_with_fixed_windows(state["fingerprint"], self):
             raise StateError(f"the dataset state: {OLDER_ORDER}")

@@ -38,7 +38,13 @@ from wdstream.stream.context import StreamContext
 from wdstream.stream.contract import IterationSpec, Trackable, world_info
 from wdstream.stream.lifetime import closed_at_exit
 from wdstream.stream.loader_options import check_loader_options
-from wdstream.stream.loader_state import STATE_FORMAT, STATE_VERSION, check_loadable, make_state
+from wdstream.stream.loader_state import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    check_loadable,
+    make_state,
+    resume_history,
+)
 from wdstream.stream.plan import HistorySegment, batches_in_stream
 from wdstream.stream.shm import unmap_workers
 from wdstream.stream.tagging import TaggedCollate
@@ -178,13 +184,9 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         _rank, world = world_info()
         epoch, history = dataset.next_epoch(), ()
         if self._pending is not None:
-            state = self._pending
-            epoch = state["epoch"]
-            history = tuple(HistorySegment.from_list(s) for s in state["history"])
-            if (state["world"], state["workers"], state["batch_size"], state["drop_last"]) != (
-                    world, self.streams, self._batch, self.drop_last):
-                history += (HistorySegment(state["world"], state["workers"],
-                                           state["batch_size"], tuple(state["positions"])),)
+            epoch = self._pending["epoch"]
+            history, _changed = resume_history(self._pending, world, self.streams, self._batch,
+                                               self.drop_last)
         elif self._reading:
             epoch, history = self._epoch, self._history
         try:
@@ -224,12 +226,9 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         if state is None:
             epoch, history, positions, batches = dataset.begin_epoch(), (), fresh, fresh
         else:
-            history = tuple(HistorySegment.from_list(s) for s in state["history"])
+            history, changed = resume_history(state, *layout, self.drop_last)
             positions, batches = list(state["positions"]), list(state["batches"])
-            if (state["world"], state["workers"], state["batch_size"]) != layout or \
-                    state["drop_last"] != self.drop_last:
-                history += (HistorySegment(state["world"], state["workers"], state["batch_size"],
-                                    tuple(positions)),)
+            if changed:
                 positions, batches = fresh, fresh
                 log.info("epoch %d continues on a new layout: %d ranks x %d workers, batch %d",
                          state["epoch"], *layout)

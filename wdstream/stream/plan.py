@@ -37,6 +37,7 @@ then the list of finished segments plus the current one: a few integers each.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,15 @@ REMAINDER_POLICIES = CHOICES["remainder"]
 
 
 STREAM_END = "end"  # a consumed entry: the stream was read to its end
+RANKS = "ranks"  # key of a consumed entry that holds every rank's (see consumed_at)
+COUNT_LIMIT = 1 << 63  # counts in positions and states fit an int64
+EPOCH_LIMIT = 1 << 40  # epochs read by a loader; those above are cycled passes' (stages.base)
+
+
+def is_count(value) -> bool:
+    """Whether ``value`` is a count as positions and states hold them: an int (not a bool)
+    from 0 to ``COUNT_LIMIT - 1``."""
+    return type(value) is int and 0 <= value < COUNT_LIMIT
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ class HistorySegment:
 def consumed_at(value, rank: int):
     """A segment's entry for ``rank``: the same on every rank, or one of ``{"ranks": [...]}``."""
     if isinstance(value, dict):
-        return value["ranks"][rank]
+        return value[RANKS][rank]
     return value
 
 
@@ -172,18 +182,30 @@ class Positions:
             return empty, empty, empty
         return _merge_adjacent(*(np.concatenate(column) for column in zip(*pieces, strict=True)))
 
-    def subtract(self, taken: list[tuple[int, int]]) -> Positions:
-        """The positions outside the intervals ``taken`` ([start, stop) pairs)."""
-        kept = []
-        previous = 0
-        for begin, end in sorted(taken) + [(len(self), len(self))]:
-            begin, end = min(begin, len(self)), min(end, len(self))
-            if begin > previous:
-                kept.append(self._slice(previous, begin))
-            previous = max(previous, end)
-        if not kept:
+    def subtract(self, begins: np.ndarray, ends: np.ndarray) -> Positions:
+        """The positions outside the intervals ``[begins[i], ends[i])``, in arrays."""
+        total = len(self)
+        begins = np.minimum(np.append(begins, total).astype(np.int64), total)
+        ends = np.minimum(np.append(ends, total).astype(np.int64), total)
+        order = np.argsort(begins, kind="stable")
+        begins, ends = begins[order], ends[order]
+        # a gap before each interval: from the furthest end before it
+        covered = np.concatenate(([0], np.maximum.accumulate(ends)[:-1]))
+        gap = begins > covered
+        low, high = covered[gap], begins[gap]
+        if not len(low):
             return Positions([], [], [])
-        return Positions(*_merge_adjacent(*(np.concatenate(c) for c in zip(*kept, strict=True))))
+        # each gap's pieces: the spans it overlaps, cut to it
+        first = np.searchsorted(self.offsets, low, side="right") - 1
+        counts = np.searchsorted(self.offsets, high, side="left") - first
+        span = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(
+            np.cumsum(counts) - counts, counts)
+        offsets = self.offsets[span]
+        lo = self.start[span] + np.maximum(0, np.repeat(low, counts) - offsets)
+        hi = self.start[span] + np.minimum(self.stop[span] - self.start[span],
+                                           np.repeat(high, counts) - offsets)
+        keep = hi > lo
+        return Positions(*_merge_adjacent(self.shard[span][keep], lo[keep], hi[keep]))
 
 
 def _merge_adjacent(shard: np.ndarray, start: np.ndarray, stop: np.ndarray):
@@ -232,7 +254,7 @@ class Layout:
         self.total, self.world, self.workers = total, world, workers
         self.rank_samples = samples_per_rank(total, world, remainder)
         self.stream_samples = stream_sizes(self.rank_samples, workers)
-        self._stream_offsets = [sum(self.stream_samples[:k]) for k in range(workers)]
+        self._stream_offsets = [0, *itertools.accumulate(self.stream_samples[:-1])]
 
     @property
     def remainder_samples(self) -> int:
@@ -251,6 +273,7 @@ class EpochPlan:
                  options: PlanOptions, history: Sequence[HistorySegment] = ()):
         self.epoch = epoch
         self.options = options
+        self.schedule = options.schedule
         self.segment = len(history)
         order = shard_order(len(counts), options.seed, epoch, options.shuffle)
         sizes = np.asarray(counts, dtype=np.int64)[order]
@@ -259,14 +282,11 @@ class EpochPlan:
             if len(done.consumed) != done.workers:
                 raise OptionError("a segment needs one consumed count per worker stream")
             layout = Layout(len(sequence), done.world, done.workers, options.remainder)
-            taken = [
-                interval
-                for rank in range(done.world)
-                for stream in range(done.workers)
-                for interval in self._consumed_intervals(
-                    layout, index, rank, stream, done.consumed[stream])
-            ]
-            sequence = sequence.subtract(taken)
+            taken = [self._consumed_intervals(layout, index, rank, stream,
+                                              done.consumed[stream])
+                     for rank in range(done.world) for stream in range(done.workers)]
+            sequence = sequence.subtract(np.concatenate([b for b, _e in taken]),
+                                         np.concatenate([e for _b, e in taken]))
         self.sequence = sequence
         self.layout = Layout(len(sequence), world, workers, options.remainder)
 
@@ -299,23 +319,28 @@ class EpochPlan:
         return window_order(size, o.seed, self.epoch, segment, rank, stream, window, o.shuffle)
 
     def _consumed_intervals(self, layout: Layout, segment: int, rank: int, stream: int,
-                            consumed: int) -> list[tuple[int, int]]:
-        """Positions (as [start, stop) intervals) of the first ``consumed`` samples a stream
-        yielded: its whole windows, and the first picks of the window it was in. Padding
-        positions past the end repeat earlier ones and deliver nothing new: left out."""
+                            consumed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions (as [begin, end) intervals, two arrays) of the first ``consumed`` samples
+        a stream yielded: its whole windows, and the first picks of the window it was in.
+        Padding positions past the end repeat earlier ones and deliver nothing new: left
+        out."""
         size = layout.stream_samples[stream]
         consumed = consumed_at(consumed, rank)
         consumed = size if consumed == STREAM_END else min(int(consumed), size)
+        if consumed == 0:  # nothing delivered (or an empty stream)
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         start = layout.stream_start(rank, stream)
-        schedule = self.options.schedule
+        schedule = self.schedule
         index, full = schedule.locate(consumed)
-        intervals = [(start, start + full)]
+        begins = np.array([start], dtype=np.int64)
         if consumed > full:
             order = self._window_order(segment, rank, stream, index,
                                        min(schedule.size(index), size - full))
-            intervals.extend((start + full + int(i), start + full + int(i) + 1)
-                             for i in order[: consumed - full])
-        return [(a, min(b, layout.total)) for a, b in intervals if a < layout.total]
+            begins = np.append(begins, start + full + order[: consumed - full])
+        ends = begins + 1
+        ends[0] = start + full
+        inside = begins < layout.total
+        return begins[inside], np.minimum(ends[inside], layout.total)
 
 
 def drop_first(spans: Sequence[Span], count: int) -> SpanArray:
