@@ -61,6 +61,11 @@ START_TIMEOUT = 30.0
 __all__ = ["NginxPlane", "describe_link", "missing"]
 
 
+def nginx_binary() -> str | None:
+    return shutil.which(NGINX) or next(
+        (path for path in (f"/usr/sbin/{NGINX}",) if os.path.exists(path)), None)
+
+
 def echo_module() -> str | None:
     return next((path for path in ECHO_MODULES if os.path.exists(path)), None)
 
@@ -68,7 +73,7 @@ def echo_module() -> str | None:
 def missing(delays: bool = True) -> str | None:
     """Why the nginx data plane cannot run here, or None. ``delays``: links with a first-byte
     delay are wanted (they need the echo module)."""
-    if shutil.which(NGINX) is None and not os.path.exists(f"/usr/sbin/{NGINX}"):
+    if nginx_binary() is None:
         return "no nginx binary (apt-get install nginx libnginx-mod-http-echo)"
     if delays and echo_module() is None:
         return ("nginx's echo module is not installed (apt-get install libnginx-mod-http-echo; "
@@ -113,8 +118,7 @@ class NginxPlane:
             config.write_text(self._config())
             fds = [sock.fileno() for sock in self._listeners.values()]
             self.process = subprocess.Popen(
-                [shutil.which(NGINX) or f"/usr/sbin/{NGINX}", "-p", self._prefix, "-c",
-                 str(config)], pass_fds=fds, stdin=subprocess.DEVNULL,
+                [nginx_binary(), "-p", self._prefix, "-c", str(config)], pass_fds=fds, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env={**os.environ, "NGINX": "".join(f"{fd};" for fd in fds)})
             self._wait_until_serving()
