@@ -27,8 +27,9 @@ socket is made here with the kernel's pacing rate (``SO_MAX_PACING_RATE``), whic
 accepted connection inherits, and handed to nginx as an inherited socket (the ``NGINX``
 variable of nginx's binary upgrade); a first-byte delay holds each request with the echo
 module's ``echo_sleep`` (a timer) before an internal redirect to the location that serves
-it. nginx's own ``limit_rate`` is not used: it lets each response send a second's worth at
-full speed before it limits, so an 8 MiB part at 25 MB/s would not be capped at all.
+it. nginx's own ``limit_rate`` is not used: it sends in bursts between timers, the start of
+each response at full speed, where the kernel spaces every packet, as the proxy does, so
+that the figures of both planes compare (docs/benchmarks.md).
 
 Set-up (Debian): ``apt-get install nginx libnginx-mod-http-echo`` (the echo module only for
 links with a delay). ``missing()`` says what is not there.
