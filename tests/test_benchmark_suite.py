@@ -1,7 +1,8 @@
 """The benchmark suite's plumbing that the results page depends on: a rewrite of
 docs/benchmarks-results.md keeps the sections of benchmarks not run and hand-written notes,
 and the local S3 server the suite (and these tests) start serves uploads; a case's clock starts
-after a full garbage collection."""
+after a full garbage collection; without nginx the link suite says so and uses its proxy (the
+nginx data plane itself: tests/test_data_plane.py)."""
 
 from __future__ import annotations
 
