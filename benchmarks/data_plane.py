@@ -119,8 +119,8 @@ class NginxPlane:
             config.write_text(self._config())
             fds = [sock.fileno() for sock in self._listeners.values()]
             self.process = subprocess.Popen(
-                [nginx_binary(), "-p", self._prefix, "-c", str(config)], pass_fds=fds, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [nginx_binary(), "-p", self._prefix, "-c", str(config)], pass_fds=fds,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env={**os.environ, "NGINX": "".join(f"{fd};" for fd in fds)})
             self._wait_until_serving()
         except BaseException:

@@ -16,7 +16,7 @@ one GET
     (the link's round trip) and to the first batch's bytes.
 wdstream
     The default loader (opener "auto", i.e. "sdk"; shuffle off; no decoding; 2 workers, batch
-    32) over the link, for 1 MiB and ~100 KiB samples; the same datasets on loopback (no proxy)
+    32) over the link, for 1 MiB and ~100 KiB samples; the same datasets on loopback (no shaping)
     give the start-up cost that is not the link's.
 first batch, defaults
     The loader with the dataset's defaults (shuffle on), timed to its first batch only.
@@ -31,14 +31,14 @@ batch + 2 round trips of one GET + the first batch's bytes at the link's limit.
 
 CPU: the data plane, the servers and the loader share the machine's cores (and other jobs
 may too), so every case reports the CPU seconds it took, moto's, nginx's, the proxy's (the
-suite's process, less its sampling of the case's memory), the kernel's interrupt work (the network's softirqs,
-which no process is charged for) and everything else the machine ran meanwhile ("others":
-that sampling, other jobs), how many cores they kept busy during the timed read, and the
-load average at its start. Each limit row also says what share of its connections' caps
-together it reached ("÷ caps"): well below 1 with the cores busy, the limit is the
-machine's CPU, not the link. CPU per delivered byte: the loader's (all its processes) ÷ the
-bare client's of the limit with the loader's part size, on the same link and plane (goal
-≤ 1.3), beside the reader's and nginx's CPU seconds per GB.
+suite's process, less its sampling of the case's memory), the kernel's interrupt work (the
+network's softirqs, which no process is charged for) and everything else the machine ran
+meanwhile ("others": that sampling, other jobs), how many cores they kept busy during the
+timed read, and the load average at its start. Each limit row also says what share of its
+connections' caps together it reached ("÷ caps"): well below 1 with the cores busy, the
+limit is the machine's CPU, not the link. CPU per delivered byte: the loader's (all its
+processes) ÷ the bare client's of the limit with the loader's part size, on the same link
+and plane (goal ≤ 1.3), beside the reader's and nginx's CPU seconds per GB.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from . import common
 from .common import quiet_logs, ratio
 from .read import case_wdstream, goal
 
-TITLE = "Shaped link (S3 through a capped, delayed proxy)"
+TITLE = "Shaped link (S3 and GCS, each connection capped and delayed)"
 MiB = 1 << 20
 LIMIT_PARTS = (8 * MiB, 16 * MiB)
 LIMIT_IN_FLIGHT = 16
@@ -67,7 +67,8 @@ LINKS = ((25, 30), (100, 10))
 PREFIXES = {"1 MiB": "mib", "~100 KiB": "kib"}  # a dataset's folder in the bucket "bench"
 FULL = {"mib_samples": 1536, "kib_samples": 15360, "shards": 16}
 QUICK = {"mib_samples": 128, "kib_samples": 1280, "shards": 4}
-T_LINK = "shaped link: S3, each connection capped and each response delayed (data plane: see the note)"
+T_LINK = ("shaped link: S3, each connection capped and each response delayed (data plane: "
+          "see the note)")
 T_GCS = "shaped link: GCS, through the same links"
 T_GOALS = "goals (issue 18)"
 T_CPU_GOALS = "goals (issue 36): CPU per delivered byte"
@@ -385,7 +386,7 @@ def run(quick: bool) -> list[dict]:
     for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
         for name in names:
             result = by_key[("loopback", store + name)]
-            rows.append({"table": table, "link": "loopback (no proxy)",
+            rows.append({"table": table, "link": "loopback (no shaping)",
                          "reader": f"wdstream default loader, {name} samples, 2 workers",
                          "MB/s": _mbps(result, data[name]["bytes"]),
                          "first batch s": result.get("ttfb_s"), "runs": result.get("runs"),
@@ -394,7 +395,7 @@ def run(quick: bool) -> list[dict]:
             if store:
                 continue
             defaults = by_key[("loopback", f"{name} defaults")]
-            rows.append({"table": table, "link": "loopback (no proxy)",
+            rows.append({"table": table, "link": "loopback (no shaping)",
                          "reader": f"wdstream loader with the defaults (shuffle on), {name} "
                          "samples, 2 workers: its first batch",
                          "first batch s": defaults.get("ttfb_s"), "runs": defaults.get("runs"),
@@ -418,16 +419,16 @@ def run(quick: bool) -> list[dict]:
         f"and moto run {_placement(split)}. MB/s of a loader counts from "
         "building the dataset to its last batch (worker start-up included); 'after first "
         "batch' leaves the start out. The limit is the better of its two part sizes; '÷ "
-        "loopback' compares with the same loader without the proxy, the loader's own ceiling "
-        "on this machine (with moto serving ranges at their cost, the 100 MB/s link's limit "
-        "is above it). CPU s: "
+        "loopback' compares with the same loader without the shaping, the loader's own "
+        "ceiling on this machine (the 100 MB/s link's limit, a bare client's, is above it "
+        "when the machine's CPU is what limits). CPU s: "
         "seconds of CPU during the case taken by the reader (its processes, once their imports "
         "were done: about 1.7 s of importing torch for the loader is left out; the limit's "
         "processes while they fetched, since 2026-12-03, their clients made before), the store's "
-        "server (moto, or the GCS emulator), nginx, the "
-        "proxy (with nginx: the suite's own process, its sampling left out), the kernel's interrupt work (the network stack's softirqs: on the shaped "
-        "link, its paced connections' timers and packets; /proc/stat counts them apart from "
-        "any process), and everything else the machine ran meanwhile (others: the suite's "
+        "server (moto, or the GCS emulator), nginx, the proxy (with nginx: the suite's own "
+        "process, its sampling left out), the kernel's interrupt work (the network stack's "
+        "softirqs: on the shaped link, its paced connections' timers and packets; /proc/stat "
+        "counts them apart from any process), and everything else the machine ran meanwhile (others: the suite's "
         "sampling of the case's RSS every 50 ms, other jobs; until 2026-12-03 the interrupt "
         "work was counted there, and the suite read each case's PSS too, at about 0.5 s of "
         "CPU a case, counted as the proxy's; the time the hypervisor took, 'steal', is left "
@@ -436,9 +437,10 @@ def run(quick: bool) -> list[dict]:
         f"{os.cpu_count()} cores; the reader's imports left out); load: the 1-minute load "
         "average at the case's start. '÷ caps': a limit's MB/s ÷ the caps of its "
         f"{LIMIT_IN_FLIGHT} connections together: near 1 the limit is the link's; well "
-        "below it, with the cores busy, it is what this machine's CPU carries through moto and "
-        "the plane, and the loader's ratio to it compares the loader's CPU per byte with "
-        "that of a bare client of ranged GETs. 'reader CPU s/GB' and 'nginx CPU s/GB': "
+        "below it, with the cores busy, it is what this machine's CPU carries through the "
+        "data plane and the bare client, and the loader's ratio to it compares the loader's "
+        "CPU per byte with that of a bare client of ranged GETs. 'reader CPU s/GB' and "
+        "'nginx CPU s/GB': "
         "those CPU seconds per GB delivered; 'CPU/GB ÷ bare client': the loader's (all its "
         "processes) ÷ the bare client's of the same link and plane, the limit's boto3 "
         f"get_object of {BARE_PART // MiB} MiB parts, the loader's part size, "
