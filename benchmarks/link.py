@@ -1,7 +1,9 @@
 """Reading from S3 and GCS over a shaped link: each connection capped and its first byte
-delayed, as on a cloud link, by a proxy of the suite's own (``shaped_link.py``) in front of the
-moto server and of the GCS emulator (gcp-storage-emulator on a thread per connection:
-``local_servers.LocalGcs``).
+delayed, as on a cloud link. The data plane is nginx (``data_plane.py``): it serves the
+shards' bytes from files, at almost no CPU per byte, and passes the rest to the moto server
+and the GCS emulator (gcp-storage-emulator on a thread per connection:
+``local_servers.LocalGcs``); where nginx cannot run, the suite says so and falls back to a
+proxy of its own (``shaped_link.py``) in front of those servers, which then serve every byte.
 
 For each link the suite measures, in the same run:
 
@@ -14,7 +16,7 @@ one GET
     (the link's round trip) and to the first batch's bytes.
 wdstream
     The default loader (opener "auto", i.e. "sdk"; shuffle off; no decoding; 2 workers, batch
-    32) over the link, for 1 MiB and ~100 KiB samples; the same datasets on loopback (no proxy)
+    32) over the link, for 1 MiB and ~100 KiB samples; the same datasets on loopback (no shaping)
     give the start-up cost that is not the link's.
 first batch, defaults
     The loader with the dataset's defaults (shuffle on), timed to its first batch only.
@@ -27,14 +29,16 @@ shards of ~33 MB); the loader's MB/s is reported over the whole run and after it
 Goals: the loader's MB/s ≥ 0.8x the limit; its first batch no later than the loopback first
 batch + 2 round trips of one GET + the first batch's bytes at the link's limit.
 
-CPU: moto, the proxy and the loader share the machine's cores (and other jobs may too), so
-every case reports the CPU seconds it took, moto's, the proxy's (the suite's process, less
-its sampling of the case's memory), the kernel's interrupt work (the network's softirqs,
-which no process is charged for) and everything else the machine ran meanwhile ("others":
-that sampling, other jobs), how many cores they kept busy during the timed read, and the
-load average at its start. Each limit row also says what share of its connections' caps
-together it reached ("÷ caps"): well below 1 with the cores busy, the limit is the
-machine's CPU, not the link.
+CPU: the data plane, the servers and the loader share the machine's cores (and other jobs
+may too), so every case reports the CPU seconds it took, moto's, nginx's, the proxy's (the
+suite's process, less its sampling of the case's memory), the kernel's interrupt work (the
+network's softirqs, which no process is charged for) and everything else the machine ran
+meanwhile ("others": that sampling, other jobs), how many cores they kept busy during the
+timed read, and the load average at its start. Each limit row also says what share of its
+connections' caps together it reached ("÷ caps"): well below 1 with the cores busy, the
+limit is the machine's CPU, not the link. CPU per delivered byte: the loader's (all its
+processes) ÷ the bare client's of the limit with the loader's part size, on the same link
+and plane (goal ≤ 1.3), beside the reader's and nginx's CPU seconds per GB.
 """
 
 from __future__ import annotations
@@ -49,22 +53,26 @@ from . import common
 from .common import quiet_logs, ratio
 from .read import case_wdstream, goal
 
-TITLE = "Shaped link (S3 through a capped, delayed proxy)"
+TITLE = "Shaped link (S3 and GCS, each connection capped and delayed)"
 MiB = 1 << 20
 LIMIT_PARTS = (8 * MiB, 16 * MiB)
 LIMIT_IN_FLIGHT = 16
+BARE_PART = 8 * MiB  # the limit's part size the loader's CPU per byte is compared with
 WORKERS = 2
 BATCH = 32
 # (MB/s per connection, first-byte delay in ms)
 LINKS = ((25, 30), (100, 10))
 # full: 16 shards of ~100 MB, 8 per worker, so that the start (workers, first parts) weighs
 # in a run as in a training run rather than being half of it (4 shards until 2026-12)
+PREFIXES = {"1 MiB": "mib", "~100 KiB": "kib"}  # a dataset's folder in the bucket "bench"
 FULL = {"mib_samples": 1536, "kib_samples": 15360, "shards": 16}
 QUICK = {"mib_samples": 128, "kib_samples": 1280, "shards": 4}
-T_LINK = "shaped link: S3 (moto) behind a proxy that caps each connection and delays each response"
-T_GCS = ("shaped link: GCS (gcp-storage-emulator, a thread per connection) behind the same "
-         "proxy")
+T_LINK = ("shaped link: S3, each connection capped and each response delayed (data plane: "
+          "see the note)")
+T_GCS = "shaped link: GCS, through the same links"
 T_GOALS = "goals (issue 18)"
+T_CPU_GOALS = "goals (issue 36): CPU per delivered byte"
+CPU_PER_BYTE_GOAL = 1.3  # the loader's CPU per byte ÷ a bare client's of ranged GETs
 # where the simulated cloud (moto, the GCS emulator, the proxy) runs apart from the loader
 LINK_CPUS_VARIABLE = "WDSTREAM_BENCH_LINK_CPUS"
 
@@ -291,7 +299,6 @@ def _datasets(root: Path, sizes: dict) -> dict:
 
 def run(quick: bool) -> list[dict]:
     from .local_servers import LocalGcs
-    from .shaped_link import ShapedProxy
 
     sizes = QUICK if quick else FULL
     split = cpu_split(os.environ.get(LINK_CPUS_VARIABLE, ""))  # a mistake fails before any work
@@ -302,7 +309,7 @@ def run(quick: bool) -> list[dict]:
         data = _datasets(root, sizes)
         sources = {}
         for name, dataset in data.items():
-            prefix = "mib" if name == "1 MiB" else "kib"
+            prefix = PREFIXES[name]
             common.log(f"link: uploading {dataset['bytes'] / common.MB:,.0f} MB to moto")
             url = s3.upload(dataset["dir"], "bench", prefix)
             keys = [f"{prefix}/{Path(p).name}" for p in dataset["shards"]]
@@ -312,72 +319,25 @@ def run(quick: bool) -> list[dict]:
                    "GCS emulator")
         gcs_url = gcs.upload(data["1 MiB"]["dir"], "mib")
         every_cpu = os.sched_getaffinity(0)
-        if split is not None:  # the servers, and the proxies' threads, on the link's CPUs
-            for pid in (s3.process.pid, gcs.process.pid):
-                pin_process(pid, split[0])
-            os.sched_setaffinity(0, split[0])  # this thread's, which new threads inherit
-        proxies = [(ShapedProxy(s3.port, rate * 1e6, delay / 1000).start(),
-                    ShapedProxy(gcs.port, rate * 1e6, delay / 1000).start())
-                   for rate, delay in LINKS]
+        plane = _open_plane(root / "plane", s3, gcs, data, split)
         if split is not None:  # the cases this thread starts, on the others
             os.sched_setaffinity(0, split[1])
         try:
-            cases = {}
-            for proxy, gcs_proxy in proxies:
-                env = dict(s3.env, AWS_ENDPOINT_URL=proxy.endpoint)
-                link = proxy.describe()
-                url, keys, shard_sizes = sources["1 MiB"]
-                for part in LIMIT_PARTS:
-                    cases[(link, f"limit {part // MiB} MiB")] = (
-                        f"{__name__}:case_link_limit",
-                        {"bucket": "bench", "keys": keys, "sizes": shard_sizes, "part": part},
-                        env)
-                cases[(link, "one GET")] = (f"{__name__}:case_one_get", {
-                    "bucket": "bench", "key": keys[0], "first_bytes": BATCH * MiB}, env)
-                for name, (url, _keys, _sizes) in sources.items():
-                    cases[(link, name)] = (f"{__name__}:case_loader", {
-                        "source": url, "decode": False, "workers": WORKERS, "batch": BATCH,
-                        "expected": data[name]["samples"]}, env)
-                    cases[(link, f"{name} defaults")] = (f"{__name__}:case_first_batch", {
-                        "source": url}, env)
-                gcs_env = dict(gcs.env, STORAGE_EMULATOR_HOST=gcs_proxy.endpoint)
-                for part in LIMIT_PARTS:
-                    cases[(link, f"gs limit {part // MiB} MiB")] = (
-                        f"{__name__}:case_link_limit",
-                        {"bucket": "bench", "keys": keys, "sizes": shard_sizes, "part": part,
-                         "store": "gs"}, gcs_env)
-                cases[(link, "gs one GET")] = (f"{__name__}:case_one_get", {
-                    "bucket": "bench", "key": keys[0], "first_bytes": BATCH * MiB,
-                    "store": "gs"}, gcs_env)
-                cases[(link, "gs 1 MiB")] = (f"{__name__}:case_loader", {
-                    "source": gcs_url, "decode": False, "workers": WORKERS, "batch": BATCH,
-                    "expected": data["1 MiB"]["samples"]}, gcs_env)
-            for name, (url, _keys, _sizes) in sources.items():
-                cases[("loopback", name)] = (f"{__name__}:case_loader", {
-                    "source": url, "decode": False, "workers": WORKERS, "batch": BATCH,
-                    "expected": data[name]["samples"]}, s3.env)
-                cases[("loopback", f"{name} defaults")] = (f"{__name__}:case_first_batch", {
-                    "source": url}, s3.env)
-            cases[("loopback", "gs 1 MiB")] = (f"{__name__}:case_loader", {
-                "source": gcs_url, "decode": False, "workers": WORKERS, "batch": BATCH,
-                "expected": data["1 MiB"]["samples"]}, gcs.env)
+            cases = _cases(plane, s3, gcs, sources, gcs_url, data)
             named = {" / ".join(key): spec for key, spec in cases.items()}
             # a first batch alone takes a few seconds and spreads by ±0.1 s: more runs
             first_batches = {" / ".join(key) for key, (target, _args, _env) in cases.items()
                              if target.endswith(":case_first_batch")}
-            results = _repeat(named, [s3.process.pid, gcs.process.pid],
+            results = _repeat(named, [s3.process.pid, gcs.process.pid], plane.pids(),
                               more_runs=first_batches)
             by_key = {key: results[" / ".join(key)] for key in cases}
         finally:
-            for pair in proxies:
-                for each in pair:
-                    each.stop()
+            plane.stop()
             os.sched_setaffinity(0, every_cpu)
-    for proxy, _gcs_proxy in proxies:
-        link = proxy.describe()
+    for number, (rate, _delay) in enumerate(LINKS):
+        link = plane.describe(number)
         for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
-            limit_mbps, rtt = _limit_rows(rows, by_key, link, store, table,
-                                          proxy.rate / common.MB)
+            limit_mbps, rtt, bare_per_gb = _limit_rows(rows, by_key, link, store, table, rate)
             for name in names:
                 result = by_key[(link, store + name)]
                 loopback = by_key[("loopback", store + name)]
@@ -385,6 +345,8 @@ def run(quick: bool) -> list[dict]:
                 sample_bytes = data[name]["bytes"] / data[name]["samples"]
                 batch_mb = BATCH * sample_bytes / common.MB
                 budget = _first_batch_budget(loopback, rtt, batch_mb, limit_mbps)
+                cpu = _cpu_columns(result, data[name]["bytes"])
+                cpu_ratio = ratio(cpu.get("reader CPU s/GB"), bare_per_gb)
                 rows.append({"table": table, "link": link,
                              "reader": f"wdstream default loader, {name} samples, 2 workers",
                              "MB/s": mbps, "÷ limit": ratio(mbps, limit_mbps),
@@ -394,8 +356,12 @@ def run(quick: bool) -> list[dict]:
                              "loopback first batch s": loopback.get("ttfb_s"),
                              "first batch budget s": budget,
                              "peak RSS MB": result.get("peak_rss_mb"),
-                             "runs": result.get("runs"),
-                             **_cpu_columns(result), "error": result.get("error")})
+                             "runs": result.get("runs"), "CPU/GB ÷ bare client": cpu_ratio,
+                             **cpu, "error": result.get("error")})
+                goals.append(goal(f"{link}, {store or 's3 '}{name} samples: the loader's CPU "
+                                  f"per byte ÷ a bare client's ({LIMIT_IN_FLIGHT} ranged GETs "
+                                  f"of {BARE_PART // MiB} MiB)", cpu_ratio, CPU_PER_BYTE_GOAL,
+                                  higher_is_better=False, table=T_CPU_GOALS))
                 if store:
                     continue
                 defaults = by_key[(link, f"{name} defaults")]
@@ -420,20 +386,21 @@ def run(quick: bool) -> list[dict]:
     for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
         for name in names:
             result = by_key[("loopback", store + name)]
-            rows.append({"table": table, "link": "loopback (no proxy)",
+            rows.append({"table": table, "link": "loopback (no shaping)",
                          "reader": f"wdstream default loader, {name} samples, 2 workers",
                          "MB/s": _mbps(result, data[name]["bytes"]),
                          "first batch s": result.get("ttfb_s"), "runs": result.get("runs"),
-                         **_cpu_columns(result), "error": result.get("error")})
+                         **_cpu_columns(result, data[name]["bytes"]),
+                         "error": result.get("error")})
             if store:
                 continue
             defaults = by_key[("loopback", f"{name} defaults")]
-            rows.append({"table": table, "link": "loopback (no proxy)",
+            rows.append({"table": table, "link": "loopback (no shaping)",
                          "reader": f"wdstream loader with the defaults (shuffle on), {name} "
                          "samples, 2 workers: its first batch",
                          "first batch s": defaults.get("ttfb_s"), "runs": defaults.get("runs"),
                          **_cpu_columns(defaults), "error": defaults.get("error")})
-    rows.append({"table": T_LINK, "note": (
+    rows.append({"table": T_LINK, "note": _plane_note(plane) + (
         f"Datasets: {data['1 MiB']['samples']} samples of 1 MiB and "
         f"{data['~100 KiB']['samples']} of 100 KiB, {sizes['shards']} shards each "
         f"({data['1 MiB']['bytes'] / common.MB:.0f} and "
@@ -447,39 +414,164 @@ def run(quick: bool) -> list[dict]:
         "and the first batch's goal compares them with the same loader on loopback (until "
         "2026-12-02 it compared the first batch of the shuffle-off loader, 3 runs). The "
         "kernel paces each connection's responses (SO_MAX_PACING_RATE; until 2026-12-02 the "
-        "proxy paced them in Python, at 3 s of its CPU per run) and the proxy holds each "
-        "request back by the delay; it runs in the suite's process, moto in its own, "
-        f"{_placement(split)}. MB/s of a loader counts from "
+        "proxy paced them in Python, at 3 s of its CPU per run) and the data plane holds each "
+        "request back by the delay; the plane (nginx, or the proxy in the suite's process) "
+        f"and moto run {_placement(split)}. MB/s of a loader counts from "
         "building the dataset to its last batch (worker start-up included); 'after first "
         "batch' leaves the start out. The limit is the better of its two part sizes; '÷ "
-        "loopback' compares with the same loader without the proxy, the loader's own ceiling "
-        "on this machine (with moto serving ranges at their cost, the 100 MB/s link's limit "
-        "is above it). CPU s: "
+        "loopback' compares with the same loader without the shaping, the loader's own "
+        "ceiling on this machine (the 100 MB/s link's limit, a bare client's, is above it "
+        "when the machine's CPU is what limits). CPU s: "
         "seconds of CPU during the case taken by the reader (its processes, once their imports "
         "were done: about 1.7 s of importing torch for the loader is left out; the limit's "
         "processes while they fetched, since 2026-12-03, their clients made before), the store's "
-        "server (moto, or the GCS emulator), the "
-        "proxy, the kernel's interrupt work (the network stack's softirqs: on the shaped "
-        "link, its paced connections' timers and packets; /proc/stat counts them apart from "
-        "any process), and everything else the machine ran meanwhile (others: the suite's "
-        "sampling of the case's RSS every 50 ms, other jobs; until 2026-12-03 the interrupt "
-        "work was counted there, and the suite read each case's PSS too, at about 0.5 s of "
-        "CPU a case, counted as the proxy's; the time the hypervisor took, 'steal', is left "
-        "out since 2026-12-03); "
+        "server (moto, or the GCS emulator), nginx, the proxy (with nginx: the suite's own "
+        "process, its sampling left out), the kernel's interrupt work (the network stack's "
+        "softirqs: on the shaped link, its paced connections' timers and packets; /proc/stat "
+        "counts them apart from any process), and everything else the machine ran meanwhile "
+        "(others: the suite's sampling of the case's RSS every 50 ms, other jobs; until "
+        "2026-12-03 the interrupt work was counted there, and the suite read each case's PSS "
+        "too, at about 0.5 s of CPU a case, counted as the proxy's; the time the hypervisor "
+        "took, 'steal', is left out since 2026-12-03); "
         "cores busy: those CPU seconds per second of the timed read (of "
         f"{os.cpu_count()} cores; the reader's imports left out); load: the 1-minute load "
         "average at the case's start. '÷ caps': a limit's MB/s ÷ the caps of its "
         f"{LIMIT_IN_FLIGHT} connections together: near 1 the limit is the link's; well "
-        "below it, with the cores busy, it is what this machine's CPU carries through moto and "
-        "the proxy, and the loader's ratio to it compares the loader's CPU per byte with "
-        "that of a bare client of ranged GETs.")})
+        "below it, with the cores busy, it is what this machine's CPU carries through the "
+        "data plane and the bare client, and the loader's ratio to it compares the loader's "
+        "CPU per byte with that of a bare client of ranged GETs. 'reader CPU s/GB' and "
+        "'nginx CPU s/GB': "
+        "those CPU seconds per GB delivered; 'CPU/GB ÷ bare client': the loader's (all its "
+        "processes) ÷ the bare client's of the same link and plane, the limit's boto3 "
+        f"get_object of {BARE_PART // MiB} MiB parts, the loader's part size, "
+        f"{LIMIT_IN_FLIGHT} in flight from {WORKERS} processes (the loader's "
+        "S3 reader holds 2 to 8 parts in flight per stream, its workers' next shards "
+        "opened ahead).")})
     rows.append({"table": T_GCS, "note": (
         "The 1 MiB dataset in gcp-storage-emulator (in memory), run by the suite on a thread "
         "per connection (the command serves one request at a time, so no two parts would be "
-        "served at once), behind a proxy of the same shaping; the limit's ranged GETs are "
-        "urllib3 media downloads, as the gs:// reader asks. The emulator, unlike moto, "
-        "costs a GET its range, not the whole object.")})
+        "served at once), behind the same data plane (nginx serves the media downloads from "
+        "the same files and asks the emulator only for metadata; without nginx, a proxy of the "
+        "same shaping); the limit's ranged GETs are urllib3 media downloads, as the gs:// "
+        "reader asks. The emulator, unlike moto, costs a GET its range, not the whole "
+        "object.")})
     return goals + rows
+
+
+def _cases(plane, s3, gcs, sources: dict, gcs_url: str, data: dict) -> dict[tuple, tuple]:
+    """Every case of the run, keyed by (link, what): on each link and on loopback."""
+    cases = {}
+    for number in range(len(LINKS)):
+        env = dict(s3.env, AWS_ENDPOINT_URL=plane.endpoint("s3", number))
+        link = plane.describe(number)
+        url, keys, shard_sizes = sources["1 MiB"]
+        for part in LIMIT_PARTS:
+            cases[(link, f"limit {part // MiB} MiB")] = (
+                f"{__name__}:case_link_limit",
+                {"bucket": "bench", "keys": keys, "sizes": shard_sizes, "part": part},
+                env)
+        cases[(link, "one GET")] = (f"{__name__}:case_one_get", {
+            "bucket": "bench", "key": keys[0], "first_bytes": BATCH * MiB}, env)
+        for name, (url, _keys, _sizes) in sources.items():
+            cases[(link, name)] = (f"{__name__}:case_loader", {
+                "source": url, "decode": False, "workers": WORKERS, "batch": BATCH,
+                "expected": data[name]["samples"]}, env)
+            cases[(link, f"{name} defaults")] = (f"{__name__}:case_first_batch", {
+                "source": url}, env)
+        gcs_env = dict(gcs.env, STORAGE_EMULATOR_HOST=plane.endpoint("gs", number))
+        for part in LIMIT_PARTS:
+            cases[(link, f"gs limit {part // MiB} MiB")] = (
+                f"{__name__}:case_link_limit",
+                {"bucket": "bench", "keys": keys, "sizes": shard_sizes, "part": part,
+                 "store": "gs"}, gcs_env)
+        cases[(link, "gs one GET")] = (f"{__name__}:case_one_get", {
+            "bucket": "bench", "key": keys[0], "first_bytes": BATCH * MiB,
+            "store": "gs"}, gcs_env)
+        cases[(link, "gs 1 MiB")] = (f"{__name__}:case_loader", {
+            "source": gcs_url, "decode": False, "workers": WORKERS, "batch": BATCH,
+            "expected": data["1 MiB"]["samples"]}, gcs_env)
+    s3_env = dict(s3.env, AWS_ENDPOINT_URL=plane.endpoint("s3", None))
+    gcs_env = dict(gcs.env, STORAGE_EMULATOR_HOST=plane.endpoint("gs", None))
+    for name, (url, _keys, _sizes) in sources.items():
+        cases[("loopback", name)] = (f"{__name__}:case_loader", {
+            "source": url, "decode": False, "workers": WORKERS, "batch": BATCH,
+            "expected": data[name]["samples"]}, s3_env)
+        cases[("loopback", f"{name} defaults")] = (f"{__name__}:case_first_batch", {
+            "source": url}, s3_env)
+    cases[("loopback", "gs 1 MiB")] = (f"{__name__}:case_loader", {
+        "source": gcs_url, "decode": False, "workers": WORKERS, "batch": BATCH,
+        "expected": data["1 MiB"]["samples"]}, gcs_env)
+    return cases
+
+
+class _ProxyPlane:
+    """The data plane where nginx cannot run: the suite's proxy (``shaped_link.py``) in front
+    of moto and of the GCS emulator, one per link and store, its threads in this process (on
+    the link's CPUs with a split); loopback is the servers themselves."""
+
+    def __init__(self, s3, gcs, split: tuple[set[int], set[int]] | None, why: str):
+        from .shaped_link import ShapedProxy
+
+        self.servers = {"s3": s3, "gs": gcs}
+        self.why = why
+        if split is not None:
+            os.sched_setaffinity(0, split[0])  # this thread's, which new threads inherit
+        self.proxies = [{store: ShapedProxy(server.port, rate * 1e6, delay / 1000).start()
+                         for store, server in self.servers.items()} for rate, delay in LINKS]
+
+    def endpoint(self, store: str, link: int | None) -> str:
+        return self.servers[store].endpoint if link is None else self.proxies[link][store].endpoint
+
+    def describe(self, link: int) -> str:
+        return self.proxies[link]["s3"].describe()
+
+    def pids(self) -> list[int]:
+        return []  # the proxy's CPU is this process's
+
+    def stop(self) -> None:
+        for pair in self.proxies:
+            for proxy in pair.values():
+                proxy.stop()
+
+
+def _open_plane(folder: Path, s3, gcs, data: dict, split):
+    """The links' data plane, started: nginx serving the datasets' files in front of moto and
+    the GCS emulator (``data_plane.NginxPlane``), or, where nginx cannot run here, the suite's
+    proxy (``_ProxyPlane``), said in the log and in the table's note. With ``split``, the
+    servers and the plane on the link's CPUs."""
+    from .data_plane import NginxPlane, missing
+
+    if split is not None:
+        for pid in (s3.process.pid, gcs.process.pid):
+            pin_process(pid, split[0])
+    why = missing()
+    if why is not None:
+        common.log(f"link: {why}: the data plane falls back to moto and the GCS emulator "
+                   "behind the suite's proxy")
+        return _ProxyPlane(s3, gcs, split, why)
+    plane = NginxPlane(folder, s3.port, gcs.port,
+                       [(rate * 1e6, delay / 1000) for rate, delay in LINKS])
+    for name, dataset in data.items():
+        plane.mirror(dataset["dir"], "bench", PREFIXES[name])
+    plane.start()
+    if split is not None:
+        for pid in plane.pids():
+            pin_process(pid, split[0])
+    return plane
+
+
+def _plane_note(plane) -> str:
+    """The table note's words on the data plane."""
+    if isinstance(plane, _ProxyPlane):
+        return (f"Data plane: moto and the GCS emulator behind the suite's proxy, nginx being "
+                f"unavailable ({plane.why}): the servers' CPU per byte weighs on the loader's "
+                "cores and on the limit. ")
+    return ("Data plane: nginx (benchmarks/data_plane.py) serves the shards' GETs and HEADs "
+            "from files by sendfile, each link a listener of its own whose connections the "
+            "kernel paces (SO_MAX_PACING_RATE) and whose requests the echo module holds back "
+            "by the delay; moto and the GCS emulator behind it answer only the rest (GCS "
+            "metadata, missing keys), and loopback is nginx unshaped. CPU s 'nginx' is its "
+            "worker's and master's. ")
 
 
 def cpu_split(text: str) -> tuple[set[int], set[int]] | None:
@@ -516,9 +608,9 @@ def cpu_split(text: str) -> tuple[set[int], set[int]] | None:
 def _placement(split: tuple[set[int], set[int]] | None) -> str:
     """Where the note says the link's simulation and the cases ran."""
     if split is None:
-        return (f"both on the same {len(os.sched_getaffinity(0))} cores as the loader "
+        return (f"on the same {len(os.sched_getaffinity(0))} cores as the loader "
                 f"({LINK_CPUS_VARIABLE} unset)")
-    return (f"both, and the GCS emulator, on CPUs {_cpu_list(split[0])}, the cases on CPUs "
+    return (f"with the GCS emulator on CPUs {_cpu_list(split[0])}, the cases on CPUs "
             f"{_cpu_list(split[1])} ({LINK_CPUS_VARIABLE})")
 
 
@@ -546,11 +638,13 @@ def _first_batch_budget(loopback: dict, rtt: float | None, batch_mb: float,
 
 
 def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str, table: str,
-                connection_mbps: float) -> tuple[float | None, float | None]:
-    """The rows of the link's limit and of one GET; returns (limit MB/s, round trip s).
+                connection_mbps: float) -> tuple[float | None, float | None, float | None]:
+    """The rows of the link's limit and of one GET; returns (limit MB/s, round trip s, the
+    bare client's CPU s per GB with the loader's part size, ``BARE_PART``).
     ``connection_mbps``: one connection's cap, so that each limit row says what share of
     its GETs' caps together it reached."""
     limits = []
+    bare = by_key[(link, f"{store}limit {BARE_PART // MiB} MiB")]
     for part in LIMIT_PARTS:
         limit = by_key[(link, f"{store}limit {part // MiB} MiB")]
         limits.append(_mbps(limit, limit.get("bytes_read")) or 0.0)
@@ -558,7 +652,7 @@ def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str, table: st
                      "reader": f"limit: {LIMIT_IN_FLIGHT} ranged GETs of {part // MiB} MiB "
                      f"in flight ({WORKERS} processes)", "MB/s": limits[-1] or None,
                      "÷ caps": ratio(limits[-1] or None, LIMIT_IN_FLIGHT * connection_mbps),
-                     "runs": limit.get("runs"), **_cpu_columns(limit),
+                     "runs": limit.get("runs"), **_cpu_columns(limit, limit.get("bytes_read")),
                      "error": limit.get("error")})
     one = by_key[(link, f"{store}one GET")]
     rows.append({"table": table, "link": link, "reader": "one plain GET (warm client)",
@@ -567,13 +661,15 @@ def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str, table: st
                  "MB/s": (BATCH * MiB / common.MB / one["first_batch_bytes_s"])
                  if one.get("first_batch_bytes_s") else None,
                  "runs": one.get("runs"), "error": one.get("error")})
-    return max(limits) or None, one.get("first_byte_s")
+    bare_per_gb = _cpu_columns(bare, bare.get("bytes_read")).get("reader CPU s/GB")
+    return max(limits) or None, one.get("first_byte_s"), bare_per_gb
 
 
-def _repeat(cases: dict[str, tuple], server_pids: list[int],
+def _repeat(cases: dict[str, tuple], server_pids: list[int], plane_pids: list[int],
             more_runs: set[str] | frozenset[str] = frozenset()) -> dict[str, dict]:
-    """``common.repeat`` with the CPU each case took, the servers', the proxy's and the
-    machine's. The cases in ``more_runs`` run ``2 × runs − 1`` times, the others ``runs``."""
+    """``common.repeat`` with the CPU each case took, the servers', the data plane's (nginx:
+    ``plane_pids``), the proxy's and the machine's. The cases in ``more_runs`` run
+    ``2 × runs − 1`` times, the others ``runs``."""
     runs = common.RUNS
     most = 2 * runs - 1  # the runs of the cases in more_runs
     results: dict[str, list[dict]] = {name: [] for name in cases}
@@ -584,53 +680,70 @@ def _repeat(cases: dict[str, tuple], server_pids: list[int],
                 continue
             common.log(f"{name} (run {round_ + 1}/{total})")
             load = os.getloadavg()[0]
-            before = _cpu(server_pids)
+            before = _cpu(server_pids, plane_pids)
             result = common.run_case(target, args, env=env)
-            after = _cpu(server_pids)
+            after = _cpu(server_pids, plane_pids)
             used = {key: after[key] - before[key] for key in before}
             # this process's CPU is the proxy's, but for the sampling of the case's memory
             used["proxy"] = max(0.0, used["proxy"] - result.get("sampler_cpu_s", 0.0))
             # the reader's own CPU once its imports were done, where the case says it
             result.update({"cpu_reader_s": result.get("cpu_s", used["reader"]),
                            "cpu_server_s": used["server"],
+                           "cpu_plane_s": used["plane"] if plane_pids else None,
                            "cpu_proxy_s": used["proxy"],
                            "cpu_interrupts_s": used["interrupts"],
                            "cpu_others_s": max(0.0, used["machine"] - used["reader"]
-                                               - used["server"] - used["proxy"]
-                                               - used["interrupts"]),
+                                               - used["server"] - used["plane"]
+                                               - used["proxy"] - used["interrupts"]),
                            "load": load})
             if result.get("seconds"):  # how much of the machine the timed read kept busy
-                result["cores_busy"] = sum(result[key] for key in (
-                    "cpu_reader_s", "cpu_server_s", "cpu_proxy_s", "cpu_interrupts_s",
-                    "cpu_others_s")) / result["seconds"]
+                result["cores_busy"] = sum(result[key] or 0.0 for key in (
+                    "cpu_reader_s", "cpu_server_s", "cpu_plane_s", "cpu_proxy_s",
+                    "cpu_interrupts_s", "cpu_others_s")) / result["seconds"]
             results[name].append(result)
     return {name: common.medians(values) for name, values in results.items()}
 
 
-def _cpu(server_pids: list[int]) -> dict:
+def _cpu(server_pids: list[int], plane_pids: list[int]) -> dict:
     """CPU seconds so far: the cases' processes (reaped children of this one), the servers
-    (moto, the GCS emulator), this process (the proxy's thread), the kernel's interrupt work
+    (moto, the GCS emulator), the data plane (nginx), this process (the proxy's thread, if
+    the plane is the proxy), the kernel's interrupt work
     (the network's softirqs, charged to no process) and the whole machine's work (from
     /proc/stat: the time the hypervisor took from it, "steal", left out)."""
     import psutil
 
     mine = os.times()
-    server = sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in server_pids)
+    def cpu_of(pids: list[int]) -> float:
+        return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
     with open("/proc/stat") as stat:
         ticks = [int(v) for v in stat.readline().split()[1:]]
     hertz = os.sysconf("SC_CLK_TCK")
     user, nice, system, _idle, _iowait, irq, softirq = ticks[:7]
     return {"reader": mine.children_user + mine.children_system,
-            "server": server, "proxy": mine.user + mine.system,
+            "server": cpu_of(server_pids), "plane": cpu_of(plane_pids),
+            "proxy": mine.user + mine.system,
             "interrupts": (irq + softirq) / hertz,
             "machine": (user + nice + system + irq + softirq) / hertz}
 
 
-def _cpu_columns(result: dict) -> dict:
-    return {"CPU s: reader": result.get("cpu_reader_s"), "server": result.get("cpu_server_s"),
+def _cpu_columns(result: dict, nbytes=None) -> dict:
+    """The CPU columns of a case's row; with ``nbytes`` (the bytes it delivered), the
+    reader's and nginx's CPU seconds per GB too."""
+    per_gb = {}
+    if nbytes and "error" not in result:
+        gb = nbytes / 1e9
+        per_gb = {"reader CPU s/GB": _divided(result.get("cpu_reader_s"), gb),
+                  "nginx CPU s/GB": _divided(result.get("cpu_plane_s"), gb)}
+    return {**per_gb, "CPU s: reader": result.get("cpu_reader_s"),
+            "server": result.get("cpu_server_s"), "nginx": result.get("cpu_plane_s"),
             "proxy": result.get("cpu_proxy_s"), "interrupts": result.get("cpu_interrupts_s"),
             "others": result.get("cpu_others_s"),
             "cores busy": result.get("cores_busy"), "load": result.get("load")}
+
+
+def _divided(value: float | None, by: float) -> float | None:
+    return None if value is None else value / by
 
 
 def _mbps(result: dict, nbytes) -> float | None:

@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 
+from .data_plane import describe_link
+
 CHUNK = 64 << 10
 PIPE_SIZE = 1 << 20
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux's number
@@ -62,8 +64,7 @@ class ShapedProxy:
         return f"http://{self.host}:{self.port}"
 
     def describe(self) -> str:
-        return (f"{self.rate / 1e6:g} MB/s per connection, first byte delayed "
-                f"{self.delay * 1000:g} ms")
+        return describe_link(self.rate, self.delay)
 
     # lifecycle --------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The benchmark suite's plumbing that the results page depends on: a rewrite of
 docs/benchmarks-results.md keeps the sections of benchmarks not run and hand-written notes,
 and the local S3 server the suite (and these tests) start serves uploads; a case's clock starts
-after a full garbage collection."""
+after a full garbage collection; without nginx the link suite says so and uses its proxy (the
+nginx data plane itself: tests/test_data_plane.py)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,35 @@ def test_the_link_suites_cpu_split_is_read_or_refused_before_any_work():
         with pytest.raises(ValueError, match=says) as caught:
             cpu_split(text)
         assert LINK_CPUS_VARIABLE in str(caught.value)
+
+
+def test_without_nginx_the_link_suite_says_so_and_uses_its_proxy(tmp_path, monkeypatch):
+    """The fallback plane: moto and the GCS emulator behind the suite's proxy, one per link
+    and store, named with the reason in the log and the table's note; loopback is the
+    servers themselves."""
+    from types import SimpleNamespace
+
+    from benchmarks import common, data_plane, link
+
+    logged: list[str] = []
+    monkeypatch.setattr(data_plane, "missing", lambda: "no nginx binary (for the test)")
+    monkeypatch.setattr(common, "log", logged.append)
+    s3 = SimpleNamespace(port=1, endpoint="http://127.0.0.1:1", process=None)
+    gcs = SimpleNamespace(port=2, endpoint="http://127.0.0.1:2", process=None)
+    plane = link._open_plane(tmp_path / "plane", s3, gcs, {}, None)
+    try:
+        assert isinstance(plane, link._ProxyPlane)
+        assert plane.endpoint("s3", None) == s3.endpoint
+        assert plane.endpoint("gs", None) == gcs.endpoint
+        endpoints = {plane.endpoint(store, n) for store in ("s3", "gs")
+                     for n in range(len(link.LINKS))}
+        assert len(endpoints) == 2 * len(link.LINKS)
+        assert plane.describe(0) == data_plane.describe_link(link.LINKS[0][0] * 1e6,
+                                                             link.LINKS[0][1] / 1000)
+        assert plane.pids() == []
+    finally:
+        plane.stop()
+    assert any("no nginx binary (for the test)" in line and "falls back" in line
+               for line in logged)
+    assert "no nginx binary (for the test)" in link._plane_note(plane)
+    assert not (tmp_path / "plane").exists()
