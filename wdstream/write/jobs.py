@@ -15,6 +15,7 @@ class FileMember(NamedTuple):
 
     path: str
     size: int
+    identity: tuple[int, int] | None = None  # a local file's (device, inode) as listed
 
 
 

@@ -8,13 +8,21 @@ Reading takes time linear in the input and memory bounded by the longest record 
 from __future__ import annotations
 
 import codecs
+import io
 import itertools
 from collections.abc import Iterator
 
 from wdstream.errors import InputError
-from wdstream.sizes import format_size
-from wdstream.write.batches import MAX_RECORD, STDIN, Batch, ReadCounter, source_name
+from wdstream.write.batches import (
+    MAX_RECORD,
+    STDIN,
+    Batch,
+    ReadCounter,
+    limit_text,
+    source_name,
+)
 from wdstream.write.input_streams import close_binary, open_binary, read_errors
+from wdstream.write.local_files import open_regular
 from wdstream.write.remote import is_remote
 
 _CHUNK = 4 << 20  # bytes of JSON Lines split at a time
@@ -22,9 +30,8 @@ _ONE = 1  # _ONE.__add__: a line's length plus its newline, without a Python fra
 
 
 def too_long(source: str, number: int, max_record: int) -> InputError:
-    limit = f"{max_record >> 20} MiB" if max_record % (1 << 20) == 0 else format_size(max_record)
-    return InputError(f"{source}:{number}: longer than {limit}, the longest record pack "
-                      "accepts")
+    return InputError(f"{source}:{number}: longer than {limit_text(max_record)}, the longest "
+                      "record pack accepts")
 
 
 def read_jsonl(path: str, max_record: int = MAX_RECORD,
@@ -128,7 +135,7 @@ def read_lines(path: str, start: int, stop: int, count: int) -> list[bytes]:
     """The ``count`` non-blank lines, stripped, between byte offsets ``start`` and ``stop`` of
     a plain local JSON Lines file, as ``read_jsonl`` handed them over (see Batch.offsets)."""
     try:
-        with open(path, "rb") as file:
+        with io.BufferedReader(open_regular(path)) as file:  # reads until stop
             file.seek(start)
             data = file.read(stop - start)
     except OSError as error:
