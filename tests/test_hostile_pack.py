@@ -259,6 +259,15 @@ def test_a_remote_record_or_file_larger_than_the_limit_is_refused(tmp_path, s3_b
                 env=cli_env), output, f"s3://{s3_bucket}/d.jsonl:2", "longer than 1.0 MB")
     refused(cli("pack", f"s3://{s3_bucket}/photos/", "--output", output, "--max-size", "1MB",
                 env=cli_env), output, f"s3://{s3_bucket}/photos/b.jpg", "1.0 MB")
+    import pyarrow
+
+    small = pyarrow.array([f"row {i}" for i in range(100)])
+    texts = pyarrow.concat_arrays([small[:50], _repeated(1, 100 << 20), small[50:]])
+    source = _parquet(tmp_path / "mixed.parquet", texts, use_dictionary=False)
+    client.put_object(Bucket=s3_bucket, Key="t.parquet", Body=source.read_bytes())
+    refused(cli("pack", f"s3://{s3_bucket}/t.parquet", "--output", output, "--max-size",
+                "10MB", env=cli_env, limit=PARQUET_LIMIT), output,
+            f"s3://{s3_bucket}/t.parquet rows 1-101 (column text)", "64 MiB")
 
 
 # --- Parquet: sizes from the page headers, before a row group is decoded ---------------------

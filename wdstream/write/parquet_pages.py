@@ -10,6 +10,7 @@ start with the number of values; v2's (8) also holds the number of rows (field 3
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -260,3 +261,62 @@ def _column_pages(pages: list[Page], flat: bool, rows: int, alone: dict[int, int
             alone[row] = alone.get(row, 0) + page.size
         row += count
     return _Column(dictionary, largest, fewest)
+
+
+class HeldChunks(io.RawIOBase):
+    """A seekable read of a remote Parquet object that keeps the column chunks of one row
+    group (``hold``) once read, so that reading their page headers and then decoding them
+    fetches their bytes once; other reads (the footer) go to ``file``."""
+
+    def __init__(self, file):
+        self._file, self._position = file, 0
+        self._held: list[tuple[int, bytes]] = []  # (start, bytes) of each chunk held
+
+    def hold(self, group) -> None:
+        """Read and keep the column chunks of ``group`` (a RowGroupMetaData)."""
+        self._held = []
+        for i in range(group.num_columns):
+            column = group.column(i)
+            start = _chunk_start(column)
+            self._file.seek(start)
+            self._held.append((start, self._file.read(column.total_compressed_size)))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._position = offset
+        elif whence == io.SEEK_CUR:
+            self._position += offset
+        else:
+            self._position = self._file.seek(offset, whence)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        for start, data in self._held:
+            if start <= self._position and self._position + len(view) <= start + len(data):
+                at = self._position - start
+                view[:] = data[at:at + len(view)]
+                self._position += len(view)
+                return len(view)
+        self._file.seek(self._position)
+        data = self._file.read(len(view))
+        view[:len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._file.close()
+            finally:
+                self._held = []
+                super().close()

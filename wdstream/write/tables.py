@@ -13,7 +13,7 @@ from wdstream.write.batches import MAX_RECORD, Batch, ReadCounter, limit_text
 from wdstream.write.input_streams import open_binary, read_errors
 from wdstream.write.jsonl import too_long
 from wdstream.write.local_files import open_regular
-from wdstream.write.parquet_pages import batch_rows
+from wdstream.write.parquet_pages import HeldChunks, batch_rows
 from wdstream.write.remote import is_remote, open_seekable
 
 _TABLE_BATCH = 1024  # rows of Parquet or CSV/TSV handed over at a time
@@ -128,11 +128,13 @@ def read_parquet(path: str, max_record: int = MAX_RECORD,
         ) from None
     counter = counter if counter is not None else ReadCounter()
     number = 0
-    file = open_seekable(path) if is_remote(path) else open_regular(path)
+    file = HeldChunks(open_seekable(path)) if is_remote(path) else open_regular(path)
     try:
         table = pyarrow.parquet.ParquetFile(file)
         metadata = table.metadata
         for group in range(metadata.num_row_groups):
+            if isinstance(file, HeldChunks):  # one fetch for the page headers and the values
+                file.hold(metadata.row_group(group))
             size = batch_rows(file, table, group, number, path, max_record, _TABLE_BATCH)
             for batch in table.iter_batches(batch_size=size, row_groups=[group]):
                 _check_rows(batch, path, number, max_record)
