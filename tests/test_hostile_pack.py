@@ -51,15 +51,16 @@ def cli(*args, env, limit=LIMIT, stdin=None) -> subprocess.CompletedProcess:
 
 
 def pack(source, output, limit=LIMIT, **options) -> subprocess.CompletedProcess:
-    """``wdstream.pack`` in a subprocess under ``limit`` bytes of address space."""
+    """``wdstream.pack`` in a subprocess under ``limit`` bytes of address space (run in the
+    output's folder: ``python -c`` imports from its working directory first)."""
     return _limited([sys.executable, "-c", _PACK, str(limit), str(source), str(output),
-                     json.dumps(options)], None, None)
+                     json.dumps(options)], None, None, cwd=Path(output).parent)
 
 
-def _limited(command, env, stdin) -> subprocess.CompletedProcess:
+def _limited(command, env, stdin, cwd=None) -> subprocess.CompletedProcess:
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, env=env, stdin=stdin,
-                            timeout=SECONDS)
+                            timeout=SECONDS, cwd=cwd)
     result.seconds = time.monotonic() - started
     assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr, \
         result.stderr
