@@ -205,6 +205,21 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_not_read(photos, tmp_pat
         read_member(listed.path, listed.size, listed.identity)
 
 
+def test_a_json_lines_file_swapped_before_a_worker_reads_it_again_is_refused(tmp_path):
+    from wdstream.write.jsonl import read_jsonl, read_lines
+
+    source = tmp_path / "d.jsonl"
+    source.write_bytes(b'{"a": 1}\n{"a": 2}\n')
+    (batch,) = read_jsonl(str(source))
+    assert read_lines(str(source), 0, batch.offsets[-1], batch.identity, 2) == batch.values
+    os.rename(source, tmp_path / "moved.jsonl")
+    secret = tmp_path / "credentials"
+    secret.write_bytes(b'{"k": 1}\n{"k": 2}\n')  # as many lines, and as long
+    os.symlink(secret, source)
+    with pytest.raises(InputError, match="changed while packing"):
+        read_lines(str(source), 0, batch.offsets[-1], batch.identity, 2)
+
+
 # --- records larger than the limit, refused before they are read whole ---------------------
 
 

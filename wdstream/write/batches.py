@@ -38,6 +38,7 @@ class Batch(NamedTuple):
     # (where the next line starts), so that another process can read values[a:b] again
     # from the file (read_lines) rather than be sent their bytes
     offsets: Sequence[int] | None = None
+    identity: tuple[int, int] | None = None  # that file's (device, inode), checked then
 
     def where(self, i: int) -> str:
         """``data.jsonl:17`` (a line), ``x.parquet row 5``, ``photos/a.{jpg,json}``."""

@@ -23,6 +23,9 @@ class _Counted(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
     def readinto(self, buffer) -> int:
         n = self._stream.readinto(buffer)
         self._counter.read += n or 0

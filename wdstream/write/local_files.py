@@ -43,12 +43,14 @@ def kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def open_regular(path: str, identity: tuple[int, int] | None = None) -> io.FileIO:
+def open_regular(path: str, identity: tuple[int, int] | None = None,
+                 nofollow: bool = False) -> io.FileIO:
     """``path`` opened for reading if it is a regular file (and, given ``identity``, the file
-    a folder listed there: its last component is then not followed if a link); InputError
-    otherwise. Opening never blocks, whatever is there."""
+    read or listed there before; ``nofollow``: a folder's file, whose last component is not
+    followed if it is a link now); InputError otherwise. Opening never blocks, whatever is
+    there."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    if identity is not None:
+    if nofollow:
         flags |= os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
@@ -65,6 +67,12 @@ def open_regular(path: str, identity: tuple[int, int] | None = None) -> io.FileI
         os.close(fd)
         raise
     return io.FileIO(fd, "rb")
+
+
+def identity_of(file) -> tuple[int, int]:
+    """``(device, inode)`` of an open file."""
+    info = os.fstat(file.fileno())
+    return info.st_dev, info.st_ino
 
 
 def regular_size(path: str) -> int:

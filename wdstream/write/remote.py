@@ -164,7 +164,7 @@ def read_member(url: str, size: int, identity: tuple[int, int] | None = None) ->
     """The bytes of one file of a folder input (local or remote), checked against its listed
     size, which the shard's layout was computed from, and read no further than one byte past
     it. A local file must be the regular file listed (``identity``: its device and inode)."""
-    stream = open_stream(url) if is_remote(url) else open_regular(url, identity)
+    stream = open_stream(url) if is_remote(url) else open_regular(url, identity, nofollow=True)
     with stream:
         chunks = []
         left = size + 1
