@@ -148,11 +148,15 @@ Examples:
               help="Pack in N Ray tasks (the parts of --part), on the cluster ray.init() finds "
                    "(RAY_ADDRESS), and publish the merged index.json: the same dataset as one "
                    "machine's run.")
+@click.option("--follow-links", is_flag=True,
+              help="Read what a folder's symbolic links point to outside the folder too. "
+                   "Default: links are followed only within the folder, and a link out of "
+                   "it is an error (as are FIFOs, devices and sockets, always).")
 @click.option("--overwrite", is_flag=True,
               help="Replace a dataset that has a manifest; the old manifest is deleted first.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, max_size, name, via,
-                 workers, part, compress, level, ray_parts, overwrite, quiet):
+                 workers, part, compress, level, ray_parts, follow_links, overwrite, quiet):
     """Pack records into WebDataset tar shards and write the manifest index.json last.
 
     INPUT: JSON Lines (.jsonl, .ndjson, also .gz/.zst), Parquet, CSV/TSV, a folder (files
@@ -168,7 +172,7 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         fields=parse_fields(fields), key=key, max_count=max_count, max_size=max_size, name=name,
         via=via, workers=workers, part=parse_part(part), overwrite=overwrite,
         tokenize=parse_fields(tokenize, "--tokenize", "text=tokens.npy"), tokenizer=tokenizer,
-        compress=compress, level=level,
+        compress=compress, level=level, follow_links=follow_links,
     )
     start = time.monotonic()
     with stop_on_signals():

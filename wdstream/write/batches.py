@@ -7,15 +7,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from wdstream.sizes import format_size
+
 STDIN = "-"
-MAX_RECORD = 256 << 20  # the longest JSON or CSV/TSV line accepted (bytes); see read_jsonl
+MAX_RECORD = 256 << 20  # the largest record accepted (bytes), unless max_size is smaller
 
 
 class FolderSample(NamedTuple):
     """Files of a folder that share a key: ``a.jpg`` + ``a.json`` -> key ``a``."""
 
     key: str  # the relative path up to the first dot of the basename, "/"-separated
-    files: tuple[tuple[str, str, int], ...]  # (extension, path, size), sorted by extension
+    # (extension, path, size, identity), sorted by extension; identity: a local file's
+    # (device, inode) as listed, None for an object
+    files: tuple[tuple[str, str, int, tuple[int, int] | None], ...]
 
 
 class Batch(NamedTuple):
@@ -34,12 +38,13 @@ class Batch(NamedTuple):
     # (where the next line starts), so that another process can read values[a:b] again
     # from the file (read_lines) rather than be sent their bytes
     offsets: Sequence[int] | None = None
+    identity: tuple[int, int] | None = None  # that file's (device, inode), checked then
 
     def where(self, i: int) -> str:
         """``data.jsonl:17`` (a line), ``x.parquet row 5``, ``photos/a.{jpg,json}``."""
         value = self.values[i]
         if isinstance(value, FolderSample):
-            exts = [ext for ext, _, _ in value.files]
+            exts = [file[0] for file in value.files]
             names = exts[0] if len(exts) == 1 else "{" + ",".join(exts) + "}"
             return f"{self.source.rstrip('/')}/{value.key}.{names}"
         if self.unit == "line":
@@ -56,6 +61,11 @@ class ReadCounter:
         self.total = total
         self.read = 0
 
+
+
+def limit_text(max_record: int) -> str:
+    """``256 MiB``, ``1.0 MB``: the record limit as the user would write it."""
+    return f"{max_record >> 20} MiB" if max_record % (1 << 20) == 0 else format_size(max_record)
 
 
 def source_name(path: str) -> str:

@@ -71,7 +71,8 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
                   options.get("name", "shard"), options.get("workers", 1), None, via)
     from wdstream.write.inputs import check_inputs
 
-    check_inputs(paths)  # a missing object or an empty glob fails here, not in n tasks
+    # a missing object, an empty glob or a folder's bad entry fails here, not in n tasks
+    check_inputs(paths, options.get("follow_links", False))
     index_url = urls.join(output, MANIFEST_NAME)
     if exists(index_url):
         if not overwrite:

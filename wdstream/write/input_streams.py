@@ -10,6 +10,7 @@ from typing import BinaryIO
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.write.batches import STDIN, ReadCounter
+from wdstream.write.local_files import open_regular
 from wdstream.write.remote import is_remote, open_stream
 
 
@@ -21,6 +22,9 @@ class _Counted(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
 
     def readinto(self, buffer) -> int:
         n = self._stream.readinto(buffer)
@@ -37,7 +41,7 @@ class _Counted(io.RawIOBase):
 
 def open_binary(path: str, counter: ReadCounter) -> BinaryIO:
     """A buffered binary stream of the input's bytes, decompressed by its suffix; remote
-    inputs are streamed, never copied to a file."""
+    inputs are streamed, never copied to a file; a local one must be a regular file."""
     if path == STDIN:
         return sys.stdin.buffer
     name = path.split("?", 1)[0].lower() if is_remote(path) else path.lower()
@@ -47,7 +51,7 @@ def open_binary(path: str, counter: ReadCounter) -> BinaryIO:
         except WdstreamError as error:
             raise InputError(str(error)) from None
     else:
-        stream = open(path, "rb", buffering=0)  # returned to the caller
+        stream = open_regular(path)  # returned to the caller
     raw = io.BufferedReader(_Counted(stream, counter), 1 << 20)
     if name.endswith(".gz"):
         import gzip

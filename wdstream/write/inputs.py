@@ -10,6 +10,7 @@ as a stream without a local copy. The readers: ``jsonl``, ``tables``, ``folders`
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
@@ -18,6 +19,7 @@ from wdstream.errors import InputError
 from wdstream.write.batches import MAX_RECORD, STDIN, Batch, ReadCounter, source_name
 from wdstream.write.folders import read_folder
 from wdstream.write.jsonl import read_jsonl
+from wdstream.write.local_files import folder_files, regular_size
 from wdstream.write.remote import Found, expand_local, expand_remote, has_glob, is_remote
 from wdstream.write.tables import read_csv, read_parquet, read_tsv
 
@@ -61,10 +63,12 @@ class Input(NamedTuple):
     size: int
 
 
-def check_inputs(paths: Iterable[str]) -> list[Input]:
+def check_inputs(paths: Iterable[str], follow_links: bool = False) -> list[Input]:
     """Every input, glob patterns expanded (each to its matches in sorted order), checked
     before anything is read or written: a missing file or object, an empty match, an
-    unknown type or a refused credential is an InputError naming it."""
+    unknown type, a refused credential, a FIFO or device, or a folder's entry that pack does
+    not read (``local_files``; links out of it unless ``follow_links``) is an InputError
+    naming it."""
     paths = list(paths)
     if not paths:
         raise InputError("no inputs given")
@@ -77,11 +81,9 @@ def check_inputs(paths: Iterable[str]) -> list[Input]:
         elif is_remote(path):
             checked += [_checked(found) for found in expand_remote(path)]
         elif not os.path.exists(path) and has_glob(path):
-            checked += [_checked(found) for found in expand_local(path)]
+            checked += [_local(match, follow_links) for match in expand_local(path)]
         else:
-            kind = input_kind(path)
-            size = _folder_size(path) if kind == "folder" else os.path.getsize(path)
-            checked.append(Input(path, kind, size))
+            checked.append(_local(path, follow_links))
     return checked
 
 
@@ -91,10 +93,11 @@ def _checked(found: Found) -> Input:
     return Input(found.url, input_kind(found.url), found.size)
 
 
-def _folder_size(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(folder, name))
-               for folder, _, files in os.walk(path) for name in files)
-
+def _local(path: str, follow_links: bool) -> Input:
+    kind = input_kind(path)
+    if kind == "folder":
+        return Input(path, kind, sum(file.size for file in folder_files(path, follow_links)))
+    return Input(path, kind, regular_size(path))
 
 
 def read_in_worker(item: Input) -> bool:
@@ -110,11 +113,12 @@ def read_in_worker(item: Input) -> bool:
 def iter_batches(inputs: Iterable[Input | tuple], *, max_record: int = MAX_RECORD,
                  counter: ReadCounter | None = None,
                  worker_reader: Callable[[str, int, ReadCounter], Iterator[Batch]] | None = None,
-                 ) -> Iterator[Batch]:
+                 follow_links: bool = False) -> Iterator[Batch]:
     """Batches of records of every input in order; InputError if there are no records at all.
 
-    ``max_record``: the longest JSON line or CSV/TSV line accepted, in bytes; a longer one is
-    refused as soon as that much of it is read, so memory stays within about twice this.
+    ``max_record``: the largest record accepted, in bytes (a JSON line, a CSV/TSV record, a
+    Parquet row, a folder's file); a larger one is refused before it is read whole, so memory
+    stays within a few times this. ``follow_links``: a folder's links out of it are read.
     ``worker_reader``: reads the inputs that ``read_in_worker`` names in a pool worker (the
     same batches as ``read_jsonl``).
     """
@@ -124,6 +128,8 @@ def iter_batches(inputs: Iterable[Input | tuple], *, max_record: int = MAX_RECOR
     for item in inputs:
         before = counter.read
         read = _READERS[item.kind]
+        if item.kind == "folder":
+            read = functools.partial(read_folder, follow_links=follow_links)
         if worker_reader is not None and read_in_worker(item):
             read = worker_reader
         for batch in read(item.path, max_record, counter):

@@ -15,6 +15,7 @@ class FileMember(NamedTuple):
 
     path: str
     size: int
+    identity: tuple[int, int] | None = None  # a local file's (device, inode) as listed
 
 
 
@@ -38,9 +39,10 @@ class ShardPiece(NamedTuple):
     columns: tuple[list, ...]
     json_lines_at: tuple[str, Sequence[int]] | None  # (source, line numbers) to parse first
     tokenize: tuple[int, ...] = ()  # columns of texts the writer tokenizes
-    # JSON lines of a plain local file: (path, start, stop), the bytes they are read from
-    # again by a pool worker, which is sent the piece without its columns (see _by_reference)
-    lines_at: tuple[str, int, int] | None = None
+    # JSON lines of a plain local file: (path, start, stop, identity), the bytes they are
+    # read from again by a pool worker, which is sent the piece without its columns (see
+    # by_reference), and the file's (device, inode) when they were read
+    lines_at: tuple[str, int, int, tuple[int, int] | None] | None = None
 
 
 class ShardJob(NamedTuple):

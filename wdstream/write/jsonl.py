@@ -8,13 +8,21 @@ Reading takes time linear in the input and memory bounded by the longest record 
 from __future__ import annotations
 
 import codecs
+import io
 import itertools
 from collections.abc import Iterator
 
 from wdstream.errors import InputError
-from wdstream.sizes import format_size
-from wdstream.write.batches import MAX_RECORD, STDIN, Batch, ReadCounter, source_name
+from wdstream.write.batches import (
+    MAX_RECORD,
+    STDIN,
+    Batch,
+    ReadCounter,
+    limit_text,
+    source_name,
+)
 from wdstream.write.input_streams import close_binary, open_binary, read_errors
+from wdstream.write.local_files import identity_of, open_regular
 from wdstream.write.remote import is_remote
 
 _CHUNK = 4 << 20  # bytes of JSON Lines split at a time
@@ -22,9 +30,8 @@ _ONE = 1  # _ONE.__add__: a line's length plus its newline, without a Python fra
 
 
 def too_long(source: str, number: int, max_record: int) -> InputError:
-    limit = f"{max_record >> 20} MiB" if max_record % (1 << 20) == 0 else format_size(max_record)
-    return InputError(f"{source}:{number}: longer than {limit}, the longest record pack "
-                      "accepts")
+    return InputError(f"{source}:{number}: longer than {limit_text(max_record)}, the longest "
+                      "record pack accepts")
 
 
 def read_jsonl(path: str, max_record: int = MAX_RECORD,
@@ -50,6 +57,7 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
     name = path.lower()
     track = path != STDIN and not is_remote(path) and not name.endswith((".gz", ".zst"))
     line_start = 0  # byte offset in the file of the first line not yet handed over
+    identity = identity_of(stream) if track else None  # the file read again by offsets
     # From a pipe, take what has arrived rather than wait for a full chunk: records that come
     # slowly still make progress (and shards) as they come.
     read = stream.read1 if path == STDIN else stream.read
@@ -107,14 +115,15 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
                     line_start = offsets[-1]
                 stripped = list(map(bytes.strip, lines))
                 if all(stripped):
-                    yield Batch(source, "line", range(first, number + 1), stripped, offsets)
+                    yield Batch(source, "line", range(first, number + 1), stripped, offsets,
+                                identity)
                 else:
                     kept = [i for i, line in enumerate(stripped) if line]
                     if kept:
                         yield Batch(source, "line", [first + i for i in kept],
                                     [stripped[i] for i in kept],
                                     None if offsets is None else
-                                    [offsets[i] for i in kept] + [offsets[-1]])
+                                    [offsets[i] for i in kept] + [offsets[-1]], identity)
             if not chunk:
                 return
     except read_errors() as error:
@@ -124,11 +133,13 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
             close_binary(stream)
 
 
-def read_lines(path: str, start: int, stop: int, count: int) -> list[bytes]:
+def read_lines(path: str, start: int, stop: int, identity: tuple[int, int] | None,
+               count: int) -> list[bytes]:
     """The ``count`` non-blank lines, stripped, between byte offsets ``start`` and ``stop`` of
-    a plain local JSON Lines file, as ``read_jsonl`` handed them over (see Batch.offsets)."""
+    a plain local JSON Lines file, as ``read_jsonl`` handed them over (see Batch.offsets),
+    from the same file (``identity``: its device and inode)."""
     try:
-        with open(path, "rb") as file:
+        with io.BufferedReader(open_regular(path, identity)) as file:  # reads until stop
             file.seek(start)
             data = file.read(stop - start)
     except OSError as error:

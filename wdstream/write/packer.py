@@ -52,13 +52,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from wdstream.errors import InputError, WdstreamError
+from wdstream.errors import InputError, OptionTypeError, WdstreamError
 from wdstream.shards.compress import check_compression, tar_limit
 from wdstream.shards.compression import WRITE_SUFFIXES
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from wdstream.sizes import parse_size
 from wdstream.tokenizer import Tokenizer
-from wdstream.write.batches import ReadCounter
+from wdstream.write.batches import MAX_RECORD, ReadCounter
 from wdstream.write.inputs import Input, check_inputs, iter_batches, read_in_worker
 from wdstream.write.jobs import SampleBatch, ShardJob, part_manifest_name, shard_name
 from wdstream.write.options import DEFAULT_MAX_SIZE, check_options
@@ -99,10 +99,13 @@ class PackSettings:
     tokenizer: str | None
     compress: str | None
     level: int | None
+    follow_links: bool  # a folder's links out of it are read
+    max_record: int  # the largest record read: MAX_RECORD, or max_size if smaller
 
     @classmethod
     def check(cls, inputs, output, *, fields, key, max_count, max_size, name, via, workers,
-              part, overwrite, tokenize, tokenizer, compress, level) -> PackSettings:
+              part, overwrite, tokenize, tokenizer, compress, level,
+              follow_links) -> PackSettings:
         """Every option and input checked; InputError (or an option error) before anything
         is written."""
         paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
@@ -110,11 +113,15 @@ class PackSettings:
         ]
         if max_size is not None:
             max_size = parse_size(max_size)
+        max_record = MAX_RECORD if max_size is None else min(MAX_RECORD, max_size)
         fields = dict(fields) if fields is not None else None
         tokenize = dict(tokenize) if tokenize is not None else None
         check_options(fields, key, max_count, max_size, name, workers, part, via, tokenize,
                       tokenizer)
-        checked = check_inputs(paths)
+        if not isinstance(follow_links, bool):
+            raise OptionTypeError(f"pack: follow_links must be True or False, not "
+                                  f"{follow_links!r:.80}")
+        checked = check_inputs(paths, follow_links)
         if (fields or key or tokenize) and any(item.kind == "folder" for item in checked):
             folder = next(item.path for item in checked if item.kind == "folder")
             raise InputError(f"{folder}: --field, --tokenize and --key do not apply to a "
@@ -124,7 +131,8 @@ class PackSettings:
         level = check_compression(compress, level)
         return cls(paths, checked, os.fspath(output), fields, key, max_count, max_size, name,
                    via, workers, tuple(part) if part else None, overwrite, tokenize,
-                   os.fspath(tokenizer) if tokenizer is not None else None, compress, level)
+                   os.fspath(tokenizer) if tokenizer is not None else None, compress, level,
+                   follow_links, max_record)
 
     @property
     def manifest_name(self) -> str:
@@ -231,8 +239,10 @@ class PackRun:
 
     def _sample_batches(self) -> Iterator[SampleBatch]:
         first_index = 0  # of the batch's first record among all records
-        for batch in iter_batches(self.settings.inputs, counter=self.read_counter,
-                                  worker_reader=self.writer.read_batches):
+        for batch in iter_batches(self.settings.inputs, max_record=self.settings.max_record,
+                                  counter=self.read_counter,
+                                  worker_reader=self.writer.read_batches,
+                                  follow_links=self.settings.follow_links):
             yield self.maker.make(batch, first_index)
             first_index += len(batch.values)
 
@@ -340,6 +350,7 @@ def pack(
     progress: Callable[[PackProgress], object] | None = None,
     compress: str | None = None,
     level: int | None = None,
+    follow_links: bool = False,
 ) -> Manifest:
     """Pack records from ``inputs`` into tar shards under ``output`` and write the manifest.
 
@@ -359,6 +370,13 @@ def pack(
     bytes', and ``max_size`` bounds them by bounding each tar to the most that can never
     compress to more than ``max_size`` (so text shards come out a few times smaller).
 
+    Records larger than 256 MiB, or than ``max_size`` when it is given and smaller (a JSON
+    line, a CSV/TSV record, a Parquet row, a folder's file), are refused with an InputError
+    naming the record before they are read whole. A folder input is read as its regular
+    files: a symbolic link is followed only to a file or folder inside it, and a link out of
+    it, a FIFO, a device or a socket is an InputError naming it, unless ``follow_links``
+    (links are then followed wherever they point; FIFOs and devices are still refused).
+
     Tokenized members hold the ids of ``encode(text, add_special_tokens=False)``, without
     EOS (``PackedSequences`` appends it), as a ``.npy`` array of ``uint16`` (vocabularies up
     to 65,536) or ``uint32``. They are computed in the processes that write the shards, so
@@ -370,5 +388,5 @@ def pack(
     settings = PackSettings.check(
         inputs, output, fields=fields, key=key, max_count=max_count, max_size=max_size,
         name=name, via=via, workers=workers, part=part, overwrite=overwrite, tokenize=tokenize,
-        tokenizer=tokenizer, compress=compress, level=level)
+        tokenizer=tokenizer, compress=compress, level=level, follow_links=follow_links)
     return PackRun(settings, progress).run()

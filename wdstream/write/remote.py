@@ -14,12 +14,12 @@ group at a time.
 from __future__ import annotations
 
 import glob
-import os
 from typing import NamedTuple
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.sources import s3_objects, urls
 from wdstream.sources.objects import check_bucket
+from wdstream.write.local_files import open_regular
 
 _GLOB_CHARS = ("*", "?", "[")
 _PARQUET_BLOCK = 8 << 20  # bytes per ranged read of a Parquet object
@@ -72,14 +72,9 @@ def _spell(url: str, fs, name: str) -> str:
     return f"{protocol}://{fs._strip_protocol(name)}"
 
 
-def expand_local(pattern: str) -> list[Found]:
+def expand_local(pattern: str) -> list[str]:
     """The local paths matching ``pattern`` (``**`` matches folders at any depth), sorted."""
-    found = []
-    for path in sorted(glob.glob(pattern, recursive=True)):
-        if os.path.isdir(path):
-            found.append(Found(path, True, 0))
-        else:
-            found.append(Found(path, False, os.path.getsize(path)))
+    found = sorted(glob.glob(pattern, recursive=True))
     if not found:
         raise InputError(f"{pattern}: no files match")
     return found
@@ -165,16 +160,19 @@ def open_seekable(url: str):
         raise _failure(url, error) from None
 
 
-def read_member(url: str, size: int) -> bytes:
+def read_member(url: str, size: int, identity: tuple[int, int] | None = None) -> bytes:
     """The bytes of one file of a folder input (local or remote), checked against its listed
-    size, which the shard's layout was computed from."""
-    if is_remote(url):
-        from wdstream.sources.objects import read_bytes
-
-        content = read_bytes(url)
-    else:
-        with open(url, "rb") as file:
-            content = file.read()
+    size, which the shard's layout was computed from, and read no further than one byte past
+    it. A local file must be the regular file listed (``identity``: its device and inode)."""
+    stream = open_stream(url) if is_remote(url) else open_regular(url, identity, nofollow=True)
+    with stream:
+        chunks = []
+        left = size + 1
+        while left > 0 and (chunk := stream.read(left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+    content = b"".join(chunks)
     if len(content) != size:
-        raise InputError(f"{url}: changed while packing ({size} -> {len(content)} bytes)")
+        more = "more than " if left <= 0 else ""
+        raise InputError(f"{url}: changed while packing ({size} -> {more}{len(content)} bytes)")
     return content

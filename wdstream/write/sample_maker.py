@@ -90,10 +90,10 @@ class SampleMaker:
                 "key must not contain '/'; give each subfolder as its own input, or flatten it"
             )
         check_key(sample.key, batch.where(0))
-        exts = tuple(ext for ext, _, _ in sample.files)
+        exts = tuple(file[0] for file in sample.files)
         for ext in exts:
             check_extension(ext, batch.where(0))
-        columns = tuple([FileMember(path, size)] for _, path, size in sample.files)
+        columns = tuple([FileMember(*file[1:])] for file in sample.files)
         return self._batch([sample.key], exts, columns, False, batch)
 
     def _key(self, row: dict, i: int, batch: Batch) -> str:

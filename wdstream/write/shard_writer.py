@@ -63,7 +63,7 @@ class _ShardSink:
 
 
 def _file_bytes(member: FileMember) -> bytes:
-    return read_member(member.path, member.size)  # local path or URL; size checked
+    return read_member(*member)  # local path or URL; size (and a file's identity) checked
 
 
 def write_shard(job: ShardJob, via: str, encoder: Tokenizer | None = None) -> ShardInfo:

@@ -94,7 +94,7 @@ def _piece(samples: SampleBatch, start: int, stop: int) -> ShardPiece:
         tuple(column[start:stop] for column in samples.columns),
         (batch.source, batch.numbers[start:stop]) if samples.unparsed_json else None,
         samples.tokenize,
-        (batch.source, batch.offsets[start], batch.offsets[stop])
+        (batch.source, batch.offsets[start], batch.offsets[stop], batch.identity)
         if samples.unparsed_json and batch.offsets is not None else None,
     )
 

@@ -9,23 +9,44 @@ import io
 from collections.abc import Iterator
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.write.batches import MAX_RECORD, Batch, ReadCounter
+from wdstream.write.batches import MAX_RECORD, Batch, ReadCounter, limit_text
 from wdstream.write.input_streams import open_binary, read_errors
 from wdstream.write.jsonl import too_long
+from wdstream.write.local_files import open_regular
+from wdstream.write.parquet_pages import HeldChunks, batch_rows
 from wdstream.write.remote import is_remote, open_seekable
 
 _TABLE_BATCH = 1024  # rows of Parquet or CSV/TSV handed over at a time
 
 
-def _bounded_lines(text, path: str, max_record: int) -> Iterator[str]:
-    """The text's lines, refusing one longer than ``max_record`` characters before it is
-    read whole."""
-    number = 0
-    while line := text.readline(max_record + 1):
-        number += 1
-        if len(line) > max_record and not line.endswith(("\n", "\r")):
-            raise too_long(path, number, max_record)
-        yield line
+class _BoundedLines:
+    """The text's lines for ``csv.reader``, refusing a record (a line, or the lines a quoted
+    value spans) longer than ``max_record`` bytes before it is read whole; ``record_done``
+    after each row starts the next record's count."""
+
+    def __init__(self, text, path: str, max_record: int):
+        self.text, self.path, self.max_record = text, path, max_record
+        self.number = 0  # lines read
+        self.first = 1  # the line the record being read began on
+        self.pending = 0  # bytes of that record read so far, line ends included
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = self.text.readline(self.max_record + 1 - self.pending)
+        if not line:
+            raise StopIteration
+        self.number += 1
+        size = len(line) if line.isascii() else len(line.encode("utf-8", "surrogatepass"))
+        end = len(line) - len(line.rstrip("\r\n"))
+        if self.pending + size - end > self.max_record:
+            raise too_long(self.path, self.first, self.max_record)
+        self.pending += size
+        return line
+
+    def record_done(self) -> None:
+        self.first, self.pending = self.number + 1, 0
 
 
 def _read_table(path: str, delimiter: str, max_record: int,
@@ -37,12 +58,14 @@ def _read_table(path: str, delimiter: str, max_record: int,
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror or error}") from None
     text = io.TextIOWrapper(binary, encoding="utf-8-sig", newline="")
-    reader = csv.reader(_bounded_lines(text, path, max_record), delimiter=delimiter)
+    lines = _BoundedLines(text, path, max_record)
+    reader = csv.reader(lines, delimiter=delimiter)
     numbers: list[int] = []
     rows: list[dict] = []
     try:
         header = None
         for row in reader:
+            lines.record_done()
             if not row:  # a blank line
                 continue
             if header is None:
@@ -90,7 +113,12 @@ def read_tsv(path: str, max_record: int = MAX_RECORD,
 def read_parquet(path: str, max_record: int = MAX_RECORD,
                  counter: ReadCounter | None = None) -> Iterator[Batch]:
     """Rows as dicts, one row group at a time (remote objects over ranged reads: the footer,
-    then each row group's column chunks), decoded a batch at a time."""
+    then each row group's column chunks), decoded a batch at a time.
+
+    Before a row group is decoded, its pages' headers are read (``parquet_pages``): a page,
+    a row or a row group too large for ``max_record`` is refused from them, and the batches
+    are made small enough that one decodes to about ``parquet_pages.BATCH_BYTES``; a decoded
+    row larger than ``max_record`` is refused before it becomes Python objects."""
     try:
         import pyarrow
         import pyarrow.parquet
@@ -100,12 +128,16 @@ def read_parquet(path: str, max_record: int = MAX_RECORD,
         ) from None
     counter = counter if counter is not None else ReadCounter()
     number = 0
-    file = open_seekable(path) if is_remote(path) else None
+    file = HeldChunks(open_seekable(path)) if is_remote(path) else open_regular(path)
     try:
-        table = pyarrow.parquet.ParquetFile(file if file is not None else path)
+        table = pyarrow.parquet.ParquetFile(file)
         metadata = table.metadata
         for group in range(metadata.num_row_groups):
-            for batch in table.iter_batches(batch_size=_TABLE_BATCH, row_groups=[group]):
+            if isinstance(file, HeldChunks):  # one fetch for the page headers and the values
+                file.hold(metadata.row_group(group))
+            size = batch_rows(file, table, group, number, path, max_record, _TABLE_BATCH)
+            for batch in table.iter_batches(batch_size=size, row_groups=[group]):
+                _check_rows(batch, path, number, max_record)
                 rows = batch.to_pylist()
                 if rows:
                     yield Batch(path, "row", range(number + 1, number + len(rows) + 1), rows)
@@ -115,9 +147,21 @@ def read_parquet(path: str, max_record: int = MAX_RECORD,
                                 for i in range(chunks.num_columns))
     except (pyarrow.ArrowException, OSError) as error:
         raise InputError(f"{path}: cannot read Parquet after row {number}: {error}") from None
+    except InputError:
+        raise
     except WdstreamError as error:
         raise InputError(f"{path}: cannot read Parquet after row {number}: {error}") from None
     finally:
-        if file is not None:
-            file.close()
+        file.close()
 
+
+def _check_rows(batch, path: str, number: int, max_record: int) -> None:
+    """InputError for a row of the decoded batch (its first: row ``number + 1``) larger than
+    ``max_record`` in Arrow's memory, before it becomes Python objects."""
+    if batch.nbytes <= max_record:
+        return
+    for i in range(batch.num_rows):
+        size = batch.slice(i, 1).nbytes
+        if size > max_record:
+            raise InputError(f"{path} row {number + i + 1}: {size:,} bytes, more than "
+                             f"{limit_text(max_record)}, the largest record pack accepts")
