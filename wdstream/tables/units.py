@@ -1,0 +1,126 @@
+"""The unit table: raw files cut into units of known row counts (Parquet row groups, Arrow
+record batches, JSON Lines byte ranges or files), which the epoch plan sees as it sees
+shards, and what reading unit ``i`` gives: rows as samples with ``__key__`` and ``__url__``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from wdstream.errors import InputError, ShardError
+from wdstream.printable import printable
+from wdstream.tables.files import RawFile
+from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
+from wdstream.tables.parquet import ParquetFormat, check_columns
+from wdstream.tables.reads import Access, check_unchanged
+
+FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat()}
+PLANS_IN_FLIGHT = 32  # files whose metadata is read at once
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A source's rows and bytes, as a manifest's totals (the shuffle window's byte bound and
+    the reader's list sizes use them)."""
+
+    samples: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RawOptions:
+    """What a raw source is read as: ``columns`` (None: all), the ``key_column`` whose value
+    is a row's ``__key__`` (None: file and row number)."""
+
+    columns: tuple[str, ...] | None = None
+    key_column: str | None = None
+
+    @property
+    def read_columns(self) -> tuple[str, ...] | None:
+        if self.columns is None or self.key_column is None or self.key_column in self.columns:
+            return self.columns
+        return (*self.columns, self.key_column)
+
+
+class UnitTable:
+    """Units of raw files as arrays (file, part, end, first row, rows), the files, and the
+    metadata each file's units are read with."""
+
+    def __init__(self, source: str, files: Sequence[RawFile], plans: Sequence[FilePlan],
+                 options: RawOptions):
+        self.source, self.files, self.options = source, tuple(files), options
+        self.metadata = tuple(plan.metadata for plan in plans)
+        units = [(i, u.part, u.end, u.first_row, u.rows)
+                 for i, plan in enumerate(plans) for u in plan.units]
+        if not units:
+            raise ShardError(f"{printable(source)}: its files hold no rows")
+        file, part, end, first, rows = np.asarray(units, dtype=np.int64).T
+        self.file, self.part, self.end, self.first_row = file, part, end, first
+        self.samples = rows
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.files[i].url for i in self.file]
+
+    @property
+    def totals(self) -> Totals:
+        return Totals(int(self.samples.sum()), sum(f.size for f in self.files))
+
+    def fingerprint(self) -> str:
+        """Identifies the files as planned (names, sizes, tags), their units and the columns."""
+        digest = hashlib.sha256(json.dumps([self.options.columns, self.options.key_column]).encode())
+        for f in self.files:
+            digest.update(f"\n{f.name}\0{f.size}\0{f.tag}".encode())
+        for column in (self.file, self.part, self.end, self.samples):
+            digest.update(np.ascontiguousarray(column).tobytes())
+        return digest.hexdigest()[:16]
+
+    def unit(self, index: int) -> tuple[RawFile, Unit]:
+        return self.files[int(self.file[index])], Unit(
+            int(self.part[index]), int(self.samples[index]), int(self.first_row[index]),
+            int(self.end[index]))
+
+    def read(self, index: int, access: Access) -> Rows:
+        """Unit ``index``'s rows, after checking that its file is still the one planned."""
+        file, unit = self.unit(index)
+        check_unchanged(file)
+        return FORMATS[file.format].read(file, self.metadata[int(self.file[index])], unit,
+                                         self.options.read_columns, access)
+
+    def samples_of(self, index: int, rows: Rows, start: int, stop: int) -> list[dict]:
+        """Rows ``start`` .. ``stop - 1`` of unit ``index`` as samples."""
+        file, unit = self.unit(index)
+        samples = rows.rows(start, stop)
+        key_column, columns = self.options.key_column, self.options.columns
+        for offset, sample in enumerate(samples, unit.first_row + start):
+            key = sample.get(key_column) if key_column is not None else None
+            if columns is not None and key_column is not None and key_column not in columns:
+                del sample[key_column]
+            sample["__key__"] = f"{file.name}:{offset}" if key is None else str(key)
+            sample["__url__"] = file.url
+        return samples
+
+
+def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
+               access: Access) -> UnitTable:
+    """Read every file's metadata (``PLANS_IN_FLIGHT`` at once) into a ``UnitTable``."""
+    kinds = {f.format for f in files}
+    unsupported = kinds - set(FORMATS)
+    if unsupported:
+        raise InputError(f"{printable(source)}: {', '.join(sorted(unsupported))} files are not "
+                         "streamed where they lie (yet); pack them with `wdstream pack`")
+    with ThreadPoolExecutor(min(PLANS_IN_FLIGHT, len(files))) as pool:
+        plans = list(pool.map(lambda f: FORMATS[f.format].plan(f, access), files))
+    for file, plan in zip(files, plans, strict=True):
+        available = FORMATS[file.format].columns(plan)
+        if available is not None:
+            check_columns(file, available, options.read_columns)
+    return UnitTable(source, files, plans, options)
