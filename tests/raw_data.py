@@ -71,3 +71,35 @@ def loader_of(source, batch_size=5, workers=2, **options):
     options.setdefault("shuffle_window", 16)
     return wdstream.DataLoader(wdstream.StreamingDataset(source, **options),
                                batch_size=batch_size, num_workers=workers)
+
+
+# (name, rows): a plain file cut into several ranges (RANGE_BYTES made small), a gzip and a
+# zstd one, and a plain one in a subfolder
+JSONL_FILES = [("a.jsonl", 90), ("b.jsonl.gz", 40), ("c.jsonl.zst", 35), ("more/d.jsonl", 25)]
+
+
+def write_jsonl(folder: Path, files=JSONL_FILES, blank_every: int = 17) -> Path:
+    import gzip
+    import json
+
+    import zstandard
+
+    for name, count in files:
+        lines = []
+        for i, row in enumerate(rows_of(name, count)):
+            lines.append(json.dumps(row))
+            if i % blank_every == blank_every - 1:
+                lines.append("")  # blank lines are not rows
+        data = ("\n".join(lines) + "\n").encode()
+        if name.endswith(".gz"):
+            data = gzip.compress(data)
+        elif name.endswith(".zst"):
+            data = zstandard.ZstdCompressor().compress(data)
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return folder
+
+
+def jsonl_keys(files=JSONL_FILES) -> set[str]:
+    return {f"{name}:{i}" for name, count in files for i in range(count)}

@@ -102,6 +102,7 @@ def test_resume_on_other_workers_and_batch_size_reads_every_row_once(folder):
     assert set(seen) == all_keys() and max(seen.values()) == 1
 
 
+@pytest.mark.slow
 def test_ranks_get_equal_batches_and_resume_on_another_world_size(folder, monkeypatch):
     def run(world, state=None, n=None):
         out = []
@@ -126,6 +127,7 @@ def test_ranks_get_equal_batches_and_resume_on_another_world_size(folder, monkey
     assert max(seen.values()) == 1 and len(all_keys() - set(seen)) < 3
 
 
+@pytest.mark.slow
 def test_s3_folder_pattern_and_list(s3, s3_bucket, folder):
     url = upload_tree(s3.client(), s3_bucket, folder, "hub/data")
     whole = keys_of(loader_of(url))

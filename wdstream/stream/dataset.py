@@ -77,12 +77,13 @@ def _check_options(given: dict) -> dict:
         "retries": options.integer(owner, "retries", given["retries"], minimum=0),
         "timeout": options.number(owner, "timeout", given["timeout"], positive=True),
         "retry_backoff": options.number(owner, "retry_backoff", given["retry_backoff"]),
-        "raw": _raw_options(owner, given["columns"], given["key_column"]),
+        "raw": _raw_options(owner, given["columns"], given["key_column"], given["index"]),
     }
 
 
-def _raw_options(owner: str, columns, key_column) -> RawOptions:
-    """``columns`` (a list of names, or None) and ``key_column`` (a name, or None) checked."""
+def _raw_options(owner: str, columns, key_column, index) -> RawOptions:
+    """``columns`` (a list of names, or None), ``key_column`` (a name, or None) and ``index``
+    (a URL, or None) checked."""
     if columns is not None:
         if isinstance(columns, str) or not isinstance(columns, Sequence) or not columns or \
                 not all(isinstance(c, str) and c for c in columns):
@@ -91,7 +92,9 @@ def _raw_options(owner: str, columns, key_column) -> RawOptions:
         columns = tuple(columns)
     if key_column is not None and (not isinstance(key_column, str) or not key_column):
         raise OptionError(f"{owner}: key_column must be a column name, got {key_column!r}")
-    return RawOptions(columns, key_column)
+    if index is not None and not isinstance(index, str | os.PathLike):
+        raise OptionError(f"{owner}: index must be the URL of a unit index, got {index!r}")
+    return RawOptions(columns, key_column, None if index is None else os.fspath(index))
 
 
 def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
@@ -190,8 +193,9 @@ class StreamingDataset(PositionedDataset):
     groups...) take the place of shards, counted from the files' metadata when the dataset is
     built. A sample is a dict of the row's columns (``columns``: only those are read) with
     ``__key__`` (``"path/in/source.parquet:ROW"``, or the value of ``key_column``) and
-    ``__url__``. A file changed since then is an error (``ShardMismatchError``). See
-    docs/raw-files.md.
+    ``__url__``. A file changed since then is an error (``ShardMismatchError``). JSON Lines
+    files are counted by reading them once, unless ``index`` names the unit index that
+    ``wdstream index SOURCE --output URL`` wrote for them. See docs/raw-files.md.
     """
 
     def __init__(
@@ -219,6 +223,7 @@ class StreamingDataset(PositionedDataset):
         share_manifest: bool | str | os.PathLike = True,
         columns: Sequence[str] | None = None,
         key_column: str | None = None,
+        index: str | os.PathLike | None = None,
     ):
         super().__init__()
         checked = _check_options(locals())  # every option, before any I/O

@@ -14,7 +14,7 @@ from wdstream.shards.locate import NoShardsError, find_shards
 from wdstream.shards.manifest import Manifest, check_shard_names
 from wdstream.stream.read import ShardTable, SpanReader
 from wdstream.stream.unit_read import UnitReader
-from wdstream.tables.files import find_files, names_raw_files
+from wdstream.tables.files import NoFilesError, find_files, names_raw_files
 from wdstream.tables.reads import Access
 from wdstream.tables.units import RawOptions, UnitTable, plan_units
 
@@ -58,7 +58,7 @@ def resolve_source(source, allow_external_shards: bool = False,
     except NoShardsError as error:
         try:
             return from_raw_files(source, raw, access)
-        except ManifestError:
+        except NoFilesError:
             raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files below it"
                                 ) from error
     if raw != RawOptions():

@@ -28,6 +28,10 @@ GLOB_CHARACTERS = "*?["
 LOOKUPS_IN_FLIGHT = 32  # metadata requests at once when files are named one by one
 
 
+class NoFilesError(ManifestError):
+    """A source under which no Parquet, JSON Lines or Arrow file was found."""
+
+
 @dataclass(frozen=True)
 class RawFile:
     """A file to stream: ``name`` is its path relative to the source (what keys and
@@ -81,8 +85,8 @@ def find_files(source) -> list[RawFile]:
             found.extend(_under(item))
     found.extend(_described(named))
     if not found:
-        raise ManifestError(f"{printable(', '.join(map(os.fspath, items)))}: no Parquet, "
-                            "JSON Lines or Arrow files there")
+        raise NoFilesError(f"{printable(', '.join(map(os.fspath, items)))}: no Parquet, "
+                           "JSON Lines or Arrow files there")
     return found
 
 

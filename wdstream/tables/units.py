@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,11 +17,15 @@ from wdstream.errors import InputError, ShardError
 from wdstream.printable import printable
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
+from wdstream.tables.index import indexed_plans, read_index
+from wdstream.tables.jsonl import JsonLinesFormat
 from wdstream.tables.parquet import ParquetFormat, check_columns
 from wdstream.tables.reads import Access, check_unchanged
 
-FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat()}
-PLANS_IN_FLIGHT = 32  # files whose metadata is read at once
+log = logging.getLogger("wdstream.dataset")  # the logger name users configure
+
+FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat(), "jsonl": JsonLinesFormat()}
+PLANS_IN_FLIGHT = 32  # files whose metadata is read (or JSON Lines files scanned) at once
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,12 @@ class Totals:
 @dataclass(frozen=True)
 class RawOptions:
     """What a raw source is read as: ``columns`` (None: all), the ``key_column`` whose value
-    is a row's ``__key__`` (None: file and row number)."""
+    is a row's ``__key__`` (None: file and row number), the ``index`` of its JSON Lines files
+    (a URL; None: they are scanned)."""
 
     columns: tuple[str, ...] | None = None
     key_column: str | None = None
+    index: str | None = None
 
     @property
     def read_columns(self) -> tuple[str, ...] | None:
@@ -109,16 +116,34 @@ class UnitTable:
         return samples
 
 
+def plan_files(files: Sequence[RawFile], access: Access) -> list[FilePlan]:
+    """Every file's plan from its metadata (or a scan), ``PLANS_IN_FLIGHT`` at once."""
+    unsupported = {f.format for f in files} - set(FORMATS)
+    if unsupported:
+        raise InputError(f"{printable(files[0].url)}: {', '.join(sorted(unsupported))} files "
+                         "are not streamed where they lie (yet); pack them with `wdstream pack`")
+    if not files:
+        return []
+    with ThreadPoolExecutor(min(PLANS_IN_FLIGHT, len(files))) as pool:
+        return list(pool.map(lambda f: FORMATS[f.format].plan(f, access), files))
+
+
 def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
                access: Access) -> UnitTable:
-    """Read every file's metadata (``PLANS_IN_FLIGHT`` at once) into a ``UnitTable``."""
-    kinds = {f.format for f in files}
-    unsupported = kinds - set(FORMATS)
-    if unsupported:
-        raise InputError(f"{printable(source)}: {', '.join(sorted(unsupported))} files are not "
-                         "streamed where they lie (yet); pack them with `wdstream pack`")
-    with ThreadPoolExecutor(min(PLANS_IN_FLIGHT, len(files))) as pool:
-        plans = list(pool.map(lambda f: FORMATS[f.format].plan(f, access), files))
+    """A ``UnitTable`` of ``files``: Parquet and Arrow files planned from their metadata, JSON
+    Lines files from ``options.index``, or else from one scan of each."""
+    lines = [f for f in files if f.format == "jsonl"]
+    if options.index is not None:
+        indexed = dict(zip(lines, indexed_plans(options.index, read_index(options.index), lines),
+                           strict=True))
+    else:
+        indexed = {}
+        if lines:
+            log.warning("%s: counting the rows of %d JSON Lines files (%d bytes) by reading "
+                        "them whole; `wdstream index %s --output URL` records them once",
+                        source, len(lines), sum(f.size for f in lines), source)
+    planned = iter(plan_files([f for f in files if f not in indexed], access))
+    plans = [indexed[f] if f in indexed else next(planned) for f in files]
     for file, plan in zip(files, plans, strict=True):
         available = FORMATS[file.format].columns(plan)
         if available is not None:
