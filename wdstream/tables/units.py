@@ -15,6 +15,7 @@ import numpy as np
 
 from wdstream.errors import InputError, ShardError
 from wdstream.printable import printable
+from wdstream.tables.arrow import ArrowFormat
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
 from wdstream.tables.index import indexed_plans, read_index
@@ -24,7 +25,8 @@ from wdstream.tables.reads import Access, check_unchanged
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
-FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat(), "jsonl": JsonLinesFormat()}
+FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat(), "jsonl": JsonLinesFormat(),
+                                   "arrow": ArrowFormat()}
 PLANS_IN_FLIGHT = 32  # files whose metadata is read (or JSON Lines files scanned) at once
 
 
