@@ -58,7 +58,9 @@ def file_format(name: str) -> str | None:
 
 def names_raw_files(source) -> bool:
     """Whether ``source`` (a URL, a pattern or a list) names raw files or patterns of them
-    rather than shards or a folder."""
+    rather than shards or a folder. One URL ending in ``.json`` is a manifest."""
+    if isinstance(source, str | os.PathLike) and os.fspath(source).lower().endswith(".json"):
+        return False
     items = list(source) if isinstance(source, list | tuple) else [source]
     return bool(items) and all(
         isinstance(item, str | os.PathLike) and (
