@@ -1,5 +1,5 @@
 """Parquet files streamed where they lie: a folder (at any depth), a pattern and a list,
-local and through the moto S3 server; row groups as the plan's units, so the order is a
+local, through the moto S3 server and the GCS emulator; row groups as the plan's units, so the order is a
 function of (seed, epoch), ranks get equal batches, resume is exact on the same layout and
 elastic on another; columns read as asked; changed, truncated and hostile files are errors
 that name the file."""
@@ -207,3 +207,23 @@ def test_option_mistakes_fail_when_built(folder, tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ManifestError, match="no Parquet, JSON Lines or Arrow files"):
         wdstream.StreamingDataset(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_gcs_folder_streams_and_resumes(gcs, tmp_path):
+    flat = [("part-0.parquet", 70, 40), ("part-1.parquet", 43, 20)]
+    from test_gcs_ranged import upload
+
+    write_parquet(tmp_path, flat)
+    for name, _, _ in flat:
+        upload(gcs, f"raw-parquet/{name}", (tmp_path / name).read_bytes())
+    url = f"gs://{gcs.bucket}/raw-parquet/"
+    keys = {f"{name}:{i}" for name, count, _ in flat for i in range(count)}
+    whole = keys_of(loader_of(url))
+    seen = counted(whole)
+    assert set(seen) == keys and max(seen.values()) == 1
+    loader = loader_of(url)
+    first = keys_of(take(loader, 4))
+    resumed = loader_of(url)
+    resumed.load_state_dict(roundtrip(loader.state_dict()))
+    assert first + keys_of(resumed) == whole
