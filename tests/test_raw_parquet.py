@@ -41,6 +41,7 @@ def test_a_folder_streams_every_row_once_with_its_columns(folder):
     batches = list(wdstream.DataLoader(ds, batch_size=5, num_workers=2))
     seen = counted(keys_of(batches))
     assert set(seen) == all_keys() and max(seen.values()) == 1
+    assert tuple(batches[0]["tokens"].shape) == (5, 3)  # a list column: stacked, no lists
     for batch in batches:
         for key, text, url, tokens in zip(batch["__key__"], batch["text"], batch["__url__"],
                                           batch["tokens"], strict=True):

@@ -35,7 +35,10 @@ class FilePlan:
 
 
 class Rows:
-    """A unit's rows, read: ``len()`` and ``rows(start, stop)`` as dicts of their columns."""
+    """A unit's rows, read: ``len()`` and ``rows(start, stop)`` as dicts of their columns.
+    A column of lists of numbers (token ids, embeddings) gives each row a numpy array, views
+    of one copy of the rows' values: no Python object per number, and the default collate
+    stacks equal lengths into one tensor."""
 
     def __init__(self, table):
         self.table = table  # a pyarrow Table
@@ -44,7 +47,34 @@ class Rows:
         return self.table.num_rows
 
     def rows(self, start: int, stop: int) -> list[dict]:
-        return self.table.slice(start, stop - start).to_pylist()
+        part = self.table.slice(start, stop - start)
+        arrays = [name for name, kind in zip(part.column_names, part.schema.types, strict=True)
+                  if _numeric_lists(kind)]
+        rows = (part.drop_columns(arrays) if arrays else part).to_pylist()
+        for name in arrays:
+            for row, value in zip(rows, _row_arrays(part.column(name)), strict=True):
+                row[name] = value
+        return rows
+
+
+def _numeric_lists(kind) -> bool:
+    import pyarrow.types as types
+
+    return (types.is_list(kind) or types.is_large_list(kind)) and (
+        types.is_integer(kind.value_type) or types.is_floating(kind.value_type))
+
+
+def _row_arrays(column) -> list:
+    """Each row's list as a writable numpy array (a view of one copy of the values); the
+    rows as Python lists when a row or a value is null."""
+    array = column.combine_chunks()
+    offsets = array.offsets.to_numpy()
+    values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    if array.null_count or values.null_count:
+        return array.to_pylist()
+    flat = values.to_numpy(zero_copy_only=False, writable=True)
+    ends = (offsets - offsets[0]).tolist()
+    return [flat[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)]
 
 
 class TableFormat:
