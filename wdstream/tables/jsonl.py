@@ -7,6 +7,7 @@ dataset is built."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ from wdstream.shards.compression import DecompressingStream
 from wdstream.sources.openers import open_read
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import MAX_UNIT_ROWS, FilePlan, TableFormat, Unit
-from wdstream.tables.reads import Access
+from wdstream.tables.reads import Access, read_range
 
 RANGE_BYTES = 32 * 1024**2  # a plain file's units: line-aligned ranges of about this size
 MAX_LINE_BYTES = 256 * 1024**2  # the longest line read
@@ -38,7 +39,7 @@ class JsonLinesFormat(TableFormat):
         plain = compression(file.name) is None
         units: list[Unit] = []
         start, rows, first, end = 0, 0, 0, 0
-        stream = _open(file, 0, None, access)
+        stream = _open(file, access)
         try:
             for offset, line in lines(stream, file, 0):
                 end = offset + len(line) + 1
@@ -58,15 +59,23 @@ class JsonLinesFormat(TableFormat):
         return FilePlan(units)
 
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns, access: Access):
-        return LineRows(file, unit, columns, access)
+        """A plain file's range is read here, whole (so a failed read is retried before any
+        row is handed out); a compressed file is decompressed as its rows are asked for."""
+        data = None
+        if compression(file.name) is None:
+            data = read_range(file, unit.part, unit.end - unit.part, access)
+        return LineRows(file, unit, columns, access, data)
 
 
 class LineRows:
     """A unit's rows, parsed as they are asked for, in increasing order (the reader's
-    spans of one unit are): nothing of the unit is held but the lines being parsed."""
+    spans of one unit are), from ``data`` (a plain file's range) or else from the file,
+    decompressed: nothing of a compressed file is held but the lines being parsed."""
 
-    def __init__(self, file: RawFile, unit: Unit, columns, access: Access):
+    def __init__(self, file: RawFile, unit: Unit, columns, access: Access,
+                 data: bytes | None = None):
         self.file, self.unit, self.columns, self.access = file, unit, columns, access
+        self.data = data
         self._lines: Iterator[tuple[int, bytes]] | None = None
         self._stream = None
         self._next = 0  # the unit's row the lines are at
@@ -77,9 +86,8 @@ class LineRows:
     def rows(self, start: int, stop: int) -> list[dict]:
         if self._lines is None or start < self._next:
             self.close()
-            plain = compression(self.file.name) is None
-            limit = self.unit.end - self.unit.part if plain else None
-            self._stream = _open(self.file, self.unit.part if plain else 0, limit, self.access)
+            plain = self.data is not None
+            self._stream = io.BytesIO(self.data) if plain else _open(self.file, self.access)
             self._lines = (item for item in lines(self._stream, self.file,
                                                   self.unit.part if plain else 0)
                            if item[1].strip())
@@ -119,30 +127,13 @@ class LineRows:
     __del__ = close
 
 
-def _open(file: RawFile, start: int, limit: int | None, access: Access):
-    """The file's bytes from ``start`` (decompressed when it is compressed), at most
-    ``limit`` of them."""
-    stream = open_read(file.url, opener=access.opener, timeout=access.timeout, start=start,
-                       size=file.size, first_bytes=limit)
+def _open(file: RawFile, access: Access):
+    """The file's bytes, decompressed when it is compressed."""
+    stream = open_read(file.url, opener=access.opener, timeout=access.timeout, size=file.size)
     kind = compression(file.name)
     if kind is not None:
         return DecompressingStream(stream, file.url, kind, stored_limit=file.size)
-    return _Bounded(stream, limit) if limit is not None else stream
-
-
-class _Bounded:
-    """At most ``limit`` bytes of ``stream``."""
-
-    def __init__(self, stream, limit: int):
-        self.stream, self.left = stream, limit
-
-    def read(self, n: int) -> bytes:
-        data = self.stream.read(min(n, self.left)) if self.left > 0 else b""
-        self.left -= len(data)
-        return data
-
-    def close(self) -> None:
-        self.stream.close()
+    return stream
 
 
 def lines(stream, file: RawFile, offset: int) -> Iterator[tuple[int, bytes]]:
