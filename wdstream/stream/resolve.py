@@ -62,8 +62,8 @@ def resolve_source(source, allow_external_shards: bool = False,
             raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files below it"
                                 ) from error
     if raw != RawOptions():
-        raise ManifestError(f"{source}: columns and key_column select the columns of raw "
-                            "files (Parquet, JSON Lines, Arrow); these are shards")
+        raise ManifestError(f"{source}: columns, key_column and index are for raw files "
+                            "(Parquet, JSON Lines, Arrow); these are shards")
     if found.manifest is not None:
         return from_manifest(found.manifest)
     if found.how == "listing":

@@ -97,15 +97,14 @@ def _under(folder: str) -> list[RawFile]:
     base = folder if folder.endswith("/") else folder + "/"
     path = urlmod.to_local_path(folder)
     if path is not None:
-        listed = []
+        found = []
         for root, _, names in os.walk(path or "."):
             for name in names:
                 full = os.path.join(root, name)
-                if not os.path.islink(full):
-                    listed.append((os.path.relpath(full, path or ".").replace(os.sep, "/"),
-                                   os.stat(full)))
-        return sorted((RawFile(urlmod.child(base, name), name, info.st_size, _local_tag(info))
-                       for name, info in listed if _listed_kind(name)), key=_by_url)
+                relative = os.path.relpath(full, path or ".").replace(os.sep, "/")
+                if not os.path.islink(full) and _listed_kind(relative):
+                    found.append(_local_file(urlmod.child(base, relative), full, relative))
+        return sorted(found, key=_by_url)
     fs, root = _filesystem(folder)
     try:
         entries = fs.find(root.rstrip("/"), detail=True)
@@ -138,12 +137,11 @@ def _matching(pattern: str) -> list[RawFile]:
     base = urlmod.parent(head + "x")
     path = urlmod.to_local_path(pattern)
     if path is not None:
-        matches = sorted(globmod.glob(path, recursive=True))
         root = urlmod.to_local_path(base) or "."
-        return [RawFile(m, os.path.relpath(m, root).replace(os.sep, "/"), info.st_size,
-                        _local_tag(info))
-                for m in matches if file_format(m) and os.path.isfile(m)
-                and not os.path.islink(m) and (info := os.stat(m))]
+        matches = [m for m in sorted(globmod.glob(path, recursive=True))
+                   if file_format(m) and os.path.isfile(m) and not os.path.islink(m)]
+        return [_local_file(m, m, os.path.relpath(m, root).replace(os.sep, "/"))
+                for m in matches]
     fs, stripped = _filesystem(pattern)
     try:
         entries = fs.glob(stripped, detail=True)
@@ -173,10 +171,9 @@ def describe(url: str, name: str | None = None) -> RawFile:
     path = urlmod.to_local_path(url)
     if path is not None:
         try:
-            info = os.stat(path)
+            return _local_file(url, path, name)
         except OSError as exc:
             raise _failure(url, exc) from exc
-        return RawFile(url, name, info.st_size, _local_tag(info))
     fs, key = _filesystem(url)
     try:
         info = fs.info(key)
@@ -193,8 +190,9 @@ def _short_names(named: Sequence[str]) -> list[str]:
     return list(named)
 
 
-def _local_tag(info: os.stat_result) -> str:
-    return f"mtime:{info.st_mtime_ns}"
+def _local_file(url: str, path: str, name: str) -> RawFile:
+    info = os.stat(path)
+    return RawFile(url, name, info.st_size, f"mtime:{info.st_mtime_ns}")
 
 
 def _remote_file(url: str, name: str, info: dict) -> RawFile:

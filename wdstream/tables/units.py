@@ -109,9 +109,10 @@ class UnitTable:
         file, unit = self.unit(index)
         samples = rows.rows(start, stop)
         key_column, columns = self.options.key_column, self.options.columns
+        read_only = columns is not None and key_column is not None and key_column not in columns
         for offset, sample in enumerate(samples, unit.first_row + start):
             key = sample.get(key_column) if key_column is not None else None
-            if columns is not None and key_column is not None and key_column not in columns:
+            if read_only:  # read for the key, not asked for
                 del sample[key_column]
             sample["__key__"] = f"{file.name}:{offset}" if key is None else str(key)
             sample["__url__"] = file.url
