@@ -108,14 +108,19 @@ class UnitTable:
         """Rows ``start`` .. ``stop - 1`` of unit ``index`` as samples."""
         file, unit = self.unit(index)
         samples = rows.rows(start, stop)
+        first, url = unit.first_row + start, file.url
+        keys = map(f"{file.name}:{{}}".format, range(first, first + len(samples)))
         key_column, columns = self.options.key_column, self.options.columns
-        read_only = columns is not None and key_column is not None and key_column not in columns
-        for offset, sample in enumerate(samples, unit.first_row + start):
-            key = sample.get(key_column) if key_column is not None else None
-            if read_only:  # read for the key, not asked for
-                del sample[key_column]
-            sample["__key__"] = f"{file.name}:{offset}" if key is None else str(key)
-            sample["__url__"] = file.url
+        if key_column is not None:
+            keys = [key if value is None else str(value)
+                    for key, value in zip(keys, (s.get(key_column) for s in samples),
+                                          strict=True)]
+            if columns is not None and key_column not in columns:  # read for the key only
+                for sample in samples:
+                    del sample[key_column]
+        for sample, key in zip(samples, keys, strict=True):
+            sample["__key__"] = key
+            sample["__url__"] = url
         return samples
 
 
