@@ -117,8 +117,17 @@ def _under(folder: str) -> list[RawFile]:
             continue
         name = key[len(prefix):]
         if _listed_kind(name):
-            files.append(_remote_file(urlmod.child(base, name), name, info))
+            files.append(_remote_file(_child(base, name), name, info))
     return sorted(files, key=_by_url)
+
+
+def _child(base: str, name: str) -> str:
+    """The URL of a listed name under ``base``: a name, never a URL of its own (fsspec chains
+    URLs at "::" but for s3:// and gs://)."""
+    if "::" in name and urlmod.scheme(base) not in ("s3", "gs"):
+        raise InputError(f"{printable(base)}: object {printable(repr(name))} cannot be read by "
+                         "name through fsspec ('::' chains URLs); rename it")
+    return urlmod.child(base, name)
 
 
 def _by_url(file: RawFile) -> str:
@@ -152,7 +161,7 @@ def _matching(pattern: str) -> list[RawFile]:
     for key, info in sorted(entries.items()):
         if info.get("type", "file") == "file" and file_format(key) and key.startswith(prefix):
             name = key[len(prefix):]
-            files.append(_remote_file(urlmod.child(base, name), name, info))
+            files.append(_remote_file(_child(base, name), name, info))
     return files
 
 
