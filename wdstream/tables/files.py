@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError
 from wdstream.printable import printable
+from wdstream.sources import s3_objects
 from wdstream.sources import urls as urlmod
 
 # name ending -> format; a folder listing takes every ending but ".json" (folders beside
@@ -183,9 +184,12 @@ def describe(url: str, name: str | None = None) -> RawFile:
             return _local_file(url, path, name)
         except OSError as exc:
             raise _failure(url, exc) from exc
-    fs, key = _filesystem(url)
     try:
-        info = fs.info(key)
+        if s3_objects.is_object_url(url):  # the reader's own client: no s3fs in a worker
+            info = s3_objects.head(url)
+        else:
+            fs, key = _filesystem(url)
+            info = fs.info(key)
     except Exception as exc:
         raise _failure(url, exc) from exc
     return _remote_file(url, name, info)
