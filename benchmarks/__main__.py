@@ -25,7 +25,8 @@ from pathlib import Path
 
 from . import common
 
-BENCHMARKS = ("pack", "read", "mosaic", "link", "manifest", "resume", "llm", "compressed")
+BENCHMARKS = ("pack", "read", "mosaic", "link", "manifest", "resume", "llm", "compressed",
+              "raw_files")
 RESULTS = common.REPO / "docs" / "benchmarks-results.md"
 HIDDEN = {"table", "note"}
 

@@ -22,6 +22,7 @@ Examples:
   wdstream index ./shards --workers 8
   wdstream index --merge s3://b/ds/index.part-{000..003}-of-004.json --output s3://b/ds/
   wdstream index --merge s3://b/set-a/index.json gs://c/set-b/index.json --output s3://b/all/
+  wdstream index s3://data/jsonl/ --output s3://mine/jsonl-index.json   # JSON Lines files
 """
 
 
@@ -39,7 +40,9 @@ def _refuse_existing(prefix: str, overwrite: bool) -> None:
 @click.argument("sources", nargs=-1, required=True, metavar="PREFIX | MANIFEST...")
 @click.option("--merge", is_flag=True,
               help="Join the manifests given (URLs of .json files or prefixes) into one.")
-@click.option("--output", "-o", metavar="PREFIX", help="Where the merged index.json goes (--merge).")
+@click.option("--output", "-o", metavar="PREFIX | URL",
+              help="Where the merged index.json goes (--merge), or the unit index of the JSON "
+                   "Lines files under a source (a file or object anywhere).")
 @click.option("--workers", type=int, default=8, show_default=True, metavar="N",
               help="Shards read at a time.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index.json.")
@@ -49,11 +52,16 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     """Write PREFIX/index.json for the shards under PREFIX (*.tar, *.tar.gz/*.tgz, *.tar.zst,
     *.tar.bz2, *.tar.xz; from wdstream, webdataset's ShardWriter, GNU tar...), or with --merge
     join manifests, such as the parts of a
-    'wdstream pack --part' run, into OUTPUT/index.json."""
+    'wdstream pack --part' run, into OUTPUT/index.json. With --output and no --merge, write
+    to OUTPUT the unit index of the JSON Lines files under SOURCE (their line-aligned ranges
+    and row counts: StreamingDataset(SOURCE, index=OUTPUT) then reads none of them to plan)."""
     from wdstream.shards.manifest import write_manifest
 
     start = time.monotonic()
     strays = None
+    if output and not merge:
+        _index_raw_files(sources, output, overwrite, quiet)
+        return
     if merge:
         from wdstream.shards.manifest import load_manifest
         from wdstream.write.merge import merge_parts
@@ -71,8 +79,6 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
         from wdstream.shards.samples import StrayCount
         from wdstream.sources.objects import list_files
 
-        if output:
-            raise InputError("--output is for --merge; the manifest goes under PREFIX")
         if len(sources) != 1:
             raise InputError(f"give one PREFIX to index (got {len(sources)}), or use --merge")
         if workers < 1:
@@ -103,3 +109,27 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     if strays is not None and strays.count:
         rows.append(("stray members", f"{strays.describe()} skipped: no sample holds them"))
     print_pairs([*rows, ("manifest", url)])
+
+
+def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None:
+    """The unit index of the JSON Lines files under ``sources[0]``, written to ``output``."""
+    from wdstream.sources.objects import exists
+    from wdstream.tables.files import find_files
+    from wdstream.tables.index import write_index
+    from wdstream.tables.reads import Access
+    from wdstream.tables.units import plan_files
+
+    if len(sources) != 1:
+        raise InputError(f"give one SOURCE to index (got {len(sources)})")
+    if not overwrite and exists(output):
+        raise InputError(f"{output} already exists; use --overwrite to replace it")
+    files = [f for f in find_files(sources[0]) if f.format == "jsonl"]
+    if not files:
+        raise InputError(f"{sources[0]}: no JSON Lines files to index (Parquet and Arrow files "
+                         "are planned from their own metadata)")
+    plans = plan_files(files, Access())
+    write_index(output, files, plans)
+    if not quiet:
+        print_pairs([("files", str(len(files))),
+                     ("rows", str(sum(u.rows for p in plans for u in p.units))),
+                     ("units", str(sum(len(p.units) for p in plans))), ("index", output)])

@@ -63,12 +63,17 @@ def ls_command(ctx, url, scan, workers, allow_external_shards, as_json, quiet):
     or those the pattern names, are listed and read to count their samples; the output says
     so, and names the kinds of other files it left out. A shard that
     cannot be read is reported and makes the exit code 1.
+
+    Raw files (Parquet, JSON Lines, Arrow: a folder of them, a pattern or a file) are listed
+    per file: format, units (row groups...), rows and size.
     """
     from wdstream.inspection.summary import describe
-    from wdstream.shards.locate import find_shards
 
     # the manifest, or a listing; no shard is read yet
-    found = find_shards(url, allow_external_shards=allow_external_shards)
+    found = _shards(url, allow_external_shards)
+    if found is None:
+        _ls_raw(ctx, url, as_json)
+        return
     enabled = scan and found.manifest is None and show_progress(quiet)
     with progress_bar(_known_total(found.sizes), description="scanning",
                       enabled=enabled) as advance:
@@ -81,6 +86,42 @@ def ls_command(ctx, url, scan, workers, allow_external_shards, as_json, quiet):
         for shard in summary.problems:
             click.echo(printable(f"{shard.name}: {shard.problem}"), err=True)
         ctx.exit(1)
+
+
+def _shards(url: str, allow_external_shards: bool):
+    """The shards ``url`` names, or None when it names raw files (Parquet, JSON Lines, Arrow)
+    or a folder holding neither a manifest nor shards."""
+    from wdstream.shards.locate import NoShardsError, find_shards
+    from wdstream.tables.files import names_raw_files
+
+    if names_raw_files(url):
+        return None
+    try:
+        return find_shards(url, allow_external_shards=allow_external_shards)
+    except NoShardsError:
+        return None
+
+
+def _ls_raw(ctx, url: str, as_json: bool) -> None:
+    """``ls`` of raw files: per file its format, units (row groups...), rows and bytes."""
+    from wdstream.inspection.raw_files import raw_units, summarize, summary_dict
+
+    files = summarize(raw_units(url))
+    summary = summary_dict(url, files)
+    if as_json:
+        print_json(summary)
+        return
+    print_pairs([("dataset", url), ("raw files", ", ".join(summary["formats"])),
+                 ("files", f"{len(files):,}"), ("units", f"{summary['units']:,}"),
+                 ("samples", f"{summary['samples']:,}"),
+                 ("bytes", f"{summary['bytes']:,} ({_size(summary['bytes'])})")])
+    click.echo()
+    print_table([("file", "left"), ("format", "left"), ("units", "right"), ("rows", "right"),
+                 ("size", "right")],
+                [[f.name, f.format, f"{f.units:,}", f"{f.rows:,}", _size(f.bytes)]
+                 for f in files],
+                footer=["total", "", f"{summary['units']:,}", f"{summary['samples']:,}",
+                        _size(summary["bytes"])])
 
 
 def _known_total(sizes) -> int | None:
@@ -157,11 +198,16 @@ def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_js
     Prints what is wrong with each damaged shard and exits 1 if any is. Without a manifest
     there is nothing to compare with: each shard is parsed (as with --deep) and the output
     says so.
+
+    Raw files (Parquet, JSON Lines, Arrow) are read whole: every unit's rows parsed and
+    counted, every file checked unchanged since its metadata was read.
     """
     from wdstream.inspection.verification import verify
-    from wdstream.shards.locate import find_shards
 
-    found = find_shards(url, allow_external_shards=allow_external_shards)
+    found = _shards(url, allow_external_shards)
+    if found is None:
+        _verify_raw(ctx, url, workers, opener, as_json, quiet)
+        return
     with progress_bar(_known_total(found.sizes), description="verifying",
                       enabled=show_progress(quiet)) as advance:
         report = verify(found, deep=deep, workers=workers, opener=opener, progress=advance)
@@ -170,6 +216,30 @@ def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_js
     else:
         _print_report(report)
     if not report.ok:
+        ctx.exit(1)
+
+
+def _verify_raw(ctx, url: str, workers: int, opener, as_json: bool, quiet: bool) -> None:
+    """``verify`` of raw files: every unit read whole, every row parsed, each file checked
+    unchanged since its metadata was read."""
+    from wdstream.inspection.raw_files import check_units, raw_units, summary_dict
+
+    table = raw_units(url, opener)
+    with progress_bar(sum(f.size for f in table.files), description="verifying",
+                      enabled=show_progress(quiet)) as advance:
+        files = check_units(table, workers=workers, opener=opener, progress=advance)
+    problems = [f for f in files if f.problem]
+    if as_json:
+        print_json(summary_dict(url, files) | {"ok": not problems})
+    else:
+        for file in problems:
+            click.echo(printable(f"{file.name}: {file.problem}"))
+        checked = "metadata, unchanged, every row read"
+        rows = sum(f.rows for f in files)
+        click.echo(f"FAILED: {len(problems):,} of {plural(len(files), 'file')} have problems "
+                   f"({checked})" if problems else
+                   f"OK: {plural(len(files), 'file')}, {rows:,} rows ({checked})")
+    if problems:
         ctx.exit(1)
 
 
@@ -219,6 +289,7 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_ext
 
     Each line holds __key__, __url__ and one entry per member: decoded .json/.txt/.cls, and
     binary members as their size ({"jpg": {"bytes": 1234}}) or, with --base64, their bytes.
+    Raw files' rows are printed as their columns (--fields names columns).
     """
     from wdstream.inspection.raw_samples import read_samples, sample_to_json
 
@@ -228,13 +299,20 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_ext
         if not field_list:
             raise click.BadParameter("give at least one extension, e.g. json,txt",
                                      param_hint="--fields")
+    found = _shards(url, allow_external_shards)
+    if found is None:
+        from wdstream.inspection.raw_files import iter_rows, raw_units, row_to_json
+
+        lines = (row_to_json(row, fields=field_list, base64_bytes=base64_bytes)
+                 for row in iter_rows(raw_units(url, opener), key=key, limit=count,
+                                      opener=opener))
+    else:
+        lines = (sample_to_json(sample, fields=field_list, decode=decode,
+                                base64_bytes=base64_bytes)
+                 for sample in read_samples(found, key=key, limit=count, opener=opener))
     try:
-        for sample in read_samples(url, key=key, limit=count, opener=opener,
-                                   allow_external_shards=allow_external_shards):
-            line = printable_json(json.dumps(
-                sample_to_json(sample, fields=field_list, decode=decode,
-                               base64_bytes=base64_bytes),
-                ensure_ascii=False, default=str))
+        for value in lines:
+            line = printable_json(json.dumps(value, ensure_ascii=False, default=str))
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
     except BrokenPipeError:

@@ -12,6 +12,11 @@ from wdstream.shards.manifest import Manifest, ManifestNotFoundError, load_manif
 from wdstream.sources import urls as urlmod
 
 
+class NoShardsError(ManifestError):
+    """A prefix with neither a manifest nor shard files (it may hold raw files, which
+    ``StreamingDataset`` streams where they lie)."""
+
+
 @dataclass
 class Shards:
     """The shards a source names, in order, and the manifest if there is one.
@@ -72,7 +77,7 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
         others = not_shard_kinds(url for url, _ in everything if not is_shard_name(url))
         if not listed:
             kinds = f" (found: {', '.join(sorted(others))})" if others else ""
-            raise ManifestError(f"{source}: no index.json and no .tar shards (nor .tar.gz, "
+            raise NoShardsError(f"{source}: no index.json and no .tar shards (nor .tar.gz, "
                                 f".tgz, .tar.zst, .tar.bz2, .tar.xz) there{kinds}") from error
         return Shards(
             source,

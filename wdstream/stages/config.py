@@ -46,7 +46,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from wdstream.errors import InputError, StreamError, WdstreamError
+from wdstream.errors import InputError, ManifestError, StreamError, WdstreamError
 from wdstream.printable import printable
 from wdstream.shards.names import outside_prefix
 from wdstream.sources import urls
@@ -178,29 +178,51 @@ def _entries(config: Mapping, top: dict, report: Report) -> list[tuple[str, obje
 
 def _source(entry: dict, origin: _Origin | None, label: str):
     """What ``StreamingDataset`` reads for an entry: the path, its subset and split folders,
-    or its data files; and the source's default name."""
+    or its data files; and the source's default name. Without ``data_files`` a split is
+    also looked for as the Hugging Face Hub names its files (``<name>/<split>-*.parquet``):
+    the third value is those patterns, read when the split's folder holds nothing."""
     path = _resolve(entry["path"], origin, f"{label}: 'path'")
+    hub = None
     for key in ("name", "split"):
         if key in entry:
-            path = _subfolder(path, _below(entry[key], origin, f"{label}: {key!r}"))
+            below = _below(entry[key], origin, f"{label}: {key!r}")
+            if key == "split":
+                folder = path.rstrip("/") + "/"
+                hub = [urls.join(folder, f"{below}-*"), urls.join(folder, f"{below}.*")]
+            path = _subfolder(path, below)
     label = entry.get("label") or (path if ("name" in entry or "split" in entry)
                                    else entry["path"])
     files = entry.get("data_files")
     if files is None:
-        return path, label
+        return path, label, hub
     files = [_below(f, origin, f"{label}: 'data_files'")
              for f in ([files] if isinstance(files, str) else files)]
     joined = [urls.join(path.rstrip("/") + "/", f) for f in files]
     if len(joined) == 1 and joined[0].endswith(".json"):
-        return joined[0], label  # a manifest
-    return joined, label
+        return joined[0], label, None  # a manifest
+    return joined, label, None
+
+
+def _dataset(source, hub, **options):
+    """``StreamingDataset(source)``, or over the ``hub`` patterns when ``source`` (a split's
+    folder) holds no dataset."""
+    from wdstream.stream.dataset import StreamingDataset
+
+    try:
+        return StreamingDataset(source, **options)
+    except (ManifestError, StreamError) as error:
+        if hub is None or getattr(error, "transient", False):
+            raise
+        try:
+            return StreamingDataset(hub, **options)
+        except ManifestError:
+            raise error from None
 
 
 def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
     from wdstream.stages.mix import Mix
     from wdstream.stages.schedule import mixture_weights
     from wdstream.stages.sequences import PackedSequences
-    from wdstream.stream.dataset import StreamingDataset
 
     if not isinstance(config, Mapping):
         raise InputError(f"{where}: a config is a mapping with a 'datasets' list, not "
@@ -227,7 +249,7 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
     datasets, weights, names, fields = [], [], [], []
     for label, entry in checked:
         try:
-            source, name = _source(entry, origin, label)
+            source, name, hub = _source(entry, origin, label)
         except InputError as error:
             report.error(label, str(error).removeprefix(f"{label}: "))
             continue
@@ -241,8 +263,8 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
             "remainder": entry.get("remainder", "drop"),
         }
         try:
-            datasets.append(StreamingDataset(source, allow_external_shards=allow_external_shards,
-                                             **options))
+            datasets.append(_dataset(source, hub, allow_external_shards=allow_external_shards,
+                                     **options))
         except StreamError as error:
             if error.transient:
                 raise

@@ -41,7 +41,7 @@ from wdstream.stream.plan import (
     window_order,
 )
 from wdstream.stream.positioned import PositionedDataset
-from wdstream.stream.read import ReadOptions, ReadStats, SpanReader
+from wdstream.stream.read import ReadOptions, ReadStats
 from wdstream.stream.resolve import resolve_source
 from wdstream.stream.shm import CAN_MAP_FILES, FileSpan, read_target
 from wdstream.stream.shuffle import window_chunks
@@ -50,6 +50,8 @@ from wdstream.stream.window import (
     DEFAULT_SHUFFLE_START,
     bounded_window,
 )
+from wdstream.tables.reads import Access
+from wdstream.tables.units import RawOptions, UnitTable
 
 # importable from here too, as before the contract had a module of its own
 __all__ = ["IterationSpec", "PositionedDataset", "StreamingDataset", "world_info"]
@@ -78,7 +80,24 @@ def _check_options(given: dict) -> dict:
         "retries": options.integer(owner, "retries", given["retries"], minimum=0),
         "timeout": options.number(owner, "timeout", given["timeout"], positive=True),
         "retry_backoff": options.number(owner, "retry_backoff", given["retry_backoff"]),
+        "raw": _raw_options(owner, given["columns"], given["key_column"], given["index"]),
     }
+
+
+def _raw_options(owner: str, columns, key_column, index) -> RawOptions:
+    """``columns`` (a list of names, or None), ``key_column`` (a name, or None) and ``index``
+    (a URL, or None) checked."""
+    if columns is not None:
+        if isinstance(columns, str) or not isinstance(columns, Sequence) or not columns or \
+                not all(isinstance(c, str) and c for c in columns):
+            raise OptionError(f"{owner}: columns must be a non-empty list of column names, got "
+                              f"{columns!r}")
+        columns = tuple(columns)
+    if key_column is not None and (not isinstance(key_column, str) or not key_column):
+        raise OptionError(f"{owner}: key_column must be a column name, got {key_column!r}")
+    if index is not None and not isinstance(index, str | os.PathLike):
+        raise OptionError(f"{owner}: index must be the URL of a unit index, got {index!r}")
+    return RawOptions(columns, key_column, None if index is None else os.fspath(index))
 
 
 def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
@@ -170,6 +189,16 @@ class StreamingDataset(PositionedDataset):
     ``share_manifest``: a large manifest is parsed once per node and the other processes map
     its arrays (True, or a directory of this user; see ``wdstream.shards.shared``); False:
     each process parses its own.
+
+    Raw files are streamed where they lie, with the same plan and resume: a folder of
+    Parquet (``.parquet``), JSON Lines or Arrow files (at any depth), a pattern
+    (``s3://b/data/train-*.parquet``), a file or a list of them. Their units (Parquet row
+    groups...) take the place of shards, counted from the files' metadata when the dataset is
+    built. A sample is a dict of the row's columns (``columns``: only those are read) with
+    ``__key__`` (``"path/in/source.parquet:ROW"``, or the value of ``key_column``) and
+    ``__url__``. A file changed since then is an error (``ShardMismatchError``). JSON Lines
+    files are counted by reading them once, unless ``index`` names the unit index that
+    ``wdstream index SOURCE --output URL`` wrote for them. See docs/raw-files.md.
     """
 
     _epoch_samples: int | None = None  # epoch_samples(), once known
@@ -197,15 +226,22 @@ class StreamingDataset(PositionedDataset):
         cache_limit: int | str | None = None,
         allow_external_shards: bool = False,
         share_manifest: bool | str | os.PathLike = True,
+        columns: Sequence[str] | None = None,
+        key_column: str | None = None,
+        index: str | os.PathLike | None = None,
     ):
         super().__init__()
         checked = _check_options(locals())  # every option, before any I/O
         self.source = source
-        resolved = resolve_source(source, bool(allow_external_shards), share_manifest)
+        resolved = resolve_source(source, bool(allow_external_shards), share_manifest,
+                                  checked["raw"], Access(None if opener == "auto" else opener,
+                                                         checked["timeout"]))
         self.shards = resolved.table
         self.manifest = resolved.manifest
+        self.totals = resolved.totals  # samples and bytes, when known
+        self.reader = resolved.reader
         _check_opener(checked["opener"], self.shards.urls)
-        window = bounded_window(checked["shuffle_window"], shuffle_bytes, self.manifest)
+        window = bounded_window(checked["shuffle_window"], shuffle_bytes, self.totals)
         self.options = PlanOptions(seed=checked["seed"], shuffle=checked["shuffle"],
                                    window=window if shuffle else 1, remainder=remainder,
                                    start=checked["shuffle_start"])
@@ -216,7 +252,8 @@ class StreamingDataset(PositionedDataset):
                                         **_cache_options(cache_dir, cache_limit))
         self.decode = decode
         images = decode_option(decode)
-        self.decoders = build_decoders(decoders, images) if decode else None
+        raw = isinstance(self.shards, UnitTable)  # rows are values already: nothing to decode
+        self.decoders = build_decoders(decoders, images) if decode and not raw else None
         self.map = map
 
     # ---- sizes --------------------------------------------------------------------------
@@ -254,6 +291,8 @@ class StreamingDataset(PositionedDataset):
         as they keep the order."""
         if self.manifest is not None:
             data = self.manifest.fingerprint()
+        elif isinstance(self.shards, UnitTable):
+            data = self.shards.fingerprint()
         else:
             data = hashlib.sha256("\n".join(self.shards.urls).encode()).hexdigest()[:16]
         o = self.options
@@ -279,8 +318,8 @@ class StreamingDataset(PositionedDataset):
         after the samples before it."""
         position = start
         stats = spec.context.stats if spec.context is not None else ReadStats()
-        manifest = self.manifest
-        size = chunk_size(manifest.samples, manifest.bytes) if manifest is not None else 1
+        totals = self.totals
+        size = chunk_size(totals.samples, totals.bytes) if totals is not None else 1
         chunks = self._sample_chunks(spec, stream, start, stats, size)
         decoders, mapper = self.decoders, self.map
         if spec.shared_payloads and spec.context is not None and mapper is None and \
@@ -338,8 +377,8 @@ class StreamingDataset(PositionedDataset):
             first = max(skip + spec.batch_size, schedule.size(first_window))
             plan = self.plan(spec.epoch, spec.world, spec.workers, spec.history)
             spans = drop_first(plan.stream_spans(spec.rank, stream), begin)
-            samples = SpanReader(spans, self.shards, self.read_options, stats, target,
-                                 first_samples=first)
+            samples = self.reader(spans, self.shards, self.read_options, stats, target,
+                                  first_samples=first)
             o, segment = self.options, plan.segment
             del plan  # the order needs a few integers, not the epoch's arrays
 
@@ -357,7 +396,7 @@ class StreamingDataset(PositionedDataset):
                     "unequal batches); run `wdstream index` on the shards' prefix")
             spans = shard_streams(len(self.shards.urls), o.seed, spec.epoch, o.shuffle,
                                   spec.world, spec.workers, spec.rank, stream)
-            samples = SpanReader(spans, self.shards, self.read_options, stats, target)
+            samples = self.reader(spans, self.shards, self.read_options, stats, target)
             samples = islice(samples, begin, None)
 
             def order(index, size):

@@ -94,11 +94,21 @@ def is_data_failure(error: WdstreamError) -> bool:
         isinstance(error, StreamError) and not isinstance(error, AccessError))
 
 
-def _is_transient(error: WdstreamError) -> bool:
+def is_transient(error: WdstreamError) -> bool:
     # A shard that ends early or parses badly may be a connection cut short; retrying a truly
     # corrupt shard costs a few seconds and then fails with the same clear error. A shard that
     # is not the one the manifest describes is not retried (ShardMismatchError).
     return getattr(error, "transient", isinstance(error, ShardError))
+
+
+def wait_to_retry(error: WdstreamError, attempt: int, options: ReadOptions,
+                  stats: ReadStats) -> None:
+    """Count retry number ``attempt`` of a read that failed with ``error``, say so, and wait
+    its backoff (``options.backoff``, doubled each attempt)."""
+    stats.retries += 1
+    delay = options.backoff * 2 ** (attempt - 1)
+    log.warning("%s; retry %d of %d in %.1f s", error, attempt, options.retries, delay)
+    time.sleep(delay)
 
 
 def _skip(spans: list[Span], count: int) -> list[Span]:
@@ -213,15 +223,11 @@ class SpanReader:
                 return
             except WdstreamError as error:
                 delivered = self._delivered
-                if not _is_transient(error) or attempt >= self.options.retries:
+                if not is_transient(error) or attempt >= self.options.retries:
                     yield from self._give_up(url, visit, delivered, error, attempt)
                     return
                 attempt += 1
-                self.stats.retries += 1
-                delay = self.options.backoff * 2 ** (attempt - 1)
-                log.warning("%s; retry %d of %d in %.1f s", error, attempt,
-                            self.options.retries, delay)
-                time.sleep(delay)
+                wait_to_retry(error, attempt, self.options, self.stats)
 
     def _give_up(self, url, visit, delivered, error, attempts) -> Iterator[list]:
         """Raise, or (``on_error="skip"``) record the shard and yield one None per sample

@@ -1,35 +1,69 @@
-"""A ``StreamingDataset``'s source resolved into its shard table (URLs, and with a manifest
-the sample counts, sizes and identities the reader checks) and its manifest."""
+"""A ``StreamingDataset``'s source resolved into what its plan counts and its reader reads:
+a shard table (URLs, and with a manifest the sample counts, sizes and identities the reader
+checks) and its manifest, or a unit table of raw files (Parquet, JSON Lines, Arrow) read
+where they lie."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
+from wdstream.errors import ManifestError
 from wdstream.shards.compact import ShardArrays
-from wdstream.shards.locate import find_shards
+from wdstream.shards.locate import NoShardsError, find_shards
 from wdstream.shards.manifest import Manifest, check_shard_names
-from wdstream.stream.read import ShardTable
+from wdstream.stream.read import ShardTable, SpanReader
+from wdstream.stream.unit_read import UnitReader
+from wdstream.tables.files import NoFilesError, find_files, names_raw_files
+from wdstream.tables.reads import Access
+from wdstream.tables.units import RawOptions, UnitTable, plan_units
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
 
 @dataclass(frozen=True)
 class ResolvedSource:
-    table: ShardTable
+    """``table``: what the plan counts (``samples``) and ``reader`` reads (``SpanReader``
+    over shards, ``UnitReader`` over raw files' units); ``totals``: the source's samples
+    and bytes when known (a manifest, a unit table)."""
+
+    table: ShardTable | UnitTable
     manifest: Manifest | None
+    reader: type = SpanReader
+
+    @property
+    def totals(self):
+        if self.manifest is not None:
+            return self.manifest
+        return self.table.totals if isinstance(self.table, UnitTable) else None
 
 
 def resolve_source(source, allow_external_shards: bool = False,
-                   share_manifest=False) -> ResolvedSource:
+                   share_manifest=False, raw: RawOptions | None = None,
+                   access: Access | None = None) -> ResolvedSource:
     """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
-    compressed tars), a brace pattern, or a list of shard URLs."""
+    compressed tars, or else its Parquet, JSON Lines and Arrow files), a brace pattern, or a
+    list of shard URLs; raw files, patterns of them or lists of those (read as ``raw`` says,
+    through ``access``)."""
+    raw, access = raw or RawOptions(), access or Access()
     if isinstance(source, Manifest):
         if source.url is not None:  # read from storage (load_manifest): its names are data
             check_shard_names(source, allow_external=allow_external_shards)
         return from_manifest(source)
-    found = find_shards(source, allow_external_shards=allow_external_shards,
-                        share_manifest=share_manifest)
+    if names_raw_files(source):
+        return from_raw_files(source, raw, access)
+    try:
+        found = find_shards(source, allow_external_shards=allow_external_shards,
+                            share_manifest=share_manifest)
+    except NoShardsError as error:
+        try:
+            return from_raw_files(source, raw, access)
+        except NoFilesError:
+            raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files below it"
+                                ) from error
+    if raw != RawOptions():
+        raise ManifestError(f"{source}: columns, key_column and index are for raw files "
+                            "(Parquet, JSON Lines, Arrow); these are shards")
     if found.manifest is not None:
         return from_manifest(found.manifest)
     if found.how == "listing":
@@ -42,6 +76,12 @@ def resolve_source(source, allow_external_shards: bool = False,
             log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
     sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
     return ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
+
+
+def from_raw_files(source, raw: RawOptions, access: Access) -> ResolvedSource:
+    """Raw files streamed where they lie: their units planned from their metadata."""
+    name = ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
+    return ResolvedSource(plan_units(name, find_files(source), raw, access), None, UnitReader)
 
 
 def from_manifest(manifest: Manifest) -> ResolvedSource:

@@ -1,0 +1,220 @@
+"""Parquet where it lies: wdstream against Hugging Face ``datasets`` streaming and a bare
+pyarrow loop, on the same files, local and from a moto S3 server.
+
+- zstd Parquet of ~1 KiB text rows, and of a pre-tokenized 2,048-token ``input_ids`` column;
+  2 workers, batch 32, shuffle on (each library's default way of shuffling a stream: a
+  ``datasets`` shuffle buffer of 1,000 rows).
+- rows/s of ``wdstream.StreamingDataset`` ÷ ``load_dataset("parquet", streaming=True)`` in a
+  torch ``DataLoader`` with the same workers (goal ≥ 2), ÷ a bare
+  ``pyarrow.parquet.ParquetFile.iter_batches`` loop over the same files in one process (the
+  limit; goal ≥ 0.8), and the pre-tokenized tokens/s per worker (goal ≥ 50 M).
+- the time to build a dataset over many small Parquet files on the S3 server (footers only,
+  32 in flight) and the builder's peak memory.
+LitData's Parquet streaming is a peer where it installs beside torch; it is named as skipped
+otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from . import common
+from .common import quiet_logs, ratio
+from .read import goal
+
+TITLE = "Parquet, JSON Lines and Arrow files where they lie"
+WORKERS = 2
+BATCH = 32
+SEED = 17
+TOKENS = 2048
+
+FULL = {"text_rows": 400_000, "token_rows": 8_000, "files": 8, "plan_files": 10_000}
+QUICK = {"text_rows": 40_000, "token_rows": 1_000, "files": 4, "plan_files": 500}
+
+T_ROWS = "rows/s, 2 workers, batch 32, shuffle on (medians)"
+T_PLAN = "building a dataset over many small Parquet files on the S3 server (footers only)"
+T_GOALS = "goals (issue 34)"
+
+
+# =========================================================================== cases (child side)
+
+
+def case_wdstream(source: str, column: str, expected: int) -> dict:
+    import wdstream
+
+    quiet_logs()
+    started = common.start_clock()
+    dataset = wdstream.StreamingDataset(source, columns=[column], seed=SEED)
+    loader = wdstream.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
+    return common.consume(loader, started, expected)
+
+
+def case_hf(files: list[str], column: str, expected: int) -> dict:
+    import torch.utils.data
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    quiet_logs()
+    started = common.start_clock()
+    stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True,
+                                   columns=["id", column]).shuffle(seed=SEED, buffer_size=1000)
+    loader = torch.utils.data.DataLoader(stream, batch_size=BATCH, num_workers=WORKERS)
+    rows = sum(len(batch["id"]) for batch in loader)  # a list column is collated per position
+    if rows != expected:
+        raise RuntimeError(f"read {rows} rows, expected {expected}")
+    return {"samples": rows, "seconds": time.perf_counter() - started}
+
+
+def case_pyarrow(files: list[str], column: str, expected: int) -> dict:
+    import pyarrow.parquet as pq
+
+    started = common.start_clock()
+    rows = 0
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=[column]):
+            rows += batch.num_rows
+    seconds = time.perf_counter() - started
+    if rows != expected:
+        raise RuntimeError(f"read {rows} rows, expected {expected}")
+    return {"samples": rows, "seconds": seconds}
+
+
+def case_litdata(files: list[str], column: str, expected: int) -> dict:
+    try:
+        import litdata  # noqa: F401
+    except ImportError as error:
+        raise common.Skip(f"litdata is not installed ({error})") from None
+    raise common.Skip("litdata is installed; its Parquet case is not written yet")
+
+
+def case_plan(url: str, files: int) -> dict:
+    import wdstream
+
+    quiet_logs()
+    started = common.start_clock()
+    dataset = wdstream.StreamingDataset(url)
+    seconds = time.perf_counter() - started
+    if len(dataset.shards.files) != files:
+        raise RuntimeError(f"found {len(dataset.shards.files)} files, expected {files}")
+    return {"samples": len(dataset), "seconds": seconds}
+
+
+# =========================================================================== data and rows
+
+
+def _write(folder: Path, name: str, rows: int, files: int, make) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, per_file = [], -(-rows // files)
+    for index in range(files):
+        count = min(per_file, rows - index * per_file)
+        path = folder / f"{name}-{index:05d}.parquet"
+        pq.write_table(pa.table(make(index * per_file, count)), path, compression="zstd",
+                       row_group_size=10_000 if name == "text" else 500)
+        paths.append(str(path))
+    return paths
+
+
+def _text(first: int, count: int) -> dict:
+    words = common._text_source()
+    return {"id": list(range(first, first + count)),
+            "text": [words[(i * 97) % 60_000:][:1000] for i in range(first, first + count)]}
+
+
+def _tokens(first: int, count: int) -> dict:
+    import numpy as np
+    import pyarrow as pa
+
+    ids = np.arange(count * TOKENS, dtype=np.int32) % 50_000
+    offsets = np.arange(0, (count + 1) * TOKENS, TOKENS, dtype=np.int32)
+    return {"id": list(range(first, first + count)),
+            "input_ids": pa.ListArray.from_arrays(offsets, ids)}
+
+
+def _row(where: str, data: str, name: str, result: dict) -> dict:
+    return {"table": T_ROWS, "storage": where, "data": data, "reader": name,
+            "rows/s": _speed(result), "peak RSS MB": result.get("peak_rss_mb"),
+            "error": result.get("error")}
+
+
+def _read_rows(where: str, sets: dict, env: dict | None) -> tuple[list[dict], dict]:
+    here = "benchmarks.raw_files:"
+    cases = {}
+    for data, (source, files, column, rows) in sets.items():
+        args = {"column": column, "expected": rows}
+        cases[(data, "wdstream")] = (here + "case_wdstream", {"source": source, **args}, env)
+        cases[(data, "datasets streaming")] = (here + "case_hf", {"files": files, **args}, env)
+        if env is None:  # the bare loop and LitData read local files
+            cases[(data, "pyarrow iter_batches")] = (here + "case_pyarrow",
+                                                     {"files": files, **args})
+            cases[(data, "litdata")] = (here + "case_litdata", {"files": files, **args})
+    results = common.repeat({f"{where} {k[0]} {k[1]}": v for k, v in cases.items()},
+                            progress=common.log)
+    rows, found = [], {}
+    for (data, name) in cases:
+        result = results[f"{where} {data} {name}"]
+        found[(data, name)] = result
+        rows.append(_row(where, data, name, result))
+    return rows, found
+
+
+def _speed(result: dict | None) -> float | None:
+    if not result or "seconds" not in result:
+        return None
+    return result["samples"] / result["seconds"]
+
+
+def run(quick: bool) -> list[dict]:
+    sizes = QUICK if quick else FULL
+    rows, goals = [], []
+    with common.scratch() as root:
+        text = _write(root / "text", "text", sizes["text_rows"], sizes["files"], _text)
+        tokens = _write(root / "tokens", "tokens", sizes["token_rows"], sizes["files"], _tokens)
+        local = {"~1 KiB text": (str(root / "text"), text, "text", sizes["text_rows"]),
+                 "2,048 tokens": (str(root / "tokens"), tokens, "input_ids",
+                                  sizes["token_rows"])}
+        found, results = _read_rows("local", local, None)
+        rows += found
+        with common.LocalS3(whole_once=True) as s3:
+            remote = {}
+            for data, (folder, files, column, count) in local.items():
+                url = s3.upload(folder, "bench", Path(folder).name)
+                remote[data] = (url, [url + Path(f).name for f in files], column, count)
+            found, s3_results = _read_rows("s3", remote, s3.env)
+            rows += found
+            plan_url = _many_files(s3, root / "many", sizes["plan_files"])
+            plan = common.repeat({"plan": ("benchmarks.raw_files:case_plan",
+                                           {"url": plan_url, "files": sizes["plan_files"]},
+                                           s3.env)}, progress=common.log)["plan"]
+        rows.append({"table": T_PLAN, "files": sizes["plan_files"], "seconds": plan.get("seconds"),
+                     "peak RSS MB": plan.get("peak_rss_mb"), "error": plan.get("error")})
+        for where, found in (("local", results), ("s3", s3_results)):
+            wd = _speed(found.get(("~1 KiB text", "wdstream")))
+            goals.append(goal(f"{where}: wdstream ÷ datasets streaming, text rows/s",
+                              ratio(wd, _speed(found.get(("~1 KiB text", "datasets streaming")))),
+                              2, table=T_GOALS))
+        arrow = _speed(results.get(("2,048 tokens", "pyarrow iter_batches")))
+        tokens_wd = _speed(results.get(("2,048 tokens", "wdstream")))
+        goals.append(goal("local: wdstream ÷ pyarrow iter_batches, token rows/s",
+                          ratio(tokens_wd, arrow), 0.8, table=T_GOALS))
+        goals.append(goal("local: pre-tokenized M tokens/s per worker",
+                          tokens_wd * TOKENS / WORKERS / 1e6 if tokens_wd else None, 50,
+                          table=T_GOALS))
+    return rows + goals
+
+
+def _many_files(s3, folder: Path, count: int) -> str:
+    """``count`` small Parquet files (100 rows, 2 row groups each) on the S3 server."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"id": list(range(100)), "text": ["x" * 100] * 100})
+    for index in range(count):
+        pq.write_table(table, folder / f"part-{index:05d}.parquet", row_group_size=50)
+    return s3.upload(folder, "bench", "many")

@@ -1,0 +1,231 @@
+"""Finding the raw files of a source (Parquet, JSON Lines, Arrow IPC) and what each is now:
+its size and a tag that changes with its content (S3's ETag, GCS's generation, a local
+file's modification time), so that a file changed since the plan is noticed."""
+
+from __future__ import annotations
+
+import glob as globmod
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from wdstream.errors import InputError, ManifestError
+from wdstream.printable import printable
+from wdstream.sources import s3_objects
+from wdstream.sources import urls as urlmod
+
+# name ending -> format; a folder listing takes every ending but ".json" (folders beside
+# Arrow files hold ``dataset_info.json``, shard folders ``index.json``), which counts as
+# JSON Lines when named, or matched by a pattern, explicitly.
+SUFFIXES = {
+    ".parquet": "parquet", ".arrow": "arrow",
+    ".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".jsonl.zst": "jsonl",
+    ".ndjson": "jsonl", ".ndjson.gz": "jsonl", ".ndjson.zst": "jsonl",
+    ".json": "jsonl", ".json.gz": "jsonl", ".json.zst": "jsonl",
+}
+_NAMED_ONLY = (".json", ".json.gz", ".json.zst")
+GLOB_CHARACTERS = "*?["
+LOOKUPS_IN_FLIGHT = 32  # metadata requests at once when files are named one by one
+
+
+class NoFilesError(ManifestError):
+    """A source under which no Parquet, JSON Lines or Arrow file was found."""
+
+
+@dataclass(frozen=True)
+class RawFile:
+    """A file to stream: ``name`` is its path relative to the source (what keys and
+    messages show), ``tag`` what identifies its content besides its size."""
+
+    url: str
+    name: str
+    size: int
+    tag: str
+
+    @property
+    def format(self) -> str:
+        return file_format(self.name)
+
+
+def file_format(name: str) -> str | None:
+    """"parquet", "jsonl" or "arrow" for a name with one of their endings, else None."""
+    lower = name.lower()
+    for suffix, kind in SUFFIXES.items():
+        if lower.endswith(suffix):
+            return kind
+    return None
+
+
+def names_raw_files(source) -> bool:
+    """Whether ``source`` (a URL, a pattern or a list) names raw files or patterns of them
+    rather than shards or a folder. One URL ending in ``.json`` is a manifest."""
+    if isinstance(source, str | os.PathLike) and os.fspath(source).lower().endswith(".json"):
+        return False
+    items = list(source) if isinstance(source, list | tuple) else [source]
+    return bool(items) and all(
+        isinstance(item, str | os.PathLike) and (
+            file_format(os.fspath(item)) is not None
+            or any(c in os.fspath(item) for c in GLOB_CHARACTERS))
+        for item in items)
+
+
+def find_files(source) -> list[RawFile]:
+    """The raw files of ``source``: a folder (every Parquet, JSON Lines and Arrow file under
+    it, at any depth, as the Hugging Face Hub lays out ``<name>/<split>-*.parquet``), a
+    pattern (``*``, ``?``, ``[...]``; ``**`` for any depth), a file, or a list of those.
+    Sorted by URL within each item, items in the order given."""
+    items = list(source) if isinstance(source, list | tuple) else [source]
+    found: list[RawFile] = []
+    named: list[str] = []
+    for item in items:
+        item = os.fspath(item)
+        if any(c in item for c in GLOB_CHARACTERS):
+            found.extend(_matching(item))
+        elif file_format(item) is not None:
+            named.append(item)
+        else:
+            found.extend(_under(item))
+    found.extend(_described(named))
+    if not found:
+        raise NoFilesError(f"{printable(', '.join(map(os.fspath, items)))}: no Parquet, "
+                           "JSON Lines or Arrow files there")
+    return found
+
+
+def _under(folder: str) -> list[RawFile]:
+    """Every raw file below ``folder`` (links on a local disk are not followed)."""
+    base = folder if folder.endswith("/") else folder + "/"
+    path = urlmod.to_local_path(folder)
+    if path is not None:
+        found = []
+        for root, _, names in os.walk(path or "."):
+            for name in names:
+                full = os.path.join(root, name)
+                relative = os.path.relpath(full, path or ".").replace(os.sep, "/")
+                if not os.path.islink(full) and _listed_kind(relative):
+                    found.append(_local_file(urlmod.child(base, relative), full, relative))
+        return sorted(found, key=_by_url)
+    fs, root = _filesystem(folder)
+    try:
+        entries = fs.find(root.rstrip("/"), detail=True)
+    except Exception as exc:
+        raise _failure(folder, exc) from exc
+    prefix = root.rstrip("/") + "/"
+    files = []
+    for key, info in entries.items():
+        if info.get("type", "file") != "file" or not key.startswith(prefix):
+            continue
+        name = key[len(prefix):]
+        if _listed_kind(name):
+            files.append(_remote_file(_child(base, name), name, info))
+    return sorted(files, key=_by_url)
+
+
+def _child(base: str, name: str) -> str:
+    """The URL of a listed name under ``base``: a name, never a URL of its own (fsspec chains
+    URLs at "::" but for s3:// and gs://)."""
+    if "::" in name and urlmod.scheme(base) not in ("s3", "gs"):
+        raise InputError(f"{printable(base)}: object {printable(repr(name))} cannot be read by "
+                         "name through fsspec ('::' chains URLs); rename it")
+    return urlmod.child(base, name)
+
+
+def _by_url(file: RawFile) -> str:
+    return file.url
+
+
+def _listed_kind(name: str) -> bool:
+    lower = name.lower()
+    return file_format(name) is not None and not lower.endswith(_NAMED_ONLY)
+
+
+def _matching(pattern: str) -> list[RawFile]:
+    """The raw files a pattern matches; names relative to the folder before its first
+    pattern character."""
+    head = pattern[:min(pattern.find(c) for c in GLOB_CHARACTERS if c in pattern)]
+    base = urlmod.parent(head + "x")
+    path = urlmod.to_local_path(pattern)
+    if path is not None:
+        root = urlmod.to_local_path(base) or "."
+        matches = [m for m in sorted(globmod.glob(path, recursive=True))
+                   if file_format(m) and os.path.isfile(m) and not os.path.islink(m)]
+        return [_local_file(m, m, os.path.relpath(m, root).replace(os.sep, "/"))
+                for m in matches]
+    fs, stripped = _filesystem(pattern)
+    try:
+        entries = fs.glob(stripped, detail=True)
+    except Exception as exc:
+        raise _failure(pattern, exc) from exc
+    prefix = fs._strip_protocol(base).rstrip("/") + "/"
+    files = []
+    for key, info in sorted(entries.items()):
+        if info.get("type", "file") == "file" and file_format(key) and key.startswith(prefix):
+            name = key[len(prefix):]
+            files.append(_remote_file(_child(base, name), name, info))
+    return files
+
+
+def _described(named: Sequence[str]) -> list[RawFile]:
+    """Files named one by one, with their sizes and tags looked up (many at once)."""
+    if not named:
+        return []
+    short = _short_names(named)
+    with ThreadPoolExecutor(min(LOOKUPS_IN_FLIGHT, len(named))) as pool:
+        return list(pool.map(describe, named, short))
+
+
+def describe(url: str, name: str | None = None) -> RawFile:
+    """``url`` as it is now: a ``RawFile`` with its current size and tag."""
+    name = name if name is not None else url.rsplit("/", 1)[-1]
+    path = urlmod.to_local_path(url)
+    if path is not None:
+        try:
+            return _local_file(url, path, name)
+        except OSError as exc:
+            raise _failure(url, exc) from exc
+    try:
+        if s3_objects.is_object_url(url):  # the reader's own client: no s3fs in a worker
+            info = s3_objects.head(url)
+        else:
+            fs, key = _filesystem(url)
+            info = fs.info(key)
+    except Exception as exc:
+        raise _failure(url, exc) from exc
+    return _remote_file(url, name, info)
+
+
+def _short_names(named: Sequence[str]) -> list[str]:
+    parents = {urlmod.parent(url) for url in named}
+    if len(parents) == 1:
+        parent = parents.pop()
+        return [url[len(parent):] for url in named]
+    return list(named)
+
+
+def _local_file(url: str, path: str, name: str) -> RawFile:
+    info = os.stat(path)
+    return RawFile(url, name, info.st_size, f"mtime:{info.st_mtime_ns}")
+
+
+def _remote_file(url: str, name: str, info: dict) -> RawFile:
+    size = info.get("size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InputError(f"{printable(url)}: the store gives no size for it")
+    for field in ("generation", "ETag", "etag", "VersionId", "LastModified", "mtime"):
+        value = info.get(field)
+        if value:
+            return RawFile(url, name, size, f"{field}:{value}")
+    return RawFile(url, name, size, "")
+
+
+def _filesystem(url: str):
+    from wdstream.sources.clients import filesystem
+
+    return filesystem(url)
+
+
+def _failure(url: str, exc: BaseException):
+    from wdstream.sources.failures import stream_error
+
+    return stream_error(url, exc)

@@ -1,0 +1,91 @@
+"""The unit index of JSON Lines files: their units (line-aligned byte ranges and row counts)
+and identities, written once by ``wdstream index SOURCE --output URL`` anywhere the user
+chooses (a local file, another bucket), so that building a dataset reads no JSON Lines file.
+
+Its names are only ever matched against the files found under the source: an index names
+nothing to read, and one that does not describe those files as they are now is an error.
+"""
+
+from __future__ import annotations
+
+import json
+
+from wdstream.errors import ManifestError
+from wdstream.printable import printable
+from wdstream.tables.files import RawFile
+from wdstream.tables.formats import MAX_UNIT_ROWS, FilePlan, Unit
+
+FORMAT = "wdstream-units"
+MAX_INDEX_BYTES = 256 * 1024**2
+
+
+def index_document(files: list[RawFile], plans: list[FilePlan]) -> dict:
+    entries = [{"name": f.name, "size": f.size, "tag": f.tag,
+                "units": [[u.part, u.end, u.rows] for u in plan.units]}
+               for f, plan in zip(files, plans, strict=True)]
+    return {"format": FORMAT, "version": 1,
+            "rows": sum(u.rows for plan in plans for u in plan.units), "files": entries}
+
+
+def write_index(url: str, files: list[RawFile], plans: list[FilePlan]) -> None:
+    from wdstream.sources.objects import write_bytes
+
+    write_bytes(url, json.dumps(index_document(files, plans), separators=(",", ":")).encode())
+
+
+def read_index(url: str) -> dict:
+    """The index at ``url``, its size bounded by ``MAX_INDEX_BYTES`` before it is read."""
+    from wdstream.sources.objects import read_bytes, size
+
+    found = size(url)
+    if found is not None and found > MAX_INDEX_BYTES:
+        raise ManifestError(f"{printable(url)}: {found} bytes, more than the "
+                            f"{MAX_INDEX_BYTES} an index may have")
+    try:
+        document = json.loads(read_bytes(url))
+    except ValueError as exc:
+        raise ManifestError(f"{printable(url)}: not a JSON document ({exc})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT or \
+            not isinstance(document.get("files"), list):
+        raise ManifestError(f"{printable(url)}: not a wdstream unit index (format {FORMAT!r})")
+    return document
+
+
+def indexed_plans(url: str, document: dict, files: list[RawFile]) -> list[FilePlan]:
+    """The plans of ``files`` (JSON Lines files found under the source) from the index,
+    which must describe exactly those files with their current sizes and tags."""
+    entries = {}
+    for entry in document["files"]:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name in entries:
+            raise ManifestError(f"{printable(url)}: a file entry without a name, or named twice")
+        entries[name] = entry
+    found = {f.name for f in files}
+    missing = sorted(found - set(entries))
+    if missing:
+        raise ManifestError(f"{printable(url)}: does not list {printable(missing[0])} (and "
+                            f"{len(missing) - 1} more found); run `wdstream index` again")
+    gone = sorted(set(entries) - found)
+    if gone:
+        raise ManifestError(f"{printable(url)}: lists {printable(gone[0])}, not found under the "
+                            f"source ({len(gone)} such)")
+    return [_plan(url, entries[f.name], f) for f in files]
+
+
+def _plan(url: str, entry: dict, file: RawFile) -> FilePlan:
+    if (entry.get("size"), entry.get("tag")) != (file.size, file.tag):
+        raise ManifestError(f"{printable(file.url)}: changed since the index {printable(url)} "
+                            "was written; run `wdstream index` again")
+    units, first, at = [], 0, 0
+    for item in entry.get("units") if isinstance(entry.get("units"), list) else [None]:
+        if not (isinstance(item, list) and len(item) == 3
+                and all(type(v) is int for v in item)):
+            raise ManifestError(f"{printable(url)}: {printable(file.name)}: a unit is not "
+                                "[start, end, rows]")
+        start, end, rows = item
+        if not (at <= start < end <= file.size and 0 < rows <= MAX_UNIT_ROWS):
+            raise ManifestError(f"{printable(url)}: {printable(file.name)}: unit {item} does "
+                                f"not fit in its {file.size} bytes after byte {at}")
+        units.append(Unit(start, rows, first, end))
+        first, at = first + rows, end
+    return FilePlan(units)

@@ -1,0 +1,159 @@
+"""The unit table: raw files cut into units of known row counts (Parquet row groups, Arrow
+record batches, JSON Lines byte ranges or files), which the epoch plan sees as it sees
+shards, and what reading unit ``i`` gives: rows as samples with ``__key__`` and ``__url__``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from wdstream.errors import InputError, ShardError
+from wdstream.printable import printable
+from wdstream.tables.arrow import ArrowFormat
+from wdstream.tables.files import RawFile
+from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
+from wdstream.tables.index import indexed_plans, read_index
+from wdstream.tables.jsonl import JsonLinesFormat
+from wdstream.tables.parquet import ParquetFormat, check_columns
+from wdstream.tables.reads import Access, check_unchanged
+
+log = logging.getLogger("wdstream.dataset")  # the logger name users configure
+
+FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat(), "jsonl": JsonLinesFormat(),
+                                   "arrow": ArrowFormat()}
+PLANS_IN_FLIGHT = 32  # files whose metadata is read (or JSON Lines files scanned) at once
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A source's rows and bytes, as a manifest's totals (the shuffle window's byte bound and
+    the reader's list sizes use them)."""
+
+    samples: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RawOptions:
+    """What a raw source is read as: ``columns`` (None: all), the ``key_column`` whose value
+    is a row's ``__key__`` (None: file and row number), the ``index`` of its JSON Lines files
+    (a URL; None: they are scanned)."""
+
+    columns: tuple[str, ...] | None = None
+    key_column: str | None = None
+    index: str | None = None
+
+    @property
+    def read_columns(self) -> tuple[str, ...] | None:
+        if self.columns is None or self.key_column is None or self.key_column in self.columns:
+            return self.columns
+        return (*self.columns, self.key_column)
+
+
+class UnitTable:
+    """Units of raw files as arrays (file, part, end, first row, rows), the files, and the
+    metadata each file's units are read with."""
+
+    def __init__(self, source: str, files: Sequence[RawFile], plans: Sequence[FilePlan],
+                 options: RawOptions):
+        self.source, self.files, self.options = source, tuple(files), options
+        self.metadata = tuple(plan.metadata for plan in plans)
+        units = [(i, u.part, u.end, u.first_row, u.rows)
+                 for i, plan in enumerate(plans) for u in plan.units]
+        if not units:
+            raise ShardError(f"{printable(source)}: its files hold no rows")
+        file, part, end, first, rows = np.asarray(units, dtype=np.int64).T
+        self.file, self.part, self.end, self.first_row = file, part, end, first
+        self.samples = rows
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.files[i].url for i in self.file]
+
+    @property
+    def totals(self) -> Totals:
+        return Totals(int(self.samples.sum()), sum(f.size for f in self.files))
+
+    def fingerprint(self) -> str:
+        """Identifies the files as planned (names, sizes, tags), their units and the columns."""
+        digest = hashlib.sha256(json.dumps([self.options.columns, self.options.key_column]).encode())
+        for f in self.files:
+            digest.update(f"\n{f.name}\0{f.size}\0{f.tag}".encode())
+        for column in (self.file, self.part, self.end, self.samples):
+            digest.update(np.ascontiguousarray(column).tobytes())
+        return digest.hexdigest()[:16]
+
+    def unit(self, index: int) -> tuple[RawFile, Unit]:
+        return self.files[int(self.file[index])], Unit(
+            int(self.part[index]), int(self.samples[index]), int(self.first_row[index]),
+            int(self.end[index]))
+
+    def read(self, index: int, access: Access) -> Rows:
+        """Unit ``index``'s rows, after checking that its file is still the one planned."""
+        file, unit = self.unit(index)
+        check_unchanged(file)
+        return FORMATS[file.format].read(file, self.metadata[int(self.file[index])], unit,
+                                         self.options.read_columns, access)
+
+    def samples_of(self, index: int, rows: Rows, start: int, stop: int) -> list[dict]:
+        """Rows ``start`` .. ``stop - 1`` of unit ``index`` as samples."""
+        file, unit = self.unit(index)
+        samples = rows.rows(start, stop)
+        first, url = unit.first_row + start, file.url
+        keys = map(f"{file.name}:{{}}".format, range(first, first + len(samples)))
+        key_column, columns = self.options.key_column, self.options.columns
+        if key_column is not None:
+            keys = [key if value is None else str(value)
+                    for key, value in zip(keys, (s.get(key_column) for s in samples),
+                                          strict=True)]
+            if columns is not None and key_column not in columns:  # read for the key only
+                for sample in samples:
+                    del sample[key_column]
+        for sample, key in zip(samples, keys, strict=True):
+            sample["__key__"] = key
+            sample["__url__"] = url
+        return samples
+
+
+def plan_files(files: Sequence[RawFile], access: Access) -> list[FilePlan]:
+    """Every file's plan from its metadata (or a scan), ``PLANS_IN_FLIGHT`` at once."""
+    unsupported = {f.format for f in files} - set(FORMATS)
+    if unsupported:
+        raise InputError(f"{printable(files[0].url)}: {', '.join(sorted(unsupported))} files "
+                         "are not streamed where they lie (yet); pack them with `wdstream pack`")
+    if not files:
+        return []
+    with ThreadPoolExecutor(min(PLANS_IN_FLIGHT, len(files))) as pool:
+        return list(pool.map(lambda f: FORMATS[f.format].plan(f, access), files))
+
+
+def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
+               access: Access) -> UnitTable:
+    """A ``UnitTable`` of ``files``: Parquet and Arrow files planned from their metadata, JSON
+    Lines files from ``options.index``, or else from one scan of each."""
+    lines = [f for f in files if f.format == "jsonl"]
+    if options.index is not None:
+        indexed = dict(zip(lines, indexed_plans(options.index, read_index(options.index), lines),
+                           strict=True))
+    else:
+        indexed = {}
+        if lines:
+            log.warning("%s: counting the rows of %d JSON Lines files (%d bytes) by reading "
+                        "them whole; `wdstream index %s --output URL` records them once",
+                        source, len(lines), sum(f.size for f in lines), source)
+    planned = iter(plan_files([f for f in files if f not in indexed], access))
+    plans = [indexed[f] if f in indexed else next(planned) for f in files]
+    for file, plan in zip(files, plans, strict=True):
+        available = FORMATS[file.format].columns(plan)
+        if available is not None:
+            check_columns(file, available, options.read_columns)
+    return UnitTable(source, files, plans, options)
