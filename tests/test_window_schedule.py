@@ -15,10 +15,10 @@ import pytest
 from datasets import all_keys, batch_keys, sample_key, take, write_dataset
 
 import wdstream
-import wdstream.stream.dataset as dataset_module
 from wdstream.errors import OptionError, StateError
 from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec
+from wdstream.stream.read import SpanReader
 from wdstream.stream.shuffle import window_chunks, window_shuffle
 from wdstream.stream.window import DEFAULT_SHUFFLE_START, WindowSchedule
 
@@ -145,18 +145,14 @@ def test_an_int_is_a_window_of_one_size():
 # ---- the dataset: what the reader is asked for ---------------------------------------------
 def count_reads(monkeypatch, counts: Counter) -> None:
     """Count in ``counts`` the samples datasets pull from their reader, per process."""
-    real = dataset_module.SpanReader
+    real = SpanReader.__iter__
 
-    class CountingReader:
-        def __init__(self, *args, **kwargs):
-            self.reader = real(*args, **kwargs)
+    def counting(self):
+        for sample in real(self):
+            counts[os.getpid()] += 1
+            yield sample
 
-        def __iter__(self):
-            for sample in self.reader:
-                counts[os.getpid()] += 1
-                yield sample
-
-    monkeypatch.setattr(dataset_module, "SpanReader", CountingReader)
+    monkeypatch.setattr(SpanReader, "__iter__", counting)
 
 
 @pytest.fixture
