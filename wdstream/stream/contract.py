@@ -66,7 +66,9 @@ class Trackable(Protocol):
     Optional: ``elastic`` (whether a state resumes on another layout; by default, when every
     position is a sample count), ``positions_per_rank`` (positions differ between ranks: the
     loader gathers every rank's into its state, ``stages.base.gather_positions``) and
-    ``accounting(positions, history, rank)`` (per-source counts for ``loader.stats["sources"]``).
+    ``accounting(positions, history, rank)`` (per-source counts for ``loader.stats["sources"]``)
+    and ``counts_setting`` (what gives a dataset without ``has_counts`` its sizes, named when a
+    resume on another layout needs them; by default "a manifest").
     """
 
     spec: IterationSpec | None
