@@ -21,7 +21,8 @@ import pytest
 import yaml
 from servers import environ, free_port
 
-pytestmark = pytest.mark.slow
+# each axolotl run takes 30-90 s to start; a test runs three
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

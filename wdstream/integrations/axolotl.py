@@ -126,12 +126,25 @@ def wdstream_config(cfg) -> dict | None:
     entries is wdstream's."""
     plain = _plain(cfg)
     entries = {key: _listed(plain.get(key)) for key in ENTRY_KEYS}
+    if not _all_streamed(entries):
+        return None
+    config = {key: plain[key] for key in SHARED_KEYS if plain.get(key) is not None}
+    config.update(_own_settings(plain.get("wdstream")))
+    if entries["pretraining_dataset"]:
+        config["pretraining_dataset"] = entries["pretraining_dataset"]
+    else:  # the prompt strategy's keys are axolotl's: from_config gets the stream's
+        config["datasets"] = [_stream_keys(entry) for entry in entries["datasets"]]
+    return config
+
+
+def _all_streamed(entries: dict) -> bool:
+    """Whether the entries are wdstream's (False: none is); a mixture of both is refused."""
     labelled = [(f"{key}[{i}]", entry) for key, items in entries.items()
                 for i, entry in enumerate(items)]
     streamed = [label for label, entry in labelled
                 if isinstance(entry, dict) and is_streamed(entry.get("path"))]
     if not streamed:
-        return None
+        return False
     others = [label for label, _ in labelled if label not in streamed]
     if others:
         raise InputError(f"{', '.join(others)}: not a wdstream dataset, beside the wdstream "
@@ -139,7 +152,13 @@ def wdstream_config(cfg) -> dict | None:
                          "wdstream datasets: pack it with `wdstream pack`")
     if entries["datasets"] and entries["pretraining_dataset"]:
         raise InputError("datasets and pretraining_dataset: give one or the other")
-    own = plain.get("wdstream") or {}
+    return True
+
+
+def _own_settings(own) -> dict:
+    """The ``wdstream:`` mapping, without the settings axolotl's own keys give."""
+    if own is None:
+        return {}
     if not isinstance(own, dict):
         raise InputError(f"wdstream: a mapping of wdstream's settings, not {own!r:.60}")
     clashing = [key for key in own if key in ENTRY_KEYS or key in (
@@ -147,13 +166,7 @@ def wdstream_config(cfg) -> dict | None:
     if clashing:
         raise InputError(f"wdstream.{clashing[0]}: axolotl's own settings give it (the "
                          "entries, sequence_len, the model's tokenizer), not wdstream:")
-    config = {key: plain[key] for key in SHARED_KEYS if plain.get(key) is not None}
-    config.update(own)
-    if entries["pretraining_dataset"]:
-        config["pretraining_dataset"] = entries["pretraining_dataset"]
-    else:  # the prompt strategy's keys are axolotl's: from_config gets the stream's
-        config["datasets"] = [_stream_keys(entry) for entry in entries["datasets"]]
-    return config
+    return own
 
 
 def check_settings(cfg, config: dict) -> None:
