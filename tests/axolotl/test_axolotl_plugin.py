@@ -152,9 +152,11 @@ def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(
     assert len(set(map(tuple, ids))) == len(ids)  # no example twice
     if kind == "pretrain":  # packed: every row is sequence_len tokens, no padding
         assert {len(row) for row in ids} == {32} and 3 not in {t for r in ids for t in r}
-    else:  # alpaca: the prompt's tokens are masked, the response's trained on
+    else:  # alpaca: the prompt's tokens are masked (padding is on the right), the
+        # response's trained on
         labels = [row for batch in reference for row in batch["labels"]]
-        assert all(-100 in row and any(t >= 0 for t in row) for row in labels)
+        assert all(row[0] == -100 and any(t >= 0 for t in row) for row in labels)
+        assert all(row[0] != 3 for row in ids)
 
 
 def test_two_processes_share_the_data_and_resume_exactly(work):
