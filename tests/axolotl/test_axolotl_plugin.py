@@ -197,3 +197,52 @@ def test_a_mistake_in_a_wdstream_entry_fails_at_start_naming_the_key(work):
     assert "pretraining_dataset[0] (s3://" in result.stderr
     assert "'weight' must be a number, not str 'heavy'" in result.stderr
     assert not (root / "mistake").exists() or not any((root / "mistake").glob("checkpoint-*"))
+
+
+CHECKS = """
+import json, sys
+from wdstream.errors import InputError
+from wdstream.integrations.axolotl import check_settings, wdstream_config
+
+out = []
+for cfg in json.loads(sys.argv[1]):
+    try:
+        config = wdstream_config(cfg)
+        if config is not None:
+            check_settings(cfg, config)
+        out.append(None if config is None else sorted(config))
+    except InputError as error:
+        out.append(str(error))
+print(json.dumps(out))
+"""
+
+
+def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
+    """The plugin's checks of a config as written, each naming the key (one interpreter)."""
+    root, bucket, _env = work
+    web = {"path": f"s3://{bucket}/web/", "type": "pretrain"}
+    alpaca = {"path": f"s3://{bucket}/alpaca/", "type": "alpaca"}
+    cases = [
+        ({"datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}]}, None),
+        ({"datasets": [alpaca, {"path": "tatsu-lab/alpaca", "type": "alpaca"}]},
+         "datasets[1]: not a wdstream dataset"),
+        ({"datasets": [alpaca], "sample_packing": True}, "sample_packing: packing"),
+        ({"pretraining_dataset": [web], "sequence_len": 32, "val_set_size": 0.1},
+         "val_set_size: a streamed dataset"),
+        ({"pretraining_dataset": [web], "sequence_len": 32, "wdstream": {"sequence_len": 8}},
+         "wdstream.sequence_len: axolotl's own settings"),
+        ({"pretraining_dataset": [web], "datasets": [alpaca], "sequence_len": 32},
+         "datasets and pretraining_dataset"),
+        ({"datasets": [dict(alpaca, weight=2, field_instruction="q")], "seed": 3,
+          "wdstream": {"shuffle_window": 50}},
+         ["datasets", "seed", "shuffle_window"]),
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
+               AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    result = run([sys.executable, "-c", CHECKS, json.dumps([c for c, _ in cases])], root, env)
+    for (_cfg, expected), got in zip(cases, json.loads(result.stdout.splitlines()[-1]),
+                                     strict=True):
+        if isinstance(expected, str):
+            assert isinstance(got, str) and expected in got, (expected, got)
+        else:
+            assert got == expected
