@@ -141,6 +141,19 @@ def test_aliases_and_top_level_switches(root):
     assert packed.seq_len == 8 and packed.text_field == "text"
 
 
+def test_empty_keys_are_not_set(root, tmp_path):
+    """A trainer's YAML leaves keys empty (``special_tokens:``, a null): they are not set."""
+    path = tmp_path / "config.yml"
+    path.write_text(f"seed: 1\nspecial_tokens:\nwandb_project:\ndatasets:\n"
+                    f"  - path: {root / 'data' / 'web'}\n    type: completion\n"
+                    "    field: text\n    weight:\n")
+    ds = wdstream.from_config(path)
+    assert list(ds.weights) == [1.0]
+    with pytest.raises(InputError, match="'datasets' \\(or 'pretraining_dataset'\\) is "
+                                         "missing or empty"):
+        wdstream.from_config({"seed": 1, "datasets": None})
+
+
 def test_the_key_tables_agree_with_the_stages():
     from wdstream.stages.mix import STOP_RULES
     from wdstream.stages.sequences import LONG_DOCUMENTS

@@ -183,6 +183,22 @@ def test_packing_same_layout_resume_from_rank_0_state(tokens, monkeypatch):
         assert all(a.equal(b) for a, b in zip(expected, got, strict=True))
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_packing_without_a_size_names_the_setting_another_layout_needs(tokens, monkeypatch,
+                                                                       mixed):
+    def make():
+        made = packed(tokens, mixed)
+        made.sequences_per_epoch = None  # every source has a manifest; the packing no size
+        return made
+
+    _first, states = run_ranks(monkeypatch, make, 1, 2, 2, n=2)
+    as_rank(monkeypatch, 0, 1)
+    loader = wdstream.DataLoader(make(), batch_size=2, num_workers=1)
+    with pytest.raises(StateError, match="another layout needs sequences_per_epoch or "
+                                         "tokens_per_epoch"):
+        loader.load_state_dict(states[0])
+
+
 def test_a_state_without_other_ranks_positions_is_refused(tokens, monkeypatch):
     def make():
         return packed(tokens)

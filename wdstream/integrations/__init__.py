@@ -8,6 +8,8 @@ framework only when used, so ``import wdstream`` stays light.
   a ``datasets.IterableDataset`` with one shard per wdstream stream.
 - ``wdstream.integrations.hf_trainer``: ``use_loader`` makes a Hugging Face (or TRL) ``Trainer``
   train from a ``wdstream.DataLoader`` and checkpoint and resume its state.
+- ``wdstream.integrations.axolotl``: ``WdstreamPlugin``, an axolotl plugin: ``axolotl train``
+  streams the config's datasets through wdstream and resumes them exactly.
 - ``wdstream.integrations.checkpoint``: the loader's state in a checkpoint folder, one file
   per rank (used by the two above).
 

@@ -170,7 +170,8 @@ def _entries(config: Mapping, top: dict, report: Report) -> list[tuple[str, obje
             continue
         items = [value] if isinstance(value, Mapping) else value
         found += [(f"{report.where}: {key}[{i}]", entry) for i, entry in enumerate(items)]
-    malformed = any(key in config and key not in top for key in ("datasets", "pretraining_dataset"))
+    malformed = any(config.get(key) is not None and key not in top
+                    for key in ("datasets", "pretraining_dataset"))
     if not found and not malformed:
         report.error(report.where, "'datasets' (or 'pretraining_dataset') is missing or empty")
     return found

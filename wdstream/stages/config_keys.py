@@ -141,6 +141,8 @@ def read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str,
             report.ignored.append(f"{prefix}{key}" + (f" (did you mean {close[0]!r}?)"
                                                       if close else ""))
             continue
+        if value is None and type(None) not in row.kinds:
+            continue  # an empty key (``special_tokens:`` in YAML): not set
         problem = row.problem(value)
         if problem is not None:
             report.error(label, f"{key!r} {problem}")

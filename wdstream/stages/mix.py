@@ -131,6 +131,14 @@ class Mix(Stage):
         return self.datasets
 
     @property
+    def counts_setting(self) -> str:
+        """What the first source without sizes needs (see the dataset contract)."""
+        for dataset in self.datasets:
+            if not dataset.has_counts:
+                return getattr(dataset, "counts_setting", "a manifest")
+        return "a manifest"
+
+    @property
     def positions_per_rank(self) -> bool:
         return any(getattr(d, "positions_per_rank", False) for d in self.datasets)
 

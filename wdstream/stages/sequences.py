@@ -130,6 +130,10 @@ class PackedSequences(Stage):
     def has_counts(self) -> bool:
         return self.sequences_per_epoch is not None
 
+    # what gives the stage its sizes when has_counts is False (named in a refused resume)
+    counts_setting = ("sequences_per_epoch or tokens_per_epoch (how many sequences an epoch "
+                      "packs depends on the text)")
+
     def inner(self) -> list:
         return [self.dataset]
 

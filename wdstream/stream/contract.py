@@ -66,11 +66,12 @@ class Trackable(Protocol):
     Optional: ``elastic`` (whether a state resumes on another layout; by default, when every
     position is a sample count), ``positions_per_rank`` (positions differ between ranks: the
     loader gathers every rank's into its state, ``stages.base.gather_positions``),
-    ``accounting(positions, history, rank)`` (per-source counts for ``loader.stats["sources"]``)
-    and ``check_position(position, world)`` (raises ``StateError`` for a position of a loaded
+    ``accounting(positions, history, rank)`` (per-source counts for ``loader.stats["sources"]``),
+    ``check_position(position, world)`` (raises ``StateError`` for a position of a loaded
     state, of a layout of ``world`` ranks, that ``positioned`` cannot start from;
     ``wdstream.stream.loader_state`` calls it on every position and history entry before
-    anything is planned).
+    anything is planned) and ``counts_setting`` (what gives a dataset without ``has_counts``
+    its sizes, named when a resume on another layout needs them; by default "a manifest").
     """
 
     spec: IterationSpec | None

@@ -88,7 +88,8 @@ def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers:
     layout_changed = (state["world"], state["workers"], state["batch_size"]) != (
         world, workers, batch_size)
     if (state["history"] or layout_changed) and not dataset.has_counts:
-        raise StateError(f"{dataset.source}: resuming on another layout needs a manifest")
+        needs = getattr(dataset, "counts_setting", "a manifest")
+        raise StateError(f"{dataset.source}: resuming on another layout needs {needs}")
     elastic = getattr(dataset, "elastic", None)
     if elastic is None:
         elastic = all(isinstance(p, int) for p in state["positions"])

@@ -1,0 +1,248 @@
+"""``axolotl train`` with ``wdstream.integrations.axolotl.WdstreamPlugin``: a packed pretraining
+mixture and an alpaca SFT dataset streamed from the S3 server, killed with SIGKILL mid-run,
+resumed by ``auto_resume_from_checkpoints``; the batches of the killed and resumed runs are
+those of an uninterrupted run, token for token; the same on two processes (gloo on CPU).
+
+Runs in tox's ``axolotl`` env (the real axolotl); every run is a subprocess, as a user runs
+it. ``recorder.Recorder``, a second plugin, writes each batch the model trains on and kills
+the run at a step; ``tiny_model.py`` builds the model and tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from servers import environ, free_port
+
+# each axolotl run takes 30-90 s to start; a test runs three
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BIN = os.path.dirname(sys.executable)
+WORDS = ("the a stream shard epoch token batch resume seed rank worker model data loss step "
+         "train pack mix weight source window order plan sample text code").split()
+STEPS, SAVE_STEPS, KILL_AT = 6, 2, 3  # the resumed run starts from checkpoint-2
+
+
+def sentence(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, moto_server):
+    """The model, and three datasets packed by ``wdstream pack`` into the S3 server: two
+    of text documents (``web``, ``code``), one of alpaca records."""
+    root = tmp_path_factory.mktemp("axolotl")
+    rng = random.Random(3)
+    web = write_jsonl(root / "web.jsonl", [{"text": sentence(rng, 5, 60)} for _ in range(80)])
+    code = write_jsonl(root / "code.jsonl", [{"content": sentence(rng, 5, 30)}
+                                            for _ in range(60)])
+    alpaca = write_jsonl(root / "alpaca.jsonl", [
+        {"instruction": sentence(rng, 3, 8), "input": sentence(rng, 0, 4),
+         "output": sentence(rng, 2, 10)} for _ in range(60)])
+    run([sys.executable, str(HERE / "tiny_model.py"), str(root / "model"), str(web)], root)
+    with environ(moto_server.env):
+        bucket = moto_server.create_bucket("axolotl-data")
+        for name, path in (("web", web), ("code", code), ("alpaca", alpaca)):
+            run([os.path.join(BIN, "wdstream"), "pack", str(path), "-o",
+                 f"s3://{bucket}/{name}/", "--max-count", "10"], root)
+    return root, bucket, moto_server.env
+
+
+def run(cmd: list[str], cwd, env=None, expect=0) -> subprocess.CompletedProcess:
+    """Run ``cmd``; its exit status must be ``expect`` (None: any failure)."""
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=600)
+    ok = result.returncode != 0 if expect is None else result.returncode == expect
+    if not ok:  # the whole log beside the run, its end in the failure
+        Path(cwd, "failed-run.log").write_text(result.stdout + result.stderr)
+    assert ok, (result.returncode, result.stderr[-8000:])
+    return result
+
+
+def config(work, out: str, **changes) -> dict:
+    root, bucket, _env = work
+    made = {
+        "base_model": str(root / "model"),
+        "plugins": ["wdstream.integrations.axolotl.WdstreamPlugin", "recorder.Recorder"],
+        "sequence_len": 32, "micro_batch_size": 2, "gradient_accumulation_steps": 2,
+        "max_steps": STEPS, "save_steps": SAVE_STEPS, "seed": 7,
+        "learning_rate": 0.001, "optimizer": "adamw_torch", "lr_scheduler": "constant",
+        "attn_implementation": "sdpa", "bf16": False, "fp16": False, "tf32": False,
+        "val_set_size": 0, "logging_steps": 1, "dataloader_num_workers": 1,
+        "auto_resume_from_checkpoints": True, "output_dir": str(root / out),
+        "max_memory": {"cpu": "8GiB"},
+        "pretraining_dataset": [
+            {"path": f"s3://{bucket}/web/", "type": "pretrain", "text_column": "text",
+             "weight": 0.7},
+            {"path": f"s3://{bucket}/code/", "type": "pretrain", "text_column": "content",
+             "weight": 0.3}],
+        "sample_packing": True,
+    }
+    made.update(changes)
+    return {key: value for key, value in made.items() if value is not None}
+
+
+def sft(work, out: str) -> dict:
+    _root, bucket, _env = work
+    return config(work, out, pretraining_dataset=None, sample_packing=False,
+                  datasets=[{"path": f"s3://{bucket}/alpaca/", "type": "alpaca"}])
+
+
+def train(work, cfg: dict, name: str, nproc: int = 1, kill_at: int = 0, expect: int = 0):
+    """``axolotl train`` (under ``accelerate launch`` on ``nproc`` CPU processes) as run
+    ``name``; returns its batches per rank."""
+    root, _bucket, s3_env = work
+    path = root / f"{name}.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(s3_env)
+    env.update({"PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+                "AXOLOTL_DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+                "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                "WDSTREAM_TEST_RUN": name, "WDSTREAM_TEST_KILL_AT": str(kill_at)})
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "axolotl.cli.train", str(path)]
+    else:
+        env["ACCELERATE_USE_CPU"] = "true"
+        cmd = [os.path.join(BIN, "accelerate"), "launch", "--multi_gpu", "--num_processes",
+               str(nproc), "--main_process_port", str(free_port()), "-m",
+               "axolotl.cli.train", str(path)]
+    run(cmd, root, env, expect=expect)
+    out = Path(cfg["output_dir"])
+    return [[json.loads(line) for line in
+             (out / f"batches-{name}-rank{r}.jsonl").read_text().splitlines()]
+            for r in range(nproc)]
+
+
+def check_resumed(reference, killed, resumed, accumulation: int = 2):
+    """The killed run trained the reference's first KILL_AT steps; the resumed one, from
+    checkpoint-SAVE_STEPS, the reference's rest: the same batches, token for token."""
+    saved = (KILL_AT // SAVE_STEPS) * SAVE_STEPS * accumulation
+    assert len(reference) == STEPS * accumulation
+    assert killed == reference[:KILL_AT * accumulation]
+    assert resumed == reference[saved:]
+
+
+@pytest.mark.parametrize("kind", ["pretrain", "sft"])
+def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(work, kind):
+    make = config if kind == "pretrain" else sft
+    [reference] = train(work, make(work, f"{kind}-reference"), f"{kind}-reference")
+    interrupted = make(work, f"{kind}-interrupted")
+    [killed] = train(work, interrupted, f"{kind}-killed", kill_at=KILL_AT,
+                     expect=-signal.SIGKILL)
+    checkpoint = Path(interrupted["output_dir"]) / f"checkpoint-{SAVE_STEPS}"
+    assert (checkpoint / "wdstream_loader-rank0.json").is_file()
+    assert not (checkpoint.parent / f"checkpoint-{KILL_AT}").exists()
+    [resumed] = train(work, interrupted, f"{kind}-resumed")
+    check_resumed(reference, killed, resumed)
+    ids = [row for batch in reference for row in batch["input_ids"]]
+    assert len(set(map(tuple, ids))) == len(ids)  # no example twice
+    if kind == "pretrain":  # packed: every row is sequence_len tokens, no padding
+        assert {len(row) for row in ids} == {32} and 3 not in {t for r in ids for t in r}
+    else:  # alpaca: the prompt's tokens are masked (padding is on the right), the
+        # response's trained on
+        labels = [row for batch in reference for row in batch["labels"]]
+        assert all(row[0] == -100 and any(t >= 0 for t in row) for row in labels)
+        assert all(row[0] != 3 for row in ids)
+
+
+def test_two_processes_share_the_data_and_resume_exactly(work):
+    # save_only_model: on CPU under several processes, transformers 5.16's Trainer loads the
+    # optimizer's checkpoint with map_location=args.device, "cpu:0", which torch.load
+    # refuses ("don't know how to restore data location ... tagged with cpu:0"); without an
+    # optimizer file it resumes the model, the steps and the loader
+    only_model = {"save_only_model": True}
+    reference = train(work, config(work, "ddp-reference", **only_model), "ddp-reference",
+                      nproc=2)
+    interrupted = config(work, "ddp-interrupted", **only_model)
+    killed = train(work, interrupted, "ddp-killed", nproc=2, kill_at=KILL_AT,
+                   expect=None)
+    checkpoint = Path(interrupted["output_dir"]) / f"checkpoint-{SAVE_STEPS}"
+    assert {p.name for p in checkpoint.glob("wdstream_loader-*")} == {
+        "wdstream_loader-rank0.json", "wdstream_loader-rank1.json"}
+    resumed = train(work, interrupted, "ddp-resumed", nproc=2)
+    for rank in range(2):
+        check_resumed(reference[rank], killed[rank], resumed[rank])
+    rows = [tuple(row) for batches in reference for batch in batches
+            for row in batch["input_ids"]]
+    assert len(set(rows)) == len(rows)  # no sequence on both ranks, or twice
+
+
+def test_a_mistake_in_a_wdstream_entry_fails_at_start_naming_the_key(work):
+    root, bucket, s3_env = work
+    cfg = config(work, "mistake", pretraining_dataset=[
+        {"path": f"s3://{bucket}/web/", "type": "pretrain", "weight": "heavy"}])
+    path = root / "mistake.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, **s3_env, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
+               AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
+    result = subprocess.run([sys.executable, "-m", "axolotl.cli.train", str(path)], cwd=root,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert "pretraining_dataset[0] (s3://" in result.stderr
+    assert "'weight' must be a number, not str 'heavy'" in result.stderr
+    assert not (root / "mistake").exists() or not any((root / "mistake").glob("checkpoint-*"))
+
+
+CHECKS = """
+import json, sys
+from wdstream.errors import InputError
+from wdstream.integrations.axolotl import check_settings, wdstream_config
+
+out = []
+for cfg in json.loads(sys.argv[1]):
+    try:
+        config = wdstream_config(cfg)
+        if config is not None:
+            check_settings(cfg, config)
+        out.append(None if config is None else sorted(config))
+    except InputError as error:
+        out.append(str(error))
+print(json.dumps(out))
+"""
+
+
+def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
+    """The plugin's checks of a config as written, each naming the key (one interpreter)."""
+    root, bucket, _env = work
+    web = {"path": f"s3://{bucket}/web/", "type": "pretrain"}
+    alpaca = {"path": f"s3://{bucket}/alpaca/", "type": "alpaca"}
+    cases = [
+        ({"datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}]}, None),
+        ({"datasets": [alpaca, {"path": "tatsu-lab/alpaca", "type": "alpaca"}]},
+         "datasets[1]: not a wdstream dataset"),
+        ({"datasets": [alpaca], "sample_packing": True}, "sample_packing: packing"),
+        ({"pretraining_dataset": [web], "sequence_len": 32, "val_set_size": 0.1},
+         "val_set_size: a streamed dataset"),
+        ({"pretraining_dataset": [web], "sequence_len": 32, "wdstream": {"sequence_len": 8}},
+         "wdstream.sequence_len: axolotl's own settings"),
+        ({"pretraining_dataset": [web], "datasets": [alpaca], "sequence_len": 32},
+         "datasets and pretraining_dataset"),
+        ({"datasets": [dict(alpaca, weight=2, field_instruction="q")], "seed": 3,
+          "wdstream": {"shuffle_window": 50}},
+         ["datasets", "seed", "shuffle_window"]),
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
+               AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    result = run([sys.executable, "-c", CHECKS, json.dumps([c for c, _ in cases])], root, env)
+    for (_cfg, expected), got in zip(cases, json.loads(result.stdout.splitlines()[-1]),
+                                     strict=True):
+        if isinstance(expected, str):
+            assert isinstance(got, str) and expected in got, (expected, got)
+        else:
+            assert got == expected

@@ -1,0 +1,359 @@
+"""axolotl: ``plugins: [wdstream.integrations.axolotl.WdstreamPlugin]`` in an axolotl config
+makes ``axolotl train`` stream its ``datasets:`` / ``pretraining_dataset:`` entries with
+wdstream, and checkpoint and resume the stream exactly.
+
+- The entries are read as ``wdstream.from_config`` reads them (``path``, ``name``, ``split``,
+  ``data_files``, ``weight``, ``label``, ``text_column``...; top-level ``seed`` and
+  ``shuffle_merged_datasets``, and wdstream's own top-level keys under ``wdstream:``), taken
+  from the config as written, before axolotl's schema drops the keys it does not know. Several
+  entries are a ``Mix``.
+- ``pretraining_dataset:`` entries are tokenized with the model's tokenizer as axolotl loads
+  it and packed into ``sequence_len`` sequences (``PackedSequences``); ``sample_packing``
+  keeps the position ids that restart at each document. Unless ``wdstream:`` sets
+  ``sequences_per_epoch`` or ``tokens_per_epoch``, ``max_steps`` sets the sequences of the run.
+- ``datasets:`` entries go through axolotl's own prompt strategy for their ``type``
+  (``alpaca``, ``chat_template``, ``completion``, ``input_output``...), applied to each
+  streamed record (the sample's ``json`` member) in the DataLoader workers, then padded into
+  batches by axolotl's collator.
+- The trainer trains from a ``wdstream.DataLoader`` of ``micro_batch_size`` and
+  ``dataloader_num_workers`` (``wdstream.integrations.hf_trainer.use_loader``): each rank's
+  loader state goes into every ``checkpoint-N/`` and is loaded back on
+  ``resume_from_checkpoint`` / ``auto_resume_from_checkpoints``, with no skipping of the
+  batches already trained on.
+
+Which entries are wdstream's is ``is_streamed(path)``: the one place a new kind of source
+(a folder of raw files, say) is recognised. A config mixing them with other datasets is
+refused: the others could not resume exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+from axolotl.integrations.base import BasePlugin
+from pydantic import BaseModel
+
+from wdstream.errors import InputError
+from wdstream.sources import urls
+
+log = logging.getLogger(__name__)
+
+ENTRY_KEYS = ("datasets", "pretraining_dataset")
+# the top-level keys of an axolotl config that from_config reads as axolotl means them
+SHARED_KEYS = ("seed", "shuffle_merged_datasets")
+MODEL_INPUTS = ("input_ids", "attention_mask", "labels", "position_ids")
+# wdstream: keys of the packing, which the plugin does with the model's tokenizer
+PACKING_KEYS = ("sequences_per_epoch", "tokens_per_epoch", "long_documents")
+
+
+class WdstreamArgs(BaseModel):
+    """The plugin's key in axolotl's config schema: ``wdstream:``, a mapping of
+    ``from_config``'s top-level keys (``shuffle_window``, ``opener``, ``tokens_per_epoch``...)."""
+
+    wdstream: dict | None = None
+
+
+class WdstreamPlugin(BasePlugin):
+    """The plugin named in ``plugins:``. axolotl calls ``register`` with the config as
+    written, ``load_datasets`` with the validated one, then ``post_trainer_create``."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: dict | None = None  # the wdstream config taken from the file
+        self.mix = None
+        self.loader = None
+
+    def get_input_args(self) -> str:
+        return f"{__name__}.WdstreamArgs"
+
+    def register(self, cfg) -> None:
+        """Take the entries as written (axolotl's schema drops ``weight`` and the other keys
+        it does not know) and check them now: a mistake fails before anything is loaded."""
+        self.written = wdstream_config(cfg)
+        if self.written is not None:
+            check_settings(cfg, self.written)
+            self.mix = mixture(self.written)  # every mistake of the entries, at once
+
+    def load_datasets(self, cfg, preprocess: bool = False):
+        from axolotl.common.datasets import TrainDatasetMeta
+        from axolotl.loaders import load_tokenizer
+
+        from wdstream.integrations.hf_trainer import steps
+
+        if self.written is None:
+            return None
+        if preprocess:
+            raise InputError("wdstream streams while training: there is nothing to "
+                             "preprocess (run axolotl train)")
+        tokenizer = load_tokenizer(cfg)
+        self.loader = make_loader(cfg, self.written, self.mix, tokenizer)
+        total = cfg.max_steps or steps(self.loader, cfg.num_epochs or 1,
+                                       cfg.gradient_accumulation_steps or 1)
+        return TrainDatasetMeta(train_dataset=StreamColumns(self.loader.dataset),
+                                total_num_steps=total)
+
+    def get_training_args(self, cfg) -> dict:
+        return {"ignore_data_skip": True} if self.written is not None else {}
+
+    def post_trainer_create(self, cfg, trainer) -> None:
+        from wdstream.integrations.hf_trainer import use_loader
+
+        if self.loader is not None:
+            use_loader(trainer, self.loader)
+
+
+def is_streamed(path) -> bool:
+    """Whether wdstream reads the dataset at ``path``: a bucket (``s3://``, ``gs://``), or
+    a local folder of shards with or without a manifest, a shard or a manifest file."""
+    if not isinstance(path, str) or not path:
+        return False
+    scheme = urls.scheme(path)
+    if scheme in ("s3", "gs"):
+        return True
+    local = urls.to_local_path(path) if scheme == "file" else None
+    if local is None:
+        return False
+    if os.path.isdir(local):
+        return any(name == "index.json" or name.endswith(".tar")
+                   for name in os.listdir(local))
+    return local.endswith((".tar", "index.json"))
+
+
+def wdstream_config(cfg) -> dict | None:
+    """The ``from_config`` config of an axolotl config as written, or None when none of its
+    entries is wdstream's."""
+    plain = _plain(cfg)
+    entries = {key: _listed(plain.get(key)) for key in ENTRY_KEYS}
+    if not _all_streamed(entries):
+        return None
+    config = {key: plain[key] for key in SHARED_KEYS if plain.get(key) is not None}
+    config.update(_own_settings(plain.get("wdstream")))
+    if entries["pretraining_dataset"]:
+        config["pretraining_dataset"] = entries["pretraining_dataset"]
+    else:  # the prompt strategy's keys are axolotl's: from_config gets the stream's
+        config["datasets"] = [_stream_keys(entry) for entry in entries["datasets"]]
+    return config
+
+
+def _all_streamed(entries: dict) -> bool:
+    """Whether the entries are wdstream's (False: none is); a mixture of both is refused."""
+    labelled = [(f"{key}[{i}]", entry) for key, items in entries.items()
+                for i, entry in enumerate(items)]
+    streamed = [label for label, entry in labelled
+                if isinstance(entry, dict) and is_streamed(entry.get("path"))]
+    if not streamed:
+        return False
+    others = [label for label, _ in labelled if label not in streamed]
+    if others:
+        raise InputError(f"{', '.join(others)}: not a wdstream dataset, beside the wdstream "
+                         f"ones ({', '.join(streamed)}); a mixture streams and resumes only "
+                         "wdstream datasets: pack it with `wdstream pack`")
+    if entries["datasets"] and entries["pretraining_dataset"]:
+        raise InputError("datasets and pretraining_dataset: give one or the other")
+    return True
+
+
+def _own_settings(own) -> dict:
+    """The ``wdstream:`` mapping, without the settings axolotl's own keys give."""
+    if own is None:
+        return {}
+    if not isinstance(own, dict):
+        raise InputError(f"wdstream: a mapping of wdstream's settings, not {own!r:.60}")
+    clashing = [key for key in own if key in ENTRY_KEYS or key in (
+        "seq_len", "sequence_len", "tokenizer", "eos", "special_tokens")]
+    if clashing:
+        raise InputError(f"wdstream.{clashing[0]}: axolotl's own settings give it (the "
+                         "entries, sequence_len, the model's tokenizer), not wdstream:")
+    return own
+
+
+def check_settings(cfg, config: dict) -> None:
+    """The axolotl settings a streamed run cannot honour, refused by name."""
+    if config.get("datasets") and cfg.get("sample_packing"):
+        raise InputError("sample_packing: packing prompt-formatted examples is not streamed; "
+                         "set sample_packing: false (pretraining_dataset entries are packed)")
+    if (cfg.get("val_set_size") or 0) > 0:
+        raise InputError("val_set_size: a streamed dataset has no held-out part; set "
+                         "val_set_size: 0")
+    if config.get("pretraining_dataset") and not cfg.get("sequence_len"):
+        raise InputError("sequence_len: packing pretraining_dataset entries needs it")
+
+
+def mixture(config: dict):
+    """``from_config``'s ``Mix`` of the entries (the packing is ``packed``'s)."""
+    from wdstream.stages.config import from_config
+
+    return from_config({key: value for key, value in config.items()
+                        if key not in PACKING_KEYS})
+
+
+def packed(mix, config: dict, tokenizer, cfg):
+    """The pretraining entries' mixture tokenized with the model's tokenizer and packed into
+    ``sequence_len`` sequences; by default as many as ``max_steps`` trains on."""
+    from wdstream.stages.sequences import PackedSequences
+
+    fields = [entry.get("text_column") or entry.get("text_field") or entry.get("field")
+              or "text" for entry in config["pretraining_dataset"]]
+    options = {key: config[key] for key in PACKING_KEYS if key in config}
+    if "sequences_per_epoch" not in options and "tokens_per_epoch" not in options \
+            and cfg.max_steps:
+        options["sequences_per_epoch"] = (cfg.max_steps * cfg.micro_batch_size
+                                          * (cfg.gradient_accumulation_steps or 1) * _world())
+    return PackedSequences(
+        mix, tokenizer.backend_tokenizer, cfg.sequence_len, eos=tokenizer.eos_token_id,
+        text_field=fields[0] if len(set(fields)) == 1 else dict(zip(mix.names, fields,
+                                                                     strict=True)),
+        **options)
+
+
+def make_loader(cfg, config: dict, mix, tokenizer):
+    """The ``wdstream.DataLoader`` of the run: ``micro_batch_size`` per rank,
+    ``dataloader_num_workers`` workers, batches made by ``Batches``."""
+    from wdstream.stream.loader import DataLoader
+
+    formats = None
+    if config.get("datasets"):
+        dataset = mix
+        formats = {name: PromptFormat(entry, tokenizer, cfg)
+                   for name, entry in zip(mix.names, cfg.datasets, strict=True)}
+    else:
+        dataset = packed(mix, config, tokenizer, cfg)
+    return DataLoader(dataset, batch_size=cfg.micro_batch_size,
+                      num_workers=cfg.dataloader_num_workers or 0,
+                      collate_fn=Batches(tokenizer, formats, bool(cfg.sample_packing)))
+
+
+class PromptFormat:
+    """axolotl's prompt strategy for one ``datasets:`` entry, applied to one record.
+
+    axolotl builds a strategy and maps a Hugging Face dataset through it
+    (``get_dataset_wrapper``); given a ``RecordedMaps`` in place of the dataset, the maps it
+    asks for are recorded, and run here on each record as ``datasets`` would run them."""
+
+    def __init__(self, entry, tokenizer, cfg):
+        from axolotl.utils.data.wrappers import get_dataset_wrapper
+
+        kind = entry.get("type")
+        base, _, style = kind.partition(":") if isinstance(kind, str) else (None, "", "")
+        maps = RecordedMaps.make()
+        get_dataset_wrapper(dataset_config=entry, tokenizer=tokenizer, cfg=cfg,
+                            dataset_base_type=base, dataset=maps,
+                            dataset_prompt_style=style or None)
+        self.steps = maps.steps
+        self.path = entry.get("path")
+
+    def __call__(self, record: dict) -> dict:
+        for function, batched in self.steps:
+            if not batched:
+                record = function(record)
+                continue
+            rows = function({key: [value] for key, value in record.items()})
+            lengths = {len(column) for column in rows.values()}
+            if lengths != {1}:
+                raise InputError(f"{self.path}: the prompt format made {sorted(lengths)} "
+                                 "examples of one record; streamed, a record gives one")
+            record = {key: column[0] for key, column in rows.items()}
+        return record
+
+
+class RecordedMaps:
+    """Stands in for the ``datasets.IterableDataset`` axolotl wraps: records each ``map``."""
+
+    @classmethod
+    def make(cls):
+        import datasets
+
+        class Recorder(cls, datasets.IterableDataset):
+            def __init__(self):
+                examples = datasets.iterable_dataset.ExamplesIterable(_no_examples, {})
+                datasets.IterableDataset.__init__(
+                    self, examples, info=datasets.DatasetInfo(features=datasets.Features()))
+                self.steps = []
+
+        return Recorder()
+
+    def map(self, function=None, *_args, batched: bool = False, **_kwargs):
+        if function is not None:
+            self.steps.append((function, batched))
+        return self
+
+    def filter(self, *_args, **_kwargs):
+        raise InputError("this prompt format filters its dataset, which a stream cannot "
+                         "resume exactly")
+
+
+def _no_examples():
+    return iter(())
+
+
+class Batches:
+    """The collate function: each sample formatted (``formats`` by ``__source__``; packed
+    sequences as they are), its model inputs padded into a batch by axolotl's collator."""
+
+    def __init__(self, tokenizer, formats: dict | None, keep_positions: bool):
+        from axolotl.utils.collators import DataCollatorForSeq2Seq
+
+        self.formats = formats
+        self.keys = MODEL_INPUTS if keep_positions or formats else MODEL_INPUTS[:3]
+        self.pad = DataCollatorForSeq2Seq(tokenizer, padding=True, return_tensors="pt")
+
+    def __call__(self, samples: list) -> dict:
+        examples = []
+        for sample in samples:
+            if self.formats is not None:
+                sample = self.formats[sample["__source__"]](record_of(sample))
+            examples.append({key: _ints(sample[key]) for key in self.keys if key in sample})
+        return self.pad(examples)
+
+
+def record_of(sample: dict) -> dict:
+    """A streamed sample's record: its ``json`` member, else its members by name."""
+    record = sample.get("json")
+    if isinstance(record, dict):
+        return record
+    return {key: value for key, value in sample.items() if not key.startswith("__")}
+
+
+class StreamColumns:
+    """What axolotl's trainer reads of the train dataset before the loader takes over: its
+    columns (the dataset itself is iterated only through the ``wdstream.DataLoader``)."""
+
+    column_names = list(MODEL_INPUTS)
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+
+def _ints(value) -> list:
+    return value.tolist() if hasattr(value, "tolist") else list(value)
+
+
+def _stream_keys(entry):
+    from wdstream.stages.config import DATASET_KEYS
+
+    if not isinstance(entry, dict):
+        return entry
+    return {key: value for key, value in entry.items() if key in DATASET_KEYS and key != "type"}
+
+
+def _listed(value) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, dict | str) else list(value)
+
+
+def _plain(cfg) -> dict:
+    """The config as plain dicts and lists (axolotl's ``DictDefault`` copied)."""
+    to_dict = getattr(cfg, "to_dict", None)
+    return copy.deepcopy(to_dict() if to_dict is not None else dict(cfg))
+
+
+def _world() -> int:
+    from wdstream.stream.contract import world_info
+
+    return world_info()[1]
