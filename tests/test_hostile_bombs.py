@@ -208,6 +208,7 @@ def test_compressed_shard_bombs(tmp_path):
         (fits, [big[3]]))
     for shard, outcome in zip(claims, outcomes[:4], strict=True):
         assert_refused(outcome, str(shard), "'bomb.bin'", "1,610,612,736", "sample_bytes")
+        assert outcome["message"].endswith("the limit sample_bytes of wdstream.Limits)")
     for shard, outcome in zip(big, outcomes[4:8], strict=True):
         assert_refused(outcome, str(shard), "decompresses to more than 8,388,608 bytes",
                        "shard_bytes", ", reading ")

@@ -244,9 +244,11 @@ class DecompressingStream:
             if out:
                 self.expanded_bytes += len(out)
                 if self.expanded_bytes > self._limits.shard_bytes:
-                    raise LimitError(f"{self.url}: decompresses to more than "
-                                     f"{self._limits.shard_bytes:,} bytes (the limit "
-                                     "shard_bytes of wdstream.Limits)")
+                    error = LimitError(f"{self.url}: decompresses to more than "
+                                       f"{self._limits.shard_bytes:,} bytes (the limit "
+                                       "shard_bytes of wdstream.Limits)")
+                    error.in_stream = True  # the tar reader adds the member it was reading
+                    raise error
                 self._data, self._pos = out, 0
                 return True
             if self._at_end:

@@ -91,10 +91,11 @@ class TarMembers(TarBuffer):
         try:
             yield from self._members(pending, one)
         except Exception as error:
-            if isinstance(error, LimitError):  # a decompressed stream's limit: say where
+            if getattr(error, "in_stream", False):  # a decompressed stream's limit: say where
                 where = f"member {self._member!r}" if self._member is not None \
                     else f"the header at byte {self.offset}"
                 error.args = (f"{error.args[0]}, reading {where}",)
+                error.in_stream = False
             if pending:  # the members before the error first; it is raised when asked again
                 batch = pending[:]
                 pending.clear()
