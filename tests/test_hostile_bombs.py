@@ -178,6 +178,7 @@ def write_with_manifest(folder: Path, name: str, stored: bytes, tar_head: bytes,
 # ---- compressed shards ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compressed_shard_bombs(tmp_path):
     """Every codec: a member that claims 1.5 GiB is refused before it is read (by default); a
     shard that decompresses past shard_bytes is refused while decompressing; a zstd window or
