@@ -10,6 +10,7 @@ import importlib
 
 from wdstream.errors import (
     InputError,
+    LimitError,
     ManifestError,
     ShardError,
     StateError,
@@ -26,6 +27,7 @@ _LAZY = {
     "DataLoader": "wdstream.stream.loader",
     "collate": "wdstream.stream.batching",
     "Manifest": "wdstream.shards.manifest",
+    "Limits": "wdstream.limits",
     "pack": "wdstream.write.packer",
     "Mix": "wdstream.stages.mix",
     "PackedSequences": "wdstream.stages.sequences",
@@ -35,6 +37,8 @@ _LAZY = {
 __all__ = [
     "DataLoader",
     "InputError",
+    "LimitError",
+    "Limits",
     "Manifest",
     "ManifestError",
     "Mix",

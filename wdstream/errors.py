@@ -86,6 +86,14 @@ class ShardError(WdstreamError):
     exit_code = 1
 
 
+class LimitError(ShardError):
+    """Data that would expand past one of the reader's ``wdstream.Limits`` (a compressed shard,
+    a sample, a decompressor's memory, an image): the message names the shard, the member and
+    the limit. Never retried: the same bytes expand the same way again."""
+
+    transient = False
+
+
 class ShardMismatchError(ShardError):
     """A shard that is not the one the manifest describes: another object at its URL, a shard
     re-packed in place, a stream that goes on past the recorded length. Never retried: a retry

@@ -8,6 +8,7 @@ import click
 
 from wdstream.cli.output import (
     external_option,
+    limits_option,
     manifest_rows,
     print_pairs,
     progress_bar,
@@ -48,7 +49,9 @@ def _refuse_existing(prefix: str, overwrite: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing index.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @external_option
-def index_command(sources, merge, output, workers, overwrite, quiet, allow_external_shards):
+@limits_option
+def index_command(sources, merge, output, workers, overwrite, quiet, allow_external_shards,
+                  limits):
     """Write PREFIX/index.json for the shards under PREFIX (*.tar, *.tar.gz/*.tgz, *.tar.zst,
     *.tar.bz2, *.tar.xz; from wdstream, webdataset's ShardWriter, GNU tar...), or with --merge
     join manifests, such as the parts of a
@@ -98,7 +101,8 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
         show = show_progress(quiet)
         with progress_bar(sum(size or 0 for _, size in found), enabled=show) as bar:
             manifest = index_shards(shard_urls, base=prefix, workers=workers,
-                                    progress=bar if show else None, strays=strays)
+                                    progress=bar if show else None, strays=strays,
+                                    limits=limits)
     url = write_manifest(manifest, prefix)
     if quiet:
         return

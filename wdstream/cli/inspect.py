@@ -14,6 +14,7 @@ from wdstream.cli.output import (
     external_option,
     flatten,
     json_option,
+    limits_option,
     opener_option,
     plural,
     print_json,
@@ -188,10 +189,12 @@ def _print_summary(summary) -> None:
 @workers_option(8, "Shards checked at a time.")
 @opener_option
 @external_option
+@limits_option
 @json_option
 @quiet_option
 @click.pass_context
-def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_json, quiet):
+def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_json, quiet,
+                   limits):
     """Check every shard against the manifest: it exists, its size and its sha256 match, and
     with --deep that it parses as a complete tar holding the stated number of samples.
 
@@ -210,7 +213,8 @@ def verify_command(ctx, url, deep, workers, opener, allow_external_shards, as_js
         return
     with progress_bar(_known_total(found.sizes), description="verifying",
                       enabled=show_progress(quiet)) as advance:
-        report = verify(found, deep=deep, workers=workers, opener=opener, progress=advance)
+        report = verify(found, deep=deep, workers=workers, opener=opener, progress=advance,
+                        limits=limits)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -284,7 +288,9 @@ def _print_report(report) -> None:
                    "--no-decode treats every member as binary.")
 @opener_option
 @external_option
-def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_external_shards):
+@limits_option
+def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_external_shards,
+                limits):
     """Print samples as JSON Lines on stdout, in file order (shard by shard, no shuffling).
 
     Each line holds __key__, __url__ and one entry per member: decoded .json/.txt/.cls, and
@@ -308,8 +314,9 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_ext
                                       opener=opener))
     else:
         lines = (sample_to_json(sample, fields=field_list, decode=decode,
-                                base64_bytes=base64_bytes)
-                 for sample in read_samples(found, key=key, limit=count, opener=opener))
+                                base64_bytes=base64_bytes, limits=limits)
+                 for sample in read_samples(found, key=key, limit=count, opener=opener,
+                                            limits=limits))
     try:
         for value in lines:
             line = printable_json(json.dumps(value, ensure_ascii=False, default=str))

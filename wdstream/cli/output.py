@@ -4,6 +4,7 @@ exit-code text for ``--help``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -40,6 +41,34 @@ external_option = click.option(
     "--allow-external-shards", "allow_external_shards", is_flag=True,
     help="Let the manifest name shards outside its prefix (other buckets, prefixes, hosts, "
          "local paths). Never a pipe: command. See docs/security.md.")
+
+
+# --max-NAME: the size fields of wdstream.Limits
+_LIMIT_OPTIONS = (
+    ("shard_bytes", "Bytes a compressed shard may decompress to (default 64GiB)."),
+    ("sample_bytes", "Bytes one sample's members, and what decoding makes of them, may take "
+                     "(default 1GiB)."),
+    ("decoder_memory", "Memory a decompressor may use for its window: zstd, xz "
+                       "(default 128MiB)."),
+)
+
+
+def limits_option(command):
+    """``--max-shard-bytes``, ``--max-sample-bytes``, ``--max-decoder-memory``: the command is
+    called with ``limits``, a ``wdstream.Limits`` (docs/security.md)."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        from wdstream.limits import Limits
+
+        given = {name: kwargs.pop(f"max_{name}") for name, _ in _LIMIT_OPTIONS}
+        return command(*args, limits=Limits(**{name: value for name, value in given.items()
+                                                if value is not None}), **kwargs)
+
+    for name, help_text in reversed(_LIMIT_OPTIONS):
+        run = click.option(f"--max-{name.replace('_', '-')}", f"max_{name}", metavar="SIZE",
+                           default=None, help=help_text)(run)
+    return run
 
 
 def workers_option(default: int, help_text: str):

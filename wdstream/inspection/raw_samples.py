@@ -7,6 +7,7 @@ import base64
 from collections.abc import Iterator, Sequence
 
 from wdstream.errors import InputError
+from wdstream.limits import Limits
 from wdstream.shards.locate import Shards, find_shards
 
 
@@ -17,12 +18,14 @@ def read_samples(
     limit: int | None = None,
     opener: str | None = None,
     allow_external_shards: bool = False,
+    limits: Limits | None = None,
 ) -> Iterator[dict]:
     """Raw samples (``{"__key__", "__url__", ext: bytes}``) in file order: shard by shard as
     listed, members as stored, no shuffling.
 
     ``key`` yields only the first sample with that key, and raises InputError if no shard
-    holds it; ``limit`` stops after that many samples. A corrupt shard raises ShardError.
+    holds it; ``limit`` stops after that many samples. A corrupt shard raises ShardError,
+    one past ``limits`` (``wdstream.Limits``, default ``Limits()``) a LimitError.
     """
     from wdstream.shards.compression import DecompressingStream, open_tar
     from wdstream.shards.identity import head_check
@@ -33,6 +36,7 @@ def read_samples(
     if limit is not None and limit < 0:
         raise InputError(f"limit must be >= 0, got {limit}")
     found = find_shards(source, allow_external_shards=allow_external_shards)
+    limits = Limits() if limits is None else limits
     yielded = 0
     scanned = 0
     shards = found.manifest.shards if found.manifest is not None else None
@@ -44,10 +48,11 @@ def read_samples(
             "limit": info.bytes or None,
             "on_head": head_check(url, info.head) if info.head else None}
         with open_read(url, opener=opener) as stream:
-            tar = open_tar(stream, url, stored_limit=checks.get("limit"))
+            tar = open_tar(stream, url, stored_limit=checks.get("limit"), limits=limits)
             if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
                 checks.pop("limit", None)
-            for sample in iter_samples(iter_members(tar, url, **checks), url):
+            members = iter_members(tar, url, member_limit=limits.sample_bytes, **checks)
+            for sample in iter_samples(members, url, sample_limit=limits.sample_bytes):
                 scanned += 1
                 if key is not None and sample["__key__"] != key:
                     continue
@@ -61,24 +66,32 @@ def read_samples(
 
 
 def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
-                   base64_bytes: bool = False) -> object:
+                   base64_bytes: bool = False, budget: int | None = None) -> object:
     """One member as a JSON value: ``json`` parsed, ``txt``/``text`` as str, ``cls`` as int,
     ``npy`` as ``{"npy": {"shape", "dtype"}}``; anything else (or everything when not
     ``decode``) as ``{"bytes": size}`` or ``{"base64": ...}``. A member that fails to decode
-    is shown as binary with a ``decode_error``."""
+    is shown as binary with a ``decode_error``, as is one whose decoding would make more than
+    ``budget`` bytes (default ``Limits().sample_bytes``)."""
+    return _member_json(ext, payload, decode, base64_bytes,
+                        Limits().sample_bytes if budget is None else budget)[0]
+
+
+def _member_json(ext: str, payload: bytes, decode: bool, base64_bytes: bool, budget: int
+                 ) -> tuple[object, int]:
+    """``member_to_json``'s value and the bytes its decoding made."""
     if decode:
-        from wdstream.stream.decode import build_decoders, decode_member
+        from wdstream.stream.decode import build_decoders, member_within
 
         try:
-            value = decode_member(build_decoders(None), ext, payload)
+            value, made = member_within(build_decoders(None), ext, payload, budget)
         except Exception as error:  # shown, not raised: cat is for looking
-            return _binary(payload, base64_bytes) | {"decode_error": str(error)}
+            return _binary(payload, base64_bytes) | {"decode_error": str(error)}, 0
         if hasattr(value, "shape") and hasattr(value, "dtype"):
-            return {"npy": {"shape": list(value.shape), "dtype": str(value.dtype)}}
+            return {"npy": {"shape": list(value.shape), "dtype": str(value.dtype)}}, made
         if isinstance(value, bytes):
-            return _binary(value, base64_bytes)
-        return value
-    return _binary(payload, base64_bytes)
+            return _binary(value, base64_bytes), made
+        return value, made
+    return _binary(payload, base64_bytes), 0
 
 
 def _binary(payload: bytes, base64_bytes: bool) -> dict:
@@ -88,10 +101,11 @@ def _binary(payload: bytes, base64_bytes: bool) -> dict:
 
 
 def sample_to_json(sample: dict, *, fields: Sequence[str] | None = None, decode: bool = True,
-                   base64_bytes: bool = False) -> dict:
+                   base64_bytes: bool = False, limits: Limits | None = None) -> dict:
     """A raw sample as a JSON-serialisable dict: ``__key__``, ``__url__`` (unless ``fields``
     is given) and each member through ``member_to_json``. ``fields`` keeps only those members
-    (by extension), in that order; ``__key__`` is always kept."""
+    (by extension), in that order; ``__key__`` is always kept. Its members and what decoding
+    makes of them take at most ``limits.sample_bytes`` (``wdstream.Limits``)."""
     out: dict = {"__key__": sample["__key__"]}
     if fields is None:
         out["__url__"] = sample["__url__"]
@@ -100,6 +114,9 @@ def sample_to_json(sample: dict, *, fields: Sequence[str] | None = None, decode:
         names = [name for name in fields if name in sample and not name.startswith("__")]
         if "__url__" in fields:
             out["__url__"] = sample["__url__"]
+    limits = Limits() if limits is None else limits
+    budget = limits.sample_bytes - sum(len(v) for v in sample.values() if type(v) is bytes)
     for name in names:
-        out[name] = member_to_json(name, sample[name], decode=decode, base64_bytes=base64_bytes)
+        out[name], made = _member_json(name, sample[name], decode, base64_bytes, budget)
+        budget -= made
     return out

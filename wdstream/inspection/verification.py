@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from wdstream.errors import InputError, ShardError, StreamError, WdstreamError
 from wdstream.inspection.parallel import Progress, parallel, problem_text, reporter
+from wdstream.limits import Limits
 from wdstream.shards.compression import not_shards_note
 from wdstream.shards.locate import Shards, find_shards
 from wdstream.shards.manifest import Manifest
@@ -79,9 +80,10 @@ def _check_size(check: ShardCheck, size: int) -> bool:
     return True
 
 
-def _parse(check: ShardCheck, reader: HashingReader, url: str) -> None:
+def _parse(check: ShardCheck, reader: HashingReader, url: str, limits: Limits) -> None:
     """Count the samples of a tar (or compressed tar) read from ``reader``; record a parse
-    failure, a cut compressed stream or a missing end-of-archive marker as a problem."""
+    failure, a cut compressed stream, data past ``limits`` or a missing end-of-archive marker
+    as a problem."""
     from wdstream.shards.compression import open_tar
     from wdstream.shards.samples import StrayCount, iter_samples
     from wdstream.shards.tar_reader import iter_members
@@ -89,8 +91,9 @@ def _parse(check: ShardCheck, reader: HashingReader, url: str) -> None:
     strays = StrayCount()
     count = 0
     try:
-        members = iter_members(open_tar(reader, url), url)
-        for _sample in iter_samples(members, url, strays):
+        members = iter_members(open_tar(reader, url, limits=limits), url,
+                               member_limit=limits.sample_bytes)
+        for _sample in iter_samples(members, url, strays, limits.sample_bytes):
             count += 1
     except ShardError as error:
         check.problems.append(problem_text(error, url))
@@ -103,10 +106,11 @@ def _parse(check: ShardCheck, reader: HashingReader, url: str) -> None:
 
 
 def check_shard(check: ShardCheck, *, deep: bool, opener: str | None = None,
-                progress: Progress | None = None) -> ShardCheck:
+                progress: Progress | None = None, limits: Limits | None = None) -> ShardCheck:
     """Fill in ``check``: the shard exists, its size, its sha256, and with ``deep`` that it
-    parses as a complete tar holding ``expected_samples`` samples. Problems are appended to
-    ``check.problems``; only a programming error raises."""
+    parses as a complete tar holding ``expected_samples`` samples, within ``limits``
+    (default ``Limits()``). Problems are appended to ``check.problems``; only a programming
+    error raises."""
     from wdstream.sources.objects import size as object_size
     from wdstream.sources.openers import open_read
 
@@ -130,7 +134,7 @@ def check_shard(check: ShardCheck, *, deep: bool, opener: str | None = None,
         with open_read(url, opener=opener) as stream:
             reader = HashingReader(stream, progress, read1=True)
             if deep:
-                _parse(check, reader, url)
+                _parse(check, reader, url, Limits() if limits is None else limits)
             reader.drain()
     except (StreamError, InputError) as error:
         check.problems.append(f"cannot read: {problem_text(error, url)}")
@@ -161,6 +165,7 @@ def verify(
     opener: str | None = None,
     progress: Progress | None = None,
     allow_external_shards: bool = False,
+    limits: Limits | None = None,
 ) -> VerifyReport:
     """Check every shard against the manifest: it exists, its size and sha256 match; with
     ``deep`` also that it parses as a complete tar with the stated number of samples.
@@ -169,6 +174,8 @@ def verify(
     ``deep``) and the report's notes say so. Problems in the data are in the report (``ok``,
     ``problems``); a source that cannot be resolved raises (ManifestError, StreamError,
     InputError). ``progress(nbytes)`` is called as bytes are read, from ``workers`` threads.
+    ``limits``: what a shard may expand to (``wdstream.Limits``; a shard past one has a
+    problem).
     """
     found = find_shards(source, allow_external_shards=allow_external_shards)
     manifest = found.manifest
@@ -191,7 +198,8 @@ def verify(
         notes.append(not_shards_note(found.not_shards))
     stop = threading.Event()
     report = reporter(progress, stop)
-    checked = parallel(lambda c: check_shard(c, deep=deep, opener=opener, progress=report),
+    checked = parallel(lambda c: check_shard(c, deep=deep, opener=opener, progress=report,
+                                             limits=limits),
                         checks, workers, stop)
     strays = sum(c.stray_members or 0 for c in checked)
     if strays:

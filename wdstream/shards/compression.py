@@ -5,7 +5,8 @@
 (a local file keeps its seeks and mapped payloads); compressed data (recognised by its magic
 bytes, whatever the name says) is wrapped in a ``DecompressingStream`` that decompresses while
 the tar reader reads, in bounded pieces (a small stream that expands enormously never holds
-more than a few MiB). ``stored_bytes`` counts the bytes read from storage, which is what a
+more than a few MiB), up to ``Limits.shard_bytes`` decompressed bytes, with its decompressor's
+memory bounded by ``Limits.decoder_memory``. ``stored_bytes`` counts the bytes read from storage, which is what a
 manifest's ``bytes`` and ``sha256`` describe. A compressed stream that ends before its end
 (gzip, bzip2 and xz end-of-stream markers, zstd's last block of the frame) is a ShardError,
 never a short shard; so is data after the end that is not another compressed member.
@@ -17,7 +18,8 @@ import logging
 import lzma
 import zlib
 
-from wdstream.errors import ShardError, ShardMismatchError
+from wdstream.errors import LimitError, ShardError, ShardMismatchError
+from wdstream.limits import Limits
 from wdstream.shards.decompress import ENGINES
 
 log = logging.getLogger(__name__)
@@ -110,12 +112,14 @@ def _unread_kind(head: bytes) -> str | None:
     return None
 
 
-def open_tar(stream, url: str, *, source=None, stored_limit: int | None = None):
+def open_tar(stream, url: str, *, source=None, stored_limit: int | None = None,
+             limits: Limits | None = None):
     """The tar stream of a shard opened as ``stream``: ``stream`` itself for a plain tar, else
     a ``DecompressingStream``. ``source`` is what the stored bytes are read through (e.g. a
     hashing wrapper of ``stream``; default ``stream``); closing the result closes ``stream``.
     ``stored_limit``: the stored bytes recorded for the shard (manifest or listing), past
     which a compressed stream is an error (a plain tar is bounded by the tar reader).
+    ``limits``: what a compressed stream may expand to (default ``Limits()``).
 
     Raises ShardError for a compression wdstream does not read, or a name that promises a
     compression the data does not have."""
@@ -141,7 +145,7 @@ def open_tar(stream, url: str, *, source=None, stored_limit: int | None = None):
     if named != kind:
         log.debug("%s: %s-compressed data (recognised by its first bytes)", url, kind)
     return DecompressingStream(reader, url, kind, head=head, owner=stream,
-                               stored_limit=stored_limit)
+                               stored_limit=stored_limit, limits=limits)
 
 
 def stored_bytes(tar_stream, members) -> int:
@@ -202,20 +206,23 @@ class _Prefixed:
 
 class DecompressingStream:
     """The decompressed bytes of a compressed shard, read through ``read``/``read1``/
-    ``readinto``. ``stored_bytes``: compressed bytes read so far. ``close()`` closes the
-    stream it was opened from; after a clean end it tells a cache filling from that stream
-    that the end was checked (``end_verified``)."""
+    ``readinto``. ``stored_bytes``: compressed bytes read so far; ``expanded_bytes``:
+    decompressed bytes made so far, at most ``limits.shard_bytes`` (a ``LimitError`` past
+    them). ``close()`` closes the stream it was opened from; after a clean end it tells a
+    cache filling from that stream that the end was checked (``end_verified``)."""
 
     def __init__(self, reader, url: str, kind: str, *, head: bytes = b"", owner=None,
-                 stored_limit: int | None = None):
+                 stored_limit: int | None = None, limits: Limits | None = None):
         self.url = url
         self._stored_limit = stored_limit
         self.kind = kind
         self._reader = reader
         self._read_stored = getattr(reader, "read1", None) or reader.read
         self._owner = owner if owner is not None else reader
-        self._engine = ENGINES[kind]()
+        self._limits = limits = Limits() if limits is None else limits
+        self._engine = ENGINES[kind](limits.decoder_memory)
         self.stored_bytes = len(head)
+        self.expanded_bytes = 0
         self._input = head
         self._at_end = False  # the stored stream ended
         self._done = False  # ... and everything it held was decompressed, cleanly
@@ -228,13 +235,20 @@ class DecompressingStream:
             try:
                 out = self._engine.pull(self._input, limit)
             except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as error:
-                raise self._error(f"corrupt {self.kind} data ({error})") from None
+                raise self._corrupt(error) from None
             except Exception as error:  # zstandard.ZstdError
                 if type(error).__name__ != "ZstdError":
                     raise
-                raise self._error(f"corrupt {self.kind} data ({error})") from None
+                raise self._corrupt(error) from None
             self._input = b""
             if out:
+                self.expanded_bytes += len(out)
+                if self.expanded_bytes > self._limits.shard_bytes:
+                    error = LimitError(f"{self.url}: decompresses to more than "
+                                       f"{self._limits.shard_bytes:,} bytes (the limit "
+                                       "shard_bytes of wdstream.Limits)")
+                    error.in_stream = True  # the tar reader adds the member it was reading
+                    raise error
                 self._data, self._pos = out, 0
                 return True
             if self._at_end:
@@ -258,6 +272,15 @@ class DecompressingStream:
 
     def _error(self, message: str) -> ShardError:
         return ShardError(f"{self.url}: {message} after {self.stored_bytes} stored bytes")
+
+    def _corrupt(self, error: Exception) -> ShardError:
+        """The error of data the decompressor refused: corrupt, or asking for more memory
+        than ``decoder_memory`` (the decompressors' messages say "memory")."""
+        if "memory" in str(error).lower():
+            return LimitError(f"{self.url}: the {self.kind} data asks for more than "
+                              f"{self._limits.decoder_memory:,} bytes of decompressor memory "
+                              f"(the limit decoder_memory of wdstream.Limits; {error})")
+        return self._error(f"corrupt {self.kind} data ({error})")
 
     def read1(self, n: int = -1) -> bytes:
         if n == 0:

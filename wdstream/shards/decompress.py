@@ -6,7 +6,9 @@ An engine decompresses one stored stream that may hold several members or frames
 another (as ``cat a.gz b.gz`` and parallel compressors write): ``pull(data, limit)`` takes new
 input (b"" for none) and returns up to about ``limit`` decompressed bytes, b"" when it needs
 more input; ``complete`` says whether the input so far ends at a member's end, ``ended_once``
-whether a member ended at all.
+whether a member ended at all. Each engine is made with ``memory``, the most its decompressor may
+allocate for its window: zstd's window and xz's dictionary are set by the data, up to 2 GiB and
+4 GiB; gzip's is 32 KiB and bzip2's 900 kB blocks take under 4 MB, bounded by the formats.
 """
 
 from __future__ import annotations
@@ -72,16 +74,16 @@ class _StdlibEngine:
                 return b""
 
 
-def _gzip():
+def _gzip(memory: int):
     return _StdlibEngine(lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), zeros_after_end=True)
 
 
-def _bzip2():
+def _bzip2(memory: int):
     return _StdlibEngine(bz2.BZ2Decompressor)
 
 
-def _xz():
-    return _StdlibEngine(lambda: lzma.LZMADecompressor(format=lzma.FORMAT_XZ))
+def _xz(memory: int):
+    return _StdlibEngine(lambda: lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=memory))
 
 
 class _ZstdEngine:
@@ -92,13 +94,13 @@ class _ZstdEngine:
 
     _BLOCKS = 8  # blocks per decompressor call: at most 1 MiB out
 
-    def __init__(self):
+    def __init__(self, memory: int):
         try:
             import zstandard  # optional
         except ImportError:
             raise ShardError("zstd-compressed shards need the zstandard package "
                              "(pip install 'wdstream[zstd]')") from None
-        self._zstd = zstandard.ZstdDecompressor()
+        self._zstd = zstandard.ZstdDecompressor(max_window_size=memory)
         self._frames = _ZstdFrames()
         self._decompressor = None
         self._pending = b""
@@ -128,8 +130,8 @@ class _ZstdEngine:
         return b""
 
 
-def _zstd():
-    return _ZstdEngine()
+def _zstd(memory: int):
+    return _ZstdEngine(memory)
 
 
 ENGINES = {"gzip": _gzip, "zstd": _zstd, "bzip2": _bzip2, "xz": _xz}

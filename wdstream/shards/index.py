@@ -9,6 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from wdstream.errors import InputError, ManifestError, ShardError
+from wdstream.limits import Limits
 from wdstream.printable import printable
 from wdstream.shards.compression import (
     DecompressingStream,
@@ -27,11 +28,12 @@ from wdstream.sources.hashing import HashingReader  # importable from here too, 
 
 def index_shard(
     url: str, *, unique_keys: bool = False, progress: Callable[[int], object] | None = None,
-    strays: StrayCount | None = None,
+    strays: StrayCount | None = None, limits: Limits | None = None,
 ) -> tuple[ShardInfo, set[str]]:
     """Read one shard: (ShardInfo with ``url`` as given, set of extensions). A compressed
     shard's ``bytes`` and ``sha256`` are those of the stored (compressed) file. Members that
-    belong to no sample are counted in ``strays``.
+    belong to no sample are counted in ``strays``. ``limits``: what the shard may expand to
+    (default ``Limits()``; past one: ``LimitError``).
 
     A corrupt or truncated tar (including one that lacks the end-of-archive marker, and a cut
     compressed stream) raises ShardError naming ``url``."""
@@ -41,11 +43,12 @@ def index_shard(
     extensions: set[str] = set()
     seen: set[str] = set()
     head, key = HeadRecorder(), None
+    limits = Limits() if limits is None else limits
     with open_read(url) as stream:
         reader = HashingReader(stream, progress)
-        tar = open_tar(stream, url, source=reader)
-        members = iter_members(tar, url, on_head=head)
-        for sample in iter_samples(members, url, strays):
+        tar = open_tar(stream, url, source=reader, limits=limits)
+        members = iter_members(tar, url, on_head=head, member_limit=limits.sample_bytes)
+        for sample in iter_samples(members, url, strays, limits.sample_bytes):
             samples += 1
             key = sample["__key__"]
             extensions.update(sample)
@@ -81,13 +84,15 @@ def index_shards(
     unique_keys: bool = False,
     progress: Callable[[int], object] | None = None,
     strays: StrayCount | None = None,
+    limits: Limits | None = None,
 ) -> Manifest:
     """Build a manifest for existing shards, reading each once (in ``workers`` threads);
     ``strays`` counts the members that belong to no sample (skipped).
 
     Shard URLs are stored relative to ``base`` when under it. ``unique_keys`` makes a key that
     appears in two samples of a shard a ShardError (WebDataset readers would yield both).
-    ``progress(nbytes)`` is called as bytes are read, from the worker threads.
+    ``progress(nbytes)`` is called as bytes are read, from the worker threads. ``limits``:
+    what each shard may expand to (``index_shard``).
     """
     for url in urls:  # before reading anything
         try:  # a manifest is UTF-8 JSON: it cannot name a file whose name is not
@@ -100,7 +105,7 @@ def index_shards(
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
             pool.submit(index_shard, url, unique_keys=unique_keys, progress=progress,
-                        strays=count)
+                        strays=count, limits=limits)
             for url, count in zip(urls, counts, strict=True)
         ]
         try:

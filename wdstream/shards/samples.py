@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from itertools import chain, islice, repeat
 from operator import eq, itemgetter
 
-from wdstream.errors import InputError, ShardError
+from wdstream.errors import InputError, LimitError, ShardError
 
 # A key becomes part of a tar member name; keep key + "." + extension under the 255-byte file
 # name limit of common file systems so that `tar x` of a shard works.
@@ -121,37 +121,45 @@ def stray_split(name: str) -> tuple[str, str] | None:
 
 
 def iter_samples(members: Iterable[tuple[str, bytes]], url: str,
-                 strays: StrayCount | None = None) -> Iterator[dict]:
+                 strays: StrayCount | None = None, sample_limit: int | None = None
+                 ) -> Iterator[dict]:
     """Group consecutive members with the same key into WebDataset sample dicts.
 
     ``{"__key__": key, "__url__": url, ext: payload, ...}`` with extensions lowercased, as
     webdataset does. A key that comes back after another key starts a new sample; an extension
     repeated within a sample raises ShardError. Members webdataset skips (no ``key.ext``
-    name, a hidden basename, ``__meta__`` names) are skipped and counted in ``strays``.
+    name, a hidden basename, ``__meta__`` names) are skipped and counted in ``strays``. A
+    sample whose members hold more than ``sample_limit`` bytes together is a ``LimitError``
+    (``Limits.sample_bytes``; the tar reader refuses a member that claims more on its own).
     """
     batches = members.batches() if hasattr(members, "batches") else ([m] for m in members)
-    return chain.from_iterable(sample_batches(batches, url, strays))
+    return chain.from_iterable(sample_batches(batches, url, strays, sample_limit))
 
 
 def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
-                   strays: StrayCount | None = None) -> Iterator[list[dict]]:
+                   strays: StrayCount | None = None, sample_limit: int | None = None
+                   ) -> Iterator[list[dict]]:
     """``iter_samples`` over lists of members (``TarMembers.batches()``), as lists: the
     samples a list of members completes (a sample is complete when a member of another key,
     or the end, follows it). An error comes after the samples completed before it."""
     sample: dict | None = None
     key = None
+    most = sample_limit or 1 << 62
+    held = 0  # bytes of the open sample's members
     done: list[dict] = []
     add = done.append
     try:
         for batch in batches:
             alone = _one_member_samples(batch, key)
-            if alone is not None:  # each member a sample of its own: made a list at a time
+            if alone is not None:
+                payloads = alone[2]  # each member a sample of its own: made a list at a time
                 if sample is not None:
                     add(sample)
                 done += [{"__key__": k, "__url__": url, ext: payload}
                          for k, ext, payload in zip(*alone, strict=True)]
                 sample = done.pop()  # the last may have members in the next list
                 key = sample["__key__"]
+                held = len(payloads[-1])
                 if done:
                     yield done[:]
                     done.clear()
@@ -171,10 +179,7 @@ def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
                         continue
                     member_key, ext = split[0], split[1].lower()
                 if member_key == key:
-                    if ext in sample:
-                        what = "a reserved" if ext in _RESERVED else "a duplicate"
-                        raise ShardError(f"{url}: sample {key!r} has {what} extension {ext!r}")
-                    sample[ext] = payload
+                    held = _add_member(sample, name, ext, payload, held, most)
                     continue
                 if sample is not None:
                     add(sample)
@@ -183,6 +188,7 @@ def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
                     raise ShardError(f"{url}: sample {member_key!r} has a reserved extension "
                                      f"{ext!r}")
                 key = member_key
+                held = len(payload)
                 sample = {"__key__": key, "__url__": url, ext: payload}
             if done:
                 yield done[:]
@@ -199,6 +205,22 @@ def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
 
 
 _RESERVED = frozenset(("__key__", "__url__"))
+
+
+def _add_member(sample: dict, name: str, ext: str, payload, held: int, most: int) -> int:
+    """Add a member to the open ``sample``, whose members hold ``held`` bytes; the bytes they
+    hold then. ShardError for an extension it has, LimitError past ``most`` bytes."""
+    if ext in sample:
+        what = "a reserved" if ext in _RESERVED else "a duplicate"
+        raise ShardError(f"{sample['__url__']}: sample {sample['__key__']!r} has {what} "
+                         f"extension {ext!r}")
+    held += len(payload)
+    if held > most:
+        raise LimitError(f"{sample['__url__']}: sample {sample['__key__']!r} holds more than "
+                         f"{most:,} bytes with member {name!r} (the limit sample_bytes of "
+                         "wdstream.Limits)")
+    sample[ext] = payload
+    return held
 
 
 def _one_member_samples(batch: list[tuple[str, bytes]], key: str | None

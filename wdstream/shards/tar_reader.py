@@ -7,7 +7,8 @@ It reads what GNU tar,
 cannot read as POSIX and GNU define it (sparse members, a global header that names files, two
 long names for one member, an extended header with no member after it) is a ShardError, never
 a payload under another member's name. Extended records are capped (``LONG_NAME_MAX``,
-``PAX_MAX``), and so is what is read after the end-of-archive marker.
+``PAX_MAX``), and so is what is read after the end-of-archive marker; a member whose header
+claims more than ``member_limit`` bytes is a ``LimitError`` before any of it is read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from types import MappingProxyType
 from typing import BinaryIO
 from zlib import adler32
 
+from wdstream.errors import LimitError
 from wdstream.shards.tar_blocks import SCAN_SIZE_MAX, scan_members
 from wdstream.shards.tar_buffer import MAX_READ, TARGET_READ, TarBuffer
 from wdstream.shards.tar_header import (
@@ -51,9 +53,11 @@ class TarMembers(TarBuffer):
     """
 
     def __init__(self, stream: BinaryIO, url: str, payload_target=None, *,
-                 limit: int | None = None, on_head=None):
+                 limit: int | None = None, on_head=None, member_limit: int | None = None):
         super().__init__(stream, url, limit)
         self._on_head = on_head
+        self._member_limit = member_limit
+        self._member: str | None = None  # the member whose payload is being read, if any
         # payload_target(name, size, region) -> (payload, memory) or None: where payloads of
         # TARGET_READ to MAX_READ bytes go (see iter_members)
         self._target = payload_target
@@ -86,7 +90,12 @@ class TarMembers(TarBuffer):
         pending: list[tuple[str, bytes]] = []  # parsed, not yet handed over
         try:
             yield from self._members(pending, one)
-        except Exception:
+        except Exception as error:
+            if getattr(error, "in_stream", False):  # a decompressed stream's limit: say where
+                where = f"member {self._member!r}" if self._member is not None \
+                    else f"the header at byte {self.offset}"
+                error.args = (f"{error.args[0]}, reading {where}",)
+                error.in_stream = False
             if pending:  # the members before the error first; it is raised when asked again
                 batch = pending[:]
                 pending.clear()
@@ -104,6 +113,7 @@ class TarMembers(TarBuffer):
         pax: dict[bytes, bytes] | None = None  # from a PAX 'x' header, for the next member
         zero = _ZERO_BLOCK
         limit = self._limit
+        most = self._member_limit or 1 << 62  # bytes a member may claim
         # per type flag: a verified header's bytes after its checksum field, and their sum
         tails: dict[int, tuple[bytes, int]] = {}
         plain: tuple[bytes, int] | None = None  # that of a regular file without prefix
@@ -188,7 +198,7 @@ class TarMembers(TarBuffer):
                     stored = size = -1
                 end = pos + BLOCK + size
                 padded = end + (-size % BLOCK)
-                if size >= 0 and header[135] in (0, 32) and padded <= len(data) \
+                if 0 <= size <= most and header[135] in (0, 32) and padded <= len(data) \
                         and stored == (adler32(header[:148]) & 0xFFFF) + plain[1] \
                         and (limit is None or start + BLOCK + size <= limit) \
                         and (target is None or not TARGET_READ <= size <= MAX_READ):
@@ -304,6 +314,8 @@ class TarMembers(TarBuffer):
                 continue
             if typeflag == SPARSE:
                 raise self._error("sparse member (not supported)", start)
+            if size > most:
+                raise self._claim_error(path or named or cstr(header[:100]), size, start)
             end = pos + BLOCK + size
             padded = end + (-size % BLOCK)
             if limit is not None and start + BLOCK + size > limit:
@@ -334,7 +346,9 @@ class TarMembers(TarBuffer):
                 if pending:  # the gather reads: the members parsed so far first
                     yield pending[:]
                     pending.clear()
+                self._member = text if regular else None
                 payload = self._gather(pos + BLOCK, size, padded - pos - BLOCK, into, region)
+                self._member = None
                 if payload is None:
                     raise self._error(f"truncated member ({size} bytes expected)", start)
             else:
@@ -356,6 +370,12 @@ class TarMembers(TarBuffer):
                     yield pending[:]
                     pending.clear()
             # else: an unknown type, skipped with its payload
+
+    def _claim_error(self, name: bytes, size: int, start: int) -> LimitError:
+        text = name.decode("utf-8", "surrogateescape")
+        return LimitError(f"{self.url}: member {text!r} at byte {start} claims {size:,} bytes, "
+                          f"more than a sample may hold ({self._member_limit:,} bytes, the "
+                          "limit sample_bytes of wdstream.Limits)")
 
     def _extended(self, pos: int, start: int, size: int, typeflag: int) -> bytes:
         """The payload of an extended header at ``_data[pos:]``, within its cap."""
@@ -394,7 +414,7 @@ def _ignored_record(size: int, record: bytes, pax: dict[bytes, bytes]) -> bytes 
 
 
 def iter_members(stream: BinaryIO, url: str, payload_target=None, *, limit: int | None = None,
-                 on_head=None) -> TarMembers:
+                 on_head=None, member_limit: int | None = None) -> TarMembers:
     """Iterate ``(name, payload)`` over the regular files of a tar read from ``stream``.
 
     ``stream`` needs only ``read(n)``. Raises ShardError naming ``url`` and the byte offset on a
@@ -412,5 +432,8 @@ def iter_members(stream: BinaryIO, url: str, payload_target=None, *, limit: int 
     it, or a byte beyond it, is a ShardError (``ShardMismatchError`` for the byte), so a stream
     that goes on is never read further. ``on_head(first)`` is called with the first
     ``HEAD_BYTES`` bytes (fewer if the stream is shorter) before any member is parsed.
+    ``member_limit``: the most bytes a member may claim (``Limits.sample_bytes``): a member
+    claiming more is a ``LimitError`` before its payload is read.
     """
-    return TarMembers(stream, url, payload_target, limit=limit, on_head=on_head)
+    return TarMembers(stream, url, payload_target, limit=limit, on_head=on_head,
+                      member_limit=member_limit)

@@ -20,6 +20,7 @@ import torch.utils.data
 
 from wdstream import options
 from wdstream.errors import ManifestError, OptionError, ShardError, StateError
+from wdstream.limits import Limits, checked_limits
 from wdstream.shards.samples import split_name
 from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
@@ -199,6 +200,12 @@ class StreamingDataset(PositionedDataset):
     ``__url__``. A file changed since then is an error (``ShardMismatchError``). JSON Lines
     files are counted by reading them once, unless ``index`` names the unit index that
     ``wdstream index SOURCE --output URL`` wrote for them. See docs/raw-files.md.
+
+    ``limits``: a ``wdstream.Limits``, what hostile shards may make the reader expand to (a
+    compressed shard's decompressed bytes, a sample's members and decoded values, a
+    decompressor's memory, images' pixels and formats); None: the defaults, far above real
+    datasets. Going past one is a ``wdstream.LimitError`` naming the shard, member and limit.
+    See docs/security.md.
     """
 
     _epoch_samples: int | None = None  # epoch_samples(), once known
@@ -229,9 +236,11 @@ class StreamingDataset(PositionedDataset):
         columns: Sequence[str] | None = None,
         key_column: str | None = None,
         index: str | os.PathLike | None = None,
+        limits: Limits | None = None,
     ):
         super().__init__()
         checked = _check_options(locals())  # every option, before any I/O
+        self.limits = limits = checked_limits("StreamingDataset", limits)
         self.source = source
         resolved = resolve_source(source, bool(allow_external_shards), share_manifest,
                                   checked["raw"], Access(None if opener == "auto" else opener,
@@ -248,12 +257,12 @@ class StreamingDataset(PositionedDataset):
         self.read_options = ReadOptions(opener=None if opener == "auto" else opener,
                                         timeout=checked["timeout"], retries=checked["retries"],
                                         backoff=checked["retry_backoff"], on_error=on_error,
-                                        verify_digest=checked["verify_digest"],
+                                        verify_digest=checked["verify_digest"], limits=limits,
                                         **_cache_options(cache_dir, cache_limit))
         self.decode = decode
         images = decode_option(decode)
         raw = isinstance(self.shards, UnitTable)  # rows are values already: nothing to decode
-        self.decoders = build_decoders(decoders, images) if decode and not raw else None
+        self.decoders = build_decoders(decoders, images, limits) if decode and not raw else None
         self.map = map
 
     # ---- sizes --------------------------------------------------------------------------
@@ -326,9 +335,11 @@ class StreamingDataset(PositionedDataset):
                 can_defer(decoders) and self.read_options.on_error == "raise" and \
                 torch.utils.data.get_worker_info() is not None:
             # small JSON decoded by the main process: the collate wrapper sees which
-            decode_sample = DeferringDecoder(decoders, spec.context.json_names)
+            decode_sample = DeferringDecoder(decoders, spec.context.json_names,
+                                             self.limits.sample_bytes)
         else:
-            decode_sample = SampleDecoder(decoders) if decoders is not None else None
+            decode_sample = SampleDecoder(decoders, sample_bytes=self.limits.sample_bytes) \
+                if decoders is not None else None
         for chunk in chunks:
             if mapper is None and None not in chunk and (
                     decode_sample is None or decode_sample.unchanged(chunk)):

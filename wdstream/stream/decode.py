@@ -3,7 +3,15 @@ str, ``cls``/``cls2``/``index``... to int, ``npy`` to arrays, ``mp``/``msgpack``
 msgpack is installed, ``NAME.gz`` gunzipped and decoded as ``NAME``; images only when asked for
 (``decode="rgb8"``...: Pillow, in the workers); anything else stays bytes. Users extend or
 replace the table; nothing unpickles unless asked for by name (``decoders={"pyd": "pickle"}``,
-``{"pth": "torch"}``)."""
+``{"pth": "torch"}``).
+
+A built-in decoder whose value may take more memory than its member's bytes (gunzipping, JSON,
+msgpack, npy, images) has a bounded form, ``decoder.within(data, budget) -> (value, bytes
+made)``: given the bytes the sample may still take (``Limits.sample_bytes`` less its members
+and what was decoded before), it raises ``LimitError`` before making more, from what the data
+says it will make (a gzip stream's output as it comes, an image's size from its header, an
+array's shape, a count of JSON values), never after. ``SampleDecoder`` keeps that budget per
+sample; a user's decoder is called as it is."""
 
 from __future__ import annotations
 
@@ -12,14 +20,21 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Mapping
-from functools import partial
 from operator import itemgetter
 
-from wdstream.errors import OptionError, OptionTypeError, ShardError
+from wdstream.errors import LimitError, OptionError, OptionTypeError, ShardError
+from wdstream.limits import Limits
 
-# The largest a gzip member may expand to: beyond this it is refused (a hostile member of a few
-# KB could otherwise fill the memory).
-MAX_GUNZIPPED = 1 << 30
+DEFAULT_LIMITS = Limits()
+# The most bytes of Python objects one byte of JSON text makes (``[{"":0},...]``: a dict of
+# 184 bytes and its pointer per 7 bytes), and a bound of the bytes one value takes, counted
+# by the ",", "[" and "{" that start or separate values: below len(text) * JSON_GROWTH
+# bytes the text is not counted.
+JSON_GROWTH = 32
+JSON_VALUE_BYTES = 100
+GUNZIP_PIECE = 64 << 20  # gunzipped at a time (zlib joins a call's output once more)
+# msgpack: a one-byte empty map becomes a dict of 64 bytes and its pointer.
+MSGPACK_GROWTH = 72
 
 try:  # a core dependency: faster than json on small records (docs/benchmarks.md)
     from orjson import JSONDecodeError as _FastJSONError
@@ -38,8 +53,32 @@ def json_member(data: bytes):
         return json.loads(data)
 
 
+def _left(budget: int) -> str:
+    return f"the {max(budget, 0):,} bytes left of the sample's limit (sample_bytes of wdstream.Limits)"
+
+
+def _json_within(data: bytes, budget: int):
+    made = len(data)
+    if made * JSON_GROWTH > budget:  # a large member: its values counted first
+        text = data if type(data) is bytes else bytes(data)
+        made += JSON_VALUE_BYTES * (text.count(b",") + text.count(b"[") + text.count(b"{"))
+        if made > budget:
+            raise LimitError(f"{len(text):,} bytes of JSON would make about {made:,} bytes of "
+                             f"objects, more than {_left(budget)}")
+    return json_member(data), made
+
+
 def _text(data: bytes) -> str:
     return data.decode("utf-8")
+
+
+def _text_within(data: bytes, budget: int):
+    # a str takes up to 4 bytes a character once one character needs them
+    made = len(data) if len(data) * 4 <= budget or data.isascii() else len(data) * 4
+    if made > budget:
+        raise LimitError(f"{len(data):,} bytes of text may take {made:,} bytes as a str, more "
+                         f"than {_left(budget)}")
+    return data.decode("utf-8"), made
 
 
 # the header np.save writes for a 1-d array of a plain number type (token ids, embeddings)
@@ -48,6 +87,10 @@ _NPY_1D = re.compile(rb"\{'descr': '([<|][uif][1248])', 'fortran_order': False, 
 
 
 def _npy(data: bytes):
+    return _npy_within(data, DEFAULT_LIMITS.sample_bytes)[0]
+
+
+def _npy_within(data: bytes, budget: int):
     import numpy as np
 
     # A 1-d array is read without np.load's header parser (literal_eval: ~50 us a member,
@@ -59,8 +102,24 @@ def _npy(data: bytes):
             dtype = np.dtype(header[1].decode())
             count = int(header[2])
             if len(data) - end == count * dtype.itemsize:
-                return np.frombuffer(data, dtype, count, end).copy()
-    return np.load(io.BytesIO(data), allow_pickle=False)
+                if count * dtype.itemsize > budget:
+                    raise LimitError(f"an array of {count * dtype.itemsize:,} bytes, more "
+                                     f"than {_left(budget)}")
+                return np.frombuffer(data, dtype, count, end).copy(), count * dtype.itemsize
+    stream = io.BytesIO(data)
+    version = np.lib.format.read_magic(stream)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+        else np.lib.format.read_array_header_2_0  # 2.0 and 3.0: a 4-byte header length
+    shape, _, dtype = read_header(stream)
+    size = dtype.itemsize
+    for length in shape:
+        size *= length
+    if size > len(data) - stream.tell():  # np.load would allocate it before reading
+        raise ValueError(f"the header says {size:,} bytes of array data; "
+                         f"{len(data) - stream.tell():,} follow")
+    if size > budget:
+        raise LimitError(f"an array of {size:,} bytes, more than {_left(budget)}")
+    return np.load(io.BytesIO(data), allow_pickle=False), size
 
 
 def _pickle(data: bytes):
@@ -80,27 +139,58 @@ def _int(data: bytes) -> int:
 
 
 def _msgpack(data: bytes):
+    return _msgpack_within(data, DEFAULT_LIMITS.sample_bytes)[0]
+
+
+def _msgpack_within(data: bytes, budget: int):
     import msgpack
 
-    return msgpack.unpackb(data, raw=False)
+    made = len(data) * MSGPACK_GROWTH
+    if made > budget:
+        raise LimitError(f"{len(data):,} bytes of msgpack may make up to {made:,} bytes of "
+                         f"objects, more than {_left(budget)}")
+    return msgpack.unpackb(data, raw=False), made
 
 
 def gunzip(data: bytes) -> bytes:
     """A gzip member's content (several gzip members one after another too), at most
-    MAX_GUNZIPPED bytes."""
+    ``Limits().sample_bytes`` bytes (``gunzip.within``: at most a given budget)."""
+    return _gunzip_within(data, DEFAULT_LIMITS.sample_bytes)[0]
+
+
+def _gunzip_within(data: bytes, budget: int):
     out = []
     size = 0
-    while data:
+    while data:  # a gzip member at a time
         decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        piece = decompressor.decompress(data, MAX_GUNZIPPED - size + 1)
-        size += len(piece)
-        if size > MAX_GUNZIPPED or decompressor.unconsumed_tail:
-            raise ValueError(f"gzip member expands to more than {MAX_GUNZIPPED} bytes")
+        while data and not decompressor.eof:  # in pieces: nothing joined past the budget
+            piece = decompressor.decompress(data, min(GUNZIP_PIECE, max(budget - size, 0) + 1))
+            size += len(piece)
+            if size > budget:
+                raise LimitError(f"gzip data expands to more than {_left(budget)}")
+            out.append(piece)
+            data = decompressor.unconsumed_tail
         if not decompressor.eof:
             raise ValueError("truncated gzip data")
-        out.append(piece)
         data = decompressor.unused_data
-    return b"".join(out)
+    return (out[0] if len(out) == 1 else b"".join(out)), size
+
+
+# the bounded forms of the built-in decoders (see the module's docstring)
+json_member.within = _json_within
+_text.within = _text_within
+_npy.within = _npy_within
+_msgpack.within = _msgpack_within
+gunzip.within = _gunzip_within
+
+
+def within(decoder: Callable, data, budget: int) -> tuple[object, int]:
+    """``decoder(data)`` and the bytes its value takes beyond ``data``, at most ``budget``
+    (``LimitError`` before more) for a decoder with a bounded form; 0 for any other."""
+    bounded = getattr(decoder, "within", None)
+    if bounded is None:
+        return decoder(data), 0
+    return bounded(data, budget)
 
 
 DEFAULT_DECODERS: dict[str, Callable[[bytes], object]] = {
@@ -148,24 +238,62 @@ IMAGE_MODES = {
 class ImageDecoder:
     """Decodes an image member with Pillow: a PIL image, an ``HxWxC`` numpy array (``HxW``
     for ``L``), or a ``CxHxW`` tensor; ``uint8``, or ``float32`` in [0, 1]. Picklable, so it
-    goes to DataLoader workers with the dataset."""
+    goes to DataLoader workers with the dataset.
 
-    def __init__(self, name: str):
+    Only ``limits.image_formats`` are read (by their content, whatever the member's name); an
+    image's size is read from its header and checked (``limits.image_pixels``, and the bytes
+    its pixels take decoded against the sample's budget) before its pixels are decoded."""
+
+    def __init__(self, name: str, limits: Limits = DEFAULT_LIMITS):
         if name not in IMAGE_MODES:
             raise OptionError(f"decode={name!r}: image modes are {', '.join(IMAGE_MODES)} "
                              "(or True / False)")
         try:
-            import PIL.Image  # noqa: F401 - checked when the dataset is built
+            from PIL import Image  # checked when the dataset is built
         except ImportError:
             raise OptionError(f"decode={name!r} decodes images with Pillow: "
                              "pip install 'wdstream[image]'") from None
+        Image.init()
+        unknown = [f for f in limits.image_formats if f not in Image.OPEN]
+        if unknown:
+            raise OptionError(f"Limits: image_formats: Pillow reads no {', '.join(unknown)} "
+                              f"(it reads {', '.join(sorted(Image.OPEN))})")
         self.name = name
+        self.limits = limits
         self.mode, self.output, self.dtype = IMAGE_MODES[name]
 
     def __call__(self, data: bytes):
+        return self.within(data, self.limits.sample_bytes)[0]
+
+    def _bytes_per_pixel(self, mode: str) -> int:
+        """What Pillow's image of ``mode``, its conversion and the array made of it take per
+        pixel, at most (Pillow keeps 3 and 4 bands in 4 bytes)."""
         from PIL import Image
 
-        image = Image.open(io.BytesIO(data))
+        made = 1 if mode in ("1", "L", "P") else 4
+        if self.mode is not None and mode != self.mode:
+            made += 1 if self.mode == "L" else 4
+        if self.output == "pil":
+            return made
+        bands = Image.getmodebands(self.mode or mode)
+        return made + bands * (9 if self.dtype == "float" else 2)  # float: 2 arrays at once
+
+    def within(self, data: bytes, budget: int):
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(data), formats=self.limits.image_formats)
+        width, height = image.size
+        if width * height > self.limits.image_pixels:
+            raise LimitError(f"a {width}x{height} image: more than "
+                             f"{self.limits.image_pixels:,} pixels (the limit image_pixels of "
+                             "wdstream.Limits)")
+        made = width * height * self._bytes_per_pixel(image.mode)
+        if made > budget:
+            raise LimitError(f"a {width}x{height} image takes {made:,} bytes decoded, more "
+                             f"than {_left(budget)}")
+        return self._pixels(image), made
+
+    def _pixels(self, image):
         if self.mode is not None and image.mode != self.mode:
             image = image.convert(self.mode)
         else:
@@ -188,16 +316,16 @@ class ImageDecoder:
         return f"ImageDecoder({self.name!r})"
 
 
-def build_decoders(decoders: Mapping[str, object] | None, images: str | None = None
-                   ) -> dict[str, Callable]:
-    """The default table (with images decoded as ``images``, a name of IMAGE_MODES, if given)
-    updated with the user's: ``{ext: callable | "pickle" | "torch" | None}``; None removes a
-    default (the member stays bytes)."""
+def build_decoders(decoders: Mapping[str, object] | None, images: str | None = None,
+                   limits: Limits = DEFAULT_LIMITS) -> dict[str, Callable]:
+    """The default table (with images decoded as ``images``, a name of IMAGE_MODES, if given,
+    within ``limits``) updated with the user's: ``{ext: callable | "pickle" | "torch" |
+    None}``; None removes a default (the member stays bytes)."""
     table = dict(DEFAULT_DECODERS)
     if _msgpack_installed():
         table.update(dict.fromkeys(("mp", "msgpack", "msg"), _msgpack))
     if images is not None:
-        table.update(dict.fromkeys(IMAGE_EXTENSIONS, ImageDecoder(images)))
+        table.update(dict.fromkeys(IMAGE_EXTENSIONS, ImageDecoder(images, limits)))
     for ext, decoder in (decoders or {}).items():
         if not isinstance(ext, str) or not ext:
             raise OptionTypeError(f"decoders: keys are extensions such as 'json', not {ext!r}")
@@ -234,33 +362,49 @@ def find_decoder(table: Mapping[str, Callable], extension: str) -> Callable | No
     return table.get(extension) or table.get(extension.rsplit(".", 1)[-1])
 
 
-def decode_member(table: Mapping[str, Callable], name: str, value):
-    """One member's value: decoded by the decoder of ``name`` (its extension), else bytes."""
+def decode_member(table: Mapping[str, Callable], name: str, value,
+                  budget: int = DEFAULT_LIMITS.sample_bytes):
+    """One member's value: decoded by the decoder of ``name`` (its extension), else bytes;
+    at most ``budget`` bytes made by a built-in decoder."""
+    return member_within(table, name, value, budget)[0]
+
+
+def member_within(table: Mapping[str, Callable], name: str, value, budget: int):
+    """``decode_member``'s value and the bytes it made (see ``within``)."""
     decoder = table.get(name)
     if decoder is None:
         inner, dot, last = name.rpartition(".")
         decoder = table.get(last)
         if decoder is gunzip and dot:  # NAME.gz: gunzipped, then decoded as NAME
-            data = gunzip(value)
+            data, made = _gunzip_within(value, budget)
             inner_decoder = find_decoder(table, inner)
-            return data if inner_decoder is None or inner_decoder is gunzip \
-                else inner_decoder(data)
-    return value if decoder is None else decoder(value)
+            if inner_decoder is None or inner_decoder is gunzip:
+                return data, made
+            value, more = within(inner_decoder, data, budget - made)
+            return value, made + more
+    return (value, 0) if decoder is None else within(decoder, value, budget)
 
 
-def decode_sample(sample: dict, table: Mapping[str, Callable]) -> dict:
-    """Decode each member whose extension (its last dotted part) has a decoder."""
-    decoded = {}
-    for name, value in sample.items():
-        if name.startswith("__"):
-            decoded[name] = value
-            continue
-        try:
-            decoded[name] = decode_member(table, name, value)
-        except Exception as error:  # any decoder failure names the sample
-            raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
-                               error) from error
-    return decoded
+class _Gunzipped:
+    """The decoder of a member named ``NAME.gz``: gunzipped, then decoded as ``NAME``."""
+
+    __slots__ = ("table", "name")
+
+    def __init__(self, table: Mapping[str, Callable], name: str):
+        self.table, self.name = table, name
+
+    def __call__(self, data):
+        return decode_member(self.table, self.name, data)
+
+    def within(self, data, budget: int):
+        return member_within(self.table, self.name, data, budget)
+
+
+def decode_sample(sample: dict, table: Mapping[str, Callable],
+                  sample_bytes: int = DEFAULT_LIMITS.sample_bytes) -> dict:
+    """Decode each member whose extension (its last dotted part) has a decoder (a new dict;
+    ``sample_bytes``: ``Limits.sample_bytes``)."""
+    return SampleDecoder(table, sample_bytes=sample_bytes)(dict(sample))
 
 
 _UNSEEN = object()
@@ -271,16 +415,18 @@ class SampleDecoder:
     """``decode_sample`` for one stream: the decoder of each member name (or that it has
     none) is looked up once, not for every sample. ``kept``: a decoder of the table whose
     ``bytes`` values under ``kept_below`` bytes are left as they are (JSON that the main
-    process decodes: ``stream.deferred``)."""
+    process decodes: ``stream.deferred``). A sample's members and what the built-in decoders
+    make of them take at most ``sample_bytes`` (``Limits.sample_bytes``; see ``within``)."""
 
-    __slots__ = ("table", "_by_name", "_kept", "_kept_below")
+    __slots__ = ("table", "_by_name", "_kept", "_kept_below", "_sample_bytes")
 
     def __init__(self, table: Mapping[str, Callable], kept: Callable | None = None,
-                 kept_below: int = 0):
+                 kept_below: int = 0, sample_bytes: int = DEFAULT_LIMITS.sample_bytes):
         self.table = table
         self._by_name: dict[str, Callable | None] = {}
         self._kept = _UNSEEN if kept is None else kept  # _UNSEEN: no decoder is kept
         self._kept_below = kept_below
+        self._sample_bytes = sample_bytes
 
     def _decoder(self, name: str) -> Callable | None:
         """What ``decode_member`` would call for a member ``name``."""
@@ -293,7 +439,7 @@ class SampleDecoder:
                 inner, dot, last = name.rpartition(".")
                 decoder = table.get(last)
                 if decoder is gunzip and dot:  # NAME.gz: gunzipped, then decoded as NAME
-                    decoder = partial(decode_member, table, name)
+                    decoder = _Gunzipped(table, name)
         if len(self._by_name) < _NAMES_KEPT:
             self._by_name[name] = decoder
         return decoder
@@ -301,6 +447,7 @@ class SampleDecoder:
     def __call__(self, sample: dict) -> dict:
         """``sample`` decoded in place (the reader's dict: nothing else holds it)."""
         by_name, kept, below = self._by_name, self._kept, self._kept_below
+        budget = None  # bytes the sample may still take; counted at its first bounded decoder
         for name, value in sample.items():  # values replaced, no key added: no resize
             decoder = by_name.get(name, _UNSEEN)
             if decoder is _UNSEEN:
@@ -309,7 +456,15 @@ class SampleDecoder:
                                    and len(value) < below):
                 continue
             try:
-                sample[name] = decoder(value)
+                bounded = getattr(decoder, "within", None)
+                if bounded is None:
+                    sample[name] = decoder(value)
+                    continue
+                if budget is None:
+                    budget = self._sample_bytes - sum(
+                        len(v) for v in sample.values() if type(v) is bytes)
+                sample[name], made = bounded(value, budget)
+                budget -= made
             except Exception as error:  # any decoder failure names the sample
                 raise decode_error(sample.get("__url__"), sample.get("__key__"), name,
                                    error) from error
@@ -343,5 +498,7 @@ _BYTES = frozenset((bytes,))
 
 
 def decode_error(url, key, name: str, error: Exception) -> ShardError:
-    """The error of a member that does not decode: its shard, sample and member."""
-    return ShardError(f"{url}: sample {key!r}: cannot decode .{name}: {error}")
+    """The error of a member that does not decode: its shard, sample and member (a
+    ``LimitError`` for a member past a limit)."""
+    kind = LimitError if isinstance(error, LimitError) else ShardError
+    return kind(f"{url}: sample {key!r}: cannot decode .{name}: {error}")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from itertools import accumulate
 
 from wdstream.stream.decode import (
+    DEFAULT_LIMITS,
     JSON_READS_VIEWS,
     SampleDecoder,
     _fast_loads,
@@ -54,6 +55,15 @@ def _defer(data):
     return Deferred(data) if type(data) is bytes and len(data) < DEFER_MAX else json_member(data)
 
 
+def _defer_within(data, budget: int):
+    if type(data) is bytes and len(data) < DEFER_MAX:
+        return Deferred(data), 0
+    return json_member.within(data, budget)
+
+
+_defer.within = _defer_within  # the bounded form (wdstream.stream.decode.within)
+
+
 def deferring(table: Mapping[str, Callable]) -> dict[str, Callable]:
     """``table`` with the built-in JSON decoder replaced by one that defers small members
     (other decoders, a user's JSON decoder included, untouched)."""
@@ -69,8 +79,10 @@ class DeferringDecoder(SampleDecoder):
 
     __slots__ = ("names",)
 
-    def __init__(self, table: Mapping[str, Callable], names: set[str]):
-        super().__init__(deferring(table), kept=_defer, kept_below=DEFER_MAX)
+    def __init__(self, table: Mapping[str, Callable], names: set[str],
+                 sample_bytes: int = DEFAULT_LIMITS.sample_bytes):
+        super().__init__(deferring(table), kept=_defer, kept_below=DEFER_MAX,
+                         sample_bytes=sample_bytes)
         self.names = names
 
     def _decoder(self, name: str) -> Callable | None:

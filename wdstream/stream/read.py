@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
+from wdstream.limits import Limits
 from wdstream.options import CHOICES, choice
 from wdstream.shards.compression import DecompressingStream, open_tar, stored_bytes
 from wdstream.shards.identity import head_check
@@ -62,6 +63,7 @@ class ReadOptions:
     verify_digest: bool = False
     cache_dir: str | None = None  # local shard cache (wdstream.sources.cache); None: none
     cache_limit: int | str | None = None  # its size bound; None: cache.DEFAULT_LIMIT
+    limits: Limits = field(default_factory=Limits)  # what shards may expand to
 
     def __post_init__(self):
         choice("ReadOptions", "on_error", self.on_error)
@@ -268,17 +270,19 @@ class SpanReader:
         try:
             # a compressed shard is decompressed here, in the reading process; closing the
             # tar stream closes ``stream``
+            limits = self.options.limits
             stream = open_tar(stream, url, source=source if hashing else None,
-                              stored_limit=table.get("bytes", shard) or None)
+                              stored_limit=table.get("bytes", shard) or None, limits=limits)
             # the manifest's bytes bound a plain tar as it is parsed; a compressed one is
             # bounded by its decompressor, and ``head`` is of the tar bytes either way
             plain = not isinstance(stream, DecompressingStream)
             members = iter_members(stream, url, self.payload_target,
                                    limit=(table.get("bytes", shard) or None) if plain else None,
-                                   on_head=head_check(url, head) if head else None)
+                                   on_head=head_check(url, head) if head else None,
+                                   member_limit=limits.sample_bytes)
             current = 0  # the range the next sample may fall in
             strays = StrayCount()  # counted once the shard was read to its end, cleanly
-            for batch in sample_batches(members.batches(), url, strays):
+            for batch in sample_batches(members.batches(), url, strays, limits.sample_bytes):
                 end = count + len(batch)  # the batch's samples are at count..end-1
                 if limit is not None and end > limit:
                     batch = batch[: limit - count]
