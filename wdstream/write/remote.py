@@ -171,10 +171,10 @@ def read_member(url: str, size: int) -> bytes:
     if is_remote(url):
         from wdstream.sources.objects import read_bytes
 
-        content = read_bytes(url)
+        content = read_bytes(url, limit=size)
     else:
         with open(url, "rb") as file:
-            content = file.read()
+            content = file.read(size + 1)  # a file grown since listed: one byte tells
     if len(content) != size:
         raise InputError(f"{url}: changed while packing ({size} -> {len(content)} bytes)")
     return content
