@@ -349,9 +349,9 @@ def read_bytes(url: str, *, limit: str | int = "object") -> bytes:
             chunks.append(chunk)
             total += len(chunk)
             if total > most:
-                how = (f"the most a {limit} may have (set {size_variable(limit)} to change "
-                       "it)") if isinstance(limit, str) else "the most expected"
-                raise InputError(f"{url}: more than {most:,} bytes, {how}")
+                how = (f", the most a {limit} may have (set {size_variable(limit)} to change "
+                       "it)") if isinstance(limit, str) else ""
+                raise InputError(f"{url}: more than {most:,} bytes{how}")
     return b"".join(chunks)
 
 
