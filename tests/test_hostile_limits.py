@@ -154,6 +154,17 @@ def test_a_huge_local_file_is_read_up_to_the_limit(kind, tmp_path):
     assert_refused(outcome, error, word, str(tmp_path / NAMES[kind]))
 
 
+def test_an_endless_gcs_metadata_answer_is_read_in_part():
+    """A GCS-compatible endpoint (``STORAGE_EMULATOR_HOST``) answering the object's metadata
+    with an endless body: the reader takes its first 16 KiB, not the whole answer."""
+    with http_server(_Endless) as base:
+        outcome = limited("from wdstream.sources.objects import read_bytes\n"
+                          "read_bytes('gs://bucket/data/index.json')",
+                          {"STORAGE_EMULATOR_HOST": base})
+    assert_refused(outcome, "StreamError", "gs://bucket/data/index.json",
+                   "unreadable object metadata")
+
+
 @pytest.mark.slow
 def test_large_objects_on_s3_are_cut_at_the_limit(s3, s3_bucket):
     """Through the moto server and the ranged S3 reader: a manifest and a config of 3 MiB
