@@ -211,6 +211,17 @@ def test_a_yaml_alias_bomb_is_refused_as_it_is_composed(tmp_path):
     assert_refused(outcome, "InputError", "bomb.yaml", "more than 100,000 values", seconds=2)
 
 
+@pytest.mark.slow
+def test_a_config_of_one_long_value_reads_in_seconds(tmp_path):
+    """15 MiB in one string, under the 16 MiB limit: libyaml's scanner, not PyYAML's
+    pure-Python one (50 s), and the error names the key."""
+    (tmp_path / "long.yaml").write_text("datasets: '" + "x" * (15 << 20) + "'\n")
+    outcome = limited(f"wdstream.from_config({str(tmp_path / 'long.yaml')!r})", setup=BUILD)
+    assert_refused(outcome, "InputError", "'datasets' must be a list of datasets, not str",
+                   seconds=8)
+
+
+@pytest.mark.slow
 def test_yaml_aliases_within_the_bound_still_work(tmp_path):
     write_dataset(tmp_path / "a", [3])
     write_dataset(tmp_path / "b", [2])
@@ -231,9 +242,15 @@ def test_yaml_aliases_within_the_bound_still_work(tmp_path):
     ("deep-map.json", '{"a": ' * 50_000 + "1" + "}" * 50_000),
 ])
 def test_deep_configs_are_refused_by_depth(tmp_path, name, text):
+    """(libyaml refuses flow collections 1,000 deep itself, as it scans)"""
     (tmp_path / name).write_text(text)
     outcome = limited(f"wdstream.from_config({str(tmp_path / name)!r})")
-    assert_refused(outcome, "InputError", name, "nested deeper than 32 levels")
+    assert_refused(outcome, "InputError", name, "nest")
+    shallow = "datasets: " + "[" * 33 + "]" * 33 if name.endswith(".yaml") else \
+        '{"datasets": ' + "[" * 33 + "]" * 33 + "}"
+    (tmp_path / name).write_text(shallow)
+    with pytest.raises(InputError, match=f"{name}: not valid .*nested deeper than 32 levels"):
+        wds.from_config(str(tmp_path / name))
 
 
 @pytest.mark.parametrize("name, text, words", [
