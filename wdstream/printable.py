@@ -71,7 +71,7 @@ _SECRET_PARAMETERS = ("X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Tok
                       "refresh_token", "id_token", "token", "sig")
 _SECRET_VALUE = re.compile(
     r"(?i)(?<![\w-])(" + "|".join(map(re.escape, _SECRET_PARAMETERS))
-    + r")(\s*(?:=|%3D|:)\s*)[^&\s\"'<>,;)]+")
+    + r")(\s*(?:=|%3D)\s*|:\s*(?=[^&\s\"'<>,;)]{16}))[^&\s\"'<>,;)]+")  # ": " header-like
 _SECRET_ELEMENT = re.compile(
     r"(?i)<(AWSAccessKeyId|SignatureProvided|StringToSign|StringToSignBytes|"
     r"CanonicalRequest|CanonicalRequestBytes|X-Amz-Security-Token)>[^<]*")

@@ -356,9 +356,11 @@ def read_bytes(url: str, *, limit: str | int = "object") -> bytes:
 
 
 def _check_special_file(url: str) -> None:
-    path = urls.to_local_path(url) if urls.scheme(url) == "file" else None
+    """InputError for a local path to a device, FIFO or socket (after symbolic links)."""
+    if urls.scheme(url) != "file":
+        return
     try:
-        mode = os.stat(path).st_mode if path is not None else stat.S_IFREG
+        mode = os.stat(urls.to_local_path(url)).st_mode
     except OSError:
         return  # missing or unreadable: the opener says so
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
