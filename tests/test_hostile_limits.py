@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import traceback
 import urllib.parse
 
@@ -24,6 +25,7 @@ from servers import environ, http_server
 
 import wdstream as wds
 from wdstream.errors import InputError, WdstreamError
+from wdstream.limits import NestingError, json_depth, json_loads
 from wdstream.printable import redact, short_repr
 from wdstream.shards.manifest import load_manifest
 
@@ -233,6 +235,18 @@ def test_yaml_aliases_within_the_bound_still_work(tmp_path):
     (tmp_path / "cycle.yaml").write_text("datasets: &a [*a]\n")
     with pytest.raises(InputError, match="cycle.yaml: .*an alias to a value that contains it"):
         wds.from_config(str(tmp_path / "cycle.yaml"))
+
+
+def test_json_depth_counts_brackets_outside_strings():
+    assert json_depth(b'{"a": [1, {"b": "[[[[\\" [[{"}], "c": []}') == 3
+    assert json_depth("[" * 40 + "]" * 40) == 40
+    assert json_depth('["' + "\\\"" * 1000 + '", [[]]]') == 3  # escaped quotes stay inside
+    started = time.monotonic()  # escaped quotes that never close: linear, not quadratic
+    assert json_depth(b'"' + b'\\"[' * (1 << 20)) == 0
+    assert time.monotonic() - started < 5
+    with pytest.raises(NestingError, match="nested deeper than 32 levels"):
+        json_loads(b'{"a": ' * 33 + b"1" + b"}" * 33)
+    assert json_loads(b'{"a": ' * 32 + b"1" + b"}" * 32) is not None
 
 
 @pytest.mark.parametrize("name, text", [

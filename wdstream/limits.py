@@ -63,8 +63,8 @@ _STEP = 1 << 22  # brackets counted at a time
 
 
 def json_depth(text: bytes | str, limit: int = MAX_DEPTH) -> int:
-    """How deep the arrays and objects of a JSON text nest, counted up to ``limit + 1`` (no
-    parse: strings are skipped, brackets counted)."""
+    """How deep the arrays and objects of a JSON text nest (no parse: strings are skipped,
+    brackets counted); past ``limit``, a number above it, counting stopped there."""
     import numpy as np
 
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
