@@ -58,24 +58,30 @@ class NestingError(ValueError):
 # A JSON string, or a quote that opens one never closed (to the end of the text): possessive,
 # so that each match is found on its first attempt and stripping stays linear in the text.
 _STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\Z)', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_STEP = 1 << 22  # brackets counted at a time
+_STEP = 1 << 22  # bytes looked at a time
 
 
 def json_depth(text: bytes | str, limit: int = MAX_DEPTH) -> int:
-    """How deep the arrays and objects of a JSON text nest (no parse: strings are skipped,
-    brackets counted); past ``limit``, a number above it, counting stopped there."""
+    """How deep the arrays and objects of a JSON text nest (no parse: brackets counted outside
+    strings); past ``limit``, a number above it, counting stopped there. Without a backslash
+    in the text every quote opens or closes a string; with one, strings are stripped first."""
     import numpy as np
 
-    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
-    steps = np.frombuffer(brackets, dtype=np.uint8)
-    depth = deepest = 0
-    for at in range(0, len(steps), _STEP):
-        chunk = steps[at:at + _STEP]
-        levels = depth + np.cumsum(np.where((chunk == ord("[")) | (chunk == ord("{")), 1, -1))
-        deepest = max(deepest, int(levels.max()))
-        depth = int(levels[-1])
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if b"\\" in data:
+        data = _STRING.sub(b"", data)
+    data = np.frombuffer(data, dtype=np.uint8)
+    depth = deepest = quoted = 0
+    for at in range(0, len(data), _STEP):
+        chunk = data[at:at + _STEP]
+        outside = (np.cumsum(chunk == ord('"'), dtype=np.int32) + quoted) % 2 == 0
+        opens = ((chunk == ord("[")) | (chunk == ord("{"))) & outside
+        brackets = np.flatnonzero(opens | ((chunk == ord("]")) | (chunk == ord("}"))) & outside)
+        quoted = (quoted + int(np.count_nonzero(chunk == ord('"')))) % 2
+        if not len(brackets):
+            continue
+        levels = depth + np.cumsum(np.where(opens[brackets], 1, -1))
+        deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
         if deepest > limit:
             break
     return deepest
