@@ -2,8 +2,8 @@
 
 - **Sizes**: a small object read whole (a manifest, a config, a tokenizer) is read up to its
   kind's limit and refused past it, while reading: an endless HTTP body, ``/dev/zero`` or a
-  huge file costs at most the limit. ``SIZE_LIMITS`` are far above any real dataset's (a
-  manifest of a million shards is about 150 MB); the environment variable
+  huge file costs at most the limit. ``SIZE_LIMITS`` are far above any real dataset's (see
+  docs/security.md); the environment variable
   ``WDSTREAM_MAX_<KIND>_BYTES`` (``WDSTREAM_MAX_MANIFEST_BYTES=4GiB``), read when an object is
   read, raises or lowers one.
 - **Nesting**: JSON and YAML documents nest at most ``MAX_DEPTH`` levels, checked before a

@@ -10,8 +10,8 @@
   a "billion laughs" file of a few hundred bytes is refused after reading that many values,
   rather than expanded. An alias to a value that contains it (a cycle) is refused.
 
-YAML is parsed by libyaml when PyYAML was built with it (a 15 MiB string in 0.5 s rather
-than the pure-Python scanner's 50 s), with PyYAML's safe loader either way.
+YAML is parsed by libyaml when PyYAML was built with it (PyYAML's pure-Python scanner is
+slow on long values: see docs/security.md), with PyYAML's safe loader either way.
 
 Every failure is an ``InputError`` naming the file.
 """
