@@ -167,6 +167,20 @@ def test_an_endless_gcs_metadata_answer_is_read_in_part():
                    "unreadable object metadata")
 
 
+def test_the_commands_refuse_a_fifo_or_an_oversized_manifest(tmp_path, cli_env):
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "index.json")
+    for command in ("ls", "verify"):
+        result = wdstream(command, fifo, code=2, env=cli_env, timeout=30)
+        assert f"{fifo}/index.json: not a regular file" in result.stderr
+    write_dataset(tmp_path / "ds", [3, 2])
+    result = wdstream("ls", tmp_path / "ds", code=2, timeout=30,
+                      env={**cli_env, "WDSTREAM_MAX_MANIFEST_BYTES": "100"})
+    assert "index.json: more than 100 bytes, the most a manifest may have (set " \
+        "WDSTREAM_MAX_MANIFEST_BYTES to change it)" in result.stderr
+
+
 @pytest.mark.slow
 def test_large_objects_on_s3_are_cut_at_the_limit(s3, s3_bucket):
     """Through the moto server and the ranged S3 reader: a manifest and a config of 3 MiB
