@@ -421,6 +421,7 @@ def _assert_no_secret(handler, *texts: str) -> None:
                 secret, text[:2000])
 
 
+@pytest.mark.slow
 def test_no_signed_url_secret_in_errors_warnings_or_tracebacks(echoing_s3, caplog):
     handler, _env = echoing_s3
     caplog.set_level(logging.WARNING, logger="wdstream")
