@@ -24,8 +24,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from wdstream.errors import InputError, ManifestError, StreamError
-from wdstream.limits import MAX_DEPTH, NestingError, json_loads, size_limit
+from wdstream.errors import ManifestError, StreamError
+from wdstream.limits import MAX_DEPTH, NestingError, json_loads
 from wdstream.printable import printable, short_repr
 from wdstream.shards import names
 from wdstream.shards.compression import compression_of_name
@@ -357,11 +357,8 @@ def load_manifest(source: str, *, allow_external_shards: bool = False,
 def _read_manifest(url: str) -> bytes:
     from wdstream.sources.objects import exists, read_bytes
 
-    size_limit("manifest")  # a bad setting of the limit: an InputError, raised as it is
     try:
-        return read_bytes(url, limit="manifest")
-    except InputError as e:  # larger than a manifest may be, or not a file
-        raise ManifestError(str(e)) from None
+        return read_bytes(url, limit="manifest", error=ManifestError)
     except StreamError as e:
         # Ask again rather than parse the error text: the back-ends word "not found" differently.
         if e.transient or exists(url):

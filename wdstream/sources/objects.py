@@ -332,17 +332,19 @@ def write_bytes(url: str, data: bytes, *, via: str = "auto") -> None:
 _READ_CHUNK = 1 << 20
 
 
-def read_bytes(url: str, *, limit: str | int = "object") -> bytes:
+def read_bytes(url: str, *, limit: str | int = "object",
+               error: type[WdstreamError] = InputError) -> bytes:
     """The whole object at ``url``, read with the default opener, if it has at most ``limit``
     bytes: a kind of ``limits.SIZE_LIMITS`` ("manifest", "config", "tokenizer", "object"),
     whose limit its environment variable may change, or a number of bytes.
 
-    The limit is checked while reading: past it, an ``InputError`` names the URL and the
-    limit, having read one byte more than the limit, whatever the object's size (an endless
-    HTTP body, ``/dev/zero``). A local path that is not a regular file or a folder (a FIFO, a
-    device, a socket) is refused before it is opened, so that it cannot block the reader."""
+    The limit is checked while reading: past it, ``error`` names the URL and the limit,
+    having read one byte more than the limit, whatever the object's size (an endless HTTP
+    body, ``/dev/zero``). A local path that is not a regular file or a folder (a FIFO, a
+    device, a socket) is refused (``error``) before it is opened, so that it cannot block
+    the reader."""
     most = size_limit(limit) if isinstance(limit, str) else limit
-    _check_special_file(url)
+    _check_special_file(url, error)
     chunks, total = [], 0
     with open_read(url) as stream:
         while chunk := stream.read(min(_READ_CHUNK, most + 1 - total)):
@@ -351,12 +353,12 @@ def read_bytes(url: str, *, limit: str | int = "object") -> bytes:
             if total > most:
                 how = (f", the most a {limit} may have (set {size_variable(limit)} to change "
                        "it)") if isinstance(limit, str) else ""
-                raise InputError(f"{url}: more than {most:,} bytes{how}")
+                raise error(f"{url}: more than {most:,} bytes{how}")
     return b"".join(chunks)
 
 
-def _check_special_file(url: str) -> None:
-    """InputError for a local path to a device, FIFO or socket (after symbolic links)."""
+def _check_special_file(url: str, error: type[WdstreamError]) -> None:
+    """``error`` for a local path to a device, FIFO or socket (after symbolic links)."""
     if urls.scheme(url) != "file":
         return
     try:
@@ -364,8 +366,7 @@ def _check_special_file(url: str) -> None:
     except OSError:
         return  # missing or unreadable: the opener says so
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise InputError(f"{url}: not a regular file (a device, FIFO or socket is never read "
-                         "whole)")
+        raise error(f"{url}: not a regular file (a device, FIFO or socket is never read whole)")
 
 
 def exists(url: str) -> bool:
