@@ -60,7 +60,7 @@ IMPOSSIBLE = {
         lambda d: resum(edit(d, shard0_samples=2**63, shard0_bytes=2**72)), "'shards[0].bytes'"),
     "top-level-sum-2**63": (lambda d: edit(d, samples=2**63), "'samples'"),
     "nested-100k": (lambda d: json.dumps(d)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000
-                    + "}", "nested too deeply"),
+                    + "}", "nested deeper than 32"),
     "nested-40": (lambda d: json.dumps(d)[:-1] + ', "x": ' + "[" * 40 + "]" * 40 + "}",
                   "nested deeper than 32"),
     "control-characters": (lambda d: edit(d, shard0_url="shard-000000\x1b[2J.tar"),

@@ -1,18 +1,24 @@
 """Exceptions. Every error a user can cause or meet derives from WdstreamError.
 
 The CLI prints a WdstreamError's message (no traceback) and exits with its ``exit_code``.
-Messages always name the file, line, record or URL concerned.
+Messages always name the file, line, record or URL concerned, and never a signed request's
+secret: every message passes through ``printable.redact`` when the error is made.
 """
 
 from __future__ import annotations
 
-from wdstream.printable import printable
+from wdstream.printable import printable, redact
 
 
 class WdstreamError(Exception):
-    """Base class. ``exit_code`` is what the CLI exits with."""
+    """Base class. ``exit_code`` is what the CLI exits with. Text arguments are redacted
+    (``printable.redact``): a message quoting a signed URL or a server's reply shows no
+    signature, credential or token."""
 
     exit_code = 2
+
+    def __init__(self, *args):
+        super().__init__(*(redact(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class InputError(WdstreamError):
@@ -54,10 +60,10 @@ class StreamError(WdstreamError):
             self.url, self.stderr, self.transient = "", "", False
             super().__init__(url)
             return
-        self.url = url
-        self.stderr = stderr.strip()
+        self.url = redact(url)
+        self.stderr = redact(stderr.strip())
         self.transient = transient
-        text = f"{printable(url)}: {message}"  # a name from storage may hold control chars
+        text = f"{printable(self.url)}: {message}"  # a name from storage may hold control chars
         if self.stderr:
             text += f"\n{self.stderr}"
         super().__init__(text)

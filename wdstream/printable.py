@@ -4,9 +4,18 @@ Names and values read from storage (object names, manifest entries, config value
 control characters: an ANSI escape could recolour or rewrite what a terminal shows, a ``\\r`` or
 a newline could forge a line of output. ``printable`` spells every such character as an escape
 (``\\x1b``, ``\\r``, ``\\n``, ``\\u202e``), the way ``repr`` does, and leaves all other text as it is.
+
+A message may also quote a URL or a server's reply that holds a signed request's secrets (a
+presigned URL's signature and access key id, a token). ``redact`` is the one function every
+error text and warning with a URL or a server's message goes through (``WdstreamError``
+applies it to its arguments); ``short_repr`` shows a value read from storage without ever
+rendering more than a bounded prefix of it.
 """
 
 from __future__ import annotations
+
+import re
+import reprlib
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -51,3 +60,46 @@ def _json_char(char: str) -> str:
 def _surrogates(char: str) -> str:
     code = ord(char) - 0x10000
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+# Query parameters and header fields whose value is a secret (AWS SigV2/SigV4, GCS V2/V4
+# signed URLs, OAuth and SAS tokens), and the fields of S3's SignatureDoesNotMatch reply that
+# spell the access key id or the signature.
+_SECRET_PARAMETERS = ("X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token",
+                      "X-Goog-Signature", "X-Goog-Credential", "GoogleAccessId",
+                      "AWSAccessKeyId", "Signature", "Credential", "access_token",
+                      "refresh_token", "id_token", "token", "sig")
+_SECRET_VALUE = re.compile(
+    r"(?i)(?<![\w-])(" + "|".join(map(re.escape, _SECRET_PARAMETERS))
+    + r")(\s*(?:=|%3D)\s*|:\s*(?=[^&\s\"'<>,;)]{16}))[^&\s\"'<>,;)]+")  # ": " header-like
+_SECRET_ELEMENT = re.compile(
+    r"(?i)<(AWSAccessKeyId|SignatureProvided|StringToSign|StringToSignBytes|"
+    r"CanonicalRequest|CanonicalRequestBytes|X-Amz-Security-Token)>[^<]*")
+REDACTED = "REDACTED"
+
+
+def redact(text: str) -> str:
+    """``text`` with the value of every signed request's secret replaced by ``REDACTED``:
+    ``X-Amz-Signature=...``, ``X-Amz-Credential=...``, ``X-Amz-Security-Token=...``,
+    ``Signature=...``, ``AWSAccessKeyId=...``, ``X-Goog-Signature=...``,
+    ``X-Goog-Credential=...``, ``access_token=...``, ``token=...`` (also URL-encoded,
+    ``%3D``), and S3's ``<AWSAccessKeyId>``, ``<SignatureProvided>``, ``<StringToSign>`` and
+    ``<CanonicalRequest>`` fields. The rest of a URL stays, so a message still names the
+    object."""
+    if "=" not in text and "%3" not in text and ":" not in text and "<" not in text:
+        return text
+    text = _SECRET_VALUE.sub(rf"\1\2{REDACTED}", text)
+    return _SECRET_ELEMENT.sub(rf"<\1>{REDACTED}", text)
+
+
+_SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 3, 80, 40, 80
+_SHORT.maxtuple = _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxset = _SHORT.maxfrozenset = 4
+
+
+def short_repr(value, limit: int = 200) -> str:
+    """``repr(value)`` for a message, escaped and at most ``limit`` characters: containers
+    are rendered a few items and levels deep (``reprlib``), so a value that shares its parts
+    many times over (YAML aliases) is never expanded whole."""
+    text = printable(_SHORT.repr(value))
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -15,24 +15,19 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from wdstream.errors import InputError, WdstreamError
+from wdstream.limits import json_loads
 
 _NPY_HEADERS_MAX = 1 << 16  # .npy headers kept, by array length
 
 
 def read_tokenizer_file(path: str | os.PathLike) -> bytes:
-    """The bytes of a ``tokenizer.json``, local or remote; InputError names the file."""
-    from wdstream.sources import urls
+    """The bytes of a ``tokenizer.json``, local or remote, at most the "tokenizer" size limit
+    (``wdstream.limits``); InputError names the file."""
     from wdstream.sources.objects import read_bytes
 
     path = os.fspath(path)
-    local = urls.to_local_path(path)
     try:
-        if local is not None:
-            with open(local, "rb") as file:
-                return file.read()
-        return read_bytes(path)
-    except OSError as error:
-        raise InputError(f"{path}: cannot read the tokenizer ({error.strerror})") from None
+        return read_bytes(path, limit="tokenizer")
     except WdstreamError as error:
         raise InputError(f"{path}: cannot read the tokenizer ({error})") from None
 
@@ -84,7 +79,7 @@ class Tokenizer:
         (a callable's behaviour cannot be hashed; keep it stable across a resume)."""
         if self._json is not None:
             try:  # the same tokenizer saved pretty-printed or compact hashes the same
-                canonical = json.dumps(json.loads(self._json), sort_keys=True)
+                canonical = json.dumps(json_loads(self._json), sort_keys=True)
             except ValueError as error:
                 raise InputError(f"{self.label}: not a tokenizer.json: {error}") from error
             return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -19,11 +19,11 @@ reads it and reports what is wrong.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from wdstream.limits import json_loads
 from wdstream.shards.manifest import ShardInfo
 
 SMALL = 10_000  # manifests with fewer shards gain nothing from this path
@@ -288,8 +288,8 @@ def parse_manifest(text: bytes | str) -> tuple[dict, ShardArrays] | None:
     if end - body_start < SMALL * 50:
         return None  # small (no shard line is under 50 bytes): the general parser is as quick
     try:  # the head is small: the standard parser, which can see a key given twice
-        head = json.loads(text[:head_end] + b"}", object_pairs_hook=_unique_pairs)
-    except (ValueError, RecursionError):
+        head = json_loads(text[:head_end] + b"}", object_pairs_hook=_unique_pairs)
+    except ValueError:  # a deep head too (NestingError): the general parser names it
         return None
     if not isinstance(head, dict) or "shards" in head:
         return None

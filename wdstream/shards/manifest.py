@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass, field
 
 from wdstream.errors import ManifestError, StreamError
-from wdstream.printable import printable
+from wdstream.limits import MAX_DEPTH, NestingError, json_loads
+from wdstream.printable import printable, short_repr
 from wdstream.shards import names
 from wdstream.shards.compression import compression_of_name
 from wdstream.shards.identity import HEAD_DIGITS, HEAD_PATTERN
@@ -47,8 +48,6 @@ EMPTY_TAR_BYTES = 10240
 # Larger than any shard anyone writes (16 TiB), and small enough that sums over millions of
 # shards stay far inside int64 (the epoch plan's arithmetic).
 MAX_SHARD_BYTES = 1 << 44
-# Deeper than any manifest's extra keys; refused before anything walks the structure.
-MAX_DEPTH = 32
 
 
 class ManifestNotFoundError(ManifestError):
@@ -133,12 +132,13 @@ class Manifest:
             release_free_memory()
         try:
             doc = (dict(fast[0], shards=fast[1]) if fast is not None
-                   else json.loads(text, object_pairs_hook=_unique_keys))
+                   else json_loads(text, MAX_DEPTH, object_pairs_hook=_unique_keys))
         except _DuplicateKey as e:
             raise ManifestError(f"{where}: key {printable(repr(e.args[0]))} appears twice in "
                                 "one object") from None
-        except RecursionError:
-            raise ManifestError(f"{where}: JSON nested too deeply for a manifest") from None
+        except NestingError:
+            raise ManifestError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; no "
+                                "manifest is") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise ManifestError(f"{where}: not valid JSON ({e})") from None
         return cls.from_doc(doc, base, given, allow_empty=allow_empty)
@@ -159,7 +159,7 @@ class Manifest:
                                 "manifest is")
 
         def bad(key: str, expected: str, value=None) -> ManifestError:
-            got = "missing" if value is _MISSING else f"got {_short_repr(value)}"
+            got = "missing" if value is _MISSING else f"got {short_repr(value)}"
             return ManifestError(f"{where}: key {key!r}: expected {expected}, {got}")
 
         for key in _REQUIRED:
@@ -312,12 +312,6 @@ def _too_deep(doc, limit: int) -> bool:
     return False
 
 
-def _short_repr(value) -> str:
-    """A value for an error message: escaped, and cut short."""
-    text = printable(repr(value))
-    return text if len(text) <= 200 else text[:200] + "..."
-
-
 def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -364,7 +358,7 @@ def _read_manifest(url: str) -> bytes:
     from wdstream.sources.objects import exists, read_bytes
 
     try:
-        return read_bytes(url)
+        return read_bytes(url, limit="manifest", error=ManifestError)
     except StreamError as e:
         # Ask again rather than parse the error text: the back-ends word "not found" differently.
         if e.transient or exists(url):
@@ -381,7 +375,7 @@ def check_shard_names(manifest: Manifest, *, allow_external: bool = False) -> No
     for i, shard in enumerate(manifest.shards):
         problem = names.shard_name_problem(shard.url, allow_external=allow_external)
         if problem is not None:
-            raise ManifestError(f"{where}: shards[{i}].url {_short_repr(shard.url)}: {problem}")
+            raise ManifestError(f"{where}: shards[{i}].url {short_repr(shard.url)}: {problem}")
 
 
 def write_manifest(

@@ -46,6 +46,7 @@ from collections.abc import Callable
 import numpy as np
 
 from wdstream.errors import ManifestError
+from wdstream.limits import MAX_DEPTH, json_loads
 from wdstream.shards import compact
 from wdstream.shards.compact import COLUMNS, ShardArrays
 from wdstream.shards.manifest import Manifest
@@ -316,7 +317,8 @@ def _read_entry(mapping: mmap.mmap, path: str, url: str, version: dict,
     text = mapping[_PREFIX:_PREFIX + length]
     if hashlib.sha256(text).digest() != mapping[len(MAGIC) + 8:_PREFIX]:
         return _refused(path, "its header differs from its digest")
-    header = json.loads(text)
+    # the manifest's extra keys sit two levels down; deeper is a NestingError: refused
+    header = json_loads(text, MAX_DEPTH + 2)
     if header["url"] != url or header["version"] != version:
         return _refused(path, "of another manifest")
     if header["text_bytes"] != version["size"]:

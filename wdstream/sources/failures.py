@@ -1,12 +1,14 @@
 """Failures of reads and writes as wdstream's errors: ``transient`` is False for a missing
 object, a permission problem or missing credentials (a retry will not help), True for resets,
-timeouts, 5xx, stalls and failed commands. Errors name the URL."""
+timeouts, 5xx, stalls and failed commands. Errors name the URL, never a signed URL's secrets
+(``printable.redact``, applied by the errors themselves and to the exception they wrap)."""
 
 from __future__ import annotations
 
 import sys
 
 from wdstream.errors import AccessError, StreamError, WdstreamError
+from wdstream.printable import redact
 
 _MISSING_MARKERS = ("404", "not found", "does not exist", "nosuchkey", "nosuchbucket",
                     "matched no objects", "no urls matched", "no such file")
@@ -46,8 +48,19 @@ def stream_error(url: str, exc: BaseException) -> WdstreamError:
     detail = str(exc) or type(exc).__name__
     kind = AccessError if what in _ACCESS_PROBLEMS else StreamError
     error = kind(url, f"{what} ({detail})" if what else detail, transient=transient)
-    error.__cause__ = exc
+    error.__cause__ = redacted_cause(exc)
     return error
+
+
+def redacted_cause(exc: BaseException) -> BaseException:
+    """``exc`` with its text arguments redacted, in place: a traceback prints the cause of a
+    wdstream error too, and urllib3's and botocore's messages quote the URL they asked for,
+    a presigned one with its signature."""
+    try:
+        exc.args = tuple(redact(arg) if isinstance(arg, str) else arg for arg in exc.args)
+    except (AttributeError, TypeError):  # an exception type whose args cannot be set
+        pass
+    return exc
 
 
 def is_missing(exc: BaseException) -> bool:

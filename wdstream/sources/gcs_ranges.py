@@ -37,12 +37,12 @@ Errors
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import urllib.parse
 
 from wdstream.errors import StreamError
+from wdstream.limits import json_loads
 from wdstream.printable import printable
 from wdstream.sources import urls
 from wdstream.sources.body_reads import LargeReads
@@ -255,11 +255,15 @@ class GcsRanges(Fetcher):
         """The object's generation and size from its metadata."""
         client = self._client
         url = f"{client.endpoint}/storage/v1{self._path}?fields=generation,size"
-        response = client.get(url, {}, stream=False)
-        if response.status != 200:
-            raise self._fail(response)
+        response = client.get(url, {}, stream=True)
         try:
-            meta = json.loads(response.data)
+            if response.status != 200:
+                raise self._fail(response)
+            body = response.read(ERROR_BODY_LIMIT)  # two fields: a longer body is not theirs
+        finally:
+            response.close()
+        try:
+            meta = json_loads(body)
             return {"generation": str(meta["generation"]), "size": str(int(meta["size"]))}
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpStatusError(response.status, f"unreadable object metadata ({exc})") from None
@@ -299,7 +303,7 @@ def _error_message(response) -> str:
     except Exception:  # noqa: BLE001 - a body that cannot be read says nothing more
         return ""
     try:
-        message = json.loads(body)["error"]["message"]
+        message = json_loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = body.decode("utf-8", "replace")
     return printable(" ".join(str(message).split())[:300])

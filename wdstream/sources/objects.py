@@ -31,12 +31,14 @@ import abc
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import uuid
 from collections.abc import Callable
 
 from wdstream.errors import InputError, StreamError, WdstreamError
+from wdstream.limits import size_limit, size_variable
 from wdstream.printable import printable
 from wdstream.sources import urls
 from wdstream.sources.clients import filesystem
@@ -237,7 +239,7 @@ class _CloudWriter(Writer):
         try:
             self._file.discard()
         except Exception as exc:  # an unfinished upload left behind is harmless
-            log.warning("%s: could not cancel the upload: %s", self.url, exc)
+            log.warning("could not cancel the upload: %s", stream_error(self.url, exc))
         # Marked closed so that close(), also the one from __del__, never uploads the buffer.
         self._file.closed = True
 
@@ -327,10 +329,44 @@ def write_bytes(url: str, data: bytes, *, via: str = "auto") -> None:
         out.write(data)
 
 
-def read_bytes(url: str) -> bytes:
-    """The whole object at ``url``, read with the default opener."""
+_READ_CHUNK = 1 << 20
+
+
+def read_bytes(url: str, *, limit: str | int = "object",
+               error: type[WdstreamError] = InputError) -> bytes:
+    """The whole object at ``url``, read with the default opener, if it has at most ``limit``
+    bytes: a kind of ``limits.SIZE_LIMITS`` ("manifest", "config", "tokenizer", "object"),
+    whose limit its environment variable may change, or a number of bytes.
+
+    The limit is checked while reading: past it, ``error`` names the URL and the limit,
+    having read one byte more than the limit, whatever the object's size (an endless HTTP
+    body, ``/dev/zero``). A local path that is not a regular file or a folder (a FIFO, a
+    device, a socket) is refused (``error``) before it is opened, so that it cannot block
+    the reader."""
+    most = size_limit(limit) if isinstance(limit, str) else limit
+    _check_special_file(url, error)
+    chunks, total = [], 0
     with open_read(url) as stream:
-        return stream.read()
+        while chunk := stream.read(min(_READ_CHUNK, most + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > most:
+                how = (f", the most a {limit} may have (set {size_variable(limit)} to change "
+                       "it)") if isinstance(limit, str) else ""
+                raise error(f"{url}: more than {most:,} bytes{how}")
+    return b"".join(chunks)
+
+
+def _check_special_file(url: str, error: type[WdstreamError]) -> None:
+    """``error`` for a local path to a device, FIFO or socket (after symbolic links)."""
+    if urls.scheme(url) != "file":
+        return
+    try:
+        mode = os.stat(urls.to_local_path(url)).st_mode
+    except OSError:
+        return  # missing or unreadable: the opener says so
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise error(f"{url}: not a regular file (a device, FIFO or socket is never read whole)")
 
 
 def exists(url: str) -> bool:

@@ -19,6 +19,8 @@ import abc
 import re
 from collections.abc import Callable
 
+from wdstream.printable import redact
+
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 ERROR_BODY_LIMIT = 16 << 10  # bytes of an error response read for its message, at most
 
@@ -36,10 +38,11 @@ class ObjectChanged(Exception):  # noqa: N818 - the reader turns it into its Str
 
 
 class HttpStatusError(Exception):
-    """A response with a status other than 200/206 (``code``), with the store's message."""
+    """A response with a status other than 200/206 (``code``), with the store's message
+    (redacted: a server may echo the signed URL it was asked for)."""
 
     def __init__(self, code: int, message: str):
-        super().__init__(f"HTTP {code}: {message}" if message else f"HTTP {code}")
+        super().__init__(f"HTTP {code}: {redact(message)}" if message else f"HTTP {code}")
         self.code = code
 
 

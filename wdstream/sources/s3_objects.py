@@ -162,4 +162,4 @@ class S3Writer(Writer):
             self._client.abort_multipart_upload(Bucket=self._bucket, Key=self._key,
                                                 UploadId=self._upload_id)
         except Exception as exc:  # an unfinished upload left behind is harmless
-            log.warning("%s: could not cancel the upload: %s", self.url, exc)
+            log.warning("could not cancel the upload: %s", stream_error(self.url, exc))

@@ -41,7 +41,6 @@ aliases); what it does is read in ``_build`` / ``_source``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from wdstream.errors import InputError, ManifestError, StreamError, WdstreamErro
 from wdstream.printable import printable
 from wdstream.shards.names import outside_prefix
 from wdstream.sources import urls
-from wdstream.sources.objects import read_bytes
+from wdstream.stages.config_files import load_config_file
 from wdstream.stages.config_keys import (
     DATASET_KEYS,
     TOP_KEYS,
@@ -99,28 +98,6 @@ class _Origin:
         if local is not None:
             return cls(url, os.path.dirname(os.path.abspath(local)), False, allow_external)
         return cls(url, urls.parent(url), True, allow_external)
-
-
-def load_config_file(url: str) -> dict:
-    """The dict in a YAML (``.yaml``/``.yml``, PyYAML needed) or JSON file."""
-    try:
-        text = read_bytes(url).decode("utf-8")
-    except (WdstreamError, OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{url}: cannot read the config: {error}") from error
-    if url.endswith(".json"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{url}: not valid JSON: {error}") from error
-    try:
-        import yaml
-    except ImportError as error:
-        raise InputError(f"{url}: reading YAML needs PyYAML (pip install 'wdstream[llm]'); "
-                         "or pass a dict or a .json file") from error
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise InputError(f"{url}: not valid YAML: {error}") from error
 
 
 def _resolve(path: str, origin: _Origin | None, where: str) -> str:

@@ -11,10 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError
+from wdstream.printable import short_repr
 from wdstream.sources.openers import OPENERS
 from wdstream.stream.plan import REMAINDER_POLICIES
 
 log = logging.getLogger("wdstream.config")  # the logger name users configure
+LARGEST = (1 << 63) - 1  # the largest number a config may give (int64)
+# Longer than any model's context (16M tokens); a sequence's arrays are 8 bytes a token.
+MAX_SEQ_LEN = 1 << 24
 
 @dataclass(frozen=True)
 class Key:
@@ -27,19 +31,25 @@ class Key:
     minimum: float | None = None
     choices: tuple[str, ...] | None = None
     alias_of: str | None = None
+    maximum: int = LARGEST  # numbers: what int64 arithmetic holds, or less
 
     def problem(self, value) -> str | None:
         if isinstance(value, bool) and bool not in self.kinds or not isinstance(value, self.kinds):
-            return f"must be {self.description}, not {type(value).__name__} {value!r:.60}"
-        if self.minimum is not None and isinstance(value, int | float) and value < self.minimum:
-            return f"must be at least {self.minimum:g}, not {value}"
+            shown = short_repr(value, 60)
+            return f"must be {self.description}, not {type(value).__name__} {shown}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            pass
+        elif self.minimum is not None and value < self.minimum:
+            return f"must be at least {self.minimum:g}, not {short_repr(value, 60)}"
+        elif value > self.maximum:
+            return f"must be at most {self.maximum:,}, not {short_repr(value, 60)}"
         if self.choices is not None and value not in self.choices:
-            return f"must be one of {', '.join(self.choices)}, not {value!r}"
+            return f"must be one of {', '.join(self.choices)}, not {short_repr(value, 60)}"
         return None
 
 
-def _int(minimum=None, alias_of=None):
-    return Key((int,), "an integer", minimum, alias_of=alias_of)
+def _int(minimum=None, alias_of=None, maximum=LARGEST):
+    return Key((int,), "an integer", minimum, alias_of=alias_of, maximum=maximum)
 
 
 def _str(choices=None, alias_of=None):
@@ -67,8 +77,8 @@ TOP_KEYS: dict[str, Key] = {
     "opener": _str(OPENERS),
     "text_field": _str(),
     "text_column": _str(alias_of="text_field"),
-    "seq_len": _int(1),
-    "sequence_len": _int(1, alias_of="seq_len"),
+    "seq_len": _int(1, maximum=MAX_SEQ_LEN),
+    "sequence_len": _int(1, alias_of="seq_len", maximum=MAX_SEQ_LEN),
     "tokenizer": _str(),
     "eos": Key((int, str), "a token id or a token string"),
     "special_tokens": Key((Mapping,), "a mapping of token names to tokens"),
@@ -150,7 +160,8 @@ def read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str,
         name = row.alias_of or key
         if name in values and values[name] != value:
             report.error(label, f"{given[name]!r} and {key!r} are the same setting with "
-                         f"different values ({values[name]!r}, {value!r})")
+                         f"different values ({short_repr(values[name], 60)}, "
+                         f"{short_repr(value, 60)})")
             continue
         values[name], given[name] = value, key
     return values

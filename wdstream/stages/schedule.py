@@ -21,12 +21,14 @@ count from its first draw.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from wdstream.errors import InputError
+from wdstream.printable import short_repr
+
+_LARGEST = float(1 << 63)  # a weight's largest value: an int beyond a float's range overflows
 
 
 class ProgressSchedule:
@@ -70,7 +72,8 @@ class Schedule:
             if isinstance(stage, Mapping):
                 unknown = set(stage) - {"weights", *START_KEYS}
                 if unknown:
-                    raise InputError(f"schedule[{index}]: unknown key {sorted(unknown)[0]!r} "
+                    shown = short_repr(min(unknown, key=str), 80)
+                    raise InputError(f"schedule[{index}]: unknown key {shown} "
                                      "(a stage has 'start' or 'start_tokens', and 'weights')")
                 if "weights" not in stage:
                     raise InputError(f"schedule[{index}]: 'weights' is missing")
@@ -84,12 +87,14 @@ class Schedule:
                     start, weights = stage
                 except (TypeError, ValueError):
                     raise InputError(f"schedule[{index}]: a stage is {{start, weights}} or a "
-                                     f"(start, weights) pair, not {stage!r:.80}") from None
+                                     "(start, weights) pair, not "
+                                     f"{short_repr(stage, 80)}") from None
             if isinstance(start, float) and start.is_integer():
                 start = int(start)  # 2e9 tokens
             if isinstance(start, bool) or not isinstance(start, int) or start < 0:
                 raise InputError(f"schedule[{index}]: the start must be an integer >= 0 "
-                                 f"(samples drawn or tokens delivered), not {start!r}")
+                                 "(samples drawn or tokens delivered), not "
+                                 f"{short_repr(start, 80)}")
             parsed.append((start, normalise(weights, count, f"schedule[{index}]")))
         if unit is not None:
             if unit not in START_KEYS.values():
@@ -168,9 +173,9 @@ def normalise(weights: Sequence[float] | None, count: int, what: str = "Mix") ->
         raise InputError(f"{what}: {len(values)} weights for {count} datasets")
     for index, weight in enumerate(values):
         if isinstance(weight, bool) or not isinstance(weight, int | float) \
-                or not math.isfinite(weight) or weight < 0:
-            raise InputError(f"{what}: weight {index} must be a finite number >= 0, not "
-                             f"{weight!r}")
+                or not 0 <= weight <= _LARGEST:  # also NaN and infinities
+            raise InputError(f"{what}: weight {index} must be a finite number >= 0 (at most "
+                             f"2**63), not {short_repr(weight, 80)}")
     total = float(sum(values))
     if total <= 0:
         raise InputError(f"{what}: the weights must add up to a positive number")
@@ -208,7 +213,8 @@ def mixture_weights(config: Mapping, names: Sequence[str], weights: Sequence[flo
         starts = {key: stage[key] for key in START_KEYS if key in stage}
         unknown = set(stage) - {"weights", *START_KEYS}
         if unknown:
-            raise InputError(f"{label}: unknown key {sorted(unknown)[0]!r} (a stage has "
+            shown = short_repr(min(unknown, key=str), 80)
+            raise InputError(f"{label}: unknown key {shown} (a stage has "
                              "'start' or 'start_tokens', and 'weights')")
         parsed.append({**(starts or {"start": 0}), "weights": weights_by_name})
     try:

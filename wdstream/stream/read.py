@@ -20,6 +20,7 @@ from itertools import chain
 from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
 from wdstream.limits import Limits
 from wdstream.options import CHOICES, choice
+from wdstream.printable import redact
 from wdstream.shards.compression import DecompressingStream, open_tar, stored_bytes
 from wdstream.shards.identity import head_check
 from wdstream.shards.samples import StrayCount, sample_batches
@@ -241,8 +242,8 @@ class SpanReader:
             raise error
         known = all(span.stop is not None for span in visit)
         missing = sum(span.length for span in visit) - delivered if known else 0
-        log.error("%s: skipped after %d retries (%d samples lost): %s", url, attempts,
-                  missing, error)
+        log.error("%s: skipped after %d retries (%d samples lost): %s", redact(url), attempts,
+                  missing, error)  # a manifest may name presigned URLs (external shards)
         self.stats.skipped_shards.append(url)
         self.stats.skipped_samples += missing
         if missing:
