@@ -20,14 +20,23 @@ from collections.abc import Collection
 import numpy as np
 
 from wdstream.shards.tar_buffer import READ_SIZE
-from wdstream.shards.tar_header import BLOCK
+from wdstream.shards.tar_header import (
+    BLOCK,
+    CHECKSUM_AT,
+    CHECKSUM_END,
+    MAGIC_AT,
+    NAME_END,
+    PREFIX_AT,
+    SIZE_AT,
+    SIZE_END,
+    TYPEFLAG_AT,
+)
 
 MIN_ROWS = 64  # fewer candidate headers than this in a buffer: the general parser is quicker
 # members above this size: too few of them in a read of the reader's (1 MiB) for a scan
 SCAN_SIZE_MAX = READ_SIZE // MIN_ROWS
 _OCTAL_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # 11 digits, most significant first
 _OCTAL_SUM = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the checksum's 6 digits
-_MAGIC_AT = 257  # magic + version: where a header says what it is
 _NOT_FIRST_BYTE = np.frombuffer(b"\0" + b"\xff" * 7, np.uint64)[0]  # a word's first byte masked
 
 
@@ -42,13 +51,13 @@ def _run_start(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes],
     cannot start a run, else the bytes of its member (0 for a PAX header). A run's header is
     a regular file's without prefix, its payload of a size the scan takes, or a PAX header
     whose record is of a key in ``pax_keys``, with ``magic``."""
-    if not data.startswith(magic, pos + _MAGIC_AT):
+    if not data.startswith(magic, pos + MAGIC_AT):
         return None
-    typeflag = data[pos + 156]
-    if typeflag != 48 and typeflag != 120 or typeflag == 48 and data[pos + 345]:
+    typeflag = data[pos + TYPEFLAG_AT]
+    if typeflag != 48 and typeflag != 120 or typeflag == 48 and data[pos + PREFIX_AT]:
         return None
     try:
-        size = int(data[pos + 124 : pos + 135], 8)
+        size = int(data[pos + SIZE_AT : pos + SIZE_END - 1], 8)
     except ValueError:
         return None
     if typeflag == 48:
@@ -80,29 +89,30 @@ def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes
     blocks = np.frombuffer(data, np.uint8, rows_total * BLOCK, pos).reshape(rows_total, BLOCK)
     # bytes 256 to 263 of each block as one word: the link name's last (masked), then the
     # magic
-    words = np.frombuffer(data, np.uint64, rows_total * BLOCK // 8, pos)[_MAGIC_AT // 8 :: 64]
+    words = np.frombuffer(data, np.uint64, rows_total * BLOCK // 8, pos)[MAGIC_AT // 8 :: 64]
     word = np.frombuffer(bytes(1) + magic, np.uint64)[0]
     rows = np.flatnonzero(words & _NOT_FIRST_BYTE == word)
     if len(rows) < MIN_ROWS:
         return None
     heads = blocks[rows]
-    # the general parser's checks, every row at once: the size and checksum fields as the
-    # usual writers fill them, the unsigned checksum
-    size_digits = heads[:, 124:135] - np.uint8(48)  # wraps below '0': fails the <= 7
-    sum_digits = heads[:, 148:154] - np.uint8(48)
+    # tar_header's checks (checksum_ok, header_size), every row at once: the size and
+    # checksum fields in their usual form, the unsigned checksum
+    size_digits = heads[:, SIZE_AT : SIZE_END - 1] - np.uint8(48)  # wraps below '0': > 7
+    sum_digits = heads[:, CHECKSUM_AT : CHECKSUM_END - 2] - np.uint8(48)
     sizes = size_digits @ _OCTAL_SIZE
-    valid = (size_digits <= 7).all(1) \
-        & ((heads[:, 135] == 0) | (heads[:, 135] == 32)) & (sum_digits <= 7).all(1) \
-        & (heads[:, 154] == 0) & (heads[:, 155] == 32) \
-        & (sum_digits @ _OCTAL_SUM == _byte_sums(heads) - _byte_sums(heads[:, 148:156])
-           + 8 * 32)
+    terminator = heads[:, SIZE_END - 1]
+    valid = (size_digits <= 7).all(1) & ((terminator == 0) | (terminator == 32)) \
+        & (sum_digits <= 7).all(1) & (heads[:, CHECKSUM_END - 2] == 0) \
+        & (heads[:, CHECKSUM_END - 1] == 32) \
+        & (sum_digits @ _OCTAL_SUM == _byte_sums(heads)
+           - _byte_sums(heads[:, CHECKSUM_AT:CHECKSUM_END]) + 8 * 32)
     kept = np.flatnonzero(valid)
     if not len(kept) or kept[0] != 0:
         return None
     rows, sizes = rows[kept], sizes[kept]
-    typeflags = heads[kept, 156]
+    typeflags = heads[kept, TYPEFLAG_AT]
     # a regular file without prefix (its name is its first field)
-    is_regular = (typeflags == ord("0")) & (heads[kept, 345] == 0)
+    is_regular = (typeflags == ord("0")) & (heads[kept, PREFIX_AT] == 0)
     if size_below is not None:
         is_regular &= sizes < size_below
     steps = 1 + (sizes + (BLOCK - 1)) // BLOCK
@@ -139,9 +149,9 @@ def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes
     if count == 0:
         return None
     taken = np.flatnonzero(is_regular[:count])
-    names = heads[kept[taken], :100]
+    names = heads[kept[taken], :NAME_END]
     names_at = names == 0
-    name_lengths = np.where(names_at.any(1), names_at.argmax(1), 100)
+    name_lengths = np.where(names_at.any(1), names_at.argmax(1), NAME_END)
     sizes = sizes[taken]
     # an empty member whose name ends in "/" is a directory entry
     files = (sizes > 0) | (names[np.arange(len(taken)), np.maximum(name_lengths - 1, 0)] != 47)

@@ -3,11 +3,17 @@
 A header is: name (100) | mode, uid, gid (24) | size (12) | mtime (12) | checksum (8) |
 typeflag (1), linkname (100), magic + version (8), uname + gname (64), devmajor + devminor
 (16) | prefix (155) | padding (12). The writer (``tar_writer``) fixes every field that could
-vary between runs; the reader (``tar_reader``) reads what GNU tar, ``tarfile`` and webdataset
-write, and uses the field parsers below for the fields out of its fast path.
+vary between runs. What a valid header is, is said once, here: its checksum (``checksum_ok``),
+its size (``header_size``) and its name (``header_name``), as GNU tar, ``tarfile`` and
+webdataset write them; the reader (``tar_reader``) reads every header through them, and the
+block scan (``tar_blocks``) checks a buffer's headers in the usual form these accept (the
+size field eleven octal digits and a NUL or space, the checksum six octal digits, a NUL and a
+space), at the offsets below.
 """
 
 from __future__ import annotations
+
+from zlib import adler32
 
 from wdstream.errors import InputError
 
@@ -20,6 +26,14 @@ LONGLINK = b"././@LongLink"
 USTAR_MAGIC = b"ustar\x0000"  # magic + version of POSIX ustar
 GNU_MAGIC = b"ustar  \x00"  # magic + version of GNU tar, used around a longname entry
 OCTAL_SIZE_MAX = 8**11 - 1  # the largest size that fits 11 octal digits (8 GiB - 1)
+
+# Where the fields the reader reads are
+NAME_END = 100
+SIZE_AT, SIZE_END = 124, 136
+CHECKSUM_AT, CHECKSUM_END = 148, 156
+TYPEFLAG_AT = 156
+MAGIC_AT = 257
+PREFIX_AT, PREFIX_END = 345, 500
 
 # Type flags. Regular files yield a member; links, devices, directories and FIFOs carry no
 # payload whatever their size field says; extended headers (GNU long name/link, PAX per-file
@@ -93,7 +107,7 @@ def build_header(
     )
 
 
-def split_name(name: bytes) -> tuple[bytes, bytes] | None:
+def ustar_split(name: bytes) -> tuple[bytes, bytes] | None:
     """(prefix, name) for a ustar header, or None when a GNU longname entry is needed.
 
     Takes the shortest prefix that fits, as Python's tarfile does."""
@@ -129,12 +143,81 @@ def signed_sum(header: bytes) -> int:
     )
 
 
-def number(field: bytes) -> int:
+def numeric_field(field: bytes) -> int:
     """A numeric header field: octal text, or GNU base-256 when the high bit is set."""
     if field[0] == 0x80 or field[0] == 0xFF:
         value = int.from_bytes(field[1:], "big")
         return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
     return int(cstr(field).strip() or b"0", 8)
+
+
+def checksum_ok(header: bytes, tails: dict[int, tuple[bytes, int]] | None = None) -> bool:
+    """Whether the checksum field holds the sum of the header's bytes, the field itself
+    counted as eight spaces: unsigned as POSIX says, or signed as some old writers summed.
+
+    ``tails``: a reader's memo, by type flag, of the bytes after the checksum field of a
+    header found right and their sum; the headers of a shard mostly share those bytes, and
+    one that does needs only its first 148 bytes summed."""
+    stored = _stored_checksum(header[CHECKSUM_AT:CHECKSUM_END])
+    known = None if tails is None else tails.get(header[TYPEFLAG_AT])
+    if known is not None and header.endswith(known[0]) \
+            and stored == (adler32(header[:CHECKSUM_AT]) & 0xFFFF) - 1 + known[1]:
+        return True
+    total = unsigned_sum(header)
+    if stored == total:
+        if tails is not None:
+            tails[header[TYPEFLAG_AT]] = (header[CHECKSUM_END:],
+                                          total - (adler32(header[:CHECKSUM_AT]) & 0xFFFF) + 1)
+        return True
+    return stored == signed_sum(header)
+
+
+def unsigned_sum(header: bytes) -> int:
+    """The unsigned sum of the header's bytes, the checksum field as spaces. Adler-32's low
+    half is one plus the byte sum modulo 65,521: exact for up to 256 bytes (at most 65,280),
+    and one C call instead of a Python loop."""
+    return ((adler32(header[:CHECKSUM_AT]) & 0xFFFF) + (adler32(header[CHECKSUM_END:334]) & 0xFFFF)
+            + (adler32(header[334:]) & 0xFFFF) - 3 + 8 * 32)
+
+
+def _stored_checksum(field: bytes) -> int:
+    """The checksum field's octal digits then NULs or spaces (the usual form), else its text
+    up to the first NUL; -1 when neither is a number."""
+    try:
+        return int(field.replace(b"\x00", b" "), 8)
+    except ValueError:
+        try:
+            return int(cstr(field).strip(), 8)
+        except ValueError:
+            return -1
+
+
+def header_size(header: bytes) -> int:
+    """The size field: eleven octal digits and a NUL or space (the usual form), else as
+    ``numeric_field`` reads it; -1 when it is no number."""
+    try:
+        if header[SIZE_END - 1] in (0, 32):
+            return int(header[SIZE_AT : SIZE_END - 1], 8)
+        return numeric_field(header[SIZE_AT:SIZE_END])
+    except ValueError:
+        try:
+            return numeric_field(header[SIZE_AT:SIZE_END])
+        except ValueError:
+            return -1
+
+
+def header_name(header: bytes) -> bytes:
+    """The name field up to its first NUL, after the prefix field and a "/" when a POSIX
+    header has one; ValueError for a prefix in another kind of header."""
+    name = header[:NAME_END]
+    nul = name.find(0)
+    if nul >= 0:
+        name = name[:nul]
+    if header[PREFIX_AT]:
+        if header[MAGIC_AT : MAGIC_AT + 6] != b"ustar\x00":
+            raise ValueError("prefix field set in a non-POSIX header")
+        name = cstr(header[PREFIX_AT:PREFIX_END]) + b"/" + name
+    return name
 
 
 def parse_pax(payload: bytes) -> dict[bytes, bytes]:

@@ -25,7 +25,7 @@ from wdstream.shards.tar_header import (
     build_header,
     encode_name,
     padding,
-    split_name,
+    ustar_split,
 )
 
 _PADDINGS = tuple(bytes(n) for n in range(BLOCK))  # the zeros after a payload, by length
@@ -46,7 +46,7 @@ def member_size(name: str, nbytes: int) -> int:
     """The exact number of bytes ``TarWriter.add(name, data)`` writes for ``len(data) == nbytes``."""
     raw = encode_name(name)
     size = BLOCK + nbytes + padding(nbytes)
-    if split_name(raw) is None:
+    if ustar_split(raw) is None:
         size += BLOCK + len(raw) + 1 + padding(len(raw) + 1)
     return size
 
@@ -93,7 +93,7 @@ class TarWriter:
             written = BLOCK
         else:
             raw = encode_name(name)
-            split = split_name(raw)
+            split = ustar_split(raw)
             written = 0
             if split is None:
                 # GNU longname: a pseudo-member holding the NUL-terminated name, then the real
