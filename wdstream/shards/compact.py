@@ -67,26 +67,7 @@ class ShardArrays(Sequence):
             if ends not in columns and isinstance(columns.get(blob), np.ndarray):
                 columns[ends] = _ends(columns[blob])
         count = len(columns.get("samples", ()))
-        for name, (dtype, width) in COLUMNS.items():
-            column = columns.get(name)
-            if not isinstance(column, np.ndarray) or column.dtype != dtype:
-                return None
-            if width is not None and column.size != count * width:
-                return None
-        names = columns["names"]
-        if count == 0 or not _NAME_BYTES[names].all():
-            return None
-        raw = names.tobytes()
-        if b".." in raw:
-            return None
-        if b"/" in raw and (b"//" in raw or b"/\n" in raw or raw.endswith(b"/") or b"/./" in raw
-                            or b"\n./" in raw or raw.startswith(b"./")):
-            return None  # one spelling per name, nothing above the base
-        ends = columns["name_ends"]
-        starts = np.concatenate(([0], ends[:-1] + 1))
-        if ends[-1] != len(names) or (ends <= starts).any():
-            return None
-        if names[0] == ord("/") or (names[starts[1:]] == ord("/")).any():  # no absolute paths
+        if count == 0 or not _columns_fit(columns, count) or not _plain_names(columns):
             return None
         if columns["key_ends"][-1] != len(columns["keys"]):
             return None
@@ -211,6 +192,36 @@ class ShardArrays(Sequence):
             digest.update(b"]")
             self._fingerprint = digest.hexdigest()[:16]
         return self._fingerprint
+
+
+def _columns_fit(columns: dict, count: int) -> bool:
+    """Whether every column of ``COLUMNS`` is there, of its dtype and length."""
+    for name, (dtype, width) in COLUMNS.items():
+        column = columns.get(name)
+        if not isinstance(column, np.ndarray) or column.dtype != dtype:
+            return False
+        if width is not None and column.size != count * width:
+            return False
+    return True
+
+
+def _plain_names(columns: dict) -> bool:
+    """Whether every name is a plain relative name (letters, digits, ``._-/``), spelled one
+    way (no empty part, no ``.`` or ``..``), nothing above the base."""
+    names = columns["names"]
+    if not _NAME_BYTES[names].all():
+        return False
+    raw = names.tobytes()
+    if b".." in raw:
+        return False
+    if b"/" in raw and (b"//" in raw or b"/\n" in raw or raw.endswith(b"/") or b"/./" in raw
+                        or b"\n./" in raw or raw.startswith(b"./")):
+        return False
+    ends = columns["name_ends"]
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    if ends[-1] != len(names) or (ends <= starts).any():
+        return False
+    return not (names[0] == ord("/") or (names[starts[1:]] == ord("/")).any())  # not absolute
 
 
 def _ends(blob: np.ndarray) -> np.ndarray:

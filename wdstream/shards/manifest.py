@@ -151,86 +151,97 @@ class Manifest:
         from wdstream.shards.compact import ShardArrays
 
         where = printable(where)
-        if not isinstance(doc, dict):
-            raise ManifestError(f"{where}: expected a JSON object, got {type(doc).__name__}")
-        extra = {k: v for k, v in doc.items() if k not in _REQUIRED}
-        if _too_deep(extra, MAX_DEPTH):  # kept and shown; the shards' own keys are checked below
-            raise ManifestError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; no "
-                                "manifest is")
-
-        def bad(key: str, expected: str, value=None) -> ManifestError:
-            got = "missing" if value is _MISSING else f"got {short_repr(value)}"
-            return ManifestError(f"{where}: key {key!r}: expected {expected}, {got}")
-
-        for key in _REQUIRED:
-            if key not in doc:
-                raise bad(key, "a value", _MISSING)
-        if doc["format"] != FORMAT:
-            raise bad("format", repr(FORMAT), doc["format"])
-        if not _is_count(doc["version"]):
-            raise bad("version", "an integer", doc["version"])
-        if doc["version"] > VERSION:
-            raise ManifestError(
-                f"{where}: key 'version': {doc['version']} is newer than this wdstream reads "
-                f"({VERSION}); upgrade wdstream"
-            )
-        extensions = doc["extensions"]
-        if not isinstance(extensions, list) or not all(isinstance(e, str) for e in extensions):
-            raise bad("extensions", "a list of strings", extensions)
-        if not isinstance(doc["shards"], list | ShardArrays):
-            raise bad("shards", "a list", doc["shards"])
-
-        # written by ``pack --compress``; otherwise each shard's name says it
-        compressed = isinstance(doc.get("compression"), dict)
-        seen: dict[str, int] = {}
-        # ShardArrays come checked (plain names, counts, digests: _arrays_problem); a list is
-        # checked here
-        shards = doc["shards"] if isinstance(doc["shards"], ShardArrays) else []
-        for i, entry in enumerate(doc["shards"] if isinstance(shards, list) else ()):
-            name = f"shards[{i}]"
-            if not isinstance(entry, dict):
-                raise bad(name, "an object", entry)
-            url = entry.get("url", _MISSING)
-            if not isinstance(url, str) or not url:
-                raise bad(f"{name}.url", "a non-empty string", url)
-            if not url.isprintable():
-                raise bad(f"{name}.url", "a name without control characters", url)
-            for key in ("samples", "bytes"):
-                if not _is_count(entry.get(key, _MISSING)):
-                    raise bad(f"{name}.{key}", "a non-negative integer", entry.get(key, _MISSING))
-            samples, nbytes = entry["samples"], entry["bytes"]
-            problem = count_problem(samples, nbytes, compressed or
-                                    compression_of_name(url) is not None)
-            if problem is not None:
-                raise bad(f"{name}.bytes", problem, nbytes)
-            sha256 = entry.get("sha256")
-            if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
-                raise bad(f"{name}.sha256", "64 lowercase hex digits or null", sha256)
-            head, last_key = entry.get("head"), entry.get("last_key")
-            if head is not None and not (isinstance(head, str) and HEAD_PATTERN.fullmatch(head)):
-                raise bad(f"{name}.head", f"{HEAD_DIGITS} lowercase hex digits or null", head)
-            if last_key is not None and not isinstance(last_key, str):
-                raise bad(f"{name}.last_key", "a string or null", last_key)
-            key = names.same_shard_key(url) if "/" in url else url
-            if key in seen:
-                raise bad(f"{name}.url", f"a shard not already listed (shards[{seen[key]}] is "
-                          "the same)", url)
-            seen[key] = i
-            shards.append(ShardInfo(url, samples, nbytes, sha256, head, last_key))
-
-        manifest = cls(
-            shards=shards,
-            extensions=list(extensions),
-            extra=extra,
-            base=base,
-        )
+        _check_head(doc, where)
+        shards = doc["shards"]
+        if not isinstance(shards, list | ShardArrays):
+            raise _bad(where, "shards", "a list", shards)
+        if isinstance(shards, list):  # ShardArrays come checked (_arrays_problem)
+            # written by ``pack --compress``; otherwise each shard's name says it
+            shards = _shard_list(shards, where, isinstance(doc.get("compression"), dict))
+        manifest = cls(shards=shards, extensions=list(doc["extensions"]),
+                       extra={k: v for k, v in doc.items() if k not in _REQUIRED}, base=base)
         for key in ("samples", "bytes"):
             if doc[key] != getattr(manifest, key):
-                raise bad(key, f"the sum over the shards ({getattr(manifest, key)})", doc[key])
+                raise _bad(where, key, f"the sum over the shards ({getattr(manifest, key)})",
+                           doc[key])
         if manifest.samples < 1 and not allow_empty:
-            raise bad("samples", "at least 1 (a dataset without samples cannot be read)",
-                      doc["samples"])
+            raise _bad(where, "samples", "at least 1 (a dataset without samples cannot be read)",
+                       doc["samples"])
         return manifest
+
+
+def _bad(where: str, key: str, expected: str, value) -> ManifestError:
+    got = "missing" if value is _MISSING else f"got {short_repr(value)}"
+    return ManifestError(f"{where}: key {key!r}: expected {expected}, {got}")
+
+
+def _check_head(doc, where: str) -> None:
+    """ManifestError unless ``doc`` is an object with the required keys, of this format and
+    version, its extensions a list of strings and its extra keys not nested too deep."""
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    extra = [v for k, v in doc.items() if k not in _REQUIRED]
+    if _too_deep(extra, MAX_DEPTH):  # kept and shown; the shards' own keys are checked later
+        raise ManifestError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; no "
+                            "manifest is")
+    for key in _REQUIRED:
+        if key not in doc:
+            raise _bad(where, key, "a value", _MISSING)
+    if doc["format"] != FORMAT:
+        raise _bad(where, "format", repr(FORMAT), doc["format"])
+    if not _is_count(doc["version"]):
+        raise _bad(where, "version", "an integer", doc["version"])
+    if doc["version"] > VERSION:
+        raise ManifestError(
+            f"{where}: key 'version': {doc['version']} is newer than this wdstream reads "
+            f"({VERSION}); upgrade wdstream"
+        )
+    extensions = doc["extensions"]
+    if not isinstance(extensions, list) or not all(isinstance(e, str) for e in extensions):
+        raise _bad(where, "extensions", "a list of strings", extensions)
+
+
+def _shard_list(entries: list, where: str, compressed: bool) -> list[ShardInfo]:
+    """The shards of a manifest's list, each checked (``_shard_info``), none listed twice."""
+    seen: dict[str, int] = {}
+    shards = []
+    for i, entry in enumerate(entries):
+        shard = _shard_info(entry, f"shards[{i}]", where, compressed)
+        url = shard.url
+        key = names.same_shard_key(url) if "/" in url else url
+        if key in seen:
+            raise _bad(where, f"shards[{i}].url", f"a shard not already listed "
+                       f"(shards[{seen[key]}] is the same)", url)
+        seen[key] = i
+        shards.append(shard)
+    return shards
+
+
+def _shard_info(entry, name: str, where: str, compressed: bool) -> ShardInfo:
+    """The shard of one entry of a manifest's list; ManifestError naming it and the key."""
+    if not isinstance(entry, dict):
+        raise _bad(where, name, "an object", entry)
+    url = entry.get("url", _MISSING)
+    if not isinstance(url, str) or not url:
+        raise _bad(where, f"{name}.url", "a non-empty string", url)
+    if not url.isprintable():
+        raise _bad(where, f"{name}.url", "a name without control characters", url)
+    for key in ("samples", "bytes"):
+        if not _is_count(entry.get(key, _MISSING)):
+            raise _bad(where, f"{name}.{key}", "a non-negative integer", entry.get(key, _MISSING))
+    samples, nbytes = entry["samples"], entry["bytes"]
+    problem = count_problem(samples, nbytes, compressed or compression_of_name(url) is not None)
+    if problem is not None:
+        raise _bad(where, f"{name}.bytes", problem, nbytes)
+    sha256 = entry.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        raise _bad(where, f"{name}.sha256", "64 lowercase hex digits or null", sha256)
+    head, last_key = entry.get("head"), entry.get("last_key")
+    if head is not None and not (isinstance(head, str) and HEAD_PATTERN.fullmatch(head)):
+        raise _bad(where, f"{name}.head", f"{HEAD_DIGITS} lowercase hex digits or null", head)
+    if last_key is not None and not isinstance(last_key, str):
+        raise _bad(where, f"{name}.last_key", "a string or null", last_key)
+    return ShardInfo(url, samples, nbytes, sha256, head, last_key)
 
 
 _MISSING = object()
