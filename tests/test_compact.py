@@ -12,7 +12,7 @@ import pytest
 
 import wdstream
 from wdstream.errors import ManifestError
-from wdstream.shards import compact, scan, scan_blocks
+from wdstream.shards import compact, scan, scan_lengths
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.stream.plan import EpochPlan, PlanOptions
 
@@ -241,9 +241,9 @@ def test_the_scanner_reads_a_line_as_the_general_parser_does_or_leaves_it(spoil,
                                                                           monkeypatch):
     """Each spoiled line (of shard 1) is either read with the general parser's meaning or the
     whole manifest goes the general way; the results (shards or error) are the same. Both
-    ways of scanning: lines grouped by length (scan_blocks) and the quote scanner."""
+    ways of scanning: lines grouped by length (scan_lengths) and the quote scanner."""
     if scanner == "by quotes":
-        monkeypatch.setattr(scan, "scan_by_length", lambda *args: scan_blocks.VARIED)
+        monkeypatch.setattr(scan, "scan_by_length", lambda *args: scan_lengths.VARIED)
     monkeypatch.setattr(compact, "SMALL", 100)  # the same scanners on a quicker manifest
     shards = with_identity(infos(300))
     text = Manifest(shards, extensions=["json"]).to_json()
@@ -281,9 +281,9 @@ def scanned(text: str, monkeypatch=None, how: str = "by length"):
     stop = len(encoded) - len("\n]}\n")
     with pytest.MonkeyPatch.context() as patch:
         if how == "by quotes":
-            patch.setattr(scan, "scan_by_length", lambda *args: scan_blocks.VARIED)
+            patch.setattr(scan, "scan_by_length", lambda *args: scan_lengths.VARIED)
         elif how == "few rounds":
-            patch.setattr(scan_blocks, "MAX_ROUNDS", 3)
+            patch.setattr(scan_lengths, "MAX_ROUNDS", 3)
         return scan.scan_shards(encoded, start, stop)
 
 

@@ -13,18 +13,21 @@ digits), its digests lowercase hex of the right length and its key valid UTF-8 w
 characters. Every line accepted is therefore valid JSON with the meaning the general parser
 gives it, and a key given twice cannot be accepted. Anything else (another layout, an escape,
 an extra key) makes ``scan_shards`` return None, and the caller takes the general parser, which
-reports what is wrong. Work is done on blocks of lines, so temporaries stay a few MB.
+reports what is wrong. Work is done on runs of ``LINES`` lines, so temporaries stay a few MB.
 
-Lines are first read by length (``wdstream.shards.scan_blocks``: the lines of one length and
-layout as one block, which accepts exactly the same lines); the quote scanner below reads the
-manifests whose lines vary too much for that.
+Lines are first read by length (``wdstream.shards.scan_lengths``: the lines of one length and
+layout as one two-dimensional array, which accepts exactly the same lines); the quote scanner
+below reads the manifests whose lines vary too much for that.
+
+The goal these scanners serve: a ``StreamingDataset`` built on a 1,000,000-shard manifest in
+under 2 s (docs/benchmarks.md, "Large manifests"). ``json.loads`` feeding the same arrays
+takes several times that (docs/benchmarks-results.md, "The shard format's fast paths").
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from wdstream.shards.scan_blocks import VARIED, scan_by_length
 from wdstream.shards.scan_layouts import (
     INT,
     KEY,
@@ -32,9 +35,10 @@ from wdstream.shards.scan_layouts import (
     NAME,
     POW10,
     Columns,
-    Layout,
+    LineLayout,
     layouts_by_quotes,
 )
+from wdstream.shards.scan_lengths import VARIED, scan_by_length
 
 LINES = 1 << 16  # lines scanned at a time
 
@@ -58,7 +62,7 @@ def scan_shards(text: bytes, start: int, stop: int, min_lines: int = 1
                 ) -> dict[str, np.ndarray] | None:
     """The columns of the shard lines in ``text[start:stop]`` (between ``"shards": [\\n ``
     and ``\\n]``), or None when a line is not in one of the layouts (see the module docstring)
-    or there are fewer than ``min_lines``. Lines are read by length (``scan_blocks``) unless
+    or there are fewer than ``min_lines``. Lines are read by length (``scan_lengths``) unless
     they vary too much for that; then by their quotes, as described above.
 
     Columns: ``names`` and ``keys`` (uint8, the names and last keys joined by newlines, a
@@ -116,6 +120,7 @@ def _joined(text: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> np.ndarray
 
 
 def _scan_block(text, starts, ends, columns: _Columns, first: int) -> bool:
+    """Read a run of lines by their quotes; whether every line is in a layout."""
     low, high = int(starts[0]), int(ends[-1])
     quotes = np.flatnonzero(text[low:high] == _QUOTE) + low
     at = np.searchsorted(quotes, starts)
@@ -133,7 +138,7 @@ def _scan_block(text, starts, ends, columns: _Columns, first: int) -> bool:
     return bool(matched.all())
 
 
-def _match(layout: Layout, text, quotes, at, starts, ends, columns: _Columns, rows):
+def _match(layout: LineLayout, text, quotes, at, starts, ends, columns: _Columns, rows):
     """Which of these lines are in ``layout`` (their values stored in ``columns``)."""
     ok = np.ones(len(rows), dtype=bool)
     position = starts

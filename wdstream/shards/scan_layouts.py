@@ -11,7 +11,7 @@ MAX_DIGITS = 18  # below 2**63: larger counts take the general parser (which ref
 POW10 = 10 ** np.arange(MAX_DIGITS, dtype=np.int64)
 
 
-class Layout:
+class LineLayout:
     """One line layout: literal runs (bytes) and the values between them (``NAME``, ``INT``,
     ``KEY``, or a number of hex digits)."""
 
@@ -45,13 +45,13 @@ class Layout:
                 self.value_ends[i] = (seen, after.index(b'"'))
 
 
-def layouts_by_quotes() -> dict[int, list[Layout]]:
+def layouts_by_quotes() -> dict[int, list[LineLayout]]:
     """The eight layouts, by the number of quotes in their literal text (most first)."""
-    layouts: dict[int, list[Layout]] = {}
+    layouts: dict[int, list[LineLayout]] = {}
     for sha in (True, False):
         for head in (True, False):
             for key in (True, False):
-                layout = Layout(sha, head, key)
+                layout = LineLayout(sha, head, key)
                 layouts.setdefault(layout.quotes, []).append(layout)
     return dict(sorted(layouts.items(), reverse=True))
 

@@ -2,7 +2,7 @@
 
 Lines of one length written by ``Manifest.to_json`` mostly have one layout (see
 ``wdstream.shards.scan``) with the same width for every value, so they agree byte for byte
-outside their values. Such a group is read as a two-dimensional block, one row per line:
+outside their values. Such a group is read as a two-dimensional array, one row per line:
 the layout and value columns come from its first line (read in Python, as the layouts say),
 every row's literal bytes are compared with that line's at once, and each value is a column
 range checked and converted for all rows together (digits, lowercase hex, string bytes).
@@ -33,7 +33,7 @@ from wdstream.shards.scan_layouts import (
 
 VARIED = object()
 MAX_ROUNDS = 2000  # layouts tried in all before the lines count as too varied
-BLOCK_BYTES = 8 << 20  # rows checked at a time: temporaries stay a few MB
+STEP_BYTES = 8 << 20  # rows checked at a time: temporaries stay a few MB
 _QUOTE = ord('"')  # strings hold no quote, no control character (backslashes: refused before)
 
 
@@ -81,7 +81,7 @@ def _template(line: bytes, layouts) -> _Template | None:
 
 
 class _Columns(Columns):
-    """The arrays being filled, and the names and keys of the rows read, block by block."""
+    """The arrays being filled, and the names and keys of the rows read, step by step."""
 
     def __init__(self, count: int):
         super().__init__(count)
@@ -128,34 +128,34 @@ def _read_rows(template: _Template, windows, starts, rows, columns: _Columns):
     """Read the rows in ``template``'s layout; the rows left (None: a row agrees with the
     layout's literal bytes but not with its values)."""
     width = windows.shape[1]
-    step = max(1, BLOCK_BYTES // width)
+    step = max(1, STEP_BYTES // width)
     left = []
     for at in range(0, len(rows), step):
         chunk = rows[at:at + step]
         first, n = int(starts[chunk[0]]), len(chunk)
         if chunk[-1] - chunk[0] == n - 1 and starts[chunk[-1]] - first == (n - 1) * (width + 3):
             # consecutive lines (joined by ",\n "): a view of the text, nothing copied
-            block = np.lib.stride_tricks.as_strided(windows[first], shape=(n, width),
+            table = np.lib.stride_tricks.as_strided(windows[first], shape=(n, width),
                                                     strides=(width + 3, 1), writeable=False)
         else:
-            block = windows[starts[chunk]]
-        same = np.equal(block, template.literal)
+            table = windows[starts[chunk]]
+        same = np.equal(table, template.literal)
         same |= template.values
         same = same.all(1)
         if not same.all():
             left.append(chunk[~same])
-            chunk, block = chunk[same], block[same]
-        if len(chunk) and not _read_values(template, block, chunk, columns):
+            chunk, table = chunk[same], table[same]
+        if len(chunk) and not _read_values(template, table, chunk, columns):
             return None
     return np.concatenate(left) if left else rows[:0]
 
 
-def _read_values(template: _Template, block, rows, columns: _Columns) -> bool:
+def _read_values(template: _Template, table, rows, columns: _Columns) -> bool:
     layout = template.layout
     at = _consecutive(rows)
     ints = []
     for piece, begin, end in template.fields:
-        values = block[:, begin:end]
+        values = table[:, begin:end]
         if piece is INT:
             digits = values - np.uint8(ord("0"))
             if (digits > 9).any() or (end - begin > 1 and (digits[:, 0] == 0).any()):
