@@ -111,7 +111,7 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     if not merge:  # merging reads manifests only
         rows.append(("MB/s read", f"{manifest.bytes / seconds / 1e6:.1f} ({seconds:.1f} s)"))
     if strays is not None and strays.count:
-        rows.append(("stray members", f"{strays.describe()} skipped: no sample holds them"))
+        rows.append(("stray members", f"{strays.count_and_names()} skipped: no sample holds them"))
     print_pairs([*rows, ("manifest", url)])
 
 

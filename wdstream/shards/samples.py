@@ -100,7 +100,7 @@ class StrayCount:
         self.names.extend(other.names[: self.SHOWN - len(self.names)])
         self.count += other.count
 
-    def describe(self) -> str:
+    def count_and_names(self) -> str:
         """``"3 (README, .hidden, __meta__)"``."""
         more = ", ..." if self.count > len(self.names) else ""
         return f"{self.count} ({', '.join(self.names)}{more})"

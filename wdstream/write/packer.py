@@ -53,8 +53,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from wdstream.errors import InputError, OptionTypeError, WdstreamError
-from wdstream.shards.compress import check_compression, tar_limit
 from wdstream.shards.compression import WRITE_SUFFIXES
+from wdstream.shards.compression.writing import check_compression, tar_limit
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from wdstream.sizes import parse_size
 from wdstream.tokenizer import Tokenizer

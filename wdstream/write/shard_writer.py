@@ -25,7 +25,7 @@ class _ShardSink:
     sends on in chunks. ``size`` and ``sha256`` are the stored bytes', ``tar_size`` the tar's."""
 
     def __init__(self, out, compress: tuple[str, int] | None = None):
-        from wdstream.shards.compress import ShardCompressor
+        from wdstream.shards.compression.writing import ShardCompressor
 
         self._out = out
         self._buffer = io.BytesIO()

@@ -1,5 +1,6 @@
 """Compressed shards: which names are shards, and reading ``.tar.gz``/``.tgz``, ``.tar.zst``,
-``.tar.bz2`` and ``.tar.xz`` as the tar stream they hold.
+``.tar.bz2`` and ``.tar.xz`` as the tar stream they hold (the decompressors: ``engines``;
+writing compressed shards: ``writing``).
 
 ``open_tar(stream, url)`` looks at a shard's first bytes: a plain tar is handed back as it is
 (a local file keeps its seeks and mapped payloads); compressed data (recognised by its magic
@@ -20,7 +21,7 @@ import zlib
 
 from wdstream.errors import LimitError, ShardError, ShardMismatchError
 from wdstream.limits import Limits
-from wdstream.shards.decompress import ENGINES
+from wdstream.shards.compression.engines import ENGINES
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zlib
 
+from wdstream.errors import InputError
 from wdstream.shards.compression import WRITE_SUFFIXES
 
 DEFAULT_LEVELS = {"zstd": 3, "gzip": 6}
@@ -14,8 +15,6 @@ LEVELS = {"zstd": range(1, 23), "gzip": range(0, 10)}
 def check_compression(kind: str | None, level: int | None) -> int | None:
     """The level to write ``kind`` with (its default when None); InputError for a kind or
     level that cannot be written."""
-    from wdstream.errors import InputError
-
     if kind is None:
         if level is not None:
             raise InputError("--level needs --compress zstd|gzip")
