@@ -18,13 +18,27 @@ reads it and reports what is wrong.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from wdstream.limits import json_loads
-from wdstream.shards.manifest import ShardInfo
+from wdstream.shards.scan import scan_shards
+from wdstream.sources.urls import join
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    url: str  # as stored: relative to the manifest's base, or absolute
+    samples: int
+    bytes: int
+    sha256: str | None = None
+    head: str | None = None  # wdstream.shards.identity: digest of the first bytes
+    last_key: str | None = None  # the key of the shard's last sample
+
 
 SMALL = 10_000  # manifests with fewer shards gain nothing from this path
 
@@ -134,8 +148,6 @@ class ShardArrays(Sequence):
 
     def urls(self, base: str) -> Urls:
         """The URL of each shard, ``urls.join(base, name)``, made when asked for."""
-        from wdstream.sources.urls import join
-
         return Urls(self, base, join)
 
     def compressed_names(self) -> np.ndarray:
@@ -283,8 +295,6 @@ class Ints(Sequence):
 def parse_manifest(text: bytes | str) -> tuple[dict, ShardArrays] | None:
     """(the head's keys, the shards) of a manifest in ``to_json``'s layout with plain names,
     else None (see the module docstring)."""
-    from wdstream.shards.scan import scan_shards
-
     if isinstance(text, str):
         text = text.encode("utf-8")
     head_end = text.find(_SHARDS_OPEN)
@@ -321,8 +331,6 @@ def _unique_pairs(pairs):
 def release_free_memory() -> None:
     """Hand back to the system the heap pages a large parse's temporaries freed (glibc keeps
     them: some 80 MB after a million shards); a no-op elsewhere."""
-    import ctypes
-
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):

@@ -23,7 +23,8 @@ from wdstream.shards.names import outside_prefix
 from wdstream.shards.samples import StrayCount, iter_samples
 from wdstream.shards.tar_reader import iter_members
 from wdstream.sources import urls as urlmod
-from wdstream.sources.hashing import HashingReader  # importable from here too, as before
+from wdstream.sources.hashing import HashingReader
+from wdstream.sources.openers import open_read
 
 
 def index_shard(
@@ -37,8 +38,6 @@ def index_shard(
 
     A corrupt or truncated tar (including one that lacks the end-of-archive marker, and a cut
     compressed stream) raises ShardError naming ``url``."""
-    from wdstream.sources.openers import open_read
-
     samples = 0
     extensions: set[str] = set()
     seen: set[str] = set()

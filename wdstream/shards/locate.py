@@ -10,6 +10,7 @@ from wdstream.errors import InputError, ManifestError
 from wdstream.shards.compression import is_shard_name, not_shard_kinds
 from wdstream.shards.manifest import Manifest, ManifestNotFoundError, load_manifest
 from wdstream.sources import urls as urlmod
+from wdstream.sources.objects import list_files
 
 
 class NoShardsError(ManifestError):
@@ -70,8 +71,6 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
     except ManifestNotFoundError as error:
         if source.endswith(".json"):
             raise
-        from wdstream.sources.objects import list_files
-
         everything = list_files(source, suffix="")
         listed = [(url, size) for url, size in everything if is_shard_name(url)]
         others = not_shard_kinds(url for url, _ in everything if not is_shard_name(url))

@@ -24,13 +24,17 @@ import json
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from wdstream.errors import ManifestError, StreamError
 from wdstream.limits import MAX_DEPTH, NestingError, json_loads
 from wdstream.printable import printable, short_repr
-from wdstream.shards import names
+from wdstream.shards import compact, names
+from wdstream.shards.compact import ShardArrays, ShardInfo
 from wdstream.shards.compression import compression_of_name
 from wdstream.shards.identity import HEAD_DIGITS, HEAD_PATTERN
 from wdstream.sources import urls
+from wdstream.sources.objects import exists, read_bytes, write_bytes
 
 MANIFEST_NAME = "index.json"
 FORMAT = "wdstream"
@@ -52,16 +56,6 @@ MAX_SHARD_BYTES = 1 << 44
 
 class ManifestNotFoundError(ManifestError):
     """There is no manifest at the given URL (callers may fall back to listing shards)."""
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    url: str  # as stored: relative to the manifest's base, or absolute
-    samples: int
-    bytes: int
-    sha256: str | None = None
-    head: str | None = None  # wdstream.shards.identity: digest of the first bytes
-    last_key: str | None = None  # the key of the shard's last sample
 
 
 @dataclass
@@ -122,14 +116,12 @@ class Manifest:
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key. ``allow_empty``
         accepts a manifest without samples (a part of a run, to be merged)."""
-        from wdstream.shards.compact import parse_manifest, release_free_memory
-
         given, where = where, printable(where)
-        fast = parse_manifest(text)  # large manifests in to_json's layout, as arrays
+        fast = compact.parse_manifest(text)  # large manifests in to_json's layout, as arrays
         if fast is not None and _arrays_problem(fast[0], fast[1]):
             fast = None  # the general parser below names the entry
         if fast is not None:
-            release_free_memory()
+            compact.release_free_memory()
         try:
             doc = (dict(fast[0], shards=fast[1]) if fast is not None
                    else json_loads(text, MAX_DEPTH, object_pairs_hook=_unique_keys))
@@ -148,8 +140,6 @@ class Manifest:
                  allow_empty: bool = False) -> Manifest:
         """``from_json`` of a parsed document (its ``shards`` a list of dicts, or
         ``compact.ShardArrays`` already checked)."""
-        from wdstream.shards.compact import ShardArrays
-
         where = printable(where)
         _check_head(doc, where)
         shards = doc["shards"]
@@ -297,8 +287,6 @@ def _arrays_problem(head: dict, shards) -> bool:
     """Whether the shards the fast parser read as arrays (``compact.ShardArrays``: plain
     relative names, counts, digests) break a rule ``from_json`` checks entry by entry: a count
     no shard can hold, or the same name twice. The general parser then names the entry."""
-    import numpy as np
-
     samples, sizes = shards.samples, shards.bytes
     compressed = shards.compressed_names() | isinstance(head.get("compression"), dict)
     plain = ~compressed
@@ -354,6 +342,7 @@ def load_manifest(source: str, *, allow_external_shards: bool = False,
 
     manifest = None
     if share:
+        # shared builds the Manifest this module defines: imported here, a real cycle
         from wdstream.shards.shared import shared_manifest
 
         manifest = shared_manifest(url, base, lambda: _read_manifest(url), parse,
@@ -366,8 +355,6 @@ def load_manifest(source: str, *, allow_external_shards: bool = False,
 
 
 def _read_manifest(url: str) -> bytes:
-    from wdstream.sources.objects import exists, read_bytes
-
     try:
         return read_bytes(url, limit="manifest", error=ManifestError)
     except StreamError as e:
@@ -396,8 +383,6 @@ def write_manifest(
 
     ``name``: another file name under ``prefix``, e.g. a part manifest
     ``index.part-002-of-008.json`` of ``wdstream pack --part``."""
-    from wdstream.sources.objects import write_bytes
-
     url = urls.join(prefix, name)
     write_bytes(url, manifest.to_json().encode("utf-8"), via=via)
     return url

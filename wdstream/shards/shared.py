@@ -45,11 +45,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from wdstream.errors import ManifestError
+from wdstream.errors import ManifestError, OptionTypeError
 from wdstream.limits import MAX_DEPTH, json_loads
 from wdstream.shards import compact
 from wdstream.shards.compact import COLUMNS, ShardArrays
 from wdstream.shards.manifest import Manifest
+from wdstream.sources import gcs_ranges, openers, s3_objects, urls
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,6 @@ def shared_manifest(url: str, base: str, read: Callable[[], bytes],
 
 def check_share_option(owner: str, name: str, value) -> None:
     """OptionError unless ``value`` is True, False or a directory (str or path)."""
-    from wdstream.errors import OptionTypeError
-
     if not isinstance(value, bool | str | os.PathLike) or value == "":
         raise OptionTypeError(f"{owner}: {name} must be True, False or a directory, got "
                           f"{value!r}")
@@ -159,14 +158,10 @@ def _version_and_text(url: str, small: int) -> tuple[dict | None, bytes | None]:
     and one request tells both: on S3 and GCS, one ranged GET of its first ``small`` bytes
     rather than asking its version and then reading it (the bytes are dropped when the
     object is longer)."""
-    from wdstream.sources import s3_objects
-
     try:
         if s3_objects.is_object_url(url):
             described, start = s3_objects.head_and_start(url, small)
         elif _is_gcs_object(url):
-            from wdstream.sources import gcs_ranges
-
             described, start = gcs_ranges.head_and_start(url, small)
         else:
             return object_version(url), None
@@ -180,8 +175,6 @@ def _version_and_text(url: str, small: int) -> tuple[dict | None, bytes | None]:
 def object_version(url: str) -> dict | None:
     """What changes whenever the object at ``url`` does, asked of the store without reading
     it; None when the store tells nothing that reliable (or the request fails)."""
-    from wdstream.sources import urls
-
     if urls.scheme(url) == "pipe":
         return None
     path = urls.to_local_path(url)
@@ -193,17 +186,11 @@ def object_version(url: str) -> dict | None:
             return {"size": info.st_size, "mtime_ns": info.st_mtime_ns,
                     "ctime_ns": info.st_ctime_ns, "inode": info.st_ino, "device": info.st_dev}
         if urls.scheme(url) == "s3":  # the reader's botocore client: no second SDK to load
-            from wdstream.sources.s3_objects import head as s3_head
-
-            described = s3_head(url)
+            described = s3_objects.head(url)
         elif _is_gcs_object(url):  # the reader's JSON API client: gcsfs is not loaded
-            from wdstream.sources.gcs_ranges import describe
-
-            described = describe(url)
+            described = gcs_ranges.describe(url)
         else:
-            from wdstream.sources.openers import filesystem
-
-            fs, key = filesystem(url)
+            fs, key = openers.filesystem(url)
             described = fs.info(key)
     except Exception:  # noqa: BLE001 - no version: the caller reads the manifest itself
         return None
@@ -211,8 +198,6 @@ def object_version(url: str) -> dict | None:
 
 
 def _is_gcs_object(url: str) -> bool:
-    from wdstream.sources import urls
-
     return urls.scheme(url) == "gs" and urls.object_key(url) is not None
 
 
