@@ -165,9 +165,9 @@ def _version_and_text(url: str, small: int) -> tuple[dict | None, bytes | None]:
         if s3_objects.is_object_url(url):
             described, start = s3_objects.head_and_start(url, small)
         elif _is_gcs_object(url):
-            from wdstream.sources import gcs_ranges
+            from wdstream.sources import gcs_objects
 
-            described, start = gcs_ranges.head_and_start(url, small)
+            described, start = gcs_objects.head_and_start(url, small)
         else:
             return object_version(url), None
     except Exception:  # noqa: BLE001 - no version: the caller's read reports the failure
@@ -197,11 +197,11 @@ def object_version(url: str) -> dict | None:
 
             described = s3_head(url)
         elif _is_gcs_object(url):  # the reader's JSON API client: gcsfs is not loaded
-            from wdstream.sources.gcs_ranges import describe
+            from wdstream.sources.gcs_objects import describe
 
             described = describe(url)
         else:
-            from wdstream.sources.openers import filesystem
+            from wdstream.sources.clients import filesystem
 
             fs, key = filesystem(url)
             described = fs.info(key)

@@ -18,7 +18,9 @@ import time
 from wdstream.errors import StreamError
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
+from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd
+from wdstream.sources.s3_ranges import S3Ranges
 from wdstream.sources.streams import CHUNK_SIZE, BufferPool, ChunkSource
 
 PART_SIZE = 8 << 20
@@ -584,8 +586,6 @@ class RangedS3Source(RangedSource):
     """An S3 object (``s3://bucket/key``) read in ranged parts, presigned by botocore."""
 
     def __init__(self, url: str, start: int, timeout: float, **options):
-        from wdstream.sources.s3_ranges import S3Ranges
-
         super().__init__(S3Ranges(url, timeout), start, timeout, **options)
 
 
@@ -593,6 +593,4 @@ class RangedGcsSource(RangedSource):
     """A GCS object (``gs://bucket/name``) read in ranged parts over the JSON API."""
 
     def __init__(self, url: str, start: int, timeout: float, **options):
-        from wdstream.sources.gcs_ranges import GcsRanges
-
         super().__init__(GcsRanges(url, timeout), start, timeout, **options)
