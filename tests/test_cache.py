@@ -20,8 +20,8 @@ from datasets import all_keys, keys_of, shard_bytes, write_dataset
 
 import wdstream
 from wdstream.errors import InputError, StreamError
-from wdstream.sources import cache_folder
 from wdstream.sources.cache import ShardCache
+from wdstream.sources.cache import folder as cache_folder
 from wdstream.sources.openers import open_read
 
 COUNTS = [6, 5, 7, 4]

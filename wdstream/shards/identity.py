@@ -15,22 +15,15 @@ See docs/integrity.md for what these catch and what only ``verify_digest`` does.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 
 from wdstream.errors import ShardMismatchError
-from wdstream.shards.tar_reader import HEAD_BYTES
+from wdstream.sources.hashing import HEAD_BYTES, HEAD_DIGITS, head_digest
 
-HEAD_DIGITS = 32
 HEAD_PATTERN = re.compile(f"[0-9a-f]{{{HEAD_DIGITS}}}")
 
 __all__ = ["HEAD_BYTES", "HeadRecorder", "head_check", "head_digest"]
-
-
-def head_digest(first: bytes) -> str:
-    """The ``head`` of a shard whose first bytes are ``first`` (only ``HEAD_BYTES`` count)."""
-    return hashlib.sha256(first[:HEAD_BYTES]).hexdigest()[:HEAD_DIGITS]
 
 
 def head_check(url: str, expected: str) -> Callable[[bytes], None]:

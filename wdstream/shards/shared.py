@@ -50,7 +50,7 @@ from wdstream.limits import MAX_DEPTH, json_loads
 from wdstream.shards import compact
 from wdstream.shards.compact import COLUMNS, ShardArrays
 from wdstream.shards.manifest import Manifest
-from wdstream.sources import gcs_ranges, openers, s3_objects, urls
+from wdstream.sources import clients, gcs_objects, s3_objects, urls
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def _version_and_text(url: str, small: int) -> tuple[dict | None, bytes | None]:
         if s3_objects.is_object_url(url):
             described, start = s3_objects.head_and_start(url, small)
         elif _is_gcs_object(url):
-            described, start = gcs_ranges.head_and_start(url, small)
+            described, start = gcs_objects.head_and_start(url, small)
         else:
             return object_version(url), None
     except Exception:  # noqa: BLE001 - no version: the caller's read reports the failure
@@ -188,9 +188,9 @@ def object_version(url: str) -> dict | None:
         if urls.scheme(url) == "s3":  # the reader's botocore client: no second SDK to load
             described = s3_objects.head(url)
         elif _is_gcs_object(url):  # the reader's JSON API client: gcsfs is not loaded
-            described = gcs_ranges.describe(url)
+            described = gcs_objects.describe(url)
         else:
-            fs, key = openers.filesystem(url)
+            fs, key = clients.filesystem(url)
             described = fs.info(key)
     except Exception:  # noqa: BLE001 - no version: the caller reads the manifest itself
         return None

@@ -39,11 +39,11 @@ from wdstream.shards.tar_header import (
     header_size,
     parse_pax,
 )
+from wdstream.sources.hashing import HEAD_BYTES  # what ``on_head`` is given
 
 _ZERO_BLOCK = bytes(BLOCK)
 LONG_NAME_MAX = 1 << 16  # a GNU long name or link: far above any file system's PATH_MAX
 PAX_MAX = 1 << 20  # a PAX extended header: names, times and a few attributes
-HEAD_BYTES = 4096  # what ``on_head`` is given: the shard's first header(s) and payload bytes
 _PAX_TYPES = frozenset(b"xXg")  # PAX headers: per file ('x', Solaris 'X') and global ('g')
 
 

@@ -7,12 +7,15 @@ other fsspec URLs.
   binary stream filled by a background thread (prefetch), with stall detection and an exit
   status check on close; ``OPENERS`` and ``resolve_opener`` say which reader serves a URL.
   The streams are in ``streams`` (``ByteStream``, ``LocalFile``, ``ChunkSource``), commands
-  in ``processes``, clients and fsspec in ``clients``, ranged S3 reads in ``ranged``, error
-  classification in ``failures``.
-- ``objects``: ``open_write`` (commit makes the object appear whole, abort leaves nothing),
-  ``write_bytes``, ``read_bytes``, ``exists``, ``delete``, ``size``, ``list_files``.
-- ``cache``: ``ShardCache(directory, limit)``, the optional local shard cache: ``open(url,
-  opener)`` reads a cached copy, or streams from the source while storing it.
+  in ``processes``, clients and fsspec in ``clients``, ranged S3 and GCS reads in ``ranged``,
+  error classification in ``failures``.
+- ``objects``: ``open_write`` (commit makes the object appear whole, abort leaves nothing;
+  the ``Writer`` contract in ``writers``), ``write_bytes``, ``read_bytes``, ``exists``,
+  ``delete``, ``size``, ``list_files``; S3's and GCS's own object operations in
+  ``s3_objects`` and ``gcs_objects``.
+- ``cache``: ``ShardCache(directory, limit)``, the optional local shard cache (a package:
+  ``entry``, ``folder``): ``open(url, opener)`` reads a cached copy, or streams from the
+  source while storing it.
 
 Every failure is a ``StreamError`` naming the URL, with ``transient`` saying whether a retry may
 help. Cloud SDKs and fsspec back-ends are imported on first use, never at import.

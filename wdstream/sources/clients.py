@@ -73,8 +73,8 @@ def _botocore_session():
 
     Unlike clients, sessions are kept across a fork: a session holds no connection, only the
     loaded service models and the resolved configuration, so a DataLoader worker makes its
-    client from the session the main process already loaded (the manifest read) in ~20 ms
-    instead of ~100-250 ms of parsing the S3 model again."""
+    client from the session the main process already loaded (the manifest read) rather than
+    parse the S3 model again (docs/benchmarks-results.md, "Behind the sources' settings")."""
     import botocore.session
 
     key = tuple(os.environ.get(n) for n in _CLIENT_SETTINGS["s3"])

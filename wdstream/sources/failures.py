@@ -27,7 +27,7 @@ def command_failed(url: str, message: str, stderr: str) -> StreamError:
 
 def permanent_failure(stderr: str) -> str | None:
     """"not found" or "access denied" when a command's stderr says so (a retry will not help),
-    else None. Shared with the CLI upload in ``writers``."""
+    else None. Shared with the CLI upload in ``objects``."""
     text = stderr.lower()
     if any(marker in text for marker in _MISSING_MARKERS):
         return "not found"
@@ -76,45 +76,90 @@ _TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingExcep
 
 def _classify(exc: BaseException) -> tuple[bool, str]:
     """(transient, what happened) for an exception from the OS, botocore, s3fs, gcsfs,
-    google-auth or urllib3."""
-    botocore_errors = sys.modules.get("botocore.exceptions")
-    if botocore_errors is not None:
-        if isinstance(exc, botocore_errors.ClientError):
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code", ""))
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-            if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
-                return False, "not found"
-            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") \
-                    or status in (401, 403):
-                return False, "access denied"
-            if code in _TRANSIENT_CODES or status >= 500 or status == 429:
-                return True, "server error"
-            return False, "request failed"
-        if isinstance(exc, botocore_errors.NoCredentialsError | botocore_errors.PartialCredentialsError):
-            return False, "no usable AWS credentials"
-        if isinstance(exc, botocore_errors.HTTPClientError | botocore_errors.ConnectionError
-                      | botocore_errors.IncompleteReadError):
-            return True, "connection failed"
-    status = getattr(exc, "code", None)  # gcsfs.retry.HttpError, aiohttp response errors,
-    if isinstance(status, int) and not isinstance(exc, OSError):  # range_fetchers.HttpStatusError
-        if status == 404:
-            return False, "not found"
-        if status in (401, 403):
-            return False, "access denied"
-        return status >= 500 or status in (408, 429), f"HTTP status {status}"
-    google_auth = sys.modules.get("google.auth.exceptions")
-    if google_auth is not None:
-        if isinstance(exc, google_auth.TransportError):
-            return True, "connection failed"
-        if isinstance(exc, google_auth.GoogleAuthError):
-            return bool(getattr(exc, "retryable", False)), "no usable Google credentials"
-    urllib3_errors = sys.modules.get("urllib3.exceptions")
-    if urllib3_errors is not None and isinstance(exc, urllib3_errors.HTTPError):
-        return True, "connection failed"  # resets, timeouts, short bodies (gcs_ranges)
-    http_client = sys.modules.get("http.client")
-    if http_client is not None and isinstance(exc, http_client.HTTPException):
-        return True, "connection failed"  # a broken body read from http.client (body_reads)
+    google-auth or urllib3: the first of ``_CLASSIFIERS`` that knows it."""
+    for classify in _CLASSIFIERS:
+        verdict = classify(exc)
+        if verdict is not None:
+            return verdict
+    return False, type(exc).__name__
+
+
+def _botocore_error(exc: BaseException) -> tuple[bool, str] | None:
+    errors = sys.modules.get("botocore.exceptions")
+    if errors is None:
+        return None
+    if isinstance(exc, errors.ClientError):
+        return _client_error(exc)
+    if isinstance(exc, errors.NoCredentialsError | errors.PartialCredentialsError):
+        return False, "no usable AWS credentials"
+    if isinstance(exc, errors.HTTPClientError | errors.ConnectionError
+                  | errors.IncompleteReadError):
+        return True, "connection failed"
+    return None
+
+
+def _client_error(exc) -> tuple[bool, str]:
+    """A botocore ``ClientError`` by its error code and HTTP status."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
+        return False, "not found"
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") \
+            or status in (401, 403):
+        return False, "access denied"
+    if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+        return True, "server error"
+    return False, "request failed"
+
+
+def _http_status(exc: BaseException) -> tuple[bool, str] | None:
+    """gcsfs.retry.HttpError, aiohttp response errors, range_fetchers.HttpStatusError."""
+    status = getattr(exc, "code", None)
+    if not isinstance(status, int) or isinstance(exc, OSError):
+        return None
+    if status == 404:
+        return False, "not found"
+    if status in (401, 403):
+        return False, "access denied"
+    return status >= 500 or status in (408, 429), f"HTTP status {status}"
+
+
+def _google_auth_error(exc: BaseException) -> tuple[bool, str] | None:
+    errors = sys.modules.get("google.auth.exceptions")
+    if errors is None:
+        return None
+    if isinstance(exc, errors.TransportError):
+        return True, "connection failed"
+    if isinstance(exc, errors.GoogleAuthError):
+        return bool(getattr(exc, "retryable", False)), "no usable Google credentials"
+    return None
+
+
+def _connection_error(exc: BaseException) -> tuple[bool, str] | None:
+    """urllib3's errors (resets, timeouts, short bodies: gcs_ranges) and http.client's (a
+    broken body read: body_reads)."""
+    if _loaded_kind(exc, ("urllib3.exceptions", "HTTPError"), ("http.client", "HTTPException")):
+        return True, "connection failed"
+    return None
+
+
+def _aiohttp_error(exc: BaseException) -> tuple[bool, str] | None:
+    """aiohttp's errors that are no ``OSError`` (those are ``_os_error``'s)."""
+    if _loaded_kind(exc, ("aiohttp", "ClientError")):
+        return True, "connection failed"
+    return None
+
+
+def _loaded_kind(exc: BaseException, *kinds: tuple[str, str]) -> bool:
+    """Whether ``exc`` is one of the (module, class) ``kinds`` of a module already imported."""
+    for module, name in kinds:
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(exc, getattr(loaded, name)):
+            return True
+    return False
+
+
+def _os_error(exc: BaseException) -> tuple[bool, str] | None:
     if isinstance(exc, FileNotFoundError):
         return False, "not found"
     if isinstance(exc, PermissionError):
@@ -123,7 +168,8 @@ def _classify(exc: BaseException) -> tuple[bool, str]:
         return False, "not a file"
     if isinstance(exc, OSError):  # resets, timeouts, refused connections, s3fs's other errors
         return True, "I/O error"
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
-        return True, "connection failed"
-    return False, type(exc).__name__
+    return None
+
+
+_CLASSIFIERS = (_botocore_error, _http_status, _google_auth_error, _connection_error, _os_error,
+                _aiohttp_error)

@@ -1,6 +1,7 @@
 """Ranged GETs of one GCS object for the ranged reader (``ranged.py``): the JSON API's media
 download, ``GET {endpoint}/download/storage/v1/b/BUCKET/o/NAME?alt=media`` with ``Range``,
-over urllib3 (one pool per process).
+over urllib3 (one pool per process), and the object's metadata (``GcsRanges.metadata``; the
+object operations on them are ``gcs_objects.py``).
 
 Endpoint and credentials, as gcsfs and the Google SDKs find them
     ``STORAGE_EMULATOR_HOST`` (an emulator: no credentials), else
@@ -61,7 +62,6 @@ from wdstream.sources.range_fetchers import (
 GCS_ENDPOINT = "https://storage.googleapis.com"
 READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 POOL_SIZE = 32  # connections kept per host: parts of the streams of a process
-TIMEOUT = 60.0  # seconds, for the requests made outside a stream (describe, head_and_start)
 
 
 def endpoint() -> str:
@@ -159,38 +159,6 @@ def gcs_client(timeout: float) -> _Client:
     return cached_client("gcs-json", "gs", timeout, lambda: _Client(timeout))
 
 
-def describe(url: str, timeout: float = TIMEOUT) -> dict:
-    """``{"size": bytes, "generation": ...}`` of the GCS object at ``url``, from its metadata
-    (one request with the reader's client, without loading gcsfs). Raises ``HttpStatusError``
-    (a missing object: 404)."""
-    fetcher = GcsRanges(url, timeout)
-    fetcher.connect()
-    metadata = fetcher._metadata()
-    return {"size": int(metadata["size"]), "generation": metadata["generation"]}
-
-
-def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dict, bytes]:
-    """What ``describe`` tells of the GCS object at ``url``, and its first ``nbytes`` bytes
-    (fewer when the object is shorter), by one ranged download: a round trip less for an
-    object that is often read whole right after (an emulator, whose downloads do not say the
-    generation, is asked its metadata first). Raises ``HttpStatusError`` (a missing object) or
-    ``PastEnd`` (an empty one, which has no byte 0)."""
-    fetcher = GcsRanges(url, timeout)
-    fetcher.connect()
-    response = fetcher.get(0, nbytes - 1, None)
-    start = memoryview(bytearray(nbytes))
-    filled = 0
-    try:
-        while filled < nbytes:  # a server that ignored the range: the rest is not read
-            count = response.readinto(start[filled:])
-            if not count:
-                break
-            filled += count
-    finally:
-        response.close()
-    return {"size": response.size, "generation": response.version}, bytes(start[:filled])
-
-
 class GcsRanges(Fetcher):
     """Media downloads of one object with ``Range``; the version is its generation."""
 
@@ -220,7 +188,7 @@ class GcsRanges(Fetcher):
         if client.emulator and version is None:
             with self._lock:  # asked before the download: a one-request-at-a-time emulator
                 if self._asked_generation is None:  # would hold it behind an open body
-                    self._asked_generation = self._metadata()["generation"]
+                    self._asked_generation = self.metadata()["generation"]
         query = "alt=media" + (f"&ifGenerationMatch={version}" if version is not None else "")
         url = f"{client.endpoint}/download/storage/v1{self._path}?{query}"
         # stored bytes as they are (a gzip-encoded object is not transcoded, so Range holds)
@@ -249,9 +217,9 @@ class GcsRanges(Fetcher):
 
     def _size_past_end(self, response) -> int:
         size = unsatisfied_range_size(response.headers.get("Content-Range"))
-        return size if size is not None else int(self._metadata()["size"])
+        return size if size is not None else int(self.metadata()["size"])
 
-    def _metadata(self) -> dict[str, str]:
+    def metadata(self) -> dict[str, str]:
         """The object's generation and size from its metadata."""
         client = self._client
         url = f"{client.endpoint}/storage/v1{self._path}?fields=generation,size"
@@ -271,7 +239,7 @@ class GcsRanges(Fetcher):
     def check_end(self, version: str | None) -> str | None:
         if self._asked_generation is None:
             return None  # the responses said their generation, or nothing was read
-        now = self._metadata()["generation"]
+        now = self.metadata()["generation"]
         if now != self._asked_generation:
             return f"generation {self._asked_generation}, then {now}"
         return None

@@ -1,10 +1,20 @@
 """A read stream that hashes, counts and reports every byte read through it, so that one pass
-over a shard gives its size and sha256 while it is parsed."""
+over a shard gives its size and sha256 while it is parsed; and a shard's ``head`` digest, the
+hash of its first bytes that a manifest records (``wdstream.shards.identity`` checks it, the
+shard cache checks its entries by it)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+
+HEAD_BYTES = 4096  # what a head covers: the shard's first header(s) and payload bytes
+HEAD_DIGITS = 32
+
+
+def head_digest(first: bytes) -> str:
+    """The ``head`` of a shard whose first bytes are ``first`` (only ``HEAD_BYTES`` count)."""
+    return hashlib.sha256(first[:HEAD_BYTES]).hexdigest()[:HEAD_DIGITS]
 
 
 class HashingReader:

@@ -10,8 +10,8 @@ fsspec URLs.
   buffered bytes, or a multipart upload past 64 MiB; abort sends nothing or aborts the
   multipart upload. No fsspec I/O thread and no aiobotocore, so a packer's pool can fork.
 - ``s3://`` with ``via="fsspec"`` and ``gs://`` with "auto" or "fsspec": s3fs / gcsfs upload
-  in-process. Chosen over the CLIs because a packer writes many shards: no ~0.7 s process
-  start per shard, failures arrive as exceptions rather than stderr to parse, and no CLI has to
+  in-process. Chosen over the CLIs because a packer writes many shards: no process start
+  per shard (docs/cloud.md), failures arrive as exceptions rather than stderr to parse, and no CLI has to
   be installed. The object appears only when the upload completes (a single PUT, or the
   completion of a multipart / resumable upload); abort cancels the upload.
 - ``via="cli"``: the data is piped into ``aws s3 cp - URL``, ``gcloud storage cp - URL`` or
@@ -27,7 +27,6 @@ Every failure (missing bucket or credentials, unreachable endpoint, failed comma
 
 from __future__ import annotations
 
-import abc
 import logging
 import os
 import shutil
@@ -40,11 +39,12 @@ from collections.abc import Callable
 from wdstream.errors import InputError, StreamError, WdstreamError
 from wdstream.limits import size_limit, size_variable
 from wdstream.printable import printable
-from wdstream.sources import urls
+from wdstream.sources import s3_objects, urls
 from wdstream.sources.clients import filesystem
 from wdstream.sources.failures import command_failed, stream_error
 from wdstream.sources.openers import open_read
 from wdstream.sources.processes import ChildProcess, cli_url
+from wdstream.sources.writers import Writer
 
 log = logging.getLogger(__name__)
 
@@ -82,90 +82,11 @@ def open_write(url: str, *, via: str = "auto") -> Writer:
                              "and gs://)")
         return _CliWriter(url, CLI_WRITE_COMMANDS[kind](url))
     if kind == "s3" and via == "auto":
-        from wdstream.sources import s3_objects
-
         if s3_objects.is_object_url(url):
             return s3_objects.S3Writer(url)
     if kind in ("s3", "gs"):
         return _CloudWriter(url)
     return _SpooledWriter(url)
-
-
-class Writer(abc.ABC):
-    """Base of the writers: ``write``, then exactly one of ``commit`` or ``abort``.
-
-    Subclasses call ``__init__`` last, once their resources exist: a writer whose set-up failed
-    has nothing to abort.
-    """
-
-    def __init__(self, url: str):
-        self.url = url
-        self.sha256: bytes | None = None  # the digest of all bytes written, if given to commit
-        self._finished = False
-        self._pid = os.getpid()
-
-    def write(self, data: bytes) -> None:
-        if self._finished:
-            raise ValueError(f"{self.url}: write after commit or abort")
-        self._or_abort(self._write, data)
-
-    def commit(self, sha256: bytes | None = None) -> None:
-        """Make the object appear, complete. On failure the writer aborts and raises.
-
-        ``sha256``: the SHA-256 digest of everything written, when the caller computed it: a
-        store that checks uploads (S3) is sent it rather than hashing the bytes again."""
-        if self._finished:
-            return
-        self.sha256 = sha256
-        self._or_abort(self._commit)
-        self._finished = True
-
-    def _or_abort(self, step, *args) -> None:
-        """Run one step; on any failure abort, and raise it as a WdstreamError naming the URL."""
-        try:
-            step(*args)
-        except WdstreamError:
-            self.abort()
-            raise
-        except Exception as exc:
-            self.abort()
-            raise stream_error(self.url, exc) from exc
-
-    def abort(self) -> None:
-        """Drop what was written; nothing appears at the URL. Never raises for cleanup."""
-        if self._finished:
-            return
-        self._finished = True
-        self._abort()
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
-
-    def __del__(self):
-        # A writer dropped without commit is aborted: it must not upload from a finalizer. Not
-        # in a forked copy, which must leave the parent's temporary file or upload alone. No
-        # _pid: a Ctrl-C (pack's workers get one when another fails) ended __init__ here.
-        if not getattr(self, "_finished", True) and os.getpid() == getattr(
-                self, "_pid", os.getpid()):
-            self.abort()
-
-    @abc.abstractmethod
-    def _write(self, data: bytes) -> None:
-        """Append data to the destination."""
-
-    @abc.abstractmethod
-    def _commit(self) -> None:
-        """Make the written data appear at the URL, whole."""
-
-    @abc.abstractmethod
-    def _abort(self) -> None:
-        """Leave nothing behind (and any older object at the URL untouched)."""
 
 
 class _LocalWriter(Writer):
@@ -371,8 +292,6 @@ def _check_special_file(url: str, error: type[WdstreamError]) -> None:
 
 def exists(url: str) -> bool:
     """Whether an object (or a local file or folder) exists at ``url``."""
-    from wdstream.sources import s3_objects
-
     if s3_objects.is_object_url(url):  # botocore: no fsspec I/O thread in a packer
         return s3_objects.head_size(url) is not None
     fs, path = _target(url)
@@ -389,8 +308,6 @@ def exists(url: str) -> bool:
 
 def delete(url: str) -> None:
     """Delete the object at ``url``; a missing one is fine."""
-    from wdstream.sources import s3_objects
-
     if s3_objects.is_object_url(url):
         s3_objects.delete_object(url)
         return

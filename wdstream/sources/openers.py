@@ -33,15 +33,11 @@ import os
 
 from wdstream.errors import InputError
 from wdstream.sources import urls
-from wdstream.sources.clients import FsspecSource, filesystem, s3_client
-from wdstream.sources.failures import command_failed, permanent_failure, stream_error
-from wdstream.sources.processes import CLI_READ_COMMANDS, ChildProcess, ProcessSource, cli_url
-from wdstream.sources.streams import CHUNK_SIZE, ByteStream, ChunkSource, LocalFile
-
-# the names importers used from this module before it was split
-__all__ = ["CHUNK_SIZE", "CLI_READ_COMMANDS", "OPENERS", "ByteStream", "ChildProcess",
-           "ChunkSource", "LocalFile", "cli_url", "command_failed", "filesystem", "open_read",
-           "permanent_failure", "resolve_opener", "s3_client", "stream_error"]
+from wdstream.sources.clients import FsspecSource
+from wdstream.sources.failures import stream_error
+from wdstream.sources.processes import CLI_READ_COMMANDS, ProcessSource
+from wdstream.sources.ranged import RangedGcsSource, RangedS3Source, shared_link
+from wdstream.sources.streams import ByteStream, ChunkSource, LocalFile
 
 OPENERS = ("auto", "cli", "fsspec", "sdk")
 
@@ -114,8 +110,6 @@ def open_read(
     elif reader == "cli":
         source = ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
     elif reader == "sdk":
-        from wdstream.sources.ranged import RangedGcsSource, RangedS3Source, shared_link
-
         kind = urls.scheme(url)
         ranged = RangedS3Source if kind == "s3" else RangedGcsSource
         source = ranged(url, start, timeout, size=size, first_bytes=first_bytes,

@@ -103,7 +103,7 @@ class ChildProcess:
 
     Own process group, so that ``kill`` also stops what the command started: killing only the
     ``bash`` of ``pipe:yes | head`` would leave ``yes`` holding the pipe open. Shared with the
-    CLI upload in ``writers``.
+    CLI upload in ``objects``.
     """
 
     def __init__(self, url: str, argv: list[str], *, stdin=None, stdout=None):

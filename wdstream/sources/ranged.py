@@ -1,75 +1,11 @@
 """Concurrent ranged reads of one S3 or GCS object, handed over in order.
 
-One GET streams at one connection's share of the link; on a cloud link that share is a
-fraction of what the link carries (a cap per connection, a delay before the first byte). So
-the "sdk" reader fetches an object as parts, several in flight, each on its own thread and
-connection, handing their bytes over in order: the part being read is handed over as its
-chunks arrive, the parts after it are held until their turn.
-
-This module schedules the parts; what is the store's (the GET of a byte range, its response's
-size, version and status) is a small fetcher per store (``range_fetchers.py``: the contract,
-``s3_ranges.py``: S3's, ``gcs_ranges.py``: GCS's). ``RangedS3Source`` and ``RangedGcsSource``
-pair them with the scheduler.
-
-How a read starts
-    - When the object's size is known beforehand (``size``, from the manifest or a listing),
-      ``START_PARTS`` parts are asked for at once from the start: the first batch does not
-      wait for a link to prove slow, nor for one response before the others are asked. Until
-      the process knows its link, they are of ``START_PART_SIZE``, half a part, or smaller
-      when the consumer said how many bytes it wants first (``first_bytes``: a first batch's,
-      from the manifest's mean sample): those bytes then come over ``START_PARTS``
-      connections, not one. The link is learned from these parts.
-    - Otherwise it starts with one GET of the rest of the object (its response gives the size
-      and ETag); once the stream has waited for that GET's bytes ``SWITCH_WAITS`` times,
-      longer in all than the consumer took, and the GET runs under ``ONE_GET_ENOUGH``
-      bytes/s, it is cut short a part past what it delivered and the rest follows as parts.
-    A part that came at ``ONE_GET_ENOUGH`` or faster shows a fast link (loopback, a fast
-    in-region link): the rest of the object is one GET.
-
-What a process learns (``Link``, one per process and endpoint, shared by its streams: the
-shard being read and the next one, opened ahead)
-    Whether parts pay on this link, how many to keep in flight, and their size, learned from
-    each part as soon as it is in (so the parts asked right after the first one are sized
-    by it), if it is at least ``START_PART_SIZE`` long: much of a shorter one may be in
-    before its thread reads its response's headers, which reads as a fast link. A stream
-    starts where the last one left off. The window grows by one each time a stream had to
-    wait for a part once a part came in (waits for the first parts' first bytes only show
-    the link's delay), up to ``MAX_PARTS`` (a stream that, past its start, waited with all
-    the parts it may have in flight teaches the link that window); a stream whose consumer
-    is the slower side stays small. Parts are sized so that the wait for a part's first byte is
-    about a tenth of its transfer (``PART_SIZE`` up to ``MAX_PART_SIZE``), as long as the
-    window the link wants still fits the bytes bound (below): on a link that wants 8 parts in
-    flight they stay at ``PART_SIZE``, since 4 parts twice as large carry half as much.
-
-Streams of one link take turns
-    The shard being read has the link first: a stream opened while an earlier one of the
-    process still has parts to ask for keeps ``AHEAD_PARTS`` in flight, until that one has
-    asked for its last part (or is closed) or its own consumer starts reading (streams read
-    in turns, as a mix of datasets does, each get their window). So the next shard, opened
-    ahead, has its first bytes ready at the boundary and takes the whole window from the
-    moment the current one's last parts are on their way, but its parts do not slow the
-    current shard's, nor the first batch. This holds for the start only: once a stream of the
-    process has asked for all its parts (the first batch is near), streams opened ahead
-    take their whole window at once, which keeps a slow link's connections full.
-
-Memory
-    A stream holds at most ``MAX_PARTS * PART_SIZE`` bytes fetched but not handed over (with
-    larger parts, fewer of them in flight); a part longer than ``MAX_PART_SIZE`` (a single
-    GET) holds at most ``PART_SIZE`` ahead of the stream. Parts are read into the process's
-    buffers of ``CHUNK_SIZE`` (``Link.buffers``), lent to the stream and given back once it
-    copied them out (``streams.py``); up to the bytes bound of them wait between reads.
-
-Integrity
-    Parts asked for once the first response's version (S3's ETag, GCS's generation) is known
-    send it (``If-Match``, ``ifGenerationMatch``); parts asked for before compare their
-    response's version with it (a store whose responses do not say it is asked once more at
-    the end: ``Fetcher.check_end``). An object replaced during the
-    read fails instead of mixing two versions; so does a size that differs between responses.
-    A ``size`` given beforehand is only a plan: the first response's size wins. A part that
-    fails with a transient error (reset, timeout, short body, 5xx) is asked again for its
-    remaining bytes, up to ``PART_RETRIES`` times; then, or on a permanent error, the stream
-    fails with that part's error. A part that ends short of its range is a transient error; a
-    server that ignores ``Range`` (status 200) is read as one plain stream.
+``RangedSource`` schedules an object's parts (byte ranges, several in flight, each on its own
+thread and connection) and hands their bytes over in order; ``Link`` is what a process
+learned of its link to one endpoint, shared by its streams. Each store's GET of a range is a
+fetcher (``range_fetchers.py``); ``RangedS3Source`` and ``RangedGcsSource`` pair them with the
+scheduler. How parts are started, sized, widened, bounded and checked: docs/architecture.md,
+"The ranged reader".
 """
 
 from __future__ import annotations
@@ -82,7 +18,9 @@ import time
 from wdstream.errors import StreamError
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
+from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd
+from wdstream.sources.s3_ranges import S3Ranges
 from wdstream.sources.streams import CHUNK_SIZE, BufferPool, ChunkSource
 
 PART_SIZE = 8 << 20
@@ -250,96 +188,23 @@ class RangedSource(ChunkSource):
 
     def _run(self, put):
         self.fetcher.connect()
-        link = self.link
-        with link.lock:
-            parallel, learned_window = link.parallel, link.window
-            if link.part_size is not None:
-                self._part_size = min(max(link.part_size, self.part_size), self.max_part_size)
-        parts = self._parts
-        first = None  # the single first GET, while it may still be cut short
-        if self._planned is not None and parallel is not False \
-                and self._planned - self.start > self._part_size:
-            window = learned_window if parallel else max(self.start_parts, learned_window)
-            if parallel is None:  # the link is not known yet: the first parts are smaller
-                self._start_left = self.start_parts
-        else:
-            first = _Part(self.start, _OPEN_END)  # the rest of the object, in one GET
-            parts.append(first)
-            self._launch(first)
-            with self._cond:
-                while self._size is None and not first.done and not self._stopped:
-                    self._cond.wait()
-            if self._size is None:  # it failed before its headers, or the stream was closed
-                self._finish(first)
+        turns = _Turns(self, put)
+        if not turns.start():
+            return
+        while self._parts or self._following < self._end():
+            if not turns.step():
                 return
-            self._following = first.end
-            window = learned_window if parallel else self.initial_parts
-            if parallel and not self._whole and first.end - first.begin > self._part_size:
-                self._following = self._cut(first)  # this link is known to want parts
-                first = None
-        network = consumer = 0.0  # seconds waiting for the first GET's bytes / in put()
-        waits = 0
-        while parts or self._following < self._end():
-            if (first is not None and parts and first is parts[0] and not self._whole
-                    and self._following == first.end and waits >= SWITCH_WAITS
-                    and network > consumer and self._rate(first) < ONE_GET_ENOUGH):
-                self._following = self._cut(first)  # the link is the slower side: go parallel
-                first = None
-                with link.lock:
-                    link.parallel = True
-            with self._cond:
-                self._nudged = False  # a nudge from here on ends the wait below
-            allowed = self._allowed(window)
-            self._launch_parts(allowed)
-            if self._following >= self._end():
-                link.leave(self)  # every part asked: the next stream may use the link
-            head = parts[0]
-            with self._cond:
-                waited = False
-                before_first_byte = head.first_byte_at is None
-                began = time.monotonic()
-                while not head.chunks and not head.done and not self._stopped \
-                        and not (self._nudged and (allowed < window or len(parts) < allowed)):
-                    waited = True
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                if not head.chunks and not head.done:
-                    continue  # its window widened: ask for more parts first
-                if waited and head is first:
-                    waits += 1
-                    network += time.monotonic() - began
-                chunks = list(head.chunks)
-                head.chunks.clear()
-                head.pending = 0
-                finished = head.done
-                self._cond.notify_all()  # a part waiting for room (see _fetch_once) goes on
-            if waited and head is not first and allowed == window and link.parallel \
-                    and not (head.opening and before_first_byte) \
-                    and (window < self.max_parts or not head.opening):
-                # the network was the slower side: one more part in flight (not before a part
-                # came in: waits for the first parts' first bytes only show the link's delay);
-                # at the most, the link learns that this stream wanted them all (past its
-                # start, whose parts all began together: a wait for the first one says nothing
-                # of how many the link wants)
-                window = min(window + 1, self.max_parts)
-                with link.lock:
-                    link.window = max(link.window, window)
-            began = time.monotonic()
-            for chunk in chunks:
-                with self._cond:
-                    self._held -= len(chunk)
-                if not put(chunk):
-                    self.stop()
-                    return
-            consumer += time.monotonic() - began
-            if finished and not head.chunks:
-                self._finish(head)
-                with self._cond:  # _learn goes through the parts from the part threads
-                    parts.popleft()
         why = self.fetcher.check_end(self._version)
         if why is not None and not self._stopped:
             raise self._changed(why)
+
+    def _adopt_link(self) -> tuple[bool | None, int]:
+        """What the link learned: whether parts pay and its window; its part size is taken."""
+        link = self.link
+        with link.lock:
+            if link.part_size is not None:
+                self._part_size = min(max(link.part_size, self.part_size), self.max_part_size)
+            return link.parallel, link.window
 
     def _end(self) -> int:
         """Where the object ends: its size once a response said it, else the planned size."""
@@ -465,9 +330,29 @@ class RangedSource(ChunkSource):
 
     def _fetch_once(self, part: _Part) -> None:
         begin = part.begin + part.received
+        response = self._request(part, begin)
+        if response is None:
+            return
+        try:
+            if response.partial and response.first != begin:
+                raise StreamError(self.url, f"asked for bytes from {begin}, got "
+                                  f"{response.content_range}")
+            self._learn(part, size=response.size, version=response.version,
+                        whole=not response.partial)
+            # Range ignored: the body starts at byte 0
+            self._read_body(part, response.readinto, begin if self._whole else 0)
+        finally:
+            response.close()
+        if part.received < part.size:
+            raise StreamError(self.url, f"bytes {part.begin}-{part.end - 1}: the response "
+                              f"ended after {part.received} of {part.size}", transient=True)
+
+    def _request(self, part: _Part, begin: int):
+        """The response to a GET of the part from ``begin``; None when there is nothing to
+        read (the part is whole, or it begins past the object's end)."""
         with self._cond:
             if begin >= part.end and self._size is not None:
-                return
+                return None
             last = None if part.end == _OPEN_END else part.end - 1
             version = self._version
             self.requests += 1
@@ -477,61 +362,59 @@ class RangedSource(ChunkSource):
             response = self.fetcher.get(begin, last, version)
         except PastEnd as end:
             self._learn(part, size=end.size, version=None, whole=False)
-            return
+            return None
         except ObjectChanged as exc:
             raise self._changed(str(exc)) from exc
         if part.responded_at is None:
             part.responded_at = time.monotonic()
-        try:
-            if response.partial and response.first != begin:
-                raise StreamError(self.url, f"asked for bytes from {begin}, got "
-                                  f"{response.content_range}")
-            self._learn(part, size=response.size, version=response.version,
-                        whole=not response.partial)
-            readinto, buffers = response.readinto, self.link.buffers
-            skip = begin if self._whole else 0  # Range ignored: the body starts at byte 0
-            while True:
-                room = part.end - part.begin - part.received  # the end may move (_cut)
-                if room <= 0:
-                    break
-                step = min(buffers.size, self.part_size)
-                buffer = buffers.take()
-                chunk = memoryview(buffer)[: step if skip else min(step, room)]
-                count = readinto(chunk)
-                if not count:
+        return response
+
+    def _read_body(self, part: _Part, readinto, skip: int) -> None:
+        """Read the response into lent buffers and append them to the part, dropping its
+        first ``skip`` bytes, until the body or the part ends or the stream stops (a stopped
+        stream's errors are dropped: ``_fetch``)."""
+        buffers = self.link.buffers
+        step = min(buffers.size, self.part_size)
+        while True:
+            room = part.end - part.begin - part.received  # the end may move (_cut)
+            if room <= 0:
+                return
+            buffer = buffers.take()
+            chunk = memoryview(buffer)[: step if skip else min(step, room)]
+            count = readinto(chunk)
+            if not count:
+                buffers.give(buffer)
+                return
+            chunk = chunk[:count]
+            if skip:
+                dropped = min(skip, count)
+                chunk, skip = chunk[dropped:], skip - dropped
+                if not chunk:
                     buffers.give(buffer)
-                    break
-                chunk = chunk[:count]
-                if skip:
-                    dropped = min(skip, count)
-                    chunk, skip = chunk[dropped:], skip - dropped
-                    if not chunk:
-                        buffers.give(buffer)
-                        continue
-                with self._cond:
-                    # a part longer than the largest part (the first GET, a whole object)
-                    # holds at most a part's size that the stream has not taken
-                    while (part.size > self.max_part_size and part.pending >= self.part_size
-                           and not self._stopped):
-                        self._cond.wait()
-                    if self._stopped:
-                        return
-                    chunk = chunk[:part.end - part.begin - part.received]
-                    if not chunk:
-                        break
-                    if part.first_byte_at is None:
-                        part.first_byte_at = time.monotonic()
-                    part.chunks.append(chunk)
-                    part.pending += len(chunk)
-                    part.received += len(chunk)
-                    self._held += len(chunk)
-                    self.peak_held = max(self.peak_held, self._held)
-                    self._cond.notify_all()
-        finally:
-            response.close()
-        if part.received < part.size:
-            raise StreamError(self.url, f"bytes {part.begin}-{part.end - 1}: the response "
-                              f"ended after {part.received} of {part.size}", transient=True)
+                    continue
+            if not self._append(part, chunk):
+                return
+
+    def _append(self, part: _Part, chunk: memoryview) -> bool:
+        """Hand a chunk to the stream; False when the stream stopped or the part's range is
+        already full. A part longer than the largest part (the first GET, a
+        whole object) holds at most a part's size that the stream has not taken."""
+        with self._cond:
+            while (part.size > self.max_part_size and part.pending >= self.part_size
+                   and not self._stopped):
+                self._cond.wait()
+            chunk = chunk[:part.end - part.begin - part.received]
+            if self._stopped or not chunk:
+                return False
+            if part.first_byte_at is None:
+                part.first_byte_at = time.monotonic()
+            part.chunks.append(chunk)
+            part.pending += len(chunk)
+            part.received += len(chunk)
+            self._held += len(chunk)
+            self.peak_held = max(self.peak_held, self._held)
+            self._cond.notify_all()
+            return True
 
     def _changed(self, why: str) -> StreamError:
         return StreamError(self.url, f"the object changed while it was being read ({why})")
@@ -558,12 +441,151 @@ class RangedSource(ChunkSource):
             self._cond.notify_all()
 
 
+class _Turns:
+    """The consumer side of one ``RangedSource.run``: the single first GET while it may still
+    be cut short (``first``), the parts this stream may keep in flight (``window``), and the
+    time it waited for the first GET's bytes against the time its consumer took. ``step``
+    hands over what the first part in flight has."""
+
+    def __init__(self, source: RangedSource, put):
+        self.source, self.put = source, put
+        self.first: _Part | None = None
+        self.window = 0
+        self.waits = 0  # waits for the first GET's bytes
+        self.network = self.consumer = 0.0  # seconds waiting for them / in put()
+
+    def start(self) -> bool:
+        """Ask for the first parts; False when the stream ended before any response."""
+        source = self.source
+        parallel, learned = source._adopt_link()
+        planned = source._planned
+        if planned is None or parallel is False or planned - source.start <= source._part_size:
+            return self._start_one_get(parallel, learned)
+        self.window = learned if parallel else max(source.start_parts, learned)
+        if parallel is None:  # the link is not known yet: the first parts are smaller
+            source._start_left = source.start_parts
+        return True
+
+    def _start_one_get(self, parallel: bool | None, learned: int) -> bool:
+        """The rest of the object in one GET, cut short at once if the link wants parts."""
+        source = self.source
+        first = self.first = _Part(source.start, _OPEN_END)
+        source._parts.append(first)
+        source._launch(first)
+        with source._cond:
+            while source._size is None and not first.done and not source._stopped:
+                source._cond.wait()
+        if source._size is None:  # it failed before its headers, or the stream was closed
+            source._finish(first)
+            return False
+        source._following = first.end
+        self.window = learned if parallel else source.initial_parts
+        if parallel and not source._whole and first.size > source._part_size:
+            source._following = source._cut(first)  # this link is known to want parts
+            self.first = None
+        return True
+
+    def step(self) -> bool:
+        """Ask for parts, wait for the first one's bytes and hand them over; False once the
+        stream stopped."""
+        source = self.source
+        self._switch_if_slow()
+        allowed = self._ask(source._parts)
+        head = source._parts[0]
+        with source._cond:
+            before_first_byte = head.first_byte_at is None
+            waited = self._wait(head, allowed)
+            if source._stopped:
+                return False
+            if not head.chunks and not head.done:
+                return True  # its window widened: ask for more parts first
+            if waited is not None and head is self.first:
+                self.waits += 1
+                self.network += waited
+            chunks, finished = list(head.chunks), head.done
+            head.chunks.clear()
+            head.pending = 0
+            source._cond.notify_all()  # a part waiting for room (see _append) goes on
+        if waited is not None and head is not self.first:
+            self._widen(head, allowed, before_first_byte)
+        if not self._hand_over(chunks):
+            return False
+        if finished:
+            source._finish(head)
+            with source._cond:  # _learn goes through the parts from the part threads
+                source._parts.popleft()
+        return True
+
+    def _switch_if_slow(self) -> None:
+        """Cut the first GET short and go on in parts when the link is the slower side: the
+        stream waited for its bytes, longer than the consumer took, and it runs slow."""
+        source, first = self.source, self.first
+        if first is None or not source._parts or first is not source._parts[0] \
+                or source._whole or source._following != first.end:
+            return
+        if self.waits < SWITCH_WAITS or self.network <= self.consumer \
+                or source._rate(first) >= ONE_GET_ENOUGH:
+            return
+        source._following = source._cut(first)
+        self.first = None
+        with source.link.lock:
+            source.link.parallel = True
+
+    def _ask(self, parts: collections.deque[_Part]) -> int:
+        """Launch the parts the stream may have in flight now; returns how many that is."""
+        source = self.source
+        with source._cond:
+            source._nudged = False  # a nudge from here on ends the wait in _wait
+        allowed = source._allowed(self.window)
+        source._launch_parts(allowed)
+        if source._following >= source._end():
+            source.link.leave(source)  # every part asked: the next stream may use the link
+        return allowed
+
+    def _wait(self, head: _Part, allowed: int) -> float | None:
+        """Wait (the condition held) until ``head`` has bytes or ends, the stream stops, or a
+        nudge lets it ask for more parts; the seconds waited, None if it did not wait."""
+        source = self.source
+        began = time.monotonic()
+        waited = False
+        while not (head.chunks or head.done or source._stopped or (
+                source._nudged and (allowed < self.window or len(source._parts) < allowed))):
+            waited = True
+            source._cond.wait()
+        return time.monotonic() - began if waited else None
+
+    def _widen(self, head: _Part, allowed: int, before_first_byte: bool) -> None:
+        """The network was the slower side: one more part in flight. Not before a part came
+        in (waits for the first parts' first bytes only show the link's delay); at the most,
+        the link learns that this stream wanted them all (past its start, whose parts all
+        began together: a wait for the first one says nothing of how many the link wants)."""
+        source = self.source
+        if allowed != self.window or not source.link.parallel:
+            return
+        if head.opening and (before_first_byte or self.window >= source.max_parts):
+            return
+        self.window = min(self.window + 1, source.max_parts)
+        with source.link.lock:
+            source.link.window = max(source.link.window, self.window)
+
+    def _hand_over(self, chunks: list[memoryview]) -> bool:
+        """Put the chunks to the consumer; False when it wants no more."""
+        source = self.source
+        began = time.monotonic()
+        for chunk in chunks:
+            with source._cond:
+                source._held -= len(chunk)
+            if not self.put(chunk):
+                source.stop()
+                return False
+        self.consumer += time.monotonic() - began
+        return True
+
+
 class RangedS3Source(RangedSource):
     """An S3 object (``s3://bucket/key``) read in ranged parts, presigned by botocore."""
 
     def __init__(self, url: str, start: int, timeout: float, **options):
-        from wdstream.sources.s3_ranges import S3Ranges
-
         super().__init__(S3Ranges(url, timeout), start, timeout, **options)
 
 
@@ -571,6 +593,4 @@ class RangedGcsSource(RangedSource):
     """A GCS object (``gs://bucket/name``) read in ranged parts over the JSON API."""
 
     def __init__(self, url: str, start: int, timeout: float, **options):
-        from wdstream.sources.gcs_ranges import GcsRanges
-
         super().__init__(GcsRanges(url, timeout), start, timeout, **options)

@@ -17,11 +17,12 @@ from __future__ import annotations
 import base64
 import logging
 
+from wdstream.errors import InputError
 from wdstream.sources import urls
 from wdstream.sources.clients import s3_client
 from wdstream.sources.failures import is_missing, stream_error
-from wdstream.sources.objects import Writer
 from wdstream.sources.range_fetchers import parse_content_range
+from wdstream.sources.writers import Writer
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,6 @@ class S3Writer(Writer):
     def __init__(self, url: str, part_size: int = PART_SIZE):
         bucket_key = urls.object_key(url)
         if bucket_key is None:
-            from wdstream.errors import InputError
-
             raise InputError(f"{url}: not an object URL (it names a bucket or ends with /)")
         self._bucket, self._key = bucket_key
         self._part_size = part_size

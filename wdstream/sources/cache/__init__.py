@@ -39,7 +39,7 @@ counted (the disk may briefly hold the limit plus one shard per active reader); 
 a killed process are removed by a later eviction. A shard larger than the limit is not kept.
 
 Only the cache's own files are counted and deleted: regular files named as its entries or
-temporary files (``cache_folder.own``; the name is checked before every unlink). Other files
+temporary files (``folder.own``; the name is checked before every unlink). Other files
 in the directory, links and folders are left alone, and a link is never followed. An entry it
 may not delete (another user's, in a shared folder with the sticky bit) is skipped, with one
 warning naming it per ``ShardCache``, and other entries are evicted in its place; if what is
@@ -50,7 +50,7 @@ stream goes on uncached (with a warning). Local files (plain paths, ``file://``)
 cached; ``pipe:`` commands are, keyed by the command text.
 
 Here: the keys, hits and misses. The streams of a hit and a miss, and the checks of an entry,
-are in ``cache_entry``; the folder's listing, lock and eviction in ``cache_folder``.
+are in ``entry``; the folder's listing, lock and eviction in ``folder``.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ from collections.abc import Callable
 
 from wdstream.errors import InputError
 from wdstream.sizes import parse_size
-from wdstream.sources import cache_folder, urls
-from wdstream.sources.cache_entry import CachedStream, TeeStream, entry_problem
+from wdstream.sources import urls
+from wdstream.sources.cache import folder
+from wdstream.sources.cache.entry import CachedStream, TeeStream, entry_problem
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class ShardCache:
     def path_for(self, url: str, size: int | None = None, sha256: str | None = None) -> str:
         """Where the shard ``url`` (with the manifest's ``size``/``sha256``, if known) is kept."""
         key = hashlib.sha256(json.dumps([url, size or None, sha256 or None]).encode()).hexdigest()
-        return os.path.join(self.directory, cache_folder.entry_name(key, url))
+        return os.path.join(self.directory, folder.entry_name(key, url))
 
     # ---- reading ------------------------------------------------------------------------
     def open(self, url: str, opener: Callable[[], io.IOBase], *, size: int | None = None,
@@ -134,7 +135,7 @@ class ShardCache:
                         path, exc)
             with contextlib.suppress(OSError):
                 if stat_mode.S_ISLNK(os.lstat(path).st_mode):
-                    cache_folder.remove(path)  # the link, never what it points to
+                    folder.remove(path)  # the link, never what it points to
             return None
         file = open(fd, "rb", buffering=0, closefd=True)  # owned by the stream
         try:
@@ -156,7 +157,7 @@ class ShardCache:
         the reader's checks must not be served again)."""
         path = self.path_for(url, size, sha256)
         try:
-            cache_folder.remove(path)
+            folder.remove(path)
         except OSError as exc:
             log.warning("%s: cannot delete the cached copy %s: %s", url, path, exc)
 
@@ -164,14 +165,14 @@ class ShardCache:
     def _remove_if_same(path: str, stat: os.stat_result) -> None:
         try:
             if os.path.samestat(os.lstat(path), stat):
-                cache_folder.remove(path)
+                folder.remove(path)
         except OSError:
             pass
 
-    # ---- the folder (wdstream.sources.cache_folder) ---------------------------------------
+    # ---- the folder (folder.py) ---------------------------------------------------------
     def entries(self) -> list[tuple[str, int, float]]:
         """``(path, size, mtime)`` of every cached shard, least recently used first."""
-        return cache_folder.entries(self.directory)
+        return folder.entries(self.directory)
 
     def total_bytes(self) -> int:
         return sum(size for _path, size, _mtime in self.entries())
@@ -180,7 +181,7 @@ class ShardCache:
         """Delete least recently used entries until the total is within the limit, and
         temporary files of readers that are gone. Returns the bytes freed. A file it may not
         delete is skipped and named in a warning, once."""
-        result = cache_folder.evict(self.directory, self.limit)
+        result = folder.evict(self.directory, self.limit)
         for path, reason in result.stuck:
             if path not in self._stuck:
                 self._stuck.add(path)
@@ -194,7 +195,7 @@ class ShardCache:
 
     # ---- called by TeeStream ------------------------------------------------------------
     def _temporary(self):
-        return cache_folder.temporary(self.directory)
+        return folder.temporary(self.directory)
 
     def _stored(self, path: str) -> None:
         """A shard was published at ``path``: it is the most recently used; evict."""

@@ -13,13 +13,11 @@ import os
 import stat as stat_mode
 from typing import TYPE_CHECKING
 
-from wdstream.shards.identity import HEAD_BYTES as _HEAD_BYTES
-from wdstream.shards.identity import head_digest
-from wdstream.sources import cache_folder
-from wdstream.sources.hashing import HashingReader
+from wdstream.sources.cache import folder
+from wdstream.sources.hashing import HEAD_BYTES, HashingReader, head_digest
 from wdstream.sources.streams import LocalFile
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a real cycle: the package imports this module for its streams
     from wdstream.sources.cache import ShardCache
 
 log = logging.getLogger("wdstream.sources.cache")
@@ -40,7 +38,7 @@ def entry_problem(file, stat: os.stat_result, size: int | None, head: str | None
     if stat.st_size < len(_TAR_END) or \
             os.pread(fd, len(_TAR_END), stat.st_size - len(_TAR_END)) != _TAR_END:
         return "does not end with a tar end-of-archive marker"
-    if head and head_digest(os.pread(fd, _HEAD_BYTES, 0)) != head:
+    if head and head_digest(os.pread(fd, HEAD_BYTES, 0)) != head:
         return "does not start as the manifest's head says"
     if sha256:
         reader = HashingReader(file)
@@ -122,8 +120,8 @@ class TeeStream(io.BufferedIOBase):
             return data
         if self._hash is not None:
             self._hash.update(data)
-        if self._head is not None and len(self._first) < _HEAD_BYTES:
-            self._first += data[: _HEAD_BYTES - len(self._first)]
+        if self._head is not None and len(self._first) < HEAD_BYTES:
+            self._first += data[: HEAD_BYTES - len(self._first)]
         self._tail = (self._tail + data[-len(_TAR_END):])[-len(_TAR_END):]
         return data
 
@@ -227,7 +225,7 @@ class TeeStream(io.BufferedIOBase):
             self._file = None
         if self._temporary is not None:
             with contextlib.suppress(OSError):  # left to a later eviction
-                cache_folder.remove(self._temporary)
+                folder.remove(self._temporary)
             self._temporary = None
 
     def __del__(self):
