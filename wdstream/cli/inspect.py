@@ -297,7 +297,7 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_ext
     binary members as their size ({"jpg": {"bytes": 1234}}) or, with --base64, their bytes.
     Raw files' rows are printed as their columns (--fields names columns).
     """
-    from wdstream.inspection.raw_samples import read_samples, sample_to_json
+    from wdstream.inspection.contents import read_samples, sample_to_json
 
     field_list = None
     if fields is not None:

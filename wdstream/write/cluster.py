@@ -53,7 +53,7 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
     from wdstream.sources.objects import delete, exists
     from wdstream.write.jobs import part_manifest_name
     from wdstream.write.merge import merge_parts
-    from wdstream.write.options import check_options
+    from wdstream.write.pack_options import check_options
 
     if "part" in options:
         raise InputError("--ray runs the parts itself: leave out --part")

@@ -13,7 +13,9 @@ import itertools
 from collections.abc import Iterator
 
 from wdstream.errors import InputError
-from wdstream.write.batches import (
+from wdstream.write.input_streams import close_binary, open_binary, read_errors
+from wdstream.write.local_files import identity_of, open_regular
+from wdstream.write.record_batches import (
     MAX_RECORD,
     STDIN,
     Batch,
@@ -21,8 +23,6 @@ from wdstream.write.batches import (
     limit_text,
     source_name,
 )
-from wdstream.write.input_streams import close_binary, open_binary, read_errors
-from wdstream.write.local_files import identity_of, open_regular
 from wdstream.write.remote import is_remote
 
 _CHUNK = 4 << 20  # bytes of JSON Lines split at a time

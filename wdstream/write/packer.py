@@ -58,12 +58,12 @@ from wdstream.shards.compression import WRITE_SUFFIXES
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from wdstream.sizes import parse_size
 from wdstream.tokenizer import Tokenizer
-from wdstream.write.batches import MAX_RECORD, ReadCounter
 from wdstream.write.inputs import Input, check_inputs, iter_batches, read_in_worker
 from wdstream.write.jobs import SampleBatch, ShardJob, part_manifest_name, shard_name
-from wdstream.write.options import DEFAULT_MAX_SIZE, check_options
+from wdstream.write.pack_options import DEFAULT_MAX_SIZE, check_options
 from wdstream.write.pool import InlineWriter, PoolWriter
-from wdstream.write.sample_maker import SampleMaker
+from wdstream.write.record_batches import MAX_RECORD, ReadCounter
+from wdstream.write.records_to_samples import SampleMaker
 from wdstream.write.sharder import Sharder
 
 

@@ -12,10 +12,10 @@ from collections.abc import Iterable, Iterator
 
 from wdstream.shards.manifest import ShardInfo
 from wdstream.tokenizer import Tokenizer
-from wdstream.write.batches import Batch, ReadCounter
 from wdstream.write.jobs import SampleBatch, ShardJob, by_reference
+from wdstream.write.record_batches import Batch, ReadCounter
 from wdstream.write.shard_writer import write_shard
-from wdstream.write.tokens import with_tokens
+from wdstream.write.token_members import with_tokens
 from wdstream.write.worker_reads import receive_batches, send_batches
 
 # A pool worker's tokenizer and the pipe it sends the batches of an input it reads into, set

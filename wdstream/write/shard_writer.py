@@ -14,7 +14,7 @@ from wdstream.write.jobs import FileMember, ShardJob
 from wdstream.write.json_records import check_json_lines
 from wdstream.write.jsonl import read_lines
 from wdstream.write.remote import read_member
-from wdstream.write.tokens import tokenize_columns
+from wdstream.write.token_members import tokenize_columns
 
 _FLUSH_SIZE = 4 << 20  # bytes buffered before hashing and writing a chunk of a shard
 

@@ -7,10 +7,9 @@ from collections.abc import Mapping
 
 from wdstream.errors import InputError
 from wdstream.shards.samples import check_extension, check_key
-from wdstream.write.batches import Batch, FolderSample
-from wdstream.write.jobs import FileMember, SampleBatch
+from wdstream.write.jobs import FileMember, GeneratedKeys, SampleBatch
 from wdstream.write.json_records import field_bytes, not_text, parse_json_line, to_json
-from wdstream.write.keys import GeneratedKeys
+from wdstream.write.record_batches import Batch, FolderSample
 from wdstream.write.tar_sizes import sample_sizes
 
 
