@@ -14,8 +14,13 @@ from wdstream.cli.output import (
     quiet_option,
     show_progress,
 )
+from wdstream.errors import InputError
 from wdstream.options import CHOICES
 from wdstream.printable import printable
+from wdstream.stream.decode import decode_option
+
+# The library modules that import numpy are imported in the functions that use them:
+# `wdstream --help` imports every command module.
 
 
 @click.command("bench", short_help="Time streaming through wdstream.DataLoader.", epilog=epilog("""
@@ -61,13 +66,11 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, im
     manifest). Measure what your training job will see: the same workers, batch size and
     opener. Startup costs weigh on short runs; use an epoch or a few hundred batches.
     """
-    from wdstream.errors import InputError
     from wdstream.inspection.throughput import benchmark
 
     if images is not None:
         if not decode:
             raise InputError("--images decodes images: it does not go with --no-decode")
-        from wdstream.stream.decode import decode_option
 
         try:
             decode_option(images)

@@ -15,6 +15,16 @@ from wdstream.cli.output import (
     show_progress,
 )
 from wdstream.errors import InputError
+from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
+from wdstream.shards.samples import StrayCount
+from wdstream.sources import urls
+from wdstream.sources.objects import exists, list_files
+from wdstream.tables.files import find_files
+from wdstream.tables.index import write_index
+from wdstream.tables.reads import Access
+
+# The library modules that import numpy are imported in the functions that use them:
+# `wdstream --help` imports every command module.
 
 EXAMPLES = """
 \b
@@ -29,8 +39,6 @@ Examples:
 
 def _refuse_existing(prefix: str, overwrite: bool) -> None:
     from wdstream.shards.manifest import MANIFEST_NAME
-    from wdstream.sources import urls
-    from wdstream.sources.objects import exists
 
     url = urls.join(prefix, MANIFEST_NAME)
     if not overwrite and exists(url):
@@ -77,10 +85,7 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
                                 for source in sources], output)
         prefix = output
     else:
-        from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
         from wdstream.shards.index import index_shards
-        from wdstream.shards.samples import StrayCount
-        from wdstream.sources.objects import list_files
 
         if len(sources) != 1:
             raise InputError(f"give one PREFIX to index (got {len(sources)}), or use --merge")
@@ -117,10 +122,6 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
 
 def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None:
     """The unit index of the JSON Lines files under ``sources[0]``, written to ``output``."""
-    from wdstream.sources.objects import exists
-    from wdstream.tables.files import find_files
-    from wdstream.tables.index import write_index
-    from wdstream.tables.reads import Access
     from wdstream.tables.units import plan_files
 
     if len(sources) != 1:

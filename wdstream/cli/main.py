@@ -14,6 +14,7 @@ import click
 
 from wdstream import __version__
 from wdstream.errors import WdstreamError
+from wdstream.printable import printable
 
 # command name -> (module, attribute); the module defines a click.Command.
 COMMANDS = {
@@ -104,8 +105,6 @@ def _quiet_stdout() -> None:
 def _shown(error: WdstreamError) -> str:
     """An error's message safe for a terminal: names from storage may hold control characters.
     One line, but for the stderr of a failed command (a StreamError), which keeps its lines."""
-    from wdstream.printable import printable
-
     text = str(error).rstrip("\n")
     tail = getattr(error, "stderr", "")
     if tail and text.endswith("\n" + tail):

@@ -8,7 +8,13 @@ from collections.abc import Iterator, Sequence
 
 from wdstream.errors import InputError
 from wdstream.limits import Limits
+from wdstream.shards.compression import DecompressingStream, open_tar
+from wdstream.shards.identity import head_check
 from wdstream.shards.locate import Shards, find_shards
+from wdstream.shards.samples import iter_samples
+from wdstream.shards.tar_reader import iter_members
+from wdstream.sources.openers import open_read
+from wdstream.stream.decode import build_decoders, member_within
 
 
 def read_samples(
@@ -27,12 +33,6 @@ def read_samples(
     holds it; ``limit`` stops after that many samples. A corrupt shard raises ShardError,
     one past ``limits`` (``wdstream.Limits``, default ``Limits()``) a LimitError.
     """
-    from wdstream.shards.compression import DecompressingStream, open_tar
-    from wdstream.shards.identity import head_check
-    from wdstream.shards.samples import iter_samples
-    from wdstream.shards.tar_reader import iter_members
-    from wdstream.sources.openers import open_read
-
     if limit is not None and limit < 0:
         raise InputError(f"limit must be >= 0, got {limit}")
     found = find_shards(source, allow_external_shards=allow_external_shards)
@@ -80,8 +80,6 @@ def _member_json(ext: str, payload: bytes, decode: bool, base64_bytes: bool, bud
                  ) -> tuple[object, int]:
     """``member_to_json``'s value and the bytes its decoding made."""
     if decode:
-        from wdstream.stream.decode import build_decoders, member_within
-
         try:
             value, made = member_within(build_decoders(None), ext, payload, budget)
         except Exception as error:  # shown, not raised: cat is for looking

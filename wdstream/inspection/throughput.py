@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -64,8 +65,6 @@ def benchmark(
     Imports torch. A worker's error is raised as the wdstream error it was (ShardError,
     StreamError...), not wrapped in torch's worker traceback.
     """
-    import time
-
     if workers < 0:
         raise InputError(f"workers must be >= 0, got {workers}")
     if batch_size is not None and batch_size < 1:

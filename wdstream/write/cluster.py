@@ -21,13 +21,18 @@ import os
 from collections.abc import Iterable
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.shards.manifest import MANIFEST_NAME, Manifest
+from wdstream.shards.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
+from wdstream.sources import urls
+from wdstream.sources.objects import delete, exists
+from wdstream.write.inputs import check_inputs
+from wdstream.write.jobs import part_manifest_name
+from wdstream.write.merge import merge_parts
+from wdstream.write.pack_options import check_options
+from wdstream.write.packer import pack
 
 
 def _pack_part(inputs: list[str], output: str, part: tuple[int, int], options: dict) -> str:
     """One Ray task: pack one part; returns its manifest's URL."""
-    from wdstream.write.packer import pack
-
     return pack(inputs, output, part=part, **options).url
 
 
@@ -48,13 +53,6 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
     Inputs and output must be reachable from every node (object-store URLs, or a shared
     file system). Returns the manifest written.
     """
-    from wdstream.shards.manifest import load_manifest, write_manifest
-    from wdstream.sources import urls
-    from wdstream.sources.objects import delete, exists
-    from wdstream.write.jobs import part_manifest_name
-    from wdstream.write.merge import merge_parts
-    from wdstream.write.pack_options import check_options
-
     if "part" in options:
         raise InputError("--ray runs the parts itself: leave out --part")
     if "progress" in options:
@@ -69,7 +67,6 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
         raise InputError(f"--ray must be at least 1, got {parts}")
     check_options(options.get("fields"), options.get("key"), options.get("max_count"), None,
                   options.get("name", "shard"), options.get("workers", 1), None, via)
-    from wdstream.write.inputs import check_inputs
 
     # a missing object, an empty glob or a folder's bad entry fails here, not in n tasks
     check_inputs(paths, options.get("follow_links", False))
@@ -140,9 +137,6 @@ def _unwrapped(error: Exception, index: int, count: int) -> WdstreamError:
 def _delete_parts(part_urls: list[str]) -> None:
     """Delete the shards and manifests of the parts that finished (a failed or cancelled part
     deleted its own shards)."""
-    from wdstream.shards.manifest import load_manifest
-    from wdstream.sources.objects import delete, exists
-
     for url in part_urls:
         try:
             if not exists(url):
