@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Iterator, Sequence
 
 from wdstream.errors import InputError
@@ -11,6 +12,7 @@ from wdstream.limits import Limits
 from wdstream.shards.compression import DecompressingStream, open_tar
 from wdstream.shards.identity import head_check
 from wdstream.shards.locate import Shards, find_shards
+from wdstream.shards.manifest import ShardInfo
 from wdstream.shards.samples import iter_samples
 from wdstream.shards.tar_reader import iter_members
 from wdstream.sources.openers import open_read
@@ -44,15 +46,8 @@ def read_samples(
         if limit is not None and yielded >= limit:
             return
         info = shards[index] if shards is not None else None  # bound and identity, if known
-        checks = {} if info is None else {
-            "limit": info.bytes or None,
-            "on_head": head_check(url, info.head) if info.head else None}
-        with open_read(url, opener=opener) as stream:
-            tar = open_tar(stream, url, stored_limit=checks.get("limit"), limits=limits)
-            if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
-                checks.pop("limit", None)
-            members = iter_members(tar, url, member_limit=limits.sample_bytes, **checks)
-            for sample in iter_samples(members, url, sample_limit=limits.sample_bytes):
+        with contextlib.closing(_shard_samples(url, info, opener, limits)) as samples:
+            for sample in samples:
                 scanned += 1
                 if key is not None and sample["__key__"] != key:
                     continue
@@ -63,6 +58,20 @@ def read_samples(
     if key is not None:
         raise InputError(f"{found.source}: no sample with key {key!r} in {scanned:,} samples "
                          f"of {len(found.urls):,} shards")
+
+
+def _shard_samples(url: str, info: ShardInfo | None, opener: str | None,
+                   limits: Limits) -> Iterator[dict]:
+    """The raw samples of one shard, checked against its manifest entry ``info`` if any."""
+    checks = {} if info is None else {
+        "limit": info.bytes or None,
+        "on_head": head_check(url, info.head) if info.head else None}
+    with open_read(url, opener=opener) as stream:
+        tar = open_tar(stream, url, stored_limit=checks.get("limit"), limits=limits)
+        if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
+            checks.pop("limit", None)
+        members = iter_members(tar, url, member_limit=limits.sample_bytes, **checks)
+        yield from iter_samples(members, url, sample_limit=limits.sample_bytes)
 
 
 def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
