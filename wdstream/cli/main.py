@@ -1,6 +1,7 @@
-"""The ``wdstream`` command group. Each command lives in its own module and is imported only
-when it runs, so ``wdstream --help`` stays fast. Commands are thin: they parse options, call
-the library, and print; a WdstreamError becomes a one-line message and its exit code."""
+"""The ``wdstream`` command group. Each command lives in its own module, imported when the
+group needs it; the library modules that import numpy are imported only when a command runs,
+so ``wdstream --help`` stays fast. Commands are thin: they parse options, call the library,
+and print; a WdstreamError becomes a one-line message and its exit code."""
 
 from __future__ import annotations
 
