@@ -111,9 +111,7 @@ class PackSettings:
               follow_links) -> PackSettings:
         """Every option and input checked; InputError (or an option error) before anything
         is written."""
-        paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
-            os.fspath(path) for path in inputs
-        ]
+        paths = input_paths(inputs)
         if max_size is not None:
             max_size = parse_size(max_size)
         max_record = MAX_RECORD if max_size is None else min(MAX_RECORD, max_size)
@@ -284,6 +282,13 @@ class PackRun:
     def _report(self) -> None:
         if self.progress is not None:
             self.progress(self.status)
+
+
+def input_paths(inputs: Iterable[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    """``pack``'s ``inputs`` as a list: one path or URL, or several."""
+    if isinstance(inputs, str | os.PathLike):
+        return [os.fspath(inputs)]
+    return [os.fspath(path) for path in inputs]
 
 
 def prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> None:
