@@ -17,10 +17,9 @@ from wdstream.cli.output import (
 from wdstream.errors import InputError
 from wdstream.options import CHOICES
 from wdstream.printable import printable
-from wdstream.stream.decode import decode_option
 
-# The library modules that import numpy are imported in the functions that use them:
-# `wdstream --help` imports every command module.
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 
 @click.command("bench", short_help="Time streaming through wdstream.DataLoader.", epilog=epilog("""
@@ -71,6 +70,7 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, im
     if images is not None:
         if not decode:
             raise InputError("--images decodes images: it does not go with --no-decode")
+        from wdstream.stream.decode import decode_option
 
         try:
             decode_option(images)

@@ -15,16 +15,10 @@ from wdstream.cli.output import (
     show_progress,
 )
 from wdstream.errors import InputError
-from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
-from wdstream.shards.samples import StrayCount
 from wdstream.sources import urls
-from wdstream.sources.objects import exists, list_files
-from wdstream.tables.files import find_files
-from wdstream.tables.index import write_index
-from wdstream.tables.reads import Access
 
-# The library modules that import numpy are imported in the functions that use them:
-# `wdstream --help` imports every command module.
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 EXAMPLES = """
 \b
@@ -39,6 +33,7 @@ Examples:
 
 def _refuse_existing(prefix: str, overwrite: bool) -> None:
     from wdstream.shards.manifest import MANIFEST_NAME
+    from wdstream.sources.objects import exists
 
     url = urls.join(prefix, MANIFEST_NAME)
     if not overwrite and exists(url):
@@ -82,6 +77,8 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
         if workers < 1:
             raise InputError(f"--workers must be at least 1, got {workers}")
         prefix = sources[0]
+        from wdstream.shards.samples import StrayCount
+
         strays = StrayCount()
         manifest = _indexed(prefix, overwrite, quiet, workers, strays, limits)
     url = write_manifest(manifest, prefix)
@@ -109,10 +106,11 @@ def _merged(sources, output: str | None, overwrite: bool, allow_external_shards:
                         for source in sources], output)
 
 
-def _indexed(prefix: str, overwrite: bool, quiet: bool, workers: int, strays: StrayCount,
-             limits):
+def _indexed(prefix: str, overwrite: bool, quiet: bool, workers: int, strays, limits):
     """The manifest of the shards listed under ``prefix``, read ``workers`` at a time."""
+    from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
     from wdstream.shards.index import index_shards
+    from wdstream.sources.objects import list_files
 
     _refuse_existing(prefix, overwrite)
     listed = list_files(prefix, suffix="")
@@ -131,6 +129,10 @@ def _indexed(prefix: str, overwrite: bool, quiet: bool, workers: int, strays: St
 
 def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None:
     """The unit index of the JSON Lines files under ``sources[0]``, written to ``output``."""
+    from wdstream.sources.objects import exists
+    from wdstream.tables.files import find_files
+    from wdstream.tables.index import write_index
+    from wdstream.tables.reads import Access
     from wdstream.tables.units import plan_files
 
     if len(sources) != 1:

@@ -26,12 +26,10 @@ from wdstream.cli.output import (
     workers_option,
 )
 from wdstream.printable import printable, printable_json
-from wdstream.shards.compression import not_shards_note
 from wdstream.sizes import format_size
-from wdstream.tables.files import names_raw_files
 
-# The library modules that import numpy are imported in the functions that use them:
-# `wdstream --help` imports every command module.
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 
 def _size(nbytes: int | None) -> str:
@@ -97,6 +95,7 @@ def _shards(url: str, allow_external_shards: bool):
     """The shards ``url`` names, or None when it names raw files (Parquet, JSON Lines, Arrow)
     or a folder holding neither a manifest nor shards."""
     from wdstream.shards.locate import NoShardsError, find_shards
+    from wdstream.tables.files import names_raw_files
 
     if names_raw_files(url):
         return None
@@ -155,6 +154,8 @@ def _print_summary(summary) -> None:
                                       "or __meta__: webdataset skips them too)"))
     print_pairs(rows)
     if summary.not_shards:
+        from wdstream.shards.compression import not_shards_note
+
         click.echo(f"note: {not_shards_note(summary.not_shards)}", err=True)
     extra = flatten(summary.extra)
     if extra:

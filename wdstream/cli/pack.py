@@ -14,8 +14,8 @@ from wdstream.errors import InputError
 from wdstream.sizes import format_size
 from wdstream.sources import urls
 
-# The library modules that import numpy are imported in the functions that use them:
-# `wdstream --help` imports every command module.
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 
 def parse_fields(values: tuple[str, ...], option: str = "--field",
