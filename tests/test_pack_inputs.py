@@ -371,8 +371,8 @@ def _pid_after(seconds: float) -> int:
 def test_a_reading_worker_leaves_workers_processes_writing(tmp_path):
     # With --workers 2 and a compressed input, one process reads while two write shards
     # (which also wait on their uploads): the pool has one process more than --workers.
-    from wdstream.write.batches import MAX_RECORD, ReadCounter
     from wdstream.write.pool import PoolWriter
+    from wdstream.write.record_batches import MAX_RECORD, ReadCounter
 
     line = json.dumps({"text": "x" * 1000}).encode() + b"\n"
     zst = _zst(tmp_path / "big.jsonl.zst", line * (16 << 10))  # 16 MiB: several batches

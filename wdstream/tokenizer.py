@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.limits import json_loads
+from wdstream.sources.objects import read_bytes
 
 _NPY_HEADERS_MAX = 1 << 16  # .npy headers kept, by array length
 
@@ -23,8 +24,6 @@ _NPY_HEADERS_MAX = 1 << 16  # .npy headers kept, by array length
 def read_tokenizer_file(path: str | os.PathLike) -> bytes:
     """The bytes of a ``tokenizer.json``, local or remote, at most the "tokenizer" size limit
     (``wdstream.limits``); InputError names the file."""
-    from wdstream.sources.objects import read_bytes
-
     path = os.fspath(path)
     try:
         return read_bytes(path, limit="tokenizer")

@@ -14,8 +14,12 @@ from wdstream.cli.output import (
     quiet_option,
     show_progress,
 )
+from wdstream.errors import InputError
 from wdstream.options import CHOICES
 from wdstream.printable import printable
+
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 
 @click.command("bench", short_help="Time streaming through wdstream.DataLoader.", epilog=epilog("""
@@ -61,7 +65,6 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, im
     manifest). Measure what your training job will see: the same workers, batch size and
     opener. Startup costs weigh on short runs; use an epoch or a few hundred batches.
     """
-    from wdstream.errors import InputError
     from wdstream.inspection.throughput import benchmark
 
     if images is not None:

@@ -15,6 +15,10 @@ from wdstream.cli.output import (
     show_progress,
 )
 from wdstream.errors import InputError
+from wdstream.sources import urls
+
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 EXAMPLES = """
 \b
@@ -29,7 +33,6 @@ Examples:
 
 def _refuse_existing(prefix: str, overwrite: bool) -> None:
     from wdstream.shards.manifest import MANIFEST_NAME
-    from wdstream.sources import urls
     from wdstream.sources.objects import exists
 
     url = urls.join(prefix, MANIFEST_NAME)
@@ -61,48 +64,23 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     from wdstream.shards.manifest import write_manifest
 
     start = time.monotonic()
-    strays = None
     if output and not merge:
         _index_raw_files(sources, output, overwrite, quiet)
         return
+    strays = None
     if merge:
-        from wdstream.shards.manifest import load_manifest
-        from wdstream.write.merge import merge_parts
-
-        if not output:
-            raise InputError("--merge needs --output PREFIX")
-        _refuse_existing(output, overwrite)
-        manifest = merge_parts([load_manifest(source, allow_external_shards=allow_external_shards,
-                                              allow_empty=True)
-                                for source in sources], output)
+        manifest = _merged(sources, output, overwrite, allow_external_shards)
         prefix = output
     else:
-        from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
-        from wdstream.shards.index import index_shards
-        from wdstream.shards.samples import StrayCount
-        from wdstream.sources.objects import list_files
-
         if len(sources) != 1:
             raise InputError(f"give one PREFIX to index (got {len(sources)}), or use --merge")
         if workers < 1:
             raise InputError(f"--workers must be at least 1, got {workers}")
         prefix = sources[0]
-        _refuse_existing(prefix, overwrite)
-        listed = list_files(prefix, suffix="")
-        found = [(url, size) for url, size in listed if is_shard_name(url)]
-        others = not_shard_kinds(url for url, _ in listed if not is_shard_name(url))
-        if not found:
-            raise InputError(f"{prefix}: no shards found (*.tar, *.tar.gz, *.tgz, *.tar.zst, "
-                             "*.tar.bz2, *.tar.xz)")
-        if others:  # said even with --quiet: data may be missing
-            click.echo(f"note: {not_shards_note(others)}", err=True)
-        shard_urls = [url for url, _ in found]
+        from wdstream.shards.samples import StrayCount
+
         strays = StrayCount()
-        show = show_progress(quiet)
-        with progress_bar(sum(size or 0 for _, size in found), enabled=show) as bar:
-            manifest = index_shards(shard_urls, base=prefix, workers=workers,
-                                    progress=bar if show else None, strays=strays,
-                                    limits=limits)
+        manifest = _indexed(prefix, overwrite, quiet, workers, strays, limits)
     url = write_manifest(manifest, prefix)
     if quiet:
         return
@@ -113,6 +91,40 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     if strays is not None and strays.count:
         rows.append(("stray members", f"{strays.count_and_names()} skipped: no sample holds them"))
     print_pairs([*rows, ("manifest", url)])
+
+
+def _merged(sources, output: str | None, overwrite: bool, allow_external_shards: bool):
+    """The manifests ``sources`` joined into one for ``output`` (``--merge``)."""
+    from wdstream.shards.manifest import load_manifest
+    from wdstream.write.merge import merge_parts
+
+    if not output:
+        raise InputError("--merge needs --output PREFIX")
+    _refuse_existing(output, overwrite)
+    return merge_parts([load_manifest(source, allow_external_shards=allow_external_shards,
+                                      allow_empty=True)
+                        for source in sources], output)
+
+
+def _indexed(prefix: str, overwrite: bool, quiet: bool, workers: int, strays, limits):
+    """The manifest of the shards listed under ``prefix``, read ``workers`` at a time."""
+    from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
+    from wdstream.shards.index import index_shards
+    from wdstream.sources.objects import list_files
+
+    _refuse_existing(prefix, overwrite)
+    listed = list_files(prefix, suffix="")
+    found = [(url, size) for url, size in listed if is_shard_name(url)]
+    others = not_shard_kinds(url for url, _ in listed if not is_shard_name(url))
+    if not found:
+        raise InputError(f"{prefix}: no shards found (*.tar, *.tar.gz, *.tgz, *.tar.zst, "
+                         "*.tar.bz2, *.tar.xz)")
+    if others:  # said even with --quiet: data may be missing
+        click.echo(f"note: {not_shards_note(others)}", err=True)
+    show = show_progress(quiet)
+    with progress_bar(sum(size or 0 for _, size in found), enabled=show) as bar:
+        return index_shards([url for url, _ in found], base=prefix, workers=workers,
+                            progress=bar if show else None, strays=strays, limits=limits)
 
 
 def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None:

@@ -26,11 +26,13 @@ from wdstream.cli.output import (
     workers_option,
 )
 from wdstream.printable import printable, printable_json
+from wdstream.sizes import format_size
+
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 
 def _size(nbytes: int | None) -> str:
-    from wdstream.sizes import format_size
-
     return "?" if nbytes is None else format_size(nbytes)
 
 
@@ -297,7 +299,7 @@ def cat_command(url, count, key, fields, base64_bytes, decode, opener, allow_ext
     binary members as their size ({"jpg": {"bytes": 1234}}) or, with --base64, their bytes.
     Raw files' rows are printed as their columns (--fields names columns).
     """
-    from wdstream.inspection.raw_samples import read_samples, sample_to_json
+    from wdstream.inspection.contents import read_samples, sample_to_json
 
     field_list = None
     if fields is not None:

@@ -1,6 +1,7 @@
-"""The ``wdstream`` command group. Each command lives in its own module and is imported only
-when it runs, so ``wdstream --help`` stays fast. Commands are thin: they parse options, call
-the library, and print; a WdstreamError becomes a one-line message and its exit code."""
+"""The ``wdstream`` command group. Each command lives in its own module, imported when the
+group needs it; the library modules that import numpy are imported only when a command runs,
+so ``wdstream --help`` stays fast. Commands are thin: they parse options, call the library,
+and print; a WdstreamError becomes a one-line message and its exit code."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import click
 
 from wdstream import __version__
 from wdstream.errors import WdstreamError
+from wdstream.printable import printable
 
 # command name -> (module, attribute); the module defines a click.Command.
 COMMANDS = {
@@ -104,8 +106,6 @@ def _quiet_stdout() -> None:
 def _shown(error: WdstreamError) -> str:
     """An error's message safe for a terminal: names from storage may hold control characters.
     One line, but for the stderr of a failed command (a StreamError), which keeps its lines."""
-    from wdstream.printable import printable
-
     text = str(error).rstrip("\n")
     tail = getattr(error, "stderr", "")
     if tail and text.endswith("\n" + tail):

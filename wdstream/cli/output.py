@@ -12,6 +12,9 @@ from contextlib import contextmanager
 
 import click
 
+from wdstream.limits import Limits
+from wdstream.printable import printable, printable_json
+from wdstream.sizes import format_size
 from wdstream.sources.openers import OPENERS
 
 EXIT_CODES = """
@@ -59,8 +62,6 @@ def limits_option(command):
 
     @functools.wraps(command)
     def run(*args, **kwargs):
-        from wdstream.limits import Limits
-
         given = {name: kwargs.pop(f"max_{name}") for name, _ in _LIMIT_OPTIONS}
         return command(*args, limits=Limits(**{name: value for name, value in given.items()
                                                 if value is not None}), **kwargs)
@@ -93,16 +94,12 @@ def stderr_console():
 
 def print_json(document) -> None:
     """One JSON document on stdout (characters that would act on a terminal escaped)."""
-    from wdstream.printable import printable_json
-
     click.echo(printable_json(json.dumps(document, indent=2, ensure_ascii=False)))
 
 
 def _cell(value):
     """A table cell as plain text: neither rich markup nor control characters act."""
     from rich.text import Text
-
-    from wdstream.printable import printable
 
     return Text(printable(value)) if isinstance(value, str) else value
 
@@ -200,8 +197,6 @@ def progress_bar(total: int | None, *, unit: str = "bytes", description: str = "
 
 def manifest_rows(manifest) -> list[tuple[str, str]]:
     """The summary rows every command that writes a manifest prints first."""
-    from wdstream.sizes import format_size
-
     return [
         ("shards", f"{len(manifest.shards):,}"),
         ("samples", f"{manifest.samples:,}"),

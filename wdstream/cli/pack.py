@@ -12,6 +12,10 @@ import click
 from wdstream.cli.output import manifest_rows, print_pairs, progress_bar, show_progress
 from wdstream.errors import InputError
 from wdstream.sizes import format_size
+from wdstream.sources import urls
+
+# Most library modules are imported in the commands that use them: `wdstream --help`
+# imports every command module.
 
 
 def parse_fields(values: tuple[str, ...], option: str = "--field",
@@ -207,8 +211,6 @@ def pack_command(inputs, output, fields, tokenize, tokenizer, key, max_count, ma
         rows.insert(3, ("tokens", f"{info['dtype']} ids, vocabulary {info['vocab_size']:,} "
                                   f"({info['file']})"))
     if options.get("part"):
-        from wdstream.sources import urls
-
         count = options["part"][1]
         pattern = urls.join(output, f"index.part-{{000..{count - 1:03d}}}-of-{count:03d}.json")
         rows.append(("next", f"when all {count} parts are done (bash): "

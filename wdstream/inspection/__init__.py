@@ -18,11 +18,12 @@ its prefix (never a ``pipe:`` command).
 Only ``benchmark`` imports torch, when it is called.
 
 One module per question: ``summary`` (``describe``), ``verification`` (``verify``,
-``check_shard``), ``raw_samples`` (``read_samples``, ``sample_to_json``), ``throughput``
-(``benchmark``); ``parallel`` runs their per-shard work in threads.
+``check_shard``), ``contents`` (``read_samples``, ``sample_to_json``), ``throughput``
+(``benchmark``), and ``raw_files`` for raw Parquet, JSON Lines and Arrow files; ``parallel``
+runs their per-shard work in threads.
 """
 
-from wdstream.inspection.raw_samples import member_to_json, read_samples, sample_to_json
+from wdstream.inspection.contents import member_to_json, read_samples, sample_to_json
 from wdstream.inspection.summary import DatasetSummary, ShardSummary, describe
 from wdstream.inspection.throughput import BenchResult, benchmark
 from wdstream.inspection.verification import ShardCheck, VerifyReport, check_shard, verify

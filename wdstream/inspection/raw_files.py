@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from wdstream.errors import InputError, WdstreamError
+from wdstream.stream.resolve import resolve_source
 from wdstream.tables.reads import Access
 from wdstream.tables.units import UnitTable
 
@@ -29,8 +30,6 @@ class FileSummary:
 def raw_units(source, opener: str | None = None) -> UnitTable:
     """The unit table ``StreamingDataset`` plans for a raw ``source`` (its files' metadata
     read, JSON Lines files scanned)."""
-    from wdstream.stream.resolve import resolve_source
-
     table = resolve_source(source, access=Access(opener)).table
     if not isinstance(table, UnitTable):
         raise InputError(f"{source}: shards, not raw files")

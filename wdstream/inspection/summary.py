@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field
 
 from wdstream.errors import ShardError, StreamError
 from wdstream.inspection.parallel import Progress, parallel, problem_text, reporter
+from wdstream.shards.index import index_shard
 from wdstream.shards.locate import Shards, find_shards
+from wdstream.shards.samples import StrayCount
 
 
 @dataclass
@@ -97,9 +99,6 @@ def describe(
                   for name, url, size in zip(found.names, found.urls, found.sizes, strict=True)]
         return DatasetSummary(found.source, None, found.how, False, shards, [],
                               not_shards=dict(found.not_shards))
-
-    from wdstream.shards.index import index_shard
-    from wdstream.shards.samples import StrayCount
 
     stop = threading.Event()
     report = reporter(progress, stop)

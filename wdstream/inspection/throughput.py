@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -64,14 +65,7 @@ def benchmark(
     Imports torch. A worker's error is raised as the wdstream error it was (ShardError,
     StreamError...), not wrapped in torch's worker traceback.
     """
-    import time
-
-    if workers < 0:
-        raise InputError(f"workers must be >= 0, got {workers}")
-    if batch_size is not None and batch_size < 1:
-        raise InputError(f"batch size must be >= 1, got {batch_size}")
-    if batches is not None and batches < 1:
-        raise InputError(f"batches must be >= 1, got {batches}")
+    _check_counts(workers, batch_size, batches)
     # before importing torch: a bad source fails fast
     found = find_shards(source, allow_external_shards=allow_external_shards)
     from wdstream.stream.dataset import StreamingDataset
@@ -88,37 +82,69 @@ def benchmark(
 
     if on_length is not None:
         on_length(len(loader) if dataset.has_counts else None)
-    count = samples = first_samples = 0
-    first = None
-    start = time.perf_counter()
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        n = _batch_samples(batch)
-        samples += n
-        count += 1
-        if count == 1:
-            first_samples = n
-        if progress is not None:
-            progress(1)
-        if batches is not None and count >= batches:
-            break
-    seconds = time.perf_counter() - start
-    steady = None
-    if count > 1 and first is not None and seconds > first:
-        steady = (samples - first_samples) / (seconds - first)
+    run = _timed(loader, batches, progress)
+    seconds = run.seconds
     stats = loader.stats
     return BenchResult(
         source=found.source,
         workers=workers, batch_size=batch_size, opener=opener, shuffle=shuffle, decode=decode,
-        bytes_as=bytes_as, batches=count, samples=samples, seconds=seconds, first_batch_seconds=first,
-        samples_per_s=samples / seconds if seconds > 0 else 0.0,
-        steady_samples_per_s=steady,
-        mb_per_s=(samples * bytes_per_sample / seconds / 1e6
+        bytes_as=bytes_as, batches=run.batches, samples=run.samples, seconds=seconds,
+        first_batch_seconds=run.first_seconds,
+        samples_per_s=run.samples / seconds if seconds > 0 else 0.0,
+        steady_samples_per_s=run.steady(),
+        mb_per_s=(run.samples * bytes_per_sample / seconds / 1e6
                   if bytes_per_sample is not None and seconds > 0 else None),
         retries=stats["retries"], skipped_shards=list(stats["skipped_shards"]),
         skipped_samples=stats["skipped_samples"],
     )
+
+
+def _check_counts(workers: int, batch_size: int | None, batches: int | None) -> None:
+    if workers < 0:
+        raise InputError(f"workers must be >= 0, got {workers}")
+    if batch_size is not None and batch_size < 1:
+        raise InputError(f"batch size must be >= 1, got {batch_size}")
+    if batches is not None and batches < 1:
+        raise InputError(f"batches must be >= 1, got {batches}")
+
+
+@dataclass
+class _Run:
+    """What iterating the loader took: batches and samples, the seconds in all and to the
+    first batch (None if there was none), and the first batch's samples."""
+
+    batches: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    first_seconds: float | None = None
+    first_samples: int = 0
+
+    def steady(self) -> float | None:
+        """Samples per second after the first batch; None with a single batch."""
+        if self.batches > 1 and self.first_seconds is not None \
+                and self.seconds > self.first_seconds:
+            return (self.samples - self.first_samples) / (self.seconds - self.first_seconds)
+        return None
+
+
+def _timed(loader, batches: int | None, progress: Callable[[int], object] | None) -> _Run:
+    """Iterate ``loader`` (at most ``batches`` batches) and time it."""
+    run = _Run()
+    start = time.perf_counter()
+    for batch in loader:
+        if run.first_seconds is None:
+            run.first_seconds = time.perf_counter() - start
+        n = _batch_samples(batch)
+        run.samples += n
+        run.batches += 1
+        if run.batches == 1:
+            run.first_samples = n
+        if progress is not None:
+            progress(1)
+        if batches is not None and run.batches >= batches:
+            break
+    run.seconds = time.perf_counter() - start
+    return run
 
 
 def _batch_samples(batch) -> int:

@@ -10,11 +10,16 @@ from dataclasses import asdict, dataclass, field
 from wdstream.errors import InputError, ShardError, StreamError, WdstreamError
 from wdstream.inspection.parallel import Progress, parallel, problem_text, reporter
 from wdstream.limits import Limits
-from wdstream.shards.compression import not_shards_note
+from wdstream.shards.compression import SHARD_SUFFIXES, not_shards_note, open_tar
 from wdstream.shards.locate import Shards, find_shards
 from wdstream.shards.manifest import Manifest
+from wdstream.shards.samples import StrayCount, iter_samples
+from wdstream.shards.tar_reader import iter_members
 from wdstream.sources import urls as urlmod
 from wdstream.sources.hashing import HashingReader
+from wdstream.sources.objects import list_files
+from wdstream.sources.objects import size as object_size
+from wdstream.sources.openers import open_read
 
 
 @dataclass
@@ -84,10 +89,6 @@ def _parse(check: ShardCheck, reader: HashingReader, url: str, limits: Limits) -
     """Count the samples of a tar (or compressed tar) read from ``reader``; record a parse
     failure, a cut compressed stream, data past ``limits`` or a missing end-of-archive marker
     as a problem."""
-    from wdstream.shards.compression import open_tar
-    from wdstream.shards.samples import StrayCount, iter_samples
-    from wdstream.shards.tar_reader import iter_members
-
     strays = StrayCount()
     count = 0
     try:
@@ -111,9 +112,6 @@ def check_shard(check: ShardCheck, *, deep: bool, opener: str | None = None,
     parses as a complete tar holding ``expected_samples`` samples, within ``limits``
     (default ``Limits()``). Problems are appended to ``check.problems``; only a programming
     error raises."""
-    from wdstream.sources.objects import size as object_size
-    from wdstream.sources.openers import open_read
-
     url = check.url
     size_wrong = False
     if urlmod.scheme(url) != "pipe":  # a pipe has no size to ask for: read it
@@ -214,11 +212,8 @@ def _unlisted_note(manifest: Manifest, listed_urls: list[str]) -> list[str]:
     base = manifest.base
     if not base or urlmod.scheme(base) == "pipe":
         return []
-    from wdstream.sources.objects import list_files
 
     try:
-        from wdstream.shards.compression import SHARD_SUFFIXES
-
         present = list_files(base, suffix=SHARD_SUFFIXES)
     except WdstreamError:
         return []

@@ -21,13 +21,18 @@ import os
 from collections.abc import Iterable
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.shards.manifest import MANIFEST_NAME, Manifest
+from wdstream.shards.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
+from wdstream.sources import urls
+from wdstream.sources.objects import delete, exists
+from wdstream.write.inputs import check_inputs
+from wdstream.write.jobs import part_manifest_name
+from wdstream.write.merge import merge_parts
+from wdstream.write.pack_options import check_options
+from wdstream.write.packer import input_paths, pack
 
 
 def _pack_part(inputs: list[str], output: str, part: tuple[int, int], options: dict) -> str:
     """One Ray task: pack one part; returns its manifest's URL."""
-    from wdstream.write.packer import pack
-
     return pack(inputs, output, part=part, **options).url
 
 
@@ -48,31 +53,8 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
     Inputs and output must be reachable from every node (object-store URLs, or a shared
     file system). Returns the manifest written.
     """
-    from wdstream.shards.manifest import load_manifest, write_manifest
-    from wdstream.sources import urls
-    from wdstream.sources.objects import delete, exists
-    from wdstream.write.jobs import part_manifest_name
-    from wdstream.write.merge import merge_parts
-    from wdstream.write.options import check_options
-
-    if "part" in options:
-        raise InputError("--ray runs the parts itself: leave out --part")
-    if "progress" in options:
-        raise InputError("pack_on_ray reports no progress: leave out progress")
-    paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
-        os.fspath(path) for path in inputs
-    ]
-    if "-" in paths:
-        raise InputError("--ray cannot read stdin (-): every part reads the whole input")
     output = os.fspath(output)
-    if parts is not None and parts < 1:
-        raise InputError(f"--ray must be at least 1, got {parts}")
-    check_options(options.get("fields"), options.get("key"), options.get("max_count"), None,
-                  options.get("name", "shard"), options.get("workers", 1), None, via)
-    from wdstream.write.inputs import check_inputs
-
-    # a missing object, an empty glob or a folder's bad entry fails here, not in n tasks
-    check_inputs(paths, options.get("follow_links", False))
+    paths = _checked_paths(inputs, parts, via, options)
     index_url = urls.join(output, MANIFEST_NAME)
     if exists(index_url):
         if not overwrite:
@@ -94,20 +76,44 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
         if failure is not None:
             _delete_parts(part_urls)
             raise failure
-        manifests = [load_manifest(url, allow_empty=True) for url in part_urls]
-        merged = merge_parts(manifests, output)
-        merged.extra.pop("merged_from", None)  # the part manifests are deleted below
-        try:
-            merged.url = write_manifest(merged, output, via=via)
-        except BaseException:
-            _delete_parts(part_urls)
-            raise
-        for url in part_urls:
-            delete(url)
-        return merged
+        return _publish(part_urls, output, via)
     finally:
         if started:
             ray.shutdown()
+
+
+def _checked_paths(inputs, parts: int | None, via: str, options: dict) -> list[str]:
+    """The inputs' paths, once they and the options are checked: before any task starts, so
+    that a mistake fails here rather than in every task."""
+    if "part" in options:
+        raise InputError("--ray runs the parts itself: leave out --part")
+    if "progress" in options:
+        raise InputError("pack_on_ray reports no progress: leave out progress")
+    paths = input_paths(inputs)
+    if "-" in paths:
+        raise InputError("--ray cannot read stdin (-): every part reads the whole input")
+    if parts is not None and parts < 1:
+        raise InputError(f"--ray must be at least 1, got {parts}")
+    check_options(options.get("fields"), options.get("key"), options.get("max_count"), None,
+                  options.get("name", "shard"), options.get("workers", 1), None, via)
+    # a missing object, an empty glob or a folder's bad entry fails here, not in n tasks
+    check_inputs(paths, options.get("follow_links", False))
+    return paths
+
+
+def _publish(part_urls: list[str], output: str, via: str) -> Manifest:
+    """Merge the part manifests into ``output``'s ``index.json``, then delete them."""
+    manifests = [load_manifest(url, allow_empty=True) for url in part_urls]
+    merged = merge_parts(manifests, output)
+    merged.extra.pop("merged_from", None)  # the part manifests are deleted below
+    try:
+        merged.url = write_manifest(merged, output, via=via)
+    except BaseException:
+        _delete_parts(part_urls)
+        raise
+    for url in part_urls:
+        delete(url)
+    return merged
 
 
 def _wait_all(ray, refs: dict) -> WdstreamError | None:
@@ -140,9 +146,6 @@ def _unwrapped(error: Exception, index: int, count: int) -> WdstreamError:
 def _delete_parts(part_urls: list[str]) -> None:
     """Delete the shards and manifests of the parts that finished (a failed or cancelled part
     deleted its own shards)."""
-    from wdstream.shards.manifest import load_manifest
-    from wdstream.sources.objects import delete, exists
-
     for url in part_urls:
         try:
             if not exists(url):

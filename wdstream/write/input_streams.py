@@ -9,8 +9,8 @@ import zlib
 from typing import BinaryIO
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.write.batches import STDIN, ReadCounter
 from wdstream.write.local_files import open_regular
+from wdstream.write.record_batches import STDIN, ReadCounter
 from wdstream.write.remote import is_remote, open_stream
 
 

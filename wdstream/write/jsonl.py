@@ -13,7 +13,9 @@ import itertools
 from collections.abc import Iterator
 
 from wdstream.errors import InputError
-from wdstream.write.batches import (
+from wdstream.write.input_streams import close_binary, open_binary, read_errors
+from wdstream.write.local_files import identity_of, open_regular
+from wdstream.write.record_batches import (
     MAX_RECORD,
     STDIN,
     Batch,
@@ -21,8 +23,6 @@ from wdstream.write.batches import (
     limit_text,
     source_name,
 )
-from wdstream.write.input_streams import close_binary, open_binary, read_errors
-from wdstream.write.local_files import identity_of, open_regular
 from wdstream.write.remote import is_remote
 
 _CHUNK = 4 << 20  # bytes of JSON Lines split at a time
@@ -49,88 +49,111 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
         stream = open_binary(path, counter)
     except OSError as error:
         raise InputError(f"{source}: cannot read: {error.strerror or error}") from None
-    number = 0  # lines handed over so far, blank ones included
-    pieces: list[bytes] = []  # an incomplete last line, completed by later chunks
-    pending = 0  # bytes in pieces
-    at_start = True
-    check_each = max_record < _CHUNK  # else no line within one chunk can be too long
-    name = path.lower()
-    track = path != STDIN and not is_remote(path) and not name.endswith((".gz", ".zst"))
-    line_start = 0  # byte offset in the file of the first line not yet handed over
-    identity = identity_of(stream) if track else None  # the file read again by offsets
+    track = path != STDIN and not is_remote(path) and not path.lower().endswith((".gz", ".zst"))
+    # the file read again by offsets: its identity
+    lines = _LineSplitter(source, max_record, identity_of(stream) if track else None, track)
     # From a pipe, take what has arrived rather than wait for a full chunk: records that come
     # slowly still make progress (and shards) as they come.
     read = stream.read1 if path == STDIN else stream.read
     try:
-        while True:
-            chunk = read(_CHUNK)
-            if at_start and chunk:
-                if pending + len(chunk) < len(codecs.BOM_UTF8):
-                    pieces.append(chunk)
-                    pending += len(chunk)
-                    continue
-                at_start = False
-                if pieces:
-                    chunk, pieces, pending = b"".join(pieces) + chunk, [], 0
-                if chunk.startswith(codecs.BOM_UTF8):
-                    chunk = chunk[len(codecs.BOM_UTF8):]
-                    line_start = len(codecs.BOM_UTF8)
-                    if not chunk:
-                        continue
-            if not chunk:
-                lines = [b"".join(pieces)] if pending else []
-                pieces, pending = [], 0
-            elif pieces:
-                first = chunk.find(b"\n")
-                if first < 0:
-                    pieces.append(chunk)
-                    pending += len(chunk)
-                    if pending > max_record:
-                        raise too_long(source, number + 1, max_record)
-                    continue
-                head = b"".join(pieces) + chunk[:first]
-                if len(head) > max_record:
-                    raise too_long(source, number + 1, max_record)
-                lines = chunk[first + 1:].split(b"\n")
-                lines[0:0] = [head]
-                tail = lines.pop()
-                pieces, pending = ([tail], len(tail)) if tail else ([], 0)
-            else:
-                lines = chunk.split(b"\n")
-                tail = lines.pop()
-                pieces, pending = ([tail], len(tail)) if tail else ([], 0)
-                if pending > max_record:
-                    raise too_long(source, number + len(lines) + 1, max_record)
-            if check_each and lines:
-                for i, line in enumerate(lines):
-                    if len(line) > max_record:
-                        raise too_long(source, number + i + 1, max_record)
-            if lines:
-                first = number + 1
-                number += len(lines)
-                offsets = None
-                if track:  # starts of the lines, and where the next one starts
-                    offsets = list(itertools.accumulate(map(_ONE.__add__, map(len, lines)),
-                                                        initial=line_start))
-                    line_start = offsets[-1]
-                stripped = list(map(bytes.strip, lines))
-                if all(stripped):
-                    yield Batch(source, "line", range(first, number + 1), stripped, offsets,
-                                identity)
-                else:
-                    kept = [i for i, line in enumerate(stripped) if line]
-                    if kept:
-                        yield Batch(source, "line", [first + i for i in kept],
-                                    [stripped[i] for i in kept],
-                                    None if offsets is None else
-                                    [offsets[i] for i in kept] + [offsets[-1]], identity)
-            if not chunk:
-                return
+        first, lines.line_start = _first_chunk(read)
+        rest = iter(lambda: read(_CHUNK), b"")
+        for chunk in itertools.chain((first,) if first else (), rest, (b"",)):
+            yield from lines.split(chunk)
     except read_errors() as error:
-        raise InputError(f"{source}: cannot read after line {number}: {error}") from None
+        raise InputError(f"{source}: cannot read after line {lines.number}: {error}") from None
     finally:
         if path != STDIN:
             close_binary(stream)
+
+
+def _first_chunk(read) -> tuple[bytes, int]:
+    """The stream's first chunk, long enough to tell a byte order mark unless the stream is
+    shorter, without the mark; and the mark's length (0 if there is none)."""
+    chunk = read(_CHUNK)
+    while chunk and len(chunk) < len(codecs.BOM_UTF8):
+        more = read(_CHUNK)
+        if not more:
+            break
+        chunk += more
+    if chunk.startswith(codecs.BOM_UTF8):
+        return chunk[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
+    return chunk, 0
+
+
+class _LineSplitter:
+    """Chunks of JSON Lines to batches of their non-blank lines, stripped; ``b""`` ends the
+    input (its last line need not end in a newline)."""
+
+    def __init__(self, source: str, max_record: int, identity: tuple[int, int] | None,
+                 track: bool):
+        self.source, self.max_record, self.identity = source, max_record, identity
+        self.track = track  # hand over each line's byte offset (Batch.offsets)
+        self.check_each = max_record < _CHUNK  # else no line within one chunk can be too long
+        self.number = 0  # lines handed over so far, blank ones included
+        self.pieces: list[bytes] = []  # an incomplete last line, completed by later chunks
+        self.pending = 0  # bytes in pieces
+        self.line_start = 0  # byte offset in the file of the first line not yet handed over
+
+    def split(self, chunk: bytes) -> Iterator[Batch]:
+        lines = self._lines(chunk)
+        if lines:
+            if self.check_each:
+                for i, line in enumerate(lines):
+                    if len(line) > self.max_record:
+                        raise too_long(self.source, self.number + i + 1, self.max_record)
+            yield from self._batches(lines)
+
+    def _lines(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` completes; its incomplete last line is kept in ``pieces``."""
+        if not chunk:
+            lines = [b"".join(self.pieces)] if self.pending else []
+            self.pieces, self.pending = [], 0
+            return lines
+        if not self.pieces:
+            lines = chunk.split(b"\n")
+            self._keep(lines.pop())
+            if self.pending > self.max_record:
+                raise too_long(self.source, self.number + len(lines) + 1, self.max_record)
+            return lines
+        first = chunk.find(b"\n")
+        if first < 0:
+            self.pieces.append(chunk)
+            self.pending += len(chunk)
+            if self.pending > self.max_record:
+                raise too_long(self.source, self.number + 1, self.max_record)
+            return []
+        head = b"".join(self.pieces) + chunk[:first]
+        if len(head) > self.max_record:
+            raise too_long(self.source, self.number + 1, self.max_record)
+        lines = chunk[first + 1:].split(b"\n")
+        lines[0:0] = [head]
+        self._keep(lines.pop())
+        return lines
+
+    def _keep(self, tail: bytes) -> None:
+        self.pieces, self.pending = ([tail], len(tail)) if tail else ([], 0)
+
+    def _batches(self, lines: list[bytes]) -> Iterator[Batch]:
+        """The batch of ``lines`` (all complete), blank ones left out."""
+        first = self.number + 1
+        self.number += len(lines)
+        offsets = None
+        if self.track:  # starts of the lines, and where the next one starts
+            offsets = list(itertools.accumulate(map(_ONE.__add__, map(len, lines)),
+                                                initial=self.line_start))
+            self.line_start = offsets[-1]
+        stripped = list(map(bytes.strip, lines))
+        if all(stripped):
+            yield Batch(self.source, "line", range(first, self.number + 1), stripped, offsets,
+                        self.identity)
+            return
+        kept = [i for i, line in enumerate(stripped) if line]
+        if kept:
+            yield Batch(self.source, "line", [first + i for i in kept],
+                        [stripped[i] for i in kept],
+                        None if offsets is None else [offsets[i] for i in kept] + [offsets[-1]],
+                        self.identity)
 
 
 def read_lines(path: str, start: int, stop: int, identity: tuple[int, int] | None,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from wdstream.shards.index import merge_manifests
 from wdstream.shards.manifest import Manifest
 
 
@@ -25,26 +26,37 @@ def merge_parts(manifests: list[Manifest], output: str) -> Manifest:
     in their global order and the packing options kept, so the result equals the manifest of a
     single run. Other manifests are joined in the order given.
     """
-    from wdstream.shards.index import merge_manifests
-
     merged = merge_manifests(manifests, output)
-    packed = [m.extra.get("packed_by") or {} for m in manifests]
-    packed = [p if isinstance(p, dict) else {} for p in packed]  # read from storage: any JSON
-    parts = [p.get("part") for p in packed]
-    if parts and all(_is_part(p) for p in parts) and all(
+    packed = [_packed_by(manifest) for manifest in manifests]
+    if _parts_of_one_run(packed) and all(
             _shard_index(shard.url) is not None for shard in merged.shards):
-        count = parts[0][1]
-        same_run = all(
-            {k: v for k, v in p.items() if k != "part"}
-            == {k: v for k, v in packed[0].items() if k != "part"}
-            for p in packed
-        )
-        in_order = count == len(parts) and sorted(i for i, _ in parts) == list(range(count))
-        if same_run and in_order and all(n == count for _, n in parts):
-            # Shard names end in -{index:06d}.tar, the shard's index in a single run.
-            merged.shards.sort(key=lambda shard: _shard_index(shard.url))
-            merged.extra["packed_by"] = {k: v for k, v in packed[0].items() if k != "part"}
-            for key, value in manifests[0].extra.items():  # e.g. "tokenizer"
-                if key != "packed_by" and all(m.extra.get(key) == value for m in manifests):
-                    merged.extra.setdefault(key, value)
+        # Shard names end in -{index:06d}.tar, the shard's index in a single run.
+        merged.shards.sort(key=lambda shard: _shard_index(shard.url))
+        merged.extra["packed_by"] = _without_part(packed[0])
+        for key, value in manifests[0].extra.items():  # e.g. "tokenizer"
+            if key != "packed_by" and all(m.extra.get(key) == value for m in manifests):
+                merged.extra.setdefault(key, value)
     return merged
+
+
+def _packed_by(manifest: Manifest) -> dict:
+    """How the manifest's shards were packed; ``{}`` if it does not say (read from storage:
+    any JSON)."""
+    packed = manifest.extra.get("packed_by") or {}
+    return packed if isinstance(packed, dict) else {}
+
+
+def _without_part(packed: dict) -> dict:
+    return {key: value for key, value in packed.items() if key != "part"}
+
+
+def _parts_of_one_run(packed: list[dict]) -> bool:
+    """Whether ``packed`` (each manifest's ``packed_by``) are the parts 0 to n - 1 of one
+    ``pack(part=(i, n))`` run: the same options, each part once."""
+    parts = [p.get("part") for p in packed]
+    if not parts or not all(_is_part(part) for part in parts):
+        return False
+    count = parts[0][1]
+    same_run = all(_without_part(p) == _without_part(packed[0]) for p in packed)
+    in_order = count == len(parts) and sorted(i for i, _ in parts) == list(range(count))
+    return same_run and in_order and all(n == count for _, n in parts)

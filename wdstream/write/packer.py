@@ -52,18 +52,21 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from wdstream import __version__
 from wdstream.errors import InputError, OptionTypeError, WdstreamError
 from wdstream.shards.compression import WRITE_SUFFIXES
 from wdstream.shards.compression.writing import check_compression, tar_limit
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_manifest
 from wdstream.sizes import parse_size
+from wdstream.sources import urls
+from wdstream.sources.objects import delete, exists, settle_uploads
 from wdstream.tokenizer import Tokenizer
-from wdstream.write.batches import MAX_RECORD, ReadCounter
 from wdstream.write.inputs import Input, check_inputs, iter_batches, read_in_worker
 from wdstream.write.jobs import SampleBatch, ShardJob, part_manifest_name, shard_name
-from wdstream.write.options import DEFAULT_MAX_SIZE, check_options
+from wdstream.write.pack_options import DEFAULT_MAX_SIZE, check_options
 from wdstream.write.pool import InlineWriter, PoolWriter
-from wdstream.write.sample_maker import SampleMaker
+from wdstream.write.record_batches import MAX_RECORD, ReadCounter
+from wdstream.write.records_to_samples import SampleMaker
 from wdstream.write.sharder import Sharder
 
 
@@ -108,9 +111,7 @@ class PackSettings:
               follow_links) -> PackSettings:
         """Every option and input checked; InputError (or an option error) before anything
         is written."""
-        paths = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [
-            os.fspath(path) for path in inputs
-        ]
+        paths = input_paths(inputs)
         if max_size is not None:
             max_size = parse_size(max_size)
         max_record = MAX_RECORD if max_size is None else min(MAX_RECORD, max_size)
@@ -153,8 +154,6 @@ class PackSettings:
     def packed_by(self, tokenizer: dict | None = None) -> dict:
         """The manifest's extra keys: how it was packed, the ``tokenizer`` entry, the
         compression."""
-        from wdstream import __version__
-
         options = {"fields": self.fields, "key": self.key, "max_count": self.max_count,
                    "max_size": self.max_size, "name": self.name}
         packed = {"tool": "wdstream", "version": __version__,
@@ -209,8 +208,6 @@ class PackRun:
             manifest.url = write_manifest(manifest, settings.output, via=settings.via,
                                           name=settings.manifest_name)
         except BaseException:
-            from wdstream.sources import urls
-
             delete_quietly([*self.started, urls.join(settings.output, settings.manifest_name)])
             raise
         return manifest
@@ -267,8 +264,6 @@ class PackRun:
 
     def _job(self, finished) -> ShardJob | None:
         """The job for the shard the sharder finished, None if another part writes it."""
-        from wdstream.sources import urls
-
         index, part = self.next_index, self.settings.part
         self.next_index += 1
         if part and index % part[1] != part[0]:
@@ -289,11 +284,15 @@ class PackRun:
             self.progress(self.status)
 
 
+def input_paths(inputs: Iterable[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    """``pack``'s ``inputs`` as a list: one path or URL, or several."""
+    if isinstance(inputs, str | os.PathLike):
+        return [os.fspath(inputs)]
+    return [os.fspath(path) for path in inputs]
+
+
 def prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> None:
     """Refuse a prefix that holds a manifest, or (overwrite) delete it before any shard."""
-    from wdstream.sources import urls
-    from wdstream.sources.objects import delete, exists
-
     for manifest_name in manifest_names:
         url = urls.join(output, manifest_name)
         if exists(url):
@@ -311,9 +310,6 @@ def prepare_output(output: str, manifest_names: list[str], overwrite: bool) -> N
 def delete_quietly(urls_to_delete: Iterable[str]) -> None:
     """Delete what a failed run wrote, once its uploads have ended (one interrupted in this
     thread goes on in fsspec's I/O loop, and would land after the delete)."""
-    from wdstream.sources import urls
-    from wdstream.sources.objects import delete, settle_uploads
-
     settle_uploads()
     for url in urls_to_delete:
         try:

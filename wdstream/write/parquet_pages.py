@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from wdstream.errors import InputError
-from wdstream.write.batches import limit_text
+from wdstream.write.record_batches import limit_text
 
 BATCH_BYTES = 64 << 20  # about the most a batch of rows decodes to, when pages allow it
 PAGE_FLOOR = 64 << 20  # a page may hold this much even when the record limit is lower

@@ -11,11 +11,12 @@ import sys
 from collections.abc import Iterable, Iterator
 
 from wdstream.shards.manifest import ShardInfo
+from wdstream.sources.objects import settle_uploads
 from wdstream.tokenizer import Tokenizer
-from wdstream.write.batches import Batch, ReadCounter
 from wdstream.write.jobs import SampleBatch, ShardJob, by_reference
+from wdstream.write.record_batches import Batch, ReadCounter
 from wdstream.write.shard_writer import write_shard
-from wdstream.write.tokens import with_tokens
+from wdstream.write.token_members import with_tokens
 from wdstream.write.worker_reads import receive_batches, send_batches
 
 # A pool worker's tokenizer and the pipe it sends the batches of an input it reads into, set
@@ -45,7 +46,6 @@ def _interrupt_once(signum, frame):
 def _write_shard_in_worker(job: ShardJob, via: str) -> ShardInfo:
     # Within a job, Ctrl-C (or the main process stopping the pool) aborts the upload; the CLI
     # child processes, which get the default handler back when they start, stop with it.
-    from wdstream.sources.objects import settle_uploads
 
     signal.signal(signal.SIGINT, _interrupt_once)
     try:

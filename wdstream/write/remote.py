@@ -18,7 +18,10 @@ from typing import NamedTuple
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.sources import s3_objects, urls
+from wdstream.sources.clients import filesystem
+from wdstream.sources.failures import stream_error
 from wdstream.sources.objects import check_bucket
+from wdstream.sources.openers import open_read
 from wdstream.write.local_files import open_regular
 
 _GLOB_CHARS = ("*", "?", "[")
@@ -48,16 +51,12 @@ def has_glob(url: str) -> bool:
 
 def _failure(url: str, error: BaseException) -> InputError:
     """A listing or opening failure as an InputError naming ``url`` ("access denied", ...)."""
-    from wdstream.sources.failures import stream_error
-
     reason = stream_error(url, error)
     text = str(reason)
     return InputError(text if text.startswith(url) else f"{url}: {text}")
 
 
 def _filesystem(url: str):
-    from wdstream.sources.clients import filesystem
-
     try:
         return filesystem(url)
     except WdstreamError as error:
@@ -146,8 +145,6 @@ def list_folder(url: str) -> list[tuple[str, str, int]]:
 
 def open_stream(url: str):
     """A binary read stream of the object (a ByteStream: read-ahead in a thread)."""
-    from wdstream.sources.openers import open_read
-
     return open_read(url)
 
 

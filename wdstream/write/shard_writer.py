@@ -6,15 +6,17 @@ from __future__ import annotations
 import hashlib
 import io
 
+from wdstream.shards.compact import ShardInfo
+from wdstream.shards.compression.writing import ShardCompressor
 from wdstream.shards.identity import HEAD_BYTES, head_digest
-from wdstream.shards.manifest import ShardInfo
 from wdstream.shards.tar_writer import TarWriter
+from wdstream.sources.objects import open_write
 from wdstream.tokenizer import Tokenizer
 from wdstream.write.jobs import FileMember, ShardJob
 from wdstream.write.json_records import check_json_lines
 from wdstream.write.jsonl import read_lines
 from wdstream.write.remote import read_member
-from wdstream.write.tokens import tokenize_columns
+from wdstream.write.token_members import tokenize_columns
 
 _FLUSH_SIZE = 4 << 20  # bytes buffered before hashing and writing a chunk of a shard
 
@@ -25,8 +27,6 @@ class _ShardSink:
     sends on in chunks. ``size`` and ``sha256`` are the stored bytes', ``tar_size`` the tar's."""
 
     def __init__(self, out, compress: tuple[str, int] | None = None):
-        from wdstream.shards.compression.writing import ShardCompressor
-
         self._out = out
         self._buffer = io.BytesIO()
         self.write = self._buffer.write
@@ -71,8 +71,6 @@ def write_shard(job: ShardJob, via: str, encoder: Tokenizer | None = None) -> Sh
 
     Pieces with texts still to tokenize (``pack(max_count=...)`` without ``max_size``) are
     tokenized here, with ``encoder``."""
-    from wdstream.sources.objects import open_write
-
     out = open_write(job.url, via=via)
     try:
         sink = _write_tar(job, out, encoder)

@@ -9,11 +9,11 @@ import io
 from collections.abc import Iterator
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.write.batches import MAX_RECORD, Batch, ReadCounter, limit_text
 from wdstream.write.input_streams import open_binary, read_errors
 from wdstream.write.jsonl import too_long
 from wdstream.write.local_files import open_regular
 from wdstream.write.parquet_pages import HeldChunks, batch_rows
+from wdstream.write.record_batches import MAX_RECORD, Batch, ReadCounter, limit_text
 from wdstream.write.remote import is_remote, open_seekable
 
 _TABLE_BATCH = 1024  # rows of Parquet or CSV/TSV handed over at a time

@@ -6,8 +6,7 @@ from __future__ import annotations
 import operator
 
 from wdstream.shards.tar_writer import member_size
-from wdstream.write.jobs import FileMember
-from wdstream.write.keys import KEY_DIGITS, GeneratedKeys, Keys
+from wdstream.write.jobs import KEY_DIGITS, FileMember, GeneratedKeys, Keys
 
 _header_sizes: dict[int, int] = {}
 

@@ -7,10 +7,9 @@ from collections.abc import Mapping
 
 from wdstream.errors import InputError
 from wdstream.shards.samples import check_extension, check_key
-from wdstream.write.batches import Batch, FolderSample
-from wdstream.write.jobs import FileMember, SampleBatch
+from wdstream.write.jobs import FileMember, GeneratedKeys, SampleBatch
 from wdstream.write.json_records import field_bytes, not_text, parse_json_line, to_json
-from wdstream.write.keys import GeneratedKeys
+from wdstream.write.record_batches import Batch, FolderSample
 from wdstream.write.tar_sizes import sample_sizes
 
 
@@ -21,8 +20,8 @@ class SampleMaker:
     compact JSON). ``fields`` ({column: extension}) stores those columns as members instead,
     and ``tokenize`` ({column: extension}) stores text columns as token ids: their columns of
     the SampleBatch hold the texts (checked here) for a ``Tokenizer`` to turn into ``.npy``
-    members later, in a pool worker (see ``pack``). ``key_field`` takes keys from a column; otherwise keys are
-    the global record index.
+    members later, in a pool worker (see ``pack``). ``key_field`` takes keys from a column;
+    otherwise keys are the global record index.
     """
 
     def __init__(self, fields: Mapping[str, str] | None, key_field: str | None,
@@ -40,41 +39,43 @@ class SampleMaker:
         values = batch.values
         if isinstance(values[0], FolderSample):
             return self._folder_sample(batch)
+        json_lines = isinstance(values[0], bytes)
         if self.keys_are_generated:
             # Generated keys have no "/" or "." and are unique: no check_key needed.
             keys = GeneratedKeys(first_index, first_index + len(values))
-        if isinstance(values[0], bytes):  # JSON lines
-            if self.fields is None and self.keys_are_generated:
+            if json_lines and self.fields is None:
                 # Packed as they are and parsed by the shard writer (see the inputs module).
                 return self._batch(keys, ("json",), (values,), True, batch)
-            rows = [parse_json_line(line, batch.source, n) for line, n in zip(values, batch.numbers, strict=True)]
-        else:
-            rows = values
+        rows = [parse_json_line(line, batch.source, n)
+                for line, n in zip(values, batch.numbers, strict=True)] if json_lines else values
         if not self.keys_are_generated:
             keys = [self._key(row, i, batch) for i, row in enumerate(rows)]
         if self.fields is None:
-            if isinstance(values[0], bytes):
-                return self._batch(keys, ("json",), (values,), False, batch)
-            members = [to_json(row, lambda i=i: batch.where(i)) for i, row in enumerate(rows)]
+            members = values if json_lines else [
+                to_json(row, lambda i=i: batch.where(i)) for i, row in enumerate(rows)]
             return self._batch(keys, ("json",), (members,), False, batch)
-        columns = []
-        for column, ext, tokenize in self.fields:
-            option = f"--tokenize {column}={ext}" if tokenize else f"--field {column}={ext}"
-            data = []
-            for i, row in enumerate(rows):
-                if column not in row:
-                    raise InputError(f"{batch.where(i)}: no column {column!r} (from {option})")
-                if tokenize:
-                    value = row[column]
-                    if not isinstance(value, str):
-                        raise not_text(value, column, option, batch.where(i))
-                    data.append(value)
-                else:
-                    data.append(field_bytes(row[column], column, lambda i=i: batch.where(i)))
-            columns.append(data)
+        columns = tuple(self._column(rows, column, ext, tokenize, batch)
+                        for column, ext, tokenize in self.fields)
         exts = tuple(ext for _, ext, _ in self.fields)
         texts = tuple(i for i, (_, _, tokenize) in enumerate(self.fields) if tokenize)
-        return self._batch(keys, exts, tuple(columns), False, batch, texts)
+        return self._batch(keys, exts, columns, False, batch, texts)
+
+    @staticmethod
+    def _column(rows: list, column: str, ext: str, tokenize: bool, batch: Batch) -> list:
+        """The member ``ext`` of each row: the column's bytes, or its text to tokenize."""
+        option = f"--tokenize {column}={ext}" if tokenize else f"--field {column}={ext}"
+        data = []
+        for i, row in enumerate(rows):
+            if column not in row:
+                raise InputError(f"{batch.where(i)}: no column {column!r} (from {option})")
+            if tokenize:
+                value = row[column]
+                if not isinstance(value, str):
+                    raise not_text(value, column, option, batch.where(i))
+                data.append(value)
+            else:
+                data.append(field_bytes(row[column], column, lambda i=i: batch.where(i)))
+        return data
 
     @staticmethod
     def _batch(keys, exts, columns, unparsed_json, batch, tokenize=()) -> SampleBatch:

@@ -4,11 +4,19 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Iterator, Sequence
 
 from wdstream.errors import InputError
 from wdstream.limits import Limits
+from wdstream.shards.compression import DecompressingStream, open_tar
+from wdstream.shards.identity import head_check
 from wdstream.shards.locate import Shards, find_shards
+from wdstream.shards.manifest import ShardInfo
+from wdstream.shards.samples import iter_samples
+from wdstream.shards.tar_reader import iter_members
+from wdstream.sources.openers import open_read
+from wdstream.stream.decode import build_decoders, member_within
 
 
 def read_samples(
@@ -27,12 +35,6 @@ def read_samples(
     holds it; ``limit`` stops after that many samples. A corrupt shard raises ShardError,
     one past ``limits`` (``wdstream.Limits``, default ``Limits()``) a LimitError.
     """
-    from wdstream.shards.compression import DecompressingStream, open_tar
-    from wdstream.shards.identity import head_check
-    from wdstream.shards.samples import iter_samples
-    from wdstream.shards.tar_reader import iter_members
-    from wdstream.sources.openers import open_read
-
     if limit is not None and limit < 0:
         raise InputError(f"limit must be >= 0, got {limit}")
     found = find_shards(source, allow_external_shards=allow_external_shards)
@@ -44,15 +46,8 @@ def read_samples(
         if limit is not None and yielded >= limit:
             return
         info = shards[index] if shards is not None else None  # bound and identity, if known
-        checks = {} if info is None else {
-            "limit": info.bytes or None,
-            "on_head": head_check(url, info.head) if info.head else None}
-        with open_read(url, opener=opener) as stream:
-            tar = open_tar(stream, url, stored_limit=checks.get("limit"), limits=limits)
-            if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
-                checks.pop("limit", None)
-            members = iter_members(tar, url, member_limit=limits.sample_bytes, **checks)
-            for sample in iter_samples(members, url, sample_limit=limits.sample_bytes):
+        with contextlib.closing(_shard_samples(url, info, opener, limits)) as samples:
+            for sample in samples:
                 scanned += 1
                 if key is not None and sample["__key__"] != key:
                     continue
@@ -63,6 +58,20 @@ def read_samples(
     if key is not None:
         raise InputError(f"{found.source}: no sample with key {key!r} in {scanned:,} samples "
                          f"of {len(found.urls):,} shards")
+
+
+def _shard_samples(url: str, info: ShardInfo | None, opener: str | None,
+                   limits: Limits) -> Iterator[dict]:
+    """The raw samples of one shard, checked against its manifest entry ``info`` if any."""
+    checks = {} if info is None else {
+        "limit": info.bytes or None,
+        "on_head": head_check(url, info.head) if info.head else None}
+    with open_read(url, opener=opener) as stream:
+        tar = open_tar(stream, url, stored_limit=checks.get("limit"), limits=limits)
+        if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
+            checks.pop("limit", None)
+        members = iter_members(tar, url, member_limit=limits.sample_bytes, **checks)
+        yield from iter_samples(members, url, sample_limit=limits.sample_bytes)
 
 
 def member_to_json(ext: str, payload: bytes, *, decode: bool = True,
@@ -80,8 +89,6 @@ def _member_json(ext: str, payload: bytes, decode: bool, base64_bytes: bool, bud
                  ) -> tuple[object, int]:
     """``member_to_json``'s value and the bytes its decoding made."""
     if decode:
-        from wdstream.stream.decode import build_decoders, member_within
-
         try:
             value, made = member_within(build_decoders(None), ext, payload, budget)
         except Exception as error:  # shown, not raised: cat is for looking
