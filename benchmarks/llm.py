@@ -199,7 +199,7 @@ def case_state(source: str, eos: int, documents: int) -> dict:
 
     import wdstream
     from wdstream.stages.base import RANKS, pack_positions
-    from wdstream.stream.dataset import IterationSpec
+    from wdstream.stream.contract import IterationSpec
 
     def packed():
         return wdstream.PackedSequences(_five_stage_mix(source, documents), None, SEQ_LEN,

@@ -15,7 +15,7 @@ When the inner position cannot be advanced without reading (a source that restar
 draw, a stage that is not a ``StreamingDataset`` or ``Mix`` of them),
 or the document is not the sample right after the position (samples dropped in between by
 ``map`` or ``on_error="skip"``), the document is read again whole by the new layout, and
-its first ``offset`` tokens come twice (as before this module existed).
+its first ``offset`` tokens come twice.
 """
 
 from __future__ import annotations

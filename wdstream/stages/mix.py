@@ -395,7 +395,7 @@ class Mix(Stage):
 
     def documents(self, position) -> list[int]:
         """Documents drawn from each source in a stream's segment, from its position (0 for
-        the positions of older versions, which did not count them)."""
+        positions that do not count them, ``tally=False``)."""
         count = len(self.datasets)
         if position == 0 or len(position) == 1 + 2 * count + 2 * self.by_tokens:
             return [0] * count

@@ -282,10 +282,10 @@ class PackedSequences(Stage):
         if start == 0:
             return 0, 0, 0, 0
         tallied = 4 + 2 * len(self.names)
-        lengths = (tallied + 1,) if getattr(self.dataset, "by_tokens", False) else (4, tallied)
+        length = tallied + getattr(self.dataset, "by_tokens", False)  # by tokens: the lag
         try:
             sequences, cycle, inner, offset = start[:4]
-            valid = isinstance(start, list) and len(start) in lengths \
+            valid = isinstance(start, list) and len(start) == length \
                 and all(is_count(v) for v in (sequences, cycle, offset, *start[4:])) \
                 and (len(start) <= tallied or start[-1] <= sequences)
         except (TypeError, ValueError):
@@ -306,9 +306,8 @@ class PackedSequences(Stage):
         return list(getattr(self.dataset, "names", None) or [str(self.dataset.source)])
 
     def tally(self, position) -> list[int]:
-        """[tokens, documents] of each source, from a position (zeros for positions of older
-        versions, which did not count them)."""
-        if position == 0 or len(position) == 4:
+        """[tokens, documents] of each source, from a position."""
+        if position == 0:
             return [0] * (2 * len(self.names))
         return list(position[4:4 + 2 * len(self.names)])
 

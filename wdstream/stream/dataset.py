@@ -29,7 +29,6 @@ from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
 from wdstream.stream.deferred import DeferringDecoder, can_defer
-from wdstream.stream.loader_state import OLDER_ORDER, saved_with_fixed_windows
 from wdstream.stream.plan import (
     COUNT_LIMIT,
     EPOCH_LIMIT,
@@ -53,9 +52,6 @@ from wdstream.stream.window import (
 )
 from wdstream.tables.reads import Access
 from wdstream.tables.units import RawOptions, UnitTable
-
-# importable from here too, as before the contract had a module of its own
-__all__ = ["IterationSpec", "PositionedDataset", "StreamingDataset", "world_info"]
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
@@ -465,9 +461,6 @@ class StreamingDataset(PositionedDataset):
             raise StateError(f"the dataset state: 'epoch' must be an integer from 0 to "
                              f"{EPOCH_LIMIT - 1}, not {state['epoch']!r:.40}")
         self.check_position(state["position"])
-        if state["seed"] == self.options.seed and state["fingerprint"] != self.fingerprint() \
-                and saved_with_fixed_windows(state["fingerprint"], self):
-            raise StateError(f"the dataset state: {OLDER_ORDER}")
         if state["fingerprint"] != self.fingerprint() or state["seed"] != self.options.seed:
             raise StateError("the dataset state belongs to another dataset, seed or options")
         self._stream_resume = dict(state)

@@ -39,8 +39,6 @@ from wdstream.stream.contract import IterationSpec, Trackable, world_info
 from wdstream.stream.lifetime import closed_at_exit
 from wdstream.stream.loader_options import check_loader_options
 from wdstream.stream.loader_state import (
-    STATE_FORMAT,
-    STATE_VERSION,
     check_loadable,
     make_state,
     resume_history,
@@ -49,9 +47,6 @@ from wdstream.stream.plan import HistorySegment, batches_in_stream
 from wdstream.stream.shm import unmap_workers
 from wdstream.stream.tagging import TaggedCollate
 from wdstream.stream.torch_internals import LoaderInternals, raise_prefetch, worker_pids
-
-# importable from here too, as before they had modules of their own
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "DataLoader", "Trackable"]
 
 log = logging.getLogger("wdstream.loader")  # the logger name users configure
 
