@@ -36,7 +36,7 @@ GUNZIP_PIECE = 64 << 20  # gunzipped at a time (zlib joins a call's output once 
 # msgpack: a one-byte empty map becomes a dict of 64 bytes and its pointer.
 MSGPACK_GROWTH = 72
 
-try:  # a core dependency: faster than json on small records (docs/benchmarks.md)
+try:  # a core dependency, for small records (docs/benchmarks-results.md)
     from orjson import JSONDecodeError as _FastJSONError
     from orjson import loads as _fast_loads
 except ImportError:  # a platform without an orjson wheel: the standard library
@@ -93,8 +93,8 @@ def _npy(data: bytes):
 def _npy_within(data: bytes, budget: int):
     import numpy as np
 
-    # A 1-d array is read without np.load's header parser (literal_eval: ~50 us a member,
-    # most of the cost of a pre-tokenized document); anything else goes through np.load.
+    # A 1-d array is read without np.load's header parser (docs/benchmarks-results.md);
+    # anything else goes through np.load.
     if data[:8] == b"\x93NUMPY\x01\x00":
         end = 10 + int.from_bytes(data[8:10], "little")
         header = _NPY_1D.fullmatch(data, 10, end)

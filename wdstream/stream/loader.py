@@ -133,12 +133,12 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         pass  # Accelerate marks what it returns; this loader answers for itself
 
     # ---- fetches: several batches per transfer from a worker -----------------------------
-    # A DataLoader moves a few thousand transfers per second from its workers at most, so
+    # A DataLoader's transfers from its workers are few per second whatever their size, so
     # small batches travel several to a fetch. The first fetch of each worker is one batch
     # (time to first batch), later ones grow up to FETCH_SAMPLES samples or FETCH_BYTES. The
     # loader hands batches out in the same order whatever the fetch sizes. A larger fetch would
-    # outgrow the 1 MiB result pipe (torch_internals.PIPE_BYTES); docs/benchmarks.md has the
-    # figures behind these defaults.
+    # outgrow the 1 MiB result pipe (torch_internals.PIPE_BYTES); docs/benchmarks-results.md has
+    # the figures behind these defaults.
     FETCH_SAMPLES = 512
     FETCH_BYTES = 1 << 20
 

@@ -50,7 +50,7 @@ class LoaderInternals:
     def _get_iterator(self):
         if self.num_workers:
             # torch seeds numpy.random in every worker it starts: imported once here, forked
-            # workers inherit it rather than import it (~10 ms each, every epoch)
+            # workers inherit it rather than import it (docs/benchmarks-results.md)
             import numpy.random  # noqa: F401
         self._starting_workers = True
         try:
