@@ -14,7 +14,20 @@ import numbers
 from collections.abc import Callable, Mapping
 
 from wdstream.errors import OptionError, OptionTypeError
-from wdstream.stream.decode import IMAGE_MODES
+
+# decode= names, as webdataset's ImageHandler names them: (PIL mode or None, output, dtype)
+IMAGE_MODES = {
+    "pil": (None, "pil", None),
+    "pill": ("L", "pil", None), "pilrgb": ("RGB", "pil", None), "pilrgba": ("RGBA", "pil", None),
+    "l8": ("L", "numpy", "uint8"), "rgb8": ("RGB", "numpy", "uint8"),
+    "rgba8": ("RGBA", "numpy", "uint8"),
+    "l": ("L", "numpy", "float"), "rgb": ("RGB", "numpy", "float"),
+    "rgba": ("RGBA", "numpy", "float"),
+    "torchl8": ("L", "torch", "uint8"), "torchrgb8": ("RGB", "torch", "uint8"),
+    "torchrgba8": ("RGBA", "torch", "uint8"),
+    "torchl": ("L", "torch", "float"), "torchrgb": ("RGB", "torch", "float"),
+    "torchrgba": ("RGBA", "torch", "float"), "torch": ("RGB", "torch", "float"),
+}
 
 # option -> accepted values, in the order the message lists them
 CHOICES: dict[str, tuple] = {

@@ -24,6 +24,7 @@ from operator import itemgetter
 
 from wdstream.errors import LimitError, OptionError, OptionTypeError, ShardError
 from wdstream.limits import Limits
+from wdstream.options import IMAGE_MODES
 
 DEFAULT_LIMITS = Limits()
 # The most bytes of Python objects one byte of JSON text makes (``[{"":0},...]``: a dict of
@@ -220,19 +221,6 @@ OPT_IN_DECODERS = {"pickle": _pickle, "torch": _torch}
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "webp", "bmp", "gif",
                     "tif", "tiff")
-# decode= names, as webdataset's ImageHandler names them: (PIL mode or None, output, dtype)
-IMAGE_MODES = {
-    "pil": (None, "pil", None),
-    "pill": ("L", "pil", None), "pilrgb": ("RGB", "pil", None), "pilrgba": ("RGBA", "pil", None),
-    "l8": ("L", "numpy", "uint8"), "rgb8": ("RGB", "numpy", "uint8"),
-    "rgba8": ("RGBA", "numpy", "uint8"),
-    "l": ("L", "numpy", "float"), "rgb": ("RGB", "numpy", "float"),
-    "rgba": ("RGBA", "numpy", "float"),
-    "torchl8": ("L", "torch", "uint8"), "torchrgb8": ("RGB", "torch", "uint8"),
-    "torchrgba8": ("RGBA", "torch", "uint8"),
-    "torchl": ("L", "torch", "float"), "torchrgb": ("RGB", "torch", "float"),
-    "torchrgba": ("RGBA", "torch", "float"), "torch": ("RGB", "torch", "float"),
-}
 
 
 class ImageDecoder:
