@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wdstream.stages.base import RANKS, cycle_epoch, inner_history, segment_entries
-from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
+from wdstream.stages.base import cycle_epoch, inner_history, segment_entries
+from wdstream.stream.plan import RANKS, STREAM_END, HistorySegment, is_count
 
 
 @dataclass(frozen=True)

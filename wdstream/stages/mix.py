@@ -33,9 +33,6 @@ from wdstream.stages.base import (
     cycle_epoch,
     fixed_plan,
     inner_history,
-    rank_entry,
-    rank_position,
-    ranks_of,
     remaining_items,
 )
 from wdstream.stages.choices import BLOCK, block_choices, stream_length
@@ -43,6 +40,7 @@ from wdstream.stages.mix_sources import END, SourceStreams
 from wdstream.stages.schedule import make_schedule, normalise
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
+from wdstream.stream.ranks import rank_entry, rank_position, ranks_of
 
 STOP_RULES = CHOICES["stop"]
 class Mix(Stage):

@@ -33,8 +33,6 @@ from wdstream.stages.base import (
     check_inner,
     fixed_plan,
     inner_history,
-    rank_entry,
-    rank_position,
     remaining_items,
 )
 from wdstream.stages.cut import cut_history, is_tail_marker
@@ -42,6 +40,7 @@ from wdstream.stages.documents import Document, DocumentReader, field_name, fiel
 from wdstream.stages.schedule import TokenClock
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
+from wdstream.stream.ranks import rank_entry, rank_position
 from wdstream.tokenizer import Tokenizer
 
 LONG_DOCUMENTS = CHOICES["long_documents"]

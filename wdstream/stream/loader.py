@@ -44,6 +44,7 @@ from wdstream.stream.loader_state import (
     resume_history,
 )
 from wdstream.stream.plan import HistorySegment, batches_in_stream
+from wdstream.stream.ranks import gather_positions
 from wdstream.stream.shm import unmap_workers
 from wdstream.stream.tagging import TaggedCollate
 from wdstream.stream.torch_internals import LoaderInternals, raise_prefetch, worker_pids
@@ -368,8 +369,6 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
             epoch, history = self._epoch, self._history
             positions, batches = self._positions, self._batches
         if getattr(dataset, "positions_per_rank", False):  # packing: every rank's, gathered
-            from wdstream.stages.base import gather_positions
-
             positions = gather_positions(positions, self._rank, world)
         return make_state(dataset, epoch=epoch, world=world, workers=self.streams,
                           batch_size=self._batch, drop_last=self.drop_last,

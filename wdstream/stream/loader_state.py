@@ -103,7 +103,7 @@ def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers:
 
 
 def _gathered(position) -> bool:
-    """A position that holds every rank's (a stage's, see ``stages.base.gather_positions``)."""
+    """A position that holds every rank's (a stage's, see ``stream.ranks.gather_positions``)."""
     return isinstance(position, dict) and RANKS in position
 
 
