@@ -36,7 +36,12 @@ from axolotl.integrations.base import BasePlugin
 from pydantic import BaseModel
 
 from wdstream.errors import InputError
+from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
+from wdstream.stages.config import DATASET_KEYS, from_config
+from wdstream.stages.sequences import PackedSequences
+from wdstream.stream.contract import world_info
+from wdstream.stream.loader import DataLoader
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +85,6 @@ class WdstreamPlugin(BasePlugin):
         from axolotl.common.datasets import TrainDatasetMeta
         from axolotl.loaders import load_tokenizer
 
-        from wdstream.integrations.hf_trainer import steps
-
         if self.written is None:
             return None
         if preprocess:
@@ -98,8 +101,6 @@ class WdstreamPlugin(BasePlugin):
         return {"ignore_data_skip": True} if self.written is not None else {}
 
     def post_trainer_create(self, cfg, trainer) -> None:
-        from wdstream.integrations.hf_trainer import use_loader
-
         if self.loader is not None:
             use_loader(trainer, self.loader)
 
@@ -183,8 +184,6 @@ def check_settings(cfg, config: dict) -> None:
 
 def mixture(config: dict):
     """``from_config``'s ``Mix`` of the entries (the packing is ``packed``'s)."""
-    from wdstream.stages.config import from_config
-
     return from_config({key: value for key, value in config.items()
                         if key not in PACKING_KEYS})
 
@@ -192,8 +191,6 @@ def mixture(config: dict):
 def packed(mix, config: dict, tokenizer, cfg):
     """The pretraining entries' mixture tokenized with the model's tokenizer and packed into
     ``sequence_len`` sequences; by default as many as ``max_steps`` trains on."""
-    from wdstream.stages.sequences import PackedSequences
-
     fields = [entry.get("text_column") or entry.get("text_field") or entry.get("field")
               or "text" for entry in config["pretraining_dataset"]]
     options = {key: config[key] for key in PACKING_KEYS if key in config}
@@ -211,8 +208,6 @@ def packed(mix, config: dict, tokenizer, cfg):
 def make_loader(cfg, config: dict, mix, tokenizer):
     """The ``wdstream.DataLoader`` of the run: ``micro_batch_size`` per rank,
     ``dataloader_num_workers`` workers, batches made by ``Batches``."""
-    from wdstream.stream.loader import DataLoader
-
     formats = None
     if config.get("datasets"):
         dataset = mix
@@ -334,8 +329,6 @@ def _ints(value) -> list:
 
 
 def _stream_keys(entry):
-    from wdstream.stages.config import DATASET_KEYS
-
     if not isinstance(entry, dict):
         return entry
     return {key: value for key, value in entry.items() if key in DATASET_KEYS and key != "type"}
@@ -354,6 +347,4 @@ def _plain(cfg) -> dict:
 
 
 def _world() -> int:
-    from wdstream.stream.contract import world_info
-
     return world_info()[1]

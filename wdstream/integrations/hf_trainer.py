@@ -22,14 +22,13 @@ import math
 import os
 
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state
+from wdstream.stream.loader import DataLoader
 
 
 def use_loader(trainer, loader):
     """Make ``trainer`` train from ``loader`` and checkpoint and resume its state; returns
     ``trainer``."""
     import transformers
-
-    from wdstream.stream.loader import DataLoader
 
     args = trainer.args
     if not isinstance(loader, DataLoader):

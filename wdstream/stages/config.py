@@ -59,6 +59,10 @@ from wdstream.stages.config_keys import (
     eos_of,
     read_keys,
 )
+from wdstream.stages.mix import Mix
+from wdstream.stages.schedule import mixture_weights
+from wdstream.stages.sequences import PackedSequences
+from wdstream.stream.dataset import StreamingDataset
 from wdstream.stream.window import DEFAULT_SHUFFLE_START
 
 __all__ = ["DATASET_KEYS", "TOP_KEYS", "from_config", "load_config_file"]
@@ -184,8 +188,6 @@ def _source(entry: dict, origin: _Origin | None, label: str):
 def _dataset(source, hub, **options):
     """``StreamingDataset(source)``, or over the ``hub`` patterns when ``source`` (a split's
     folder) holds no dataset."""
-    from wdstream.stream.dataset import StreamingDataset
-
     try:
         return StreamingDataset(source, **options)
     except (ManifestError, StreamError) as error:
@@ -198,10 +200,6 @@ def _dataset(source, hub, **options):
 
 
 def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
-    from wdstream.stages.mix import Mix
-    from wdstream.stages.schedule import mixture_weights
-    from wdstream.stages.sequences import PackedSequences
-
     if not isinstance(config, Mapping):
         raise InputError(f"{where}: a config is a mapping with a 'datasets' list, not "
                          f"{type(config).__name__}")

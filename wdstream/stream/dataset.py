@@ -24,7 +24,9 @@ from wdstream.limits import Limits, checked_limits
 from wdstream.shards.samples import split_name
 from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
+from wdstream.sources import urls
 from wdstream.sources.cache import ShardCache
+from wdstream.sources.openers import resolve_opener
 from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
@@ -101,9 +103,6 @@ def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
     """Whether the opener (and ``$WDSTREAM_OPENER`` under "auto") can read these shards: a
     typo or an opener that cannot read a scheme fails now, not at the first read (where
     ``on_error="skip"`` would never skip it either)."""
-    from wdstream.sources import urls
-    from wdstream.sources.openers import resolve_opener
-
     seen = set()
     if hasattr(shard_urls, "one_per_scheme"):  # compact.Urls: not a million URLs made here
         shard_urls = shard_urls.one_per_scheme()

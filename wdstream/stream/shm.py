@@ -18,6 +18,7 @@ import os
 
 import torch
 
+from wdstream.errors import StreamError
 from wdstream.stream.torch_internals import new_shared_storage
 
 _POPULATE_READ, _POPULATE_WRITE = 22, 23  # MADV_POPULATE_*: Linux 5.14+, EINVAL before
@@ -171,8 +172,6 @@ def map_file(path: str, identity: tuple[int, int], file_size: int) -> torch.Tens
     """In the main process: a uint8 tensor over the first ``file_size`` bytes of the file a
     worker read, mapped copy-on-write (the tensors are writable; the file never changes).
     Raises StreamError if the file was removed, replaced or truncated since."""
-    from wdstream.errors import StreamError
-
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as error:
