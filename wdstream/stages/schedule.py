@@ -54,6 +54,41 @@ class ProgressSchedule:
 START_KEYS = {"start": "samples", "start_tokens": "tokens"}  # a stage's start, by its unit
 
 
+def _stage(index: int, stage, count: int) -> tuple:
+    """``(start, normalised weights, unit or None)`` of stage ``index``: a mapping or a
+    pair."""
+    unit = None
+    if isinstance(stage, Mapping):
+        unknown = set(stage) - {"weights", *START_KEYS}
+        if unknown:
+            shown = short_repr(min(unknown, key=str), 80)
+            raise InputError(f"schedule[{index}]: unknown key {shown} "
+                             "(a stage has 'start' or 'start_tokens', and 'weights')")
+        if "weights" not in stage:
+            raise InputError(f"schedule[{index}]: 'weights' is missing")
+        keys = [k for k in START_KEYS if k in stage]
+        if len(keys) > 1:
+            raise InputError(f"schedule[{index}]: 'start' or 'start_tokens', not both")
+        unit = START_KEYS[keys[0]] if keys else None
+        start, weights = stage.get(keys[0], 0) if keys else 0, stage["weights"]
+    else:
+        try:
+            start, weights = stage
+        except (TypeError, ValueError):
+            raise InputError(f"schedule[{index}]: a stage is {{start, weights}} or a "
+                             f"(start, weights) pair, not {short_repr(stage, 80)}") from None
+    return _start(index, start), normalise(weights, count, f"schedule[{index}]"), unit
+
+
+def _start(index: int, start) -> int:
+    if isinstance(start, float) and start.is_integer():
+        start = int(start)  # 2e9 tokens
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InputError(f"schedule[{index}]: the start must be an integer >= 0 "
+                         f"(samples drawn or tokens delivered), not {short_repr(start, 80)}")
+    return start
+
+
 class Schedule:
     """Stages ``(start, weights)`` (pairs, ``{"start", "weights"}`` mappings, or one mapping
     {start: weights}), the starts increasing from 0; weights normalised. ``unit``: what the
@@ -67,35 +102,8 @@ class Schedule:
         items = list(stages.items()) if isinstance(stages, Mapping) else list(stages)
         if not items:
             raise InputError("schedule: needs at least one stage")
-        parsed, units = [], set()
-        for index, stage in enumerate(items):
-            if isinstance(stage, Mapping):
-                unknown = set(stage) - {"weights", *START_KEYS}
-                if unknown:
-                    shown = short_repr(min(unknown, key=str), 80)
-                    raise InputError(f"schedule[{index}]: unknown key {shown} "
-                                     "(a stage has 'start' or 'start_tokens', and 'weights')")
-                if "weights" not in stage:
-                    raise InputError(f"schedule[{index}]: 'weights' is missing")
-                keys = [k for k in START_KEYS if k in stage]
-                if len(keys) > 1:
-                    raise InputError(f"schedule[{index}]: 'start' or 'start_tokens', not both")
-                units.update(START_KEYS[k] for k in keys)
-                start, weights = stage.get(keys[0], 0) if keys else 0, stage["weights"]
-            else:
-                try:
-                    start, weights = stage
-                except (TypeError, ValueError):
-                    raise InputError(f"schedule[{index}]: a stage is {{start, weights}} or a "
-                                     "(start, weights) pair, not "
-                                     f"{short_repr(stage, 80)}") from None
-            if isinstance(start, float) and start.is_integer():
-                start = int(start)  # 2e9 tokens
-            if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise InputError(f"schedule[{index}]: the start must be an integer >= 0 "
-                                 "(samples drawn or tokens delivered), not "
-                                 f"{short_repr(start, 80)}")
-            parsed.append((start, normalise(weights, count, f"schedule[{index}]")))
+        parsed = [_stage(index, stage, count) for index, stage in enumerate(items)]
+        units = {u for _, _, u in parsed if u is not None}
         if unit is not None:
             if unit not in START_KEYS.values():
                 raise InputError(f"schedule_by: 'samples' or 'tokens', not {unit!r}")
@@ -103,12 +111,12 @@ class Schedule:
         if len(units) > 1:
             raise InputError("schedule: the stages' starts count samples ('start') or tokens "
                              "('start_tokens'), not both")
-        starts = [s for s, _ in parsed]
+        starts = [s for s, _, _ in parsed]
         if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
             raise InputError(f"schedule: the starts must begin at 0 and increase, not {starts}")
         self.unit = units.pop() if units else "samples"
         self.starts = starts
-        self.weights = [w for _, w in parsed]
+        self.weights = [w for _, w, _ in parsed]
 
     def stage_at(self, progress: int) -> int:
         return bisect.bisect_right(self.starts, progress) - 1
@@ -117,7 +125,7 @@ class Schedule:
         return self.weights[self.stage_at(progress)]
 
     def identity(self) -> list:
-        """What the fingerprint records (a schedule by samples as it always did)."""
+        """What the fingerprint records: the stages, and the unit unless it is samples."""
         stages = [[s, w.tolist()] for s, w in zip(self.starts, self.weights, strict=True)]
         return stages if self.unit == "samples" else [self.unit, stages]
 
