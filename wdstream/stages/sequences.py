@@ -46,6 +46,43 @@ from wdstream.tokenizer import Tokenizer
 LONG_DOCUMENTS = CHOICES["long_documents"]
 
 
+def _check_text_field(text_field) -> None:
+    if not isinstance(text_field, str | Mapping) or (
+            isinstance(text_field, Mapping)
+            and not all(isinstance(v, str) for v in text_field.values())):
+        raise OptionTypeError("PackedSequences: text_field must be a field name or a "
+                              f"mapping {{source: field name}}, not {text_field!r:.80}")
+
+
+def _epoch_sequences(sequences_per_epoch, tokens_per_epoch, seq_len: int) -> int | None:
+    """Sequences per epoch, given as such or as a token budget (whole sequences of it)."""
+    if sequences_per_epoch is not None and (
+            isinstance(sequences_per_epoch, bool) or not isinstance(sequences_per_epoch, int)
+            or sequences_per_epoch < 1):
+        raise InputError("PackedSequences: sequences_per_epoch must be a positive integer, "
+                         f"not {sequences_per_epoch!r}")
+    if tokens_per_epoch is None:
+        return sequences_per_epoch
+    if sequences_per_epoch is not None:
+        raise InputError("PackedSequences: give sequences_per_epoch or "
+                         "tokens_per_epoch, not both")
+    if isinstance(tokens_per_epoch, bool) or not isinstance(tokens_per_epoch, int) \
+            or tokens_per_epoch < seq_len:
+        raise InputError("PackedSequences: tokens_per_epoch must be an integer of at "
+                         f"least seq_len ({seq_len}), not {tokens_per_epoch!r}")
+    return tokens_per_epoch // seq_len
+
+
+def _eos_id(eos, tokenizer) -> int:
+    """The end-of-document token's id: ``eos`` itself, or a token string's id."""
+    if isinstance(eos, str):
+        if tokenizer is None:
+            raise InputError(f"eos {eos!r}: a token string needs a tokenizer")
+        eos = tokenizer.token_id(eos)
+    if isinstance(eos, bool) or not isinstance(eos, int | np.integer) or eos < 0:
+        raise InputError(f"PackedSequences: eos must be a token id >= 0 or a token string, "
+                         f"not {eos!r}")
+    return int(eos)
 
 
 class PackedSequences(Stage):
@@ -85,39 +122,15 @@ class PackedSequences(Stage):
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
             raise InputError(f"PackedSequences: seq_len must be an integer >= 2, not {seq_len!r}")
         choice("PackedSequences", "long_documents", long_documents)
-        if not isinstance(text_field, str | Mapping) or (
-                isinstance(text_field, Mapping)
-                and not all(isinstance(v, str) for v in text_field.values())):
-            raise OptionTypeError("PackedSequences: text_field must be a field name or a "
-                                  f"mapping {{source: field name}}, not {text_field!r:.80}")
-        if sequences_per_epoch is not None and (
-                isinstance(sequences_per_epoch, bool) or not isinstance(sequences_per_epoch, int)
-                or sequences_per_epoch < 1):
-            raise InputError("PackedSequences: sequences_per_epoch must be a positive integer, "
-                             f"not {sequences_per_epoch!r}")
-        if tokens_per_epoch is not None:
-            if sequences_per_epoch is not None:
-                raise InputError("PackedSequences: give sequences_per_epoch or "
-                                 "tokens_per_epoch, not both")
-            if isinstance(tokens_per_epoch, bool) or not isinstance(tokens_per_epoch, int) \
-                    or tokens_per_epoch < seq_len:
-                raise InputError("PackedSequences: tokens_per_epoch must be an integer of at "
-                                 f"least seq_len ({seq_len}), not {tokens_per_epoch!r}")
-            sequences_per_epoch = tokens_per_epoch // seq_len  # the budget, in whole sequences
+        _check_text_field(text_field)
         self.dataset = dataset
-        self.tokenizer = Tokenizer(tokenizer) if tokenizer is not None else None
-        if isinstance(eos, str):
-            if self.tokenizer is None:
-                raise InputError(f"eos {eos!r}: a token string needs a tokenizer")
-            eos = self.tokenizer.token_id(eos)
-        if isinstance(eos, bool) or not isinstance(eos, int | np.integer) or eos < 0:
-            raise InputError(f"PackedSequences: eos must be a token id >= 0 or a token string, "
-                             f"not {eos!r}")
-        self.eos = int(eos)
         self.seq_len = seq_len
+        self.sequences_per_epoch = _epoch_sequences(sequences_per_epoch, tokens_per_epoch,
+                                                    seq_len)
+        self.tokenizer = Tokenizer(tokenizer) if tokenizer is not None else None
+        self.eos = _eos_id(eos, self.tokenizer)
         self.text_field = dict(text_field) if isinstance(text_field, Mapping) else text_field
         self.long_documents = long_documents
-        self.sequences_per_epoch = sequences_per_epoch
         self.options = StageOptions(seed=dataset.options.seed)
         self.source = f"PackedSequences({dataset.source})"
 
