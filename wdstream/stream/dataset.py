@@ -325,48 +325,60 @@ class StreamingDataset(PositionedDataset):
         totals = self.totals
         size = chunk_size(totals.samples, totals.bytes) if totals is not None else 1
         chunks = self._sample_chunks(spec, stream, start, stats, size)
-        decoders, mapper = self.decoders, self.map
-        if spec.shared_payloads and spec.context is not None and mapper is None and \
-                can_defer(decoders) and self.read_options.on_error == "raise" and \
-                torch.utils.data.get_worker_info() is not None:
-            # small JSON decoded by the main process: the collate wrapper sees which
-            decode_sample = DeferringDecoder(decoders, spec.context.json_names,
-                                             self.limits.sample_bytes)
-        else:
-            decode_sample = SampleDecoder(decoders, sample_bytes=self.limits.sample_bytes) \
-                if decoders is not None else None
+        decode_sample = self._sample_decoder(spec)
         for chunk in chunks:
-            if mapper is None and None not in chunk and (
+            if self.map is None and None not in chunk and (
                     decode_sample is None or decode_sample.unchanged(chunk)):
                 yield chunk, range(position + 1, position + 1 + len(chunk))
-                position += len(chunk)
-                continue
-            items, positions = [], []
-            try:
-                for sample in chunk:
-                    position += 1
-                    if sample is None:  # a sample skipped by on_error="skip"
-                        continue
-                    if decode_sample is not None:
-                        try:
-                            sample = decode_sample(sample)
-                        except ShardError as error:
-                            if self.read_options.on_error == "raise":
-                                raise
-                            log.error("skipped: %s", error)
-                            stats.skipped_samples += 1
-                            continue
-                    if mapper is not None:
-                        sample = mapper(sample)
-                    if sample is not None:  # a map may drop a sample
-                        items.append(sample)
-                        positions.append(position)
-            except Exception:
-                if items:  # the samples before the failure first
-                    yield items, positions
-                raise
-            if items:
+            else:
+                yield from self._transformed(chunk, position, decode_sample, stats)
+            position += len(chunk)
+
+    def _sample_decoder(self, spec: IterationSpec):
+        """What decodes a sample in this iteration (None: nothing to decode). In a worker
+        under the loader, with no map, small JSON is left to the main process: the collate
+        wrapper sees which members (``DeferringDecoder``)."""
+        decoders = self.decoders
+        if spec.shared_payloads and spec.context is not None and self.map is None and \
+                can_defer(decoders) and self.read_options.on_error == "raise" and \
+                torch.utils.data.get_worker_info() is not None:
+            return DeferringDecoder(decoders, spec.context.json_names, self.limits.sample_bytes)
+        if decoders is None:
+            return None
+        return SampleDecoder(decoders, sample_bytes=self.limits.sample_bytes)
+
+    def _transformed(self, chunk: list, position: int, decode_sample, stats: ReadStats
+                     ) -> Iterator[tuple[list, list[int]]]:
+        """The samples of ``chunk`` (after ``position``) decoded and mapped, with the position
+        after each; samples skipped or dropped are left out. A failure comes after the samples
+        before it."""
+        items, positions = [], []
+        try:
+            for after, sample in enumerate(chunk, position + 1):
+                if sample is not None:  # None: a sample skipped by on_error="skip"
+                    sample = self._transform(sample, decode_sample, stats)
+                if sample is not None:  # a map may drop a sample
+                    items.append(sample)
+                    positions.append(after)
+        except Exception:
+            if items:  # the samples before the failure first
                 yield items, positions
+            raise
+        if items:
+            yield items, positions
+
+    def _transform(self, sample: dict, decode_sample, stats: ReadStats):
+        """One sample decoded (None if skipped by ``on_error="skip"``), then mapped."""
+        if decode_sample is not None:
+            try:
+                sample = decode_sample(sample)
+            except ShardError as error:
+                if self.read_options.on_error == "raise":
+                    raise
+                log.error("skipped: %s", error)
+                stats.skipped_samples += 1
+                return None
+        return sample if self.map is None else self.map(sample)
 
     def _sample_chunks(self, spec: IterationSpec, stream: int, start: int, stats: ReadStats,
                        size: int) -> Iterator[list[dict | None]]:
