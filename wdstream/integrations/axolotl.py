@@ -38,7 +38,8 @@ from pydantic import BaseModel
 from wdstream.errors import InputError
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
-from wdstream.stages.config import DATASET_KEYS, from_config
+from wdstream.stages.config.build import from_config
+from wdstream.stages.config.keys import DATASET_KEYS
 from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.contract import world_info
 from wdstream.stream.loader import DataLoader

@@ -35,7 +35,7 @@ refused (write it in a dict passed from code), and in a config read from a URL
 (``s3://…/mix.yaml``) they are names under that URL's prefix unless
 ``allow_external_paths=True``. See docs/security.md.
 
-Each key is one row of ``TOP_KEYS`` or ``DATASET_KEYS`` (``config_keys``: its type, limits,
+Each key is one row of ``TOP_KEYS`` or ``DATASET_KEYS`` (``keys``: its type, limits,
 aliases); what it does is read in ``_build`` / ``_source``.
 """
 
@@ -49,8 +49,8 @@ from wdstream.errors import InputError, ManifestError, StreamError, WdstreamErro
 from wdstream.printable import printable
 from wdstream.shards.names import outside_prefix
 from wdstream.sources import urls
-from wdstream.stages.config_files import load_config_file
-from wdstream.stages.config_keys import (
+from wdstream.stages.config.files import load_config_file
+from wdstream.stages.config.keys import (
     DATASET_KEYS,
     TOP_KEYS,
     Report,
@@ -64,8 +64,6 @@ from wdstream.stages.schedule import mixture_weights
 from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.dataset import StreamingDataset
 from wdstream.stream.window import DEFAULT_SHUFFLE_START
-
-__all__ = ["DATASET_KEYS", "TOP_KEYS", "from_config", "load_config_file"]
 
 
 def from_config(config, *, allow_external_paths: bool = False,
