@@ -90,33 +90,30 @@ def _checked_names(names, datasets: list) -> list[str]:
     return list(names)
 
 class Mix(Stage):
-    """Samples drawn from ``datasets`` (``StreamingDataset``s, or other stages) by ``weights``.
+    """Samples drawn from ``datasets`` by weight, in a sequence of source choices fixed by
+    (seed, epoch, stream, draw): deterministic, resumable, equal batches on every rank. Each
+    sample (a dict) gets ``__source__``, its source's name (a string, which the default
+    collate keeps as a list). A restarted source reads a new order: its pass p of epoch e
+    reads the source's epoch ``cycle_epoch(e, p)``. ``len(mix)`` is known when the sources
+    have manifests, or with ``"fixed"``.
 
-    ``stop`` decides when an epoch (of each worker stream) ends:
-
-    - ``"first_exhausted"``: at the first draw whose source has no sample left;
-    - ``"cycle"``: once every source with a positive weight has been read to its end; a source
-      that ends earlier restarts (see below) -- smaller sources are repeated;
-    - ``"fixed"``: after ``samples_per_epoch`` samples in all (split over ranks and workers as
-      the epoch plan splits a dataset: ``samples_per_epoch // world`` per rank); sources restart
-      as with ``"cycle"``.
-
-    A restarted source reads a new order: its pass p of epoch e reads the source's epoch
-    ``cycle_epoch(e, p)``, which no other (epoch, pass) reads.
-
-    Each sample (a dict) gets ``__source__``: its source's name from ``names``, by default the
-    source's URL. A string, so that the default collate keeps a list (an int would become a
-    tensor, and each tensor costs a shared-memory transfer per batch from the workers).
-
-    ``schedule`` (instead of ``weights``): weights changing over the epoch, a list of stages
-    ``{"start": samples drawn over the job, "weights": [...]}`` or a pure function
-    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``);
-    ``{"start_tokens": ..., "weights": [...]}`` stages count the tokens that a
-    ``PackedSequences`` over the mixture delivered.
-
-    ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
-    ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
-    epoch (where a stream stops depends on its draws) and ``len(mix)`` is for one worker.
+    Args:
+        datasets (list): ``StreamingDataset``s or other stages.
+        weights (list[float] | None): one weight per dataset (normalised); or give
+            ``schedule``.
+        seed (int, default 0): the seed of the source choices.
+        stop (str, default "first_exhausted"): when a stream's epoch ends:
+            ``"first_exhausted"`` at the first draw whose source has no sample left;
+            ``"cycle"`` once every source with a positive weight was read to its end
+            (smaller sources restart); ``"fixed"`` after ``samples_per_epoch`` (sources
+            restart).
+        samples_per_epoch (int | None): under ``"fixed"`` only (and required there): samples
+            per epoch in all, ``samples_per_epoch // world`` per rank.
+        names (list[str] | None): one distinct name per dataset; default their URLs.
+        schedule (list | callable | None): weights changing over the epoch: stages
+            ``{"start": samples drawn over the job, "weights": [...]}`` (or
+            ``"start_tokens"``, counted by a ``PackedSequences`` over the mixture), or a pure
+            function ``samples drawn -> weights`` (see ``wdstream.stages.schedule``).
     """
 
     def __init__(self, datasets: Sequence, weights: Sequence[float] | None = None, *,

@@ -86,30 +86,31 @@ def _eos_id(eos, tokenizer) -> int:
 
 
 class PackedSequences(Stage):
-    """Sequences of ``seq_len`` tokens packed from the documents of ``dataset``.
+    """Sequences of ``seq_len`` tokens packed from the documents of ``dataset``. Each item is
+    a dict of int64 arrays of length ``seq_len``: ``input_ids``, ``labels`` (a copy: models
+    shift them) and ``position_ids``, which restart at 0 at each document and each sequence
+    start. Tokens left at the end of a stream (fewer than ``seq_len``) are dropped.
 
-    Each item is a dict of int64 arrays of length ``seq_len``: ``input_ids``, ``labels`` (a
-    copy of ``input_ids``: models shift them, as Hugging Face causal LMs do) and
-    ``position_ids``, which restart at 0 at each document start and at each sequence start
-    (a document split across sequences continues at 0), so attention can keep documents apart.
-
-    ``text_field``: the sample member or JSON field holding a document: ``"txt"`` (a member),
-    ``"json.text"`` (a key of the ``json`` member), or a bare name looked up as a member and
-    then as a key of ``json``; a mapping {source: field} picks it per ``__source__`` of a
-    ``Mix``. A ``str`` value is tokenized with ``tokenizer``; an integer array or list
-    (pre-tokenized data, e.g. a ``tokens.npy`` member) is packed as it is.
-
-    ``eos``: the end-of-document token appended to every document: an id, or a token string
-    looked up in the tokenizer. ``long_documents``: documents longer than ``seq_len`` tokens
-    are ``"split"`` across sequences (default), ``"truncate"``d to ``seq_len`` tokens (the
-    last one EOS), or ``"drop"``ped.
-
-    Tokens left at the end of a stream (fewer than ``seq_len``) are dropped. The number of
-    sequences an epoch gives depends on the text, so ``len()`` is unknown and ranks may get
-    unequal counts, unless ``sequences_per_epoch`` fixes it (split over ranks and workers;
-    the inner stream restarts, on a new order, when a pass runs out) -- set it under DDP.
-    ``tokens_per_epoch`` gives it as a token budget (``tokens_per_epoch // seq_len``
-    sequences).
+    Args:
+        dataset: a ``StreamingDataset``, a ``Mix`` or another stage yielding documents.
+        tokenizer (None, a ``tokenizer.json`` path or text, a ``tokenizers.Tokenizer`` or a
+            callable ``str -> list[int]``): tokenizes ``str`` documents; integer arrays or
+            lists (pre-tokenized data) are packed as they are.
+        seq_len (int, default 2048): tokens per sequence, at least 2.
+        eos (int | str): the end-of-document token appended to every document: an id, or a
+            token string looked up in the tokenizer.
+        text_field (str | dict, default "text"): the member or JSON field holding a
+            document: ``"txt"`` (a member), ``"json.text"`` (a key of the ``json`` member) or
+            a bare name (a member, then a key of ``json``); ``{source: field}`` per
+            ``__source__`` of a ``Mix``.
+        long_documents (str, default "split"): documents longer than ``seq_len`` are
+            ``"split"`` across sequences, ``"truncate"``d (the last token EOS) or
+            ``"drop"``ped.
+        sequences_per_epoch (int | None): sequences per epoch, split over ranks and workers
+            (the inner stream restarts on a new order when a pass runs out); without it the
+            count depends on the text and ranks may get unequal counts: set it under DDP.
+        tokens_per_epoch (int | None): the same as a token budget (``tokens_per_epoch //
+            seq_len`` sequences).
     """
 
     def __init__(self, dataset, tokenizer=None, seq_len: int = 2048, *, eos: int | str,

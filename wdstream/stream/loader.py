@@ -55,27 +55,29 @@ _FAILED = object()  # in a stream's queue of (position, batch): the error that e
 
 
 class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
-    """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` (or a stage built on one,
-    such as ``Mix`` or ``PackedSequences``: what it needs of a dataset is the contract of
-    ``wdstream.stream.contract``) with ``state_dict()``, ``load_state_dict()`` and a ``len()``
-    known before the first batch.
+    """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` or a stage built on one
+    (``Mix``, ``PackedSequences``: the contract of ``wdstream.stream.contract``), with
+    ``state_dict()``, ``load_state_dict()`` and a ``len()`` known before the first batch.
+    Arguments torch's loader takes are accepted, except those that would break the plan, the
+    order or resume, which are refused with a reason.
 
-    Accepts the usual DataLoader arguments. ``collate_fn`` defaults to ``wdstream.collate``
-    (a dict of lists; arrays of one shape stacked). ``persistent_workers`` is refused: each
-    epoch's plan and resume position reach the workers when they start.
-
-    ``bytes_as``: how undecoded members reach the training loop. ``"bytes"`` (default):
-    ``bytes`` objects. ``"tensor"``: 1-D ``torch.uint8`` tensors that share the memory the
-    worker filled, with no copy in the main process (and with the default ``collate_fn``, none
-    in the worker for members from 32 KiB that no decoder takes; those of local shards are
-    copy-on-write views of the file): the fast way to stream large binary payloads
-    (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies it into ``bytes``).
-
-    ``tune_malloc``: when payloads that workers placed in shared memory are copied into
-    ``bytes`` here (``bytes_as="bytes"``, members from 32 KiB), the training process's glibc
-    malloc is set, once, to serve blocks under 4 MiB from its heap and keep up to 64 MiB of it
-    freed, as in the workers; by default each batch's payloads would fault their pages in
-    afresh. ``False`` leaves the process's malloc as it is.
+    Args:
+        dataset: a ``StreamingDataset`` or a stage over one.
+        batch_size (int | None, default 1): samples per batch, per rank; None: single samples.
+        num_workers (int, default 0): worker processes, each reading one stream.
+        collate_fn (callable | None): makes a batch; default ``wdstream.collate`` (a dict of
+            lists, arrays of one shape stacked, numbers as a tensor).
+        drop_last (bool, default False): drop each stream's last, short batch.
+        persistent_workers (bool): refused: each epoch's plan and resume position reach the
+            workers when they start.
+        bytes_as (str, default "bytes"): undecoded members as ``bytes``, or ``"tensor"``:
+            1-D ``uint8`` tensors sharing the memory the worker filled (no copy here; large
+            payloads of local shards are copy-on-write views of the file).
+        tune_malloc (bool, default True): when payloads from 32 KiB are copied into ``bytes``
+            here, set glibc's malloc once as in the workers (blocks under 4 MiB from the heap,
+            64 MiB of it kept freed); False leaves it as it is.
+        **kwargs: torch's ``DataLoader`` arguments (``prefetch_factor``, ``timeout``,
+            ``pin_memory``...); samplers, ``shuffle`` and ``in_order=False`` are refused.
     """
 
     def __init__(self, dataset: Trackable, batch_size: int | None = 1, *,

@@ -68,10 +68,17 @@ from wdstream.stream.window import DEFAULT_SHUFFLE_START
 
 def from_config(config, *, allow_external_paths: bool = False,
                 allow_external_shards: bool = False):
-    """A ready dataset from ``config``: a dict, or the path or URL of a YAML or JSON file.
+    """A ready dataset from ``config``: a ``Mix`` of ``StreamingDataset``s, in a
+    ``PackedSequences`` when the config gives ``sequence_len``. Every mistake in the config
+    is reported at once, in one ``InputError`` naming each entry and key.
 
-    ``allow_external_paths``: a config read from a URL may name datasets and a tokenizer
-    outside its prefix. ``allow_external_shards`` is passed to each ``StreamingDataset``."""
+    Args:
+        config (dict | str | path): the config as a dict, or the path or URL of a YAML or
+            JSON file (read within bounds; its paths are data, see the module docstring).
+        allow_external_paths (bool, default False): let a config read from a URL name
+            datasets and a tokenizer outside its prefix.
+        allow_external_shards (bool, default False): passed to each ``StreamingDataset``.
+    """
     origin = None
     if isinstance(config, str | os.PathLike):
         where = os.fspath(config)
