@@ -1,11 +1,7 @@
 """Checks of the options a user passes to ``StreamingDataset``, ``DataLoader``, ``Mix``,
-``PackedSequences`` and ``wdstream pack``: every value is checked when the object is built,
-and a refused value raises ``OptionError`` (or ``OptionTypeError``) naming the option and
-what it accepts.
-
-``CHOICES`` is the one table of options that take one of a few values; a new mode (a new
-opener, a named decode mode) is a new entry there, and the check and its message follow.
-"""
+``PackedSequences`` and ``wdstream pack``, made when the object is built: a refused value
+raises ``OptionError`` (or ``OptionTypeError``) naming the option and what it accepts.
+``CHOICES`` is the one table of options that take one of a few values."""
 
 from __future__ import annotations
 

@@ -1,30 +1,8 @@
-"""axolotl: ``plugins: [wdstream.integrations.axolotl.WdstreamPlugin]`` in an axolotl config
-makes ``axolotl train`` stream its ``datasets:`` / ``pretraining_dataset:`` entries with
-wdstream, and checkpoint and resume the stream exactly.
-
-- The entries are read as ``wdstream.from_config`` reads them (``path``, ``name``, ``split``,
-  ``data_files``, ``weight``, ``label``, ``text_column``...; top-level ``seed`` and
-  ``shuffle_merged_datasets``, and wdstream's own top-level keys under ``wdstream:``), taken
-  from the config as written, before axolotl's schema drops the keys it does not know. Several
-  entries are a ``Mix``.
-- ``pretraining_dataset:`` entries are tokenized with the model's tokenizer as axolotl loads
-  it and packed into ``sequence_len`` sequences (``PackedSequences``); ``sample_packing``
-  keeps the position ids that restart at each document. Unless ``wdstream:`` sets
-  ``sequences_per_epoch`` or ``tokens_per_epoch``, ``max_steps`` sets the sequences of the run.
-- ``datasets:`` entries go through axolotl's own prompt strategy for their ``type``
-  (``alpaca``, ``chat_template``, ``completion``, ``input_output``...), applied to each
-  streamed record (the sample's ``json`` member) in the DataLoader workers, then padded into
-  batches by axolotl's collator.
-- The trainer trains from a ``wdstream.DataLoader`` of ``micro_batch_size`` and
-  ``dataloader_num_workers`` (``wdstream.integrations.hf_trainer.use_loader``): each rank's
-  loader state goes into every ``checkpoint-N/`` and is loaded back on
-  ``resume_from_checkpoint`` / ``auto_resume_from_checkpoints``, with no skipping of the
-  batches already trained on.
-
-Which entries are wdstream's is ``is_streamed(path)``: the one place a new kind of source
-(a folder of raw files, say) is recognised. A config mixing them with other datasets is
-refused: the others could not resume exactly.
-"""
+"""axolotl: ``plugins: [wdstream.integrations.axolotl.WdstreamPlugin]`` makes ``axolotl train``
+stream its ``datasets:`` / ``pretraining_dataset:`` entries with wdstream (read as
+``from_config`` reads them; pretraining text packed by ``PackedSequences``, prompt formats by
+axolotl's strategies in the workers) and checkpoint and resume the stream exactly.
+``is_streamed(path)`` decides which entries are wdstream's. See docs/axolotl.md."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
-"""The documents a layout change cuts: what ``PackedSequences`` does with the document each
-stream was packing when the layout changed (elastic resume).
-
-At the cut, a stream's next sequence starts ``offset`` tokens into a document (its position:
-the inner position before that document and the offset). The new layout counts that
-document as read by the old one -- the inner position one document further, computed
-without reading (``advance``) -- and delivers its remaining tokens itself: each such
-document is a *tail*, read again at its old position (one shuffle window, as any resume) by
-one stream of the new layout, which packs its tokens from ``offset`` on before its own
-documents. Tails go round the new layout's streams (tail i to global stream ``i % (world x
-workers)``). A stream cut again while still packing its tails hands the rest on to the next
-layout, so no token is trained on twice and none is lost at any cut.
-
-When the inner position cannot be advanced without reading (a source that restarts at that
-draw, a stage that is not a ``StreamingDataset`` or ``Mix`` of them),
-or the document is not the sample right after the position (samples dropped in between by
-``map`` or ``on_error="skip"``), the document is read again whole by the new layout, and
-its first ``offset`` tokens come twice.
-"""
+"""The documents a layout change cuts (elastic resume of ``PackedSequences``): the new layout
+counts each document a stream was packing as read, computing the inner position after it
+without reading (``advance``), and delivers the rest of its tokens itself as a *tail*, re-read
+at its old position by one of its streams (tail i to stream ``i % (world x workers)``), so
+no token is trained on twice or lost. Where the position after it cannot be told, the
+document is read again whole and its first ``offset`` tokens come twice."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""``wdstream.Mix``: draw samples from several datasets by weight, deterministically and
-resumably.
-
-Each worker stream of the mixture reads the same stream (rank, worker) of every source and
-draws from them in a sequence of source choices fixed by (seed, epoch, stream, draw index),
-in blocks of ``BLOCK`` draws (``wdstream.stages.choices``). Resuming at draw n computes one
-block: no replay.
-
-The choices do not depend on the rank: with equal source streams on every rank (the epoch
-plan guarantees it) every rank then stops after the same number of draws, so ranks get equal
-batches under every stop rule.
-
-A position is ``[draws, pass_0, position_0, pass_1, position_1, ...]``: the draws made and,
-per source, how many times it was restarted (``cycle``/``fixed``) and its own stream position.
-"""
+"""``wdstream.Mix``: samples drawn from several datasets by weight. Each worker stream reads the
+same stream of every source and draws from them in blocks of source choices fixed by
+(seed, epoch, stream, block), the same on every rank, so ranks get equal batches and a
+resume computes one block. A position is ``[draws, pass_0, position_0, pass_1, position_1,
+...]`` then the documents drawn from each source (see ``mix_stream.MixStream``)."""
 
 from __future__ import annotations
 

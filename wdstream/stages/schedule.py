@@ -1,22 +1,8 @@
-"""Mixture schedules: the weights of a ``Mix`` changing over training.
-
-A schedule is a list of stages, each a start and weights: ``[{"start": 0, "weights": [7, 3]},
-{"start": 900_000, "weights": [1, 1]}]``. ``start`` counts the samples the mixture drew in
-the epoch, over every rank and worker (for a packed mixture, documents): progress that is the
-same on every rank and does not depend on the layout, so a schedule resumes across a stage
-boundary on another world size or worker count too.
-
-A stream draws in blocks of ``mix.BLOCK`` draws; a block takes the weights of the stage in
-force at its first draw, that is at global sample ``before + block * BLOCK * world * workers``
-(``before``: the samples drawn on earlier layouts this epoch). Stages switch at a block
-boundary, within ``BLOCK * world * workers`` samples of their start.
-
-By tokens (``{"start_tokens": ...}``, a mixture packed by ``PackedSequences``): the packing
-stage keeps a ``TokenClock`` per stream, the tokens delivered over the job counted from the
-stream's sequences (``before + sequences * seq_len * world * workers``, the same on every rank
-at the same step), and the mixture takes the stage in force at each draw; a stage's blocks
-count from its first draw.
-"""
+"""Mixture schedules: the weights of a ``Mix`` changing over training, by stages ``{"start":
+samples drawn over the job, "weights": [...]}`` (progress that is the same on every rank and
+layout, so a schedule resumes elastically), applied per block of draws; or by tokens
+(``"start_tokens"``), counted by the ``TokenClock`` of a ``PackedSequences`` over the
+mixture, the stage in force taken at each draw. See docs/llm.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""``wdstream.PackedSequences``: tokenize documents and pack them into fixed-length sequences,
-resumably.
-
-The stage reads one worker stream of its inner dataset (a ``StreamingDataset`` or a ``Mix``),
-turns each document into tokens -- a text field through a tokenizer, or a field that already
-holds token ids -- appends the end-of-document token, and cuts the concatenated token stream
-into sequences of exactly ``seq_len`` tokens. Tokenizing happens inside the dataset
-iterator, so in DataLoader workers.
-
-Resume: a position is ``[sequences, pass, inner position, offset]``: the sequences this stream
-delivered, and where the next sequence starts -- the inner dataset's position before the
-document it starts in (that document is re-read and re-tokenized) and the token offset in
-that document. No partial sequence needs saving: it is rebuilt from those two. ``pass``
-counts restarts of the inner stream when ``sequences_per_epoch`` asks for more sequences
-than one pass gives.
-"""
+"""``wdstream.PackedSequences``: documents tokenized (in the DataLoader workers) and packed into
+sequences of exactly ``seq_len`` tokens. A position is ``[sequences, pass, inner position,
+offset, tokens and documents per source]``: where the next sequence starts (the inner
+position before its document, re-read on resume, and the token offset in it), so no partial
+sequence is saved."""
 
 from __future__ import annotations
 

@@ -343,9 +343,8 @@ def tune_worker_process() -> None:
     """A DataLoader worker's settings: ``MALLOC_SETTINGS``, and the objects it inherited
     (torch's modules, the dataset...) moved out of the garbage collector's sight. A worker
     holds a shuffle window of samples, whose dicts outlive the young generations; each full
-    collection they set off would walk every inherited object, and on ~1 KiB samples that
-    doubled the worker's CPU time per sample (docs/benchmarks.md). What the worker allocates
-    later is collected as usual."""
+    collection they set off would walk every inherited object (the cost on small samples:
+    docs/benchmarks-results.md). What the worker allocates later is collected as usual."""
     tune_allocator()
     gc.freeze()
 

@@ -1,11 +1,7 @@
-"""``StreamingDataset``: a torch ``IterableDataset`` that executes the epoch plan.
-
-Each DataLoader worker computes the plan (cheap, no I/O), takes its own stream of sample
-spans, and runs the pipeline stages: read spans (prefetch, checks, retries) -> window shuffle
--> decode -> the user's ``map``. What to read this iteration (epoch, layout, where each stream
-starts after a resume) arrives as an ``IterationSpec`` set by ``wdstream.DataLoader``; what a
-dataset provides the loader is the contract of ``wdstream.stream.contract``.
-"""
+"""``StreamingDataset``: a torch ``IterableDataset`` that executes the epoch plan. Each
+DataLoader worker computes the plan, takes its stream of sample spans and runs the pipeline:
+read (prefetch, checks, retries), window shuffle, decode, the user's ``map``. What to read
+arrives as an ``IterationSpec`` (``wdstream.stream.contract``)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""Decoding members by extension, as webdataset's decoders do: ``json`` to objects, ``txt`` to
-str, ``cls``/``cls2``/``index``... to int, ``npy`` to arrays, ``mp``/``msgpack`` to objects when
-msgpack is installed, ``NAME.gz`` gunzipped and decoded as ``NAME``; images only when asked for
-(``decode="rgb8"``...: Pillow, in the workers); anything else stays bytes. Users extend or
-replace the table; nothing unpickles unless asked for by name (``decoders={"pyd": "pickle"}``,
-``{"pth": "torch"}``).
-
-A built-in decoder whose value may take more memory than its member's bytes (gunzipping, JSON,
-msgpack, npy, images) has a bounded form, ``decoder.within(data, budget) -> (value, bytes
-made)``: given the bytes the sample may still take (``Limits.sample_bytes`` less its members
-and what was decoded before), it raises ``LimitError`` before making more, from what the data
-says it will make (a gzip stream's output as it comes, an image's size from its header, an
-array's shape, a count of JSON values), never after. ``SampleDecoder`` keeps that budget per
-sample; a user's decoder is called as it is."""
+"""Decoding members by extension, as webdataset's decoders do (``json``, ``txt``, ``cls``,
+``npy``, ``mp``, ``NAME.gz``...; images only when asked for; anything else stays bytes;
+nothing unpickles unless named). A built-in decoder whose value may outgrow its bytes has a
+bounded form, ``decoder.within(data, budget) -> (value, bytes made)``, which raises
+``LimitError`` before making more than the sample's budget (``SampleDecoder`` keeps it per
+sample); a user's decoder is called as it is."""
 
 from __future__ import annotations
 

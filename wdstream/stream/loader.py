@@ -1,16 +1,8 @@
-"""``wdstream.DataLoader``: a torch DataLoader that knows where it is.
-
-The position tracker counts, per worker stream, the samples the training loop has received
-(a batch counts when the loop gets it, not when a worker makes it). Those counts, the epoch,
-the layout and the segments of this epoch already consumed under other layouts are the whole
-state: a few integers, JSON-serialisable, whatever the dataset size.
-
-Each worker reads one stream; a fetch from a worker carries several batches of it, each
-tagged with its position. The loader hands batches out one per stream in turn (the stream
-with the fewest batches delivered first), whatever the fetch sizes. On resume, worker 0 takes
-the stream whose batch was next (``rotation``), and the batches that follow are exactly those
-the uninterrupted run would have produced.
-"""
+"""``wdstream.DataLoader``: a torch DataLoader that knows where it is. It counts, per worker
+stream, the samples the training loop has received; with the epoch, the layout and the
+segments consumed under other layouts they are its whole state. Fetches carry several
+batches, tagged with their positions; batches are handed out one per stream in turn, so
+fetch sizes change neither the order nor what a state means."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""The reading stage: sample ranges of shards in, raw samples out, and no silent failure.
-
-For every span the stage opens the shard (the next shard's download already runs while this
-one is parsed), skips to the span's first sample, yields its samples, and when a span reaches
-the end of its shard checks how the shard ended: the parser must end cleanly, the sample and
-byte counts must match the manifest, the digest too if asked, and the stream's own close
-(a pipe's exit status) must succeed. A transient failure is retried with backoff from the
-last sample delivered, so nothing is lost or repeated; when retries run out the policy
-decides: raise (default) or skip the rest of the shard and record it.
-"""
+"""The reading stage: sample ranges of shards in, raw samples out, and no silent failure. Each
+shard is opened (the next one already downloading), its samples yielded, and its end checked
+against the manifest (end marker, counts, bytes, digest if asked, the stream's exit status).
+A transient failure is retried from the last sample delivered; when retries run out,
+``on_error`` raises or skips the rest of the shard and records it."""
 
 from __future__ import annotations
 
