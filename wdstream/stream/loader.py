@@ -20,6 +20,7 @@ from wdstream.errors import (
     UnsizedError,
     WdstreamError,
 )
+from wdstream.options import loader_arguments
 from wdstream.stream.batching import (
     approximate_bytes,
     collate,
@@ -29,7 +30,6 @@ from wdstream.stream.batching import (
 from wdstream.stream.context import StreamContext
 from wdstream.stream.contract import IterationSpec, Trackable, world_info
 from wdstream.stream.lifetime import closed_at_exit
-from wdstream.stream.loader_options import check_loader_options
 from wdstream.stream.loader_state import (
     check_loadable,
     make_state,
@@ -76,8 +76,12 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
                  num_workers: int = 0, collate_fn: Callable | None = None,
                  drop_last: bool = False, persistent_workers: bool = False,
                  bytes_as: str = "bytes", tune_malloc: bool = True, **kwargs):
-        check_loader_options(dataset, batch_size, num_workers, collate_fn, drop_last,
-                             persistent_workers, bytes_as, tune_malloc, kwargs)
+        if not isinstance(dataset, Trackable):
+            raise OptionTypeError("DataLoader: needs a wdstream.StreamingDataset or a stage "
+                                  "built on one (Mix, PackedSequences), not "
+                                  f"{type(dataset).__name__}")
+        loader_arguments(batch_size, num_workers, collate_fn, drop_last, persistent_workers,
+                         bytes_as, tune_malloc, kwargs)
         self.bytes_as = bytes_as
         self.tune_malloc = tune_malloc
         self._malloc_tuned = False
