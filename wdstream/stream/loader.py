@@ -122,6 +122,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
         caller = sys._getframe(1)
         if caller.f_globals.get("__name__", "").startswith("accelerate."):
+            # only when Accelerate asks: integrations/ sits above stream/
             from wdstream.integrations.accelerate import adopt
 
             adopt(self, caller)
