@@ -281,7 +281,7 @@ def test_shuffle_start_is_checked_and_part_of_the_fingerprint(data):
     prints = {wdstream.StreamingDataset(data, shuffle_start=s).fingerprint()
               for s in (1, 32, 64, None)}
     assert len(prints) == 4
-    # windows of one size whatever the start: the order (and so the fingerprint) of before
+    # windows of one size whatever the start: one order, so one fingerprint
     same = {wdstream.StreamingDataset(data, shuffle_window=16, shuffle_start=s).fingerprint()
             for s in (16, 32, None)}
     assert len(same) == 1
