@@ -198,8 +198,9 @@ def case_state(source: str, eos: int, documents: int) -> dict:
     import itertools
 
     import wdstream
-    from wdstream.stages.base import RANKS, pack_positions
-    from wdstream.stream.dataset import IterationSpec
+    from wdstream.stream.contract import IterationSpec
+    from wdstream.stream.plan import RANKS
+    from wdstream.stream.ranks import pack_positions
 
     def packed():
         return wdstream.PackedSequences(_five_stage_mix(source, documents), None, SEQ_LEN,

@@ -15,7 +15,7 @@ from datasets import first_batches
 import wdstream
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar_writer import TarWriter
-from wdstream.stages.base import pack_positions, ranks_of
+from wdstream.stream.ranks import pack_positions, ranks_of
 
 WORDS = ("the a stream shard epoch token batch resume seed rank worker model data loss step "
          "train pack mix weight source window order plan sample text code def return if for "

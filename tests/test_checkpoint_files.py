@@ -12,7 +12,7 @@ from datasets import first_batches, write_dataset
 import wdstream
 from wdstream.errors import StateError
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state, state_path
-from wdstream.stages.base import ranks_of
+from wdstream.stream.ranks import ranks_of
 
 
 @pytest.fixture

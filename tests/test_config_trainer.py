@@ -12,7 +12,7 @@ from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
 from wdstream.errors import InputError
-from wdstream.stages import config as config_module
+from wdstream.stages.config import keys as config_module
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("yaml")

@@ -16,7 +16,7 @@ import pytest
 from llm_data import write_token_sources
 from servers import free_port
 
-from wdstream.stages.base import ranks_of
+from wdstream.stream.ranks import ranks_of
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ and states saved by a wdstream whose windows were all one size."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -15,7 +14,7 @@ import pytest
 from datasets import all_keys, batch_keys, sample_key, take, write_dataset
 
 import wdstream
-from wdstream.errors import OptionError, StateError
+from wdstream.errors import OptionError
 from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.read import SpanReader
@@ -282,64 +281,12 @@ def test_shuffle_start_is_checked_and_part_of_the_fingerprint(data):
     prints = {wdstream.StreamingDataset(data, shuffle_start=s).fingerprint()
               for s in (1, 32, 64, None)}
     assert len(prints) == 4
-    # windows of one size whatever the start: the order (and so the fingerprint) of before
+    # windows of one size whatever the start: one order, so one fingerprint
     same = {wdstream.StreamingDataset(data, shuffle_window=16, shuffle_start=s).fingerprint()
             for s in (16, 32, None)}
     assert len(same) == 1
     assert wdstream.StreamingDataset(data, shuffle=False).fingerprint() == \
         wdstream.StreamingDataset(data, shuffle=False, shuffle_start=None).fingerprint()
-
-
-# A loader state saved by wdstream before windows grew (every window shuffle_window samples),
-# on this module's dataset with every default, after 5 batches of 4, and a digest of the keys
-# that wdstream delivered after it.
-OLDER_STATE = {"format": "wdstream.loader", "version": 1,
-               "fingerprint": "4e49577550dd1d75-b8c2b9b3", "seed": 0, "epoch": 0, "world": 1,
-               "workers": 1, "batch_size": 4, "drop_last": False, "positions": [20],
-               "batches": [5], "history": [], "rank": 0}
-OLDER_REST = "2f7308fed8be5ffa"  # sha256 of json.dumps(the 230 keys after the state)[:16]
-
-
-def test_a_state_of_an_older_wdstream_fails_with_what_to_do(data):
-    loader = wdstream.DataLoader(wdstream.StreamingDataset(data), batch_size=4)
-    with pytest.raises(StateError, match="saved by an older wdstream, whose shuffle order "
-                                         "differs.*shuffle_start=None") as caught:
-        loader.load_state_dict(dict(OLDER_STATE))
-    assert "another dataset" not in str(caught.value)
-    # built with shuffle_start=None, the state resumes exactly as the older wdstream did
-    older = wdstream.DataLoader(wdstream.StreamingDataset(data, shuffle_start=None),
-                                batch_size=4)
-    older.load_state_dict(dict(OLDER_STATE))
-    rest = [k for batch in older for k in batch["__key__"]]
-    assert len(rest) == 230
-    assert hashlib.sha256(json.dumps(rest).encode()).hexdigest()[:16] == OLDER_REST
-    # another dataset still gets the message of another dataset
-    with pytest.raises(StateError, match="another dataset"):
-        wdstream.DataLoader(wdstream.StreamingDataset(data, shuffle_window=999),
-                            batch_size=4).load_state_dict(dict(OLDER_STATE))
-
-
-def test_an_older_state_of_a_stage_or_the_torchdata_protocol_fails_the_same_way(data):
-    from wdstream.stages.mix import Mix
-
-    def mix(start):
-        return Mix([wdstream.StreamingDataset(data, seed=1, shuffle_start=start),
-                    wdstream.StreamingDataset(data, seed=2, shuffle_window=8)], [1, 1], seed=3)
-
-    older = wdstream.DataLoader(mix(None), batch_size=2)
-    take(older, 3)
-    state = older.state_dict()
-    with pytest.raises(StateError, match="saved by an older wdstream"):
-        wdstream.DataLoader(mix(32), batch_size=2).load_state_dict(state)
-    wdstream.DataLoader(mix(None), batch_size=2).load_state_dict(state)
-    growing = mix(32)
-    assert [d.options.start for d in growing.datasets] == [32, 32]  # options restored
-    # torchdata's protocol: the dataset's own state
-    stream_state = wdstream.StreamingDataset(data, shuffle_start=None).state_dict()
-    with pytest.raises(StateError, match="saved by an older wdstream.*shuffle_start=None"):
-        wdstream.StreamingDataset(data).load_state_dict(stream_state)
-    with pytest.raises(StateError, match="another dataset"):
-        wdstream.StreamingDataset(data, seed=8).load_state_dict(stream_state)
 
 
 def test_first_batches_keys_come_from_the_first_window(data):

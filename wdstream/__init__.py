@@ -31,7 +31,7 @@ _LAZY = {
     "pack": "wdstream.write.packer",
     "Mix": "wdstream.stages.mix",
     "PackedSequences": "wdstream.stages.sequences",
-    "from_config": "wdstream.stages.config",
+    "from_config": "wdstream.stages.config.build",
 }
 
 __all__ = [

@@ -37,16 +37,24 @@ NEVER_IMAGE_FORMATS = ("EPS", "PS", "PDF")
 
 @dataclass(frozen=True)
 class Limits:
-    """``shard_bytes``: the tar bytes one compressed shard may decompress to (64 GiB).
-    ``sample_bytes``: one sample's members as read (a member's size as its tar header gives
-    it, before it is read) plus what decoding makes of them (gunzipped bytes, an image's
-    pixels, a JSON member's objects: 1 GiB). ``decoder_memory``: what a decompressor may
-    allocate for its window (zstd's window, xz's dictionary: 128 MiB; gzip and bzip2 need a
-    few MiB at most). ``image_pixels``: width x height of one image (100 million), checked
-    from its header before its pixels are decoded. ``image_formats``: the Pillow formats
-    images are read as (JPEG, PNG, WebP, GIF, BMP, TIFF, PPM; add others by name, such as
-    ``"JPEG2000"``); EPS, PS and PDF are refused. Sizes are numbers of bytes or strings such
-    as ``"4GiB"``."""
+    """The bounds on what shards from storage may make the reader expand to; going past one is
+    a ``LimitError`` naming the shard, member and limit. Sizes are numbers of bytes or strings
+    such as ``"4GiB"``.
+
+    Args:
+        shard_bytes (int | str, default 64 GiB): the tar bytes one compressed shard may
+            decompress to.
+        sample_bytes (int | str, default 1 GiB): one sample's members as read (a member's
+            size from its tar header, before it is read) plus what decoding makes of them
+            (gunzipped bytes, an image's pixels, a JSON member's objects).
+        decoder_memory (int | str, default 128 MiB): what a decompressor may allocate for its
+            window (zstd's window, xz's dictionary; gzip and bzip2 need a few MiB at most).
+        image_pixels (int, default 100 million): width x height of one image, checked from
+            its header before its pixels are decoded.
+        image_formats (tuple[str, ...]): the Pillow formats images are read as (JPEG, PNG,
+            WebP, GIF, BMP, TIFF, PPM; add others by name, such as ``"JPEG2000"``); EPS, PS
+            and PDF are refused.
+    """
 
     shard_bytes: int | str = 64 << 30
     sample_bytes: int | str = 1 << 30

@@ -1,11 +1,7 @@
 """Checks of the options a user passes to ``StreamingDataset``, ``DataLoader``, ``Mix``,
-``PackedSequences`` and ``wdstream pack``: every value is checked when the object is built,
-and a refused value raises ``OptionError`` (or ``OptionTypeError``) naming the option and
-what it accepts.
-
-``CHOICES`` is the one table of options that take one of a few values; a new mode (a new
-opener, a named decode mode) is a new entry there, and the check and its message follow.
-"""
+``PackedSequences`` and ``wdstream pack``, made when the object is built: a refused value
+raises ``OptionError`` (or ``OptionTypeError``) naming the option and what it accepts.
+``CHOICES`` is the one table of options that take one of a few values."""
 
 from __future__ import annotations
 
@@ -14,7 +10,20 @@ import numbers
 from collections.abc import Callable, Mapping
 
 from wdstream.errors import OptionError, OptionTypeError
-from wdstream.stream.decode import IMAGE_MODES
+
+# decode= names, as webdataset's ImageHandler names them: (PIL mode or None, output, dtype)
+IMAGE_MODES = {
+    "pil": (None, "pil", None),
+    "pill": ("L", "pil", None), "pilrgb": ("RGB", "pil", None), "pilrgba": ("RGBA", "pil", None),
+    "l8": ("L", "numpy", "uint8"), "rgb8": ("RGB", "numpy", "uint8"),
+    "rgba8": ("RGBA", "numpy", "uint8"),
+    "l": ("L", "numpy", "float"), "rgb": ("RGB", "numpy", "float"),
+    "rgba": ("RGBA", "numpy", "float"),
+    "torchl8": ("L", "torch", "uint8"), "torchrgb8": ("RGB", "torch", "uint8"),
+    "torchrgba8": ("RGBA", "torch", "uint8"),
+    "torchl": ("L", "torch", "float"), "torchrgb": ("RGB", "torch", "float"),
+    "torchrgba": ("RGBA", "torch", "float"), "torch": ("RGB", "torch", "float"),
+}
 
 # option -> accepted values, in the order the message lists them
 CHOICES: dict[str, tuple] = {
@@ -94,3 +103,33 @@ def mapping(owner: str, name: str, value) -> Mapping | None:
         return value
     raise OptionTypeError(f"{owner}: {name} must be a dict or None, not "
                           f"{type(value).__name__}")
+
+
+def loader_arguments(batch_size, num_workers, collate_fn, drop_last, persistent_workers,
+                     bytes_as, tune_malloc, kwargs: dict) -> None:
+    """``wdstream.DataLoader``'s arguments: torch's arguments that would break the plan, the
+    order or resume are refused with a reason."""
+    owner = "DataLoader"
+    integer(owner, "batch_size", batch_size, minimum=1, allow_none=True)
+    integer(owner, "num_workers", num_workers, minimum=0)
+    function(owner, "collate_fn", collate_fn)
+    boolean(owner, "drop_last", drop_last)
+    choice(owner, "bytes_as", bytes_as)
+    boolean(owner, "tune_malloc", tune_malloc)
+    if persistent_workers:
+        raise OptionError("DataLoader: persistent_workers=True is not supported: every epoch's "
+                          "plan and resume position are handed to freshly started workers")
+    if kwargs.get("in_order") is False:
+        raise OptionError("DataLoader: in_order=False would make the batch order, and so "
+                          "resume, non-deterministic")
+    if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
+        raise OptionError("DataLoader: the epoch plan decides the order; samplers do not apply")
+    if kwargs.get("shuffle"):
+        raise OptionError("DataLoader: shuffle=True does not apply; the dataset's shuffle and "
+                          "seed decide the order")
+    if kwargs.get("prefetch_factor") is not None:
+        integer(owner, "prefetch_factor", kwargs["prefetch_factor"], minimum=1)
+        if num_workers == 0:
+            raise OptionError("DataLoader: prefetch_factor needs num_workers > 0")
+    if "timeout" in kwargs:
+        number(owner, "timeout", kwargs["timeout"])

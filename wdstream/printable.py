@@ -1,16 +1,7 @@
-"""Text from storage made safe to show on a terminal.
-
-Names and values read from storage (object names, manifest entries, config values) may hold
-control characters: an ANSI escape could recolour or rewrite what a terminal shows, a ``\\r`` or
-a newline could forge a line of output. ``printable`` spells every such character as an escape
-(``\\x1b``, ``\\r``, ``\\n``, ``\\u202e``), the way ``repr`` does, and leaves all other text as it is.
-
-A message may also quote a URL or a server's reply that holds a signed request's secrets (a
-presigned URL's signature and access key id, a token). ``redact`` is the one function every
-error text and warning with a URL or a server's message goes through (``WdstreamError``
-applies it to its arguments); ``short_repr`` shows a value read from storage without ever
-rendering more than a bounded prefix of it.
-"""
+"""Text from storage made safe to show: ``printable`` spells control characters as escapes
+(no ANSI escape or forged line reaches a terminal), ``redact`` takes a signed request's
+secrets out of every error text and warning (``WdstreamError`` applies it), and
+``short_repr`` shows a value read from storage within a bounded length."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""Hugging Face Accelerate: ``accelerator.prepare(model, optimizer, loader)`` with a
-``wdstream.DataLoader``.
-
-Accelerate rebuilds the loaders it prepares as plain torch DataLoaders over a sharded (or
-rank-0-dispatched) copy of the dataset; for a wdstream loader that would lose the epoch plan,
-the state and the tags on each batch. A wdstream loader already gives each rank its own equal
-share of batches, so it tells Accelerate it is prepared (``_is_accelerate_prepared``) and
-Accelerate returns it as it is. When Accelerate asks, ``adopt`` sets it up the way ``prepare``
-would: batches moved to ``accelerator.device`` (unless device placement is off), and
-``accelerator.save_state`` / ``load_state`` hooks that write each rank's loader state into
-the checkpoint folder and load it back (rank 0's on another world size: elastic resume; see
-``wdstream.integrations.checkpoint``).
-
-``split_batches=True`` is refused (a wdstream ``batch_size`` is per rank already);
-``dispatch_batches`` does not apply (every rank reads its own share, which gives the same
-batches per rank as dispatching would, without rank 0 reading all the data).
-"""
+"""Hugging Face Accelerate: ``accelerator.prepare(..., loader)`` keeps a ``wdstream.DataLoader``
+as it is (it already gives each rank its share), and ``adopt`` sets it up as ``prepare``
+would: batches moved to the device, each rank's loader state saved and loaded by
+``save_state`` / ``load_state``. ``split_batches=True`` is refused. See docs/accelerate.md."""
 
 from __future__ import annotations
 

@@ -1,30 +1,8 @@
-"""axolotl: ``plugins: [wdstream.integrations.axolotl.WdstreamPlugin]`` in an axolotl config
-makes ``axolotl train`` stream its ``datasets:`` / ``pretraining_dataset:`` entries with
-wdstream, and checkpoint and resume the stream exactly.
-
-- The entries are read as ``wdstream.from_config`` reads them (``path``, ``name``, ``split``,
-  ``data_files``, ``weight``, ``label``, ``text_column``...; top-level ``seed`` and
-  ``shuffle_merged_datasets``, and wdstream's own top-level keys under ``wdstream:``), taken
-  from the config as written, before axolotl's schema drops the keys it does not know. Several
-  entries are a ``Mix``.
-- ``pretraining_dataset:`` entries are tokenized with the model's tokenizer as axolotl loads
-  it and packed into ``sequence_len`` sequences (``PackedSequences``); ``sample_packing``
-  keeps the position ids that restart at each document. Unless ``wdstream:`` sets
-  ``sequences_per_epoch`` or ``tokens_per_epoch``, ``max_steps`` sets the sequences of the run.
-- ``datasets:`` entries go through axolotl's own prompt strategy for their ``type``
-  (``alpaca``, ``chat_template``, ``completion``, ``input_output``...), applied to each
-  streamed record (the sample's ``json`` member) in the DataLoader workers, then padded into
-  batches by axolotl's collator.
-- The trainer trains from a ``wdstream.DataLoader`` of ``micro_batch_size`` and
-  ``dataloader_num_workers`` (``wdstream.integrations.hf_trainer.use_loader``): each rank's
-  loader state goes into every ``checkpoint-N/`` and is loaded back on
-  ``resume_from_checkpoint`` / ``auto_resume_from_checkpoints``, with no skipping of the
-  batches already trained on.
-
-Which entries are wdstream's is ``is_streamed(path)``: the one place a new kind of source
-(a folder of raw files, say) is recognised. A config mixing them with other datasets is
-refused: the others could not resume exactly.
-"""
+"""axolotl: ``plugins: [wdstream.integrations.axolotl.WdstreamPlugin]`` makes ``axolotl train``
+stream its ``datasets:`` / ``pretraining_dataset:`` entries with wdstream (read as
+``from_config`` reads them; pretraining text packed by ``PackedSequences``, prompt formats by
+axolotl's strategies in the workers) and checkpoint and resume the stream exactly.
+``is_streamed(path)`` decides which entries are wdstream's. See docs/axolotl.md."""
 
 from __future__ import annotations
 
@@ -36,7 +14,13 @@ from axolotl.integrations.base import BasePlugin
 from pydantic import BaseModel
 
 from wdstream.errors import InputError
+from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
+from wdstream.stages.config.build import from_config
+from wdstream.stages.config.keys import DATASET_KEYS
+from wdstream.stages.sequences import PackedSequences
+from wdstream.stream.contract import world_info
+from wdstream.stream.loader import DataLoader
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +64,6 @@ class WdstreamPlugin(BasePlugin):
         from axolotl.common.datasets import TrainDatasetMeta
         from axolotl.loaders import load_tokenizer
 
-        from wdstream.integrations.hf_trainer import steps
-
         if self.written is None:
             return None
         if preprocess:
@@ -98,8 +80,6 @@ class WdstreamPlugin(BasePlugin):
         return {"ignore_data_skip": True} if self.written is not None else {}
 
     def post_trainer_create(self, cfg, trainer) -> None:
-        from wdstream.integrations.hf_trainer import use_loader
-
         if self.loader is not None:
             use_loader(trainer, self.loader)
 
@@ -183,8 +163,6 @@ def check_settings(cfg, config: dict) -> None:
 
 def mixture(config: dict):
     """``from_config``'s ``Mix`` of the entries (the packing is ``packed``'s)."""
-    from wdstream.stages.config import from_config
-
     return from_config({key: value for key, value in config.items()
                         if key not in PACKING_KEYS})
 
@@ -192,8 +170,6 @@ def mixture(config: dict):
 def packed(mix, config: dict, tokenizer, cfg):
     """The pretraining entries' mixture tokenized with the model's tokenizer and packed into
     ``sequence_len`` sequences; by default as many as ``max_steps`` trains on."""
-    from wdstream.stages.sequences import PackedSequences
-
     fields = [entry.get("text_column") or entry.get("text_field") or entry.get("field")
               or "text" for entry in config["pretraining_dataset"]]
     options = {key: config[key] for key in PACKING_KEYS if key in config}
@@ -211,8 +187,6 @@ def packed(mix, config: dict, tokenizer, cfg):
 def make_loader(cfg, config: dict, mix, tokenizer):
     """The ``wdstream.DataLoader`` of the run: ``micro_batch_size`` per rank,
     ``dataloader_num_workers`` workers, batches made by ``Batches``."""
-    from wdstream.stream.loader import DataLoader
-
     formats = None
     if config.get("datasets"):
         dataset = mix
@@ -334,8 +308,6 @@ def _ints(value) -> list:
 
 
 def _stream_keys(entry):
-    from wdstream.stages.config import DATASET_KEYS
-
     if not isinstance(entry, dict):
         return entry
     return {key: value for key, value in entry.items() if key in DATASET_KEYS and key != "type"}
@@ -354,6 +326,4 @@ def _plain(cfg) -> dict:
 
 
 def _world() -> int:
-    from wdstream.stream.contract import world_info
-
     return world_info()[1]

@@ -1,25 +1,7 @@
-"""Hugging Face ``datasets``: a wdstream dataset as a ``datasets.IterableDataset``.
-
-``to_iterable_dataset(ds, num_workers=W)`` gives an ``IterableDataset`` with one shard per
-wdstream stream of a ``world`` x ``W`` layout (``world`` from torch.distributed or
-``WORLD_SIZE``): shard ``s`` is stream ``s // world`` of rank ``s % world``. ``datasets`` hands
-shards to ranks (``split_dataset_by_node``, what Accelerate and the ``Trainer`` do) and to
-DataLoader workers round-robin, so rank ``r``'s worker ``w`` reads exactly what
-``wdstream.DataLoader`` would give it, and with other counts of ranks or workers every sample
-is still read once (shards are disjoint parts of the epoch).
-
-- ``set_epoch(e)``: each epoch reads its own wdstream order, fixed by (seed, e). ``datasets``
-  tells its shards only a random generator drawn from the epoch, so the wdstream epoch read is
-  a number derived from it (0 for epoch 0): the orders are not those of
-  ``wdstream.DataLoader``'s epochs 1, 2, ...
-- ``.map``, ``.filter``, ``.shuffle`` (a buffer over wdstream's order; the shard order stays)
-  and the other ``IterableDataset`` methods work as usual.
-- Resume: ``state_dict()`` / ``load_state_dict()`` (or torchdata's ``StatefulDataLoader``)
-  keep each shard's wdstream position, so a resumed iteration continues exactly after the last
-  example (wdstream restarts the stream there, nothing re-read but its shuffle window), with
-  the limits ``datasets`` states for its own transforms (a ``.shuffle`` buffer is refilled).
-  A state is for the same dataset, layout and epoch.
-"""
+"""Hugging Face ``datasets``: ``to_iterable_dataset(ds, num_workers=W)`` gives a
+``datasets.IterableDataset`` with one shard per wdstream stream of a world x ``W`` layout, so
+each rank's worker reads what ``wdstream.DataLoader`` would give it; ``set_epoch``, the
+usual transforms and ``state_dict()`` resume work. See docs/hf-datasets.md."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""Hugging Face ``Trainer`` (and TRL's trainers, built on it) training from a wdstream loader.
-
-``use_loader(trainer, loader)`` sets up a trainer instance -- no subclass -- so that:
-
-- it trains from ``loader`` (a ``wdstream.DataLoader``, or a wdstream dataset, for which a
-  loader is built with the trainer's batch size, worker count and data collator), prepared by
-  the trainer's ``Accelerator`` (kept as it is, batches moved to the device);
-- every checkpoint folder gets the loader's state, one file per rank
-  (``wdstream_loader-rank{R}.json``, see ``wdstream.integrations.checkpoint``);
-- ``trainer.train(resume_from_checkpoint=...)`` (a folder, or ``True`` for the last one) loads
-  each rank's state (rank 0's on another world size) before training, and
-  ``ignore_data_skip`` is set: the loader
-  continues where the checkpoint was taken instead of the Trainer replaying the epoch's
-  batches to skip them;
-- without ``max_steps``, the Trainer derives the steps from ``len(loader)`` and
-  ``num_train_epochs`` (a loader without a known length needs ``max_steps``; refused here).
-"""
+"""Hugging Face ``Trainer`` (and TRL's): ``use_loader(trainer, loader)`` makes a trainer train
+from a ``wdstream.DataLoader``, write each rank's loader state into every checkpoint and load
+it back on ``resume_from_checkpoint`` (no replay of the batches trained on). See
+docs/hf-trainer.md."""
 
 from __future__ import annotations
 
@@ -22,14 +9,13 @@ import math
 import os
 
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state
+from wdstream.stream.loader import DataLoader
 
 
 def use_loader(trainer, loader):
     """Make ``trainer`` train from ``loader`` and checkpoint and resume its state; returns
     ``trainer``."""
     import transformers
-
-    from wdstream.stream.loader import DataLoader
 
     args = trainer.args
     if not isinstance(loader, DataLoader):

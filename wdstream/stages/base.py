@@ -1,22 +1,12 @@
-"""What pipeline stages on top of a ``StreamingDataset`` (``Mix``, ``PackedSequences``) share.
-
-A stage fulfils the dataset contract (``wdstream.stream.contract``) as a ``StreamingDataset``
-does: it reads one worker stream of its inner dataset(s) through ``positioned`` (handing on
-``spec.context``) and yields ``(item, position_after)`` pairs of its own, positions (lists of
-ints) from which it restarts exactly.
-
-Elastic resume: the loader records the positions of a layout it leaves as a ``HistorySegment`` of the
-epoch's history. A stage turns its own segments into those of the dataset(s) it reads
-(``inner_history``): how far each inner stream got, in the pass it was reading. The inner
-datasets then leave those samples out of their epoch plan and lay the rest over the new
-layout, as a ``StreamingDataset`` does for its own history. Packing's positions differ between
-ranks (they follow the documents' lengths), so the loader gathers every rank's into its state
-(``gather_positions``) and rank 0's state describes the whole job.
-"""
+"""What the stages over a ``StreamingDataset`` (``Mix``, ``PackedSequences``) share: a stage
+fulfils the dataset contract (``wdstream.stream.contract``), reads one worker stream of its
+inner dataset(s) and yields items with positions of its own, from which it restarts exactly.
+On another layout it turns its history into that of the datasets it reads (``inner_history``),
+which re-plan their unread samples; positions that differ between ranks are gathered by the
+loader (``wdstream.stream.ranks``)."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +19,7 @@ from wdstream.stream.plan import (
     stream_sizes,
 )
 from wdstream.stream.positioned import PositionedDataset
+from wdstream.stream.ranks import ranks_of
 
 # Epochs that cycled passes of an inner dataset read live above every epoch a loader reads,
 # so a pass never replays the order of another epoch (see cycle_epoch).
@@ -74,118 +65,6 @@ def fixed_plan(per_epoch: int, world: int, workers: int) -> StagePlan:
     rank) and over a rank's streams as the epoch plan does."""
     rank_items = per_epoch // world
     return StagePlan(stream_sizes(rank_items, workers), per_epoch - rank_items * world)
-
-
-def rank_position(value, rank: int):
-    """This rank's start position: ``value`` itself, or its entry of a gathered position."""
-    if not isinstance(value, dict):
-        return value
-    ranks = ranks_of(value)
-    if not isinstance(ranks, list) or not 0 <= rank < len(ranks) or ranks[rank] is None:
-        raise StateError(f"the state has no position for rank {rank}: save it with "
-                         "loader.state_dict() called on every rank (it gathers them)")
-    return ranks[rank]
-
-
-def gather_positions(positions: Sequence, rank: int, world: int) -> list:
-    """Every rank's positions, per stream, for a stage whose positions differ between ranks
-    (packing): ``{"ranks": [rank 0's, rank 1's, ...]}``, so that rank 0's state describes
-    the whole job. A collective under ``torch.distributed`` (every rank calls it, as it calls
-    ``state_dict()``); without a process group only this rank's entry is known."""
-    local = [rank_position(p, rank) for p in positions]
-    if world == 1:
-        return local
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, local)
-    else:
-        gathered = [local if r == rank else None for r in range(world)]
-    return [{RANKS: pack_positions([g[k] if g is not None else None for g in gathered])}
-            for k in range(len(local))]
-
-
-# Gathered positions are stored packed: every rank's position of a stream (nested lists of
-# integers >= 0, "end", None) as one string of varints, base64 without padding. Tags: 0 a
-# list starts, 1 it ends, 2 "end", 3 None, n + 4 the integer n.
-_BASE64_PAD = {0: "", 2: "==", 3: "="}
-
-
-def pack_positions(value) -> list | str:
-    """``value`` as one compact string, or as it is if it holds anything else."""
-    out = bytearray()
-
-    def put(item) -> bool:
-        if isinstance(item, list):
-            out.append(0)
-            if not all(put(v) for v in item):
-                return False
-            out.append(1)
-        elif item is None or item == STREAM_END:
-            out.append(3 if item is None else 2)
-        elif isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            n = item + 4
-            while n >= 0x80:
-                out.append(n & 0x7F | 0x80)
-                n >>= 7
-            out.append(n)
-        else:
-            return False
-        return True
-
-    if not put(value):
-        return value
-    return base64.urlsafe_b64encode(bytes(out)).decode("ascii").rstrip("=")
-
-
-def unpack_positions(text: str):
-    """The value ``pack_positions`` packed into ``text``."""
-    try:
-        data = base64.urlsafe_b64decode(text + _BASE64_PAD.get(len(text) % 4, "!"))
-    except (ValueError, TypeError):
-        raise StateError(f"not a packed position: {text!r:.80}") from None
-    stack: list[list] = [[]]
-    index = 0
-    while index < len(data):
-        byte = data[index]
-        index += 1
-        if byte == 0:
-            stack.append([])
-        elif byte == 1:
-            if len(stack) < 2:
-                raise StateError(f"not a packed position: {text!r:.80}")
-            done = stack.pop()
-            stack[-1].append(done)
-        elif byte in (2, 3):
-            stack[-1].append(STREAM_END if byte == 2 else None)
-        else:
-            n, shift = 0, 0
-            while byte & 0x80:
-                if index >= len(data) or shift > 63:
-                    raise StateError(f"not a packed position: {text!r:.80}")
-                n |= (byte & 0x7F) << shift
-                shift += 7
-                byte = data[index]
-                index += 1
-            stack[-1].append((n | byte << shift) - 4)
-    if len(stack) != 1 or len(stack[0]) != 1:
-        raise StateError(f"not a packed position: {text!r:.80}")
-    return stack[0][0]
-
-
-def ranks_of(value):
-    """Every rank's positions in a gathered entry ``{"ranks": ...}`` (packed or a list)."""
-    ranks = value.get(RANKS) if isinstance(value, dict) else None
-    return unpack_positions(ranks) if isinstance(ranks, str) else ranks
-
-
-def rank_entry(value, rank: int):
-    """A position of ``rank`` in a (possibly gathered) entry; None if it has none."""
-    if isinstance(value, dict):
-        ranks = ranks_of(value) or []
-        return ranks[rank] if rank < len(ranks) else None
-    return None if value == STREAM_END else value
 
 
 def segment_entries(segment: HistorySegment) -> list[list]:

@@ -1,29 +1,16 @@
-"""The documents a layout change cuts: what ``PackedSequences`` does with the document each
-stream was packing when the layout changed (elastic resume).
-
-At the cut, a stream's next sequence starts ``offset`` tokens into a document (its position:
-the inner position before that document and the offset). The new layout counts that
-document as read by the old one -- the inner position one document further, computed
-without reading (``advance``) -- and delivers its remaining tokens itself: each such
-document is a *tail*, read again at its old position (one shuffle window, as any resume) by
-one stream of the new layout, which packs its tokens from ``offset`` on before its own
-documents. Tails go round the new layout's streams (tail i to global stream ``i % (world x
-workers)``). A stream cut again while still packing its tails hands the rest on to the next
-layout, so no token is trained on twice and none is lost at any cut.
-
-When the inner position cannot be advanced without reading (a source that restarts at that
-draw, a stage that is not a ``StreamingDataset`` or ``Mix`` of them),
-or the document is not the sample right after the position (samples dropped in between by
-``map`` or ``on_error="skip"``), the document is read again whole by the new layout, and
-its first ``offset`` tokens come twice (as before this module existed).
-"""
+"""The documents a layout change cuts (elastic resume of ``PackedSequences``): the new layout
+counts each document a stream was packing as read, computing the inner position after it
+without reading (``advance``), and delivers the rest of its tokens itself as a *tail*, re-read
+at its old position by one of its streams (tail i to stream ``i % (world x workers)``), so
+no token is trained on twice or lost. Where the position after it cannot be told, the
+document is read again whole and its first ``offset`` tokens come twice."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wdstream.stages.base import RANKS, cycle_epoch, inner_history, segment_entries
-from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
+from wdstream.stages.base import cycle_epoch, inner_history, segment_entries
+from wdstream.stream.plan import RANKS, STREAM_END, HistorySegment, is_count
 
 
 @dataclass(frozen=True)
@@ -68,48 +55,74 @@ def cut_history(stage, epoch: int, history) -> tuple[tuple[HistorySegment, ...],
     out: list[HistorySegment] = []
     tails: list[Tail] = []
     for segment in history:
-        base, segments = inner_history(tuple(out), stage.extract)
-        entries = segment_entries(segment)
-        parsed = [[None if p in (0, STREAM_END) else stage._parse(p) for p in ranks]
-                  for ranks in entries]
-        passes = [p[1] for ranks in parsed for p in ranks if p is not None]
-        current = min(passes, default=base)  # the pass the next segment continues
-        workers = segment.workers
-        new_tails: dict[int, list[Tail]] = {}
-        rewritten = [list(ranks) for ranks in entries]
-        for k, ranks in enumerate(parsed):
-            for r, p in enumerate(ranks):
-                if p is None:
-                    continue
-                sequences, cycle, inner, offset = p
-                g = r * workers + k  # the stream's number over the job
-                if is_tail_marker(inner):  # still packing its tails: the rest go on
-                    carried = tails[g::segment.world * workers][inner[0]:]
-                    if carried and offset:
-                        carried[0] = _with_offset(carried[0], offset)
-                    new_tails[g] = carried
-                    rewritten[k][r] = [sequences, cycle, 0, 0, *entries[k][r][4:]]
-                    continue
-                if not offset or cycle != current:
-                    continue
-                inner_segments = segments if cycle == base else ()
-                clock = stage.clock(tuple(out), segment.world, workers)
-                if clock is not None:  # the stage it was drawn in, so many sequences ago
-                    clock.at(sequences - stage._lag(entries[k][r]))
-                after = advance(stage.dataset, inner, cycle_epoch(epoch, cycle), r,
-                                segment.world, workers, k, inner_segments,
-                                None if clock is None else clock.stage)
-                if after is None:
-                    continue
-                new_tails[g] = [Tail(segment.world, workers, segment.batch_size, r, k, cycle,
-                                     inner_segments, inner, after, offset, clock)]
-                rewritten[k][r] = [sequences, cycle, after, 0, *entries[k][r][4:]]
-        tails = [t for g in sorted(new_tails) for t in new_tails[g]]
-        consumed = tuple({RANKS: ranks} if isinstance(raw, dict) else ranks[0]
-                         for raw, ranks in zip(segment.consumed, rewritten, strict=True))
-        out.append(HistorySegment(segment.world, segment.workers, segment.batch_size,
-                                  consumed))
+        cut, tails = _cut_segment(stage, epoch, tuple(out), segment, tails)
+        out.append(cut)
     return tuple(out), tails
+
+
+def _cut_segment(stage, epoch: int, before: tuple, segment: HistorySegment,
+                 tails: list[Tail]) -> tuple[HistorySegment, list[Tail]]:
+    """``segment`` (after the segments ``before``, which left ``tails``) with its cut
+    documents counted as read, and the tails the segment after it delivers."""
+    base, segments = inner_history(before, stage.extract)
+    entries = segment_entries(segment)
+    parsed, current = _parsed(stage, entries, base)
+    new_tails: dict[int, list[Tail]] = {}
+    rewritten = [list(ranks) for ranks in entries]
+    for k, ranks in enumerate(parsed):
+        for r, p in enumerate(ranks):
+            if p is None:
+                continue
+            g = r * segment.workers + k  # the stream's number over the job
+            sequences, cycle, inner, offset = p
+            if is_tail_marker(inner):  # still packing its tails: the rest go on
+                new_tails[g] = _carried(tails[g::segment.world * segment.workers], inner, offset)
+                rewritten[k][r] = [sequences, cycle, 0, 0, *entries[k][r][4:]]
+            elif offset and cycle == current:
+                tail = _cut_document(stage, epoch, before, segment, r, k, p, entries[k][r],
+                                     segments if cycle == base else ())
+                if tail is not None:
+                    new_tails[g] = [tail]
+                    rewritten[k][r] = [sequences, cycle, tail.after, 0, *entries[k][r][4:]]
+    consumed = tuple({RANKS: ranks} if isinstance(raw, dict) else ranks[0]
+                     for raw, ranks in zip(segment.consumed, rewritten, strict=True))
+    return (HistorySegment(segment.world, segment.workers, segment.batch_size, consumed),
+            [t for g in sorted(new_tails) for t in new_tails[g]])
+
+
+def _parsed(stage, entries: list[list], base: int) -> tuple[list[list], int]:
+    """The entries' positions parsed (None where a stream had not started or had ended), and
+    the pass the next segment continues."""
+    parsed = [[None if p in (0, STREAM_END) else stage._parse(p) for p in ranks]
+              for ranks in entries]
+    passes = [p[1] for ranks in parsed for p in ranks if p is not None]
+    return parsed, min(passes, default=base)
+
+
+def _carried(stream_tails: list[Tail], inner: list, offset: int) -> list[Tail]:
+    """The tails a stream still packing them (at tail ``inner[0]``, ``offset`` tokens into
+    it) hands on."""
+    carried = stream_tails[inner[0]:]
+    if carried and offset:
+        carried[0] = _with_offset(carried[0], offset)
+    return carried
+
+
+def _cut_document(stage, epoch: int, before: tuple, segment: HistorySegment, rank: int,
+                  stream: int, parsed: tuple, entry: list, inner_segments: tuple) -> Tail | None:
+    """The tail of the document stream ``stream`` of ``rank`` was packing when ``segment``
+    ended, or None when the inner position after it cannot be told without reading."""
+    sequences, cycle, inner, offset = parsed
+    clock = stage.clock(before, segment.world, segment.workers)
+    if clock is not None:  # the stage it was drawn in, so many sequences ago
+        clock.at(sequences - stage._lag(entry))
+    after = advance(stage.dataset, inner, cycle_epoch(epoch, cycle), rank, segment.world,
+                    segment.workers, stream, inner_segments,
+                    None if clock is None else clock.stage)
+    if after is None:
+        return None
+    return Tail(segment.world, segment.workers, segment.batch_size, rank, stream, cycle,
+                inner_segments, inner, after, offset, clock)
 
 
 def _with_offset(tail: Tail, offset: int) -> Tail:

@@ -1,24 +1,13 @@
-"""``wdstream.Mix``: draw samples from several datasets by weight, deterministically and
-resumably.
-
-Each worker stream of the mixture reads the same stream (rank, worker) of every source and
-draws from them in a sequence of source choices fixed by (seed, epoch, stream, draw index),
-in blocks of ``BLOCK`` draws (``wdstream.stages.choices``). Resuming at draw n computes one
-block: no replay.
-
-The choices do not depend on the rank: with equal source streams on every rank (the epoch
-plan guarantees it) every rank then stops after the same number of draws, so ranks get equal
-batches under every stop rule.
-
-A position is ``[draws, pass_0, position_0, pass_1, position_1, ...]``: the draws made and,
-per source, how many times it was restarted (``cycle``/``fixed``) and its own stream position.
-"""
+"""``wdstream.Mix``: samples drawn from several datasets by weight. Each worker stream reads the
+same stream of every source and draws from them in blocks of source choices fixed by
+(seed, epoch, stream, block), the same on every rank, so ranks get equal batches and a
+resume computes one block. A position is ``[draws, pass_0, position_0, pass_1, position_1,
+...]`` then the documents drawn from each source (see ``mix_stream.MixStream``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -33,46 +22,88 @@ from wdstream.stages.base import (
     cycle_epoch,
     fixed_plan,
     inner_history,
-    rank_entry,
-    rank_position,
-    ranks_of,
     remaining_items,
 )
 from wdstream.stages.choices import BLOCK, block_choices, stream_length
-from wdstream.stages.mix_sources import END, SourceStreams
+from wdstream.stages.mix_stream import MixStream
 from wdstream.stages.schedule import make_schedule, normalise
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
+from wdstream.stream.ranks import rank_entry, ranks_of
 
 STOP_RULES = CHOICES["stop"]
+
+
+def _checked_datasets(datasets: Sequence) -> list:
+    datasets = list(datasets)
+    if not datasets:
+        raise InputError("Mix needs at least one dataset")
+    for index, dataset in enumerate(datasets):
+        if not hasattr(dataset, "positioned"):
+            raise InputError(f"Mix: dataset {index} is a {type(dataset).__name__}, not a "
+                             "wdstream.StreamingDataset or stage")
+    return datasets
+
+
+def _checked_schedule(schedule, weights, stop: str, count: int):
+    """The ``Schedule`` of ``schedule``, or None when the mixture has fixed ``weights``."""
+    if schedule is None:
+        return None
+    if weights is not None:
+        raise InputError("Mix: give weights or a schedule, not both")
+    if stop == "cycle":
+        raise InputError("Mix: a schedule needs stop='fixed' or 'first_exhausted' "
+                         "(under 'cycle' a source left out by a late stage never ends)")
+    return make_schedule(schedule, count)
+
+
+def _check_samples_per_epoch(samples_per_epoch, stop: str) -> None:
+    if (stop == "fixed") != (samples_per_epoch is not None):
+        raise InputError("Mix: samples_per_epoch is required with stop='fixed' and "
+                         "only used with it")
+    if samples_per_epoch is not None and (
+            isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
+            or samples_per_epoch < 1):
+        raise InputError(f"Mix: samples_per_epoch must be a positive integer, not "
+                         f"{samples_per_epoch!r}")
+
+
+def _checked_names(names, datasets: list) -> list[str]:
+    """``names``, or the sources' URLs (numbered if one is read twice)."""
+    if names is None:
+        names = [str(d.source) for d in datasets]
+        if len(set(names)) != len(names):  # the same data twice, with other options
+            names = [f"{name}#{index}" for index, name in enumerate(names)]
+    if len(names) != len(datasets) or len(set(names)) != len(names) \
+            or not all(isinstance(name, str) for name in names):
+        raise InputError("Mix: names must give one distinct string per dataset")
+    return list(names)
+
 class Mix(Stage):
-    """Samples drawn from ``datasets`` (``StreamingDataset``s, or other stages) by ``weights``.
+    """Samples drawn from ``datasets`` by weight, in a sequence of source choices fixed by
+    (seed, epoch, stream, draw): deterministic, resumable, equal batches on every rank. Each
+    sample (a dict) gets ``__source__``, its source's name (a string, which the default
+    collate keeps as a list). A restarted source reads a new order: its pass p of epoch e
+    reads the source's epoch ``cycle_epoch(e, p)``. ``len(mix)`` is known when the sources
+    have manifests, or with ``"fixed"``.
 
-    ``stop`` decides when an epoch (of each worker stream) ends:
-
-    - ``"first_exhausted"``: at the first draw whose source has no sample left;
-    - ``"cycle"``: once every source with a positive weight has been read to its end; a source
-      that ends earlier restarts (see below) -- smaller sources are repeated;
-    - ``"fixed"``: after ``samples_per_epoch`` samples in all (split over ranks and workers as
-      the epoch plan splits a dataset: ``samples_per_epoch // world`` per rank); sources restart
-      as with ``"cycle"``.
-
-    A restarted source reads a new order: its pass p of epoch e reads the source's epoch
-    ``cycle_epoch(e, p)``, which no other (epoch, pass) reads.
-
-    Each sample (a dict) gets ``__source__``: its source's name from ``names``, by default the
-    source's URL. A string, so that the default collate keeps a list (an int would become a
-    tensor, and each tensor costs a shared-memory transfer per batch from the workers).
-
-    ``schedule`` (instead of ``weights``): weights changing over the epoch, a list of stages
-    ``{"start": samples drawn over the job, "weights": [...]}`` or a pure function
-    ``samples drawn -> weights``, applied per block of draws (see ``wdstream.stages.schedule``);
-    ``{"start_tokens": ..., "weights": [...]}`` stages count the tokens that a
-    ``PackedSequences`` over the mixture delivered.
-
-    ``len(mix)`` and ``len(loader)`` are known when the sources have manifests, or with
-    ``"fixed"``; under ``first_exhausted`` and ``cycle`` they vary a little from epoch to
-    epoch (where a stream stops depends on its draws) and ``len(mix)`` is for one worker.
+    Args:
+        datasets (list): ``StreamingDataset``s or other stages.
+        weights (list[float] | None): one weight per dataset (normalised); or give
+            ``schedule``.
+        seed (int, default 0): the seed of the source choices.
+        stop (str, default "first_exhausted"): when a stream's epoch ends:
+            ``"first_exhausted"`` at the first draw whose source has no sample left;
+            ``"cycle"`` once every source with a positive weight was read to its end
+            (smaller sources restart); ``"fixed"`` after ``samples_per_epoch`` (sources
+            restart).
+        samples_per_epoch (int | None): under ``"fixed"`` only (and required there): samples
+            per epoch in all, ``samples_per_epoch // world`` per rank.
+        names (list[str] | None): one distinct name per dataset; default their URLs.
+        schedule (list | callable | None): weights changing over the epoch: stages
+            ``{"start": samples drawn over the job, "weights": [...]}`` (or
+            ``"start_tokens"``, counted by a ``PackedSequences`` over the mixture), or a pure
+            function ``samples drawn -> weights`` (see ``wdstream.stages.schedule``).
     """
 
     def __init__(self, datasets: Sequence, weights: Sequence[float] | None = None, *,
@@ -80,44 +111,16 @@ class Mix(Stage):
                  samples_per_epoch: int | None = None, names: Sequence[str] | None = None,
                  schedule=None):
         super().__init__()
-        self.datasets = list(datasets)
-        if not self.datasets:
-            raise InputError("Mix needs at least one dataset")
-        for index, dataset in enumerate(self.datasets):
-            if not hasattr(dataset, "positioned"):
-                raise InputError(f"Mix: dataset {index} is a {type(dataset).__name__}, not a "
-                                 "wdstream.StreamingDataset or stage")
+        self.datasets = _checked_datasets(datasets)
         choice("Mix", "stop", stop)
         seed = integer("Mix", "seed", seed, minimum=0)
-        self.schedule = None
-        if schedule is not None:
-            if weights is not None:
-                raise InputError("Mix: give weights or a schedule, not both")
-            if stop == "cycle":
-                raise InputError("Mix: a schedule needs stop='fixed' or 'first_exhausted' "
-                                 "(under 'cycle' a source left out by a late stage never ends)")
-            self.schedule = make_schedule(schedule, len(self.datasets))
-            self.weights = self.schedule.weights[0]
-        else:
-            self.weights = normalise(weights, len(self.datasets))
-        if (stop == "fixed") != (samples_per_epoch is not None):
-            raise InputError("Mix: samples_per_epoch is required with stop='fixed' and "
-                             "only used with it")
-        if samples_per_epoch is not None and (
-                isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
-                or samples_per_epoch < 1):
-            raise InputError(f"Mix: samples_per_epoch must be a positive integer, not "
-                             f"{samples_per_epoch!r}")
-        if names is None:
-            names = [str(d.source) for d in self.datasets]
-            if len(set(names)) != len(names):  # the same data twice, with other options
-                names = [f"{name}#{index}" for index, name in enumerate(names)]
-        if len(names) != len(self.datasets) or len(set(names)) != len(names) \
-                or not all(isinstance(name, str) for name in names):
-            raise InputError("Mix: names must give one distinct string per dataset")
+        self.schedule = _checked_schedule(schedule, weights, stop, len(self.datasets))
+        self.weights = normalise(weights, len(self.datasets)) if self.schedule is None \
+            else self.schedule.weights[0]
+        _check_samples_per_epoch(samples_per_epoch, stop)
         self.stop = stop
         self.samples_per_epoch = samples_per_epoch
-        self.names = list(names)
+        self.names = _checked_names(names, self.datasets)
         self.options = StageOptions(seed=int(seed))
         self.source = "Mix(" + ", ".join(str(d.source) for d in self.datasets) + ")"
         self._plans: dict[tuple, StagePlan] = {}
@@ -250,82 +253,7 @@ class Mix(Stage):
         if self.by_tokens and clock is None:
             raise InputError("Mix: a schedule by tokens ('start_tokens') needs PackedSequences "
                              "over the mixture (it counts the tokens delivered)")
-        histories = self.source_histories(spec.history)
-        start = rank_position(start, spec.rank)
-        draws, cycles, positions = self._parse(start)
-        if start == 0:  # a segment starts every source at its pass in progress
-            cycles = [base for base, _ in histories]
-        segment = len(spec.history)
-        block_weights = self._block_weights(spec.epoch, spec.world, spec.workers, spec.history)
-        sources = SourceStreams(self.datasets, spec, stream, cycles, positions, histories)
-        iterators, ahead = sources.iterators, sources.ahead
-        # The position, updated in place and copied for each sample: [draws, cycle_0,
-        # position_0, cycle_1, position_1, ...].
-        state = [draws] + [v for pair in zip(cycles, positions, strict=True) for v in pair]
-        documents = 1 + 2 * len(self.datasets)
-        if tally:
-            state += self.documents(start)  # documents drawn from each source (this segment)
-        stage = stage_start = None  # by tokens: the stage in force and its first draw
-        if clock is not None:
-            stage, stage_start = start[-2:] if start != 0 else (clock.stage, 0)
-            state += [stage, stage_start]
-            weights_of = self.schedule.weights
-        limit = math.inf
-        if self.stop == "fixed":
-            limit = fixed_plan(self._quota(spec.history), spec.world,
-                               spec.workers).stream_samples[stream]
-        # cycle: the sources not yet read to their end in this epoch; done when none is left
-        cycling = self.stop == "cycle"
-        pending = {i for i in range(len(self.datasets)) if self.weights[i] > 0
-                   and cycles[i] == 0 and not sources.at_end(i)} if cycling else None
-        labels = self.names
-        while draws < limit and not (cycling and not pending):
-            if clock is None:
-                block, first = divmod(draws, BLOCK)
-                choices = block_choices(block_weights(block), self.options.seed, spec.epoch,
-                                        stream, block, segment)
-            else:  # blocks counted from the stage's first draw, which the clock decides
-                if clock.stage != stage:
-                    stage, stage_start = clock.stage, draws
-                    state[-2:] = [stage, stage_start]
-                block, first = divmod(draws - stage_start, BLOCK)
-                choices = block_choices(weights_of[stage], self.options.seed, spec.epoch,
-                                        stream, block, segment, stage)
-            for index in choices[first:].tolist():
-                if clock is not None and clock.stage != stage:
-                    break  # a new stage from this draw on
-                item = ahead[index]
-                if item is None:
-                    item = next(iterators[index], END)
-                else:
-                    ahead[index] = None
-                if item is END:
-                    if self.stop == "first_exhausted":
-                        return
-                    sources.restart(index)
-                    state[1 + 2 * index] = sources.cycles[index]
-                    item = next(iterators[index], END)
-                    if item is END:
-                        raise InputError(
-                            f"Mix: source {labels[index]!r} has no samples for stream {stream} "
-                            f"of rank {spec.rank} ({spec.world} ranks x {spec.workers} "
-                            "workers), so it cannot be cycled")
-                sample, state[2 + 2 * index] = item
-                if not isinstance(sample, dict):
-                    raise InputError(f"Mix: source {labels[index]!r} yields "
-                                     f"{type(sample).__name__}; Mix tags dict samples")
-                sample["__source__"] = labels[index]
-                draws += 1
-                state[0] = draws
-                if tally:
-                    state[documents + index] += 1
-                yield sample, state.copy()
-                if draws >= limit:
-                    return
-                if cycling and index in pending and sources.at_end(index):
-                    pending.discard(index)
-                    if not pending:
-                        return
+        yield from MixStream(self, spec, stream, start, clock, tally).samples()
 
     def advance(self, position, epoch: int, world: int, workers: int, stream: int,
                 history: Sequence[HistorySegment], stage: int | None = None) -> list | None:
@@ -395,7 +323,7 @@ class Mix(Stage):
 
     def documents(self, position) -> list[int]:
         """Documents drawn from each source in a stream's segment, from its position (0 for
-        the positions of older versions, which did not count them)."""
+        positions that do not count them, ``tally=False``)."""
         count = len(self.datasets)
         if position == 0 or len(position) == 1 + 2 * count + 2 * self.by_tokens:
             return [0] * count

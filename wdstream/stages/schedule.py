@@ -1,22 +1,8 @@
-"""Mixture schedules: the weights of a ``Mix`` changing over training.
-
-A schedule is a list of stages, each a start and weights: ``[{"start": 0, "weights": [7, 3]},
-{"start": 900_000, "weights": [1, 1]}]``. ``start`` counts the samples the mixture drew in
-the epoch, over every rank and worker (for a packed mixture, documents): progress that is the
-same on every rank and does not depend on the layout, so a schedule resumes across a stage
-boundary on another world size or worker count too.
-
-A stream draws in blocks of ``mix.BLOCK`` draws; a block takes the weights of the stage in
-force at its first draw, that is at global sample ``before + block * BLOCK * world * workers``
-(``before``: the samples drawn on earlier layouts this epoch). Stages switch at a block
-boundary, within ``BLOCK * world * workers`` samples of their start.
-
-By tokens (``{"start_tokens": ...}``, a mixture packed by ``PackedSequences``): the packing
-stage keeps a ``TokenClock`` per stream, the tokens delivered over the job counted from the
-stream's sequences (``before + sequences * seq_len * world * workers``, the same on every rank
-at the same step), and the mixture takes the stage in force at each draw; a stage's blocks
-count from its first draw.
-"""
+"""Mixture schedules: the weights of a ``Mix`` changing over training, by stages ``{"start":
+samples drawn over the job, "weights": [...]}`` (progress that is the same on every rank and
+layout, so a schedule resumes elastically), applied per block of draws; or by tokens
+(``"start_tokens"``), counted by the ``TokenClock`` of a ``PackedSequences`` over the
+mixture, the stage in force taken at each draw. See docs/llm.md."""
 
 from __future__ import annotations
 
@@ -54,6 +40,41 @@ class ProgressSchedule:
 START_KEYS = {"start": "samples", "start_tokens": "tokens"}  # a stage's start, by its unit
 
 
+def _stage(index: int, stage, count: int) -> tuple:
+    """``(start, normalised weights, unit or None)`` of stage ``index``: a mapping or a
+    pair."""
+    unit = None
+    if isinstance(stage, Mapping):
+        unknown = set(stage) - {"weights", *START_KEYS}
+        if unknown:
+            shown = short_repr(min(unknown, key=str), 80)
+            raise InputError(f"schedule[{index}]: unknown key {shown} "
+                             "(a stage has 'start' or 'start_tokens', and 'weights')")
+        if "weights" not in stage:
+            raise InputError(f"schedule[{index}]: 'weights' is missing")
+        keys = [k for k in START_KEYS if k in stage]
+        if len(keys) > 1:
+            raise InputError(f"schedule[{index}]: 'start' or 'start_tokens', not both")
+        unit = START_KEYS[keys[0]] if keys else None
+        start, weights = stage.get(keys[0], 0) if keys else 0, stage["weights"]
+    else:
+        try:
+            start, weights = stage
+        except (TypeError, ValueError):
+            raise InputError(f"schedule[{index}]: a stage is {{start, weights}} or a "
+                             f"(start, weights) pair, not {short_repr(stage, 80)}") from None
+    return _start(index, start), normalise(weights, count, f"schedule[{index}]"), unit
+
+
+def _start(index: int, start) -> int:
+    if isinstance(start, float) and start.is_integer():
+        start = int(start)  # 2e9 tokens
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InputError(f"schedule[{index}]: the start must be an integer >= 0 "
+                         f"(samples drawn or tokens delivered), not {short_repr(start, 80)}")
+    return start
+
+
 class Schedule:
     """Stages ``(start, weights)`` (pairs, ``{"start", "weights"}`` mappings, or one mapping
     {start: weights}), the starts increasing from 0; weights normalised. ``unit``: what the
@@ -67,35 +88,8 @@ class Schedule:
         items = list(stages.items()) if isinstance(stages, Mapping) else list(stages)
         if not items:
             raise InputError("schedule: needs at least one stage")
-        parsed, units = [], set()
-        for index, stage in enumerate(items):
-            if isinstance(stage, Mapping):
-                unknown = set(stage) - {"weights", *START_KEYS}
-                if unknown:
-                    shown = short_repr(min(unknown, key=str), 80)
-                    raise InputError(f"schedule[{index}]: unknown key {shown} "
-                                     "(a stage has 'start' or 'start_tokens', and 'weights')")
-                if "weights" not in stage:
-                    raise InputError(f"schedule[{index}]: 'weights' is missing")
-                keys = [k for k in START_KEYS if k in stage]
-                if len(keys) > 1:
-                    raise InputError(f"schedule[{index}]: 'start' or 'start_tokens', not both")
-                units.update(START_KEYS[k] for k in keys)
-                start, weights = stage.get(keys[0], 0) if keys else 0, stage["weights"]
-            else:
-                try:
-                    start, weights = stage
-                except (TypeError, ValueError):
-                    raise InputError(f"schedule[{index}]: a stage is {{start, weights}} or a "
-                                     "(start, weights) pair, not "
-                                     f"{short_repr(stage, 80)}") from None
-            if isinstance(start, float) and start.is_integer():
-                start = int(start)  # 2e9 tokens
-            if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise InputError(f"schedule[{index}]: the start must be an integer >= 0 "
-                                 "(samples drawn or tokens delivered), not "
-                                 f"{short_repr(start, 80)}")
-            parsed.append((start, normalise(weights, count, f"schedule[{index}]")))
+        parsed = [_stage(index, stage, count) for index, stage in enumerate(items)]
+        units = {u for _, _, u in parsed if u is not None}
         if unit is not None:
             if unit not in START_KEYS.values():
                 raise InputError(f"schedule_by: 'samples' or 'tokens', not {unit!r}")
@@ -103,12 +97,12 @@ class Schedule:
         if len(units) > 1:
             raise InputError("schedule: the stages' starts count samples ('start') or tokens "
                              "('start_tokens'), not both")
-        starts = [s for s, _ in parsed]
+        starts = [s for s, _, _ in parsed]
         if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
             raise InputError(f"schedule: the starts must begin at 0 and increase, not {starts}")
         self.unit = units.pop() if units else "samples"
         self.starts = starts
-        self.weights = [w for _, w in parsed]
+        self.weights = [w for _, w, _ in parsed]
 
     def stage_at(self, progress: int) -> int:
         return bisect.bisect_right(self.starts, progress) - 1
@@ -117,7 +111,7 @@ class Schedule:
         return self.weights[self.stage_at(progress)]
 
     def identity(self) -> list:
-        """What the fingerprint records (a schedule by samples as it always did)."""
+        """What the fingerprint records: the stages, and the unit unless it is samples."""
         stages = [[s, w.tolist()] for s, w in zip(self.starts, self.weights, strict=True)]
         return stages if self.unit == "samples" else [self.unit, stages]
 

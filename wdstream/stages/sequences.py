@@ -1,19 +1,8 @@
-"""``wdstream.PackedSequences``: tokenize documents and pack them into fixed-length sequences,
-resumably.
-
-The stage reads one worker stream of its inner dataset (a ``StreamingDataset`` or a ``Mix``),
-turns each document into tokens -- a text field through a tokenizer, or a field that already
-holds token ids -- appends the end-of-document token, and cuts the concatenated token stream
-into sequences of exactly ``seq_len`` tokens. Tokenizing happens inside the dataset
-iterator, so in DataLoader workers.
-
-Resume: a position is ``[sequences, pass, inner position, offset]``: the sequences this stream
-delivered, and where the next sequence starts -- the inner dataset's position before the
-document it starts in (that document is re-read and re-tokenized) and the token offset in
-that document. No partial sequence needs saving: it is rebuilt from those two. ``pass``
-counts restarts of the inner stream when ``sequences_per_epoch`` asks for more sequences
-than one pass gives.
-"""
+"""``wdstream.PackedSequences``: documents tokenized (in the DataLoader workers) and packed into
+sequences of exactly ``seq_len`` tokens. A position is ``[sequences, pass, inner position,
+offset, tokens and documents per source]``: where the next sequence starts (the inner
+position before its document, re-read on resume, and the token offset in it), so no partial
+sequence is saved."""
 
 from __future__ import annotations
 
@@ -33,8 +22,6 @@ from wdstream.stages.base import (
     check_inner,
     fixed_plan,
     inner_history,
-    rank_entry,
-    rank_position,
     remaining_items,
 )
 from wdstream.stages.cut import cut_history, is_tail_marker
@@ -42,38 +29,77 @@ from wdstream.stages.documents import Document, DocumentReader, field_name, fiel
 from wdstream.stages.schedule import TokenClock
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
+from wdstream.stream.ranks import rank_entry, rank_position
 from wdstream.tokenizer import Tokenizer
 
 LONG_DOCUMENTS = CHOICES["long_documents"]
 
 
+def _check_text_field(text_field) -> None:
+    if not isinstance(text_field, str | Mapping) or (
+            isinstance(text_field, Mapping)
+            and not all(isinstance(v, str) for v in text_field.values())):
+        raise OptionTypeError("PackedSequences: text_field must be a field name or a "
+                              f"mapping {{source: field name}}, not {text_field!r:.80}")
+
+
+def _epoch_sequences(sequences_per_epoch, tokens_per_epoch, seq_len: int) -> int | None:
+    """Sequences per epoch, given as such or as a token budget (whole sequences of it)."""
+    if sequences_per_epoch is not None and (
+            isinstance(sequences_per_epoch, bool) or not isinstance(sequences_per_epoch, int)
+            or sequences_per_epoch < 1):
+        raise InputError("PackedSequences: sequences_per_epoch must be a positive integer, "
+                         f"not {sequences_per_epoch!r}")
+    if tokens_per_epoch is None:
+        return sequences_per_epoch
+    if sequences_per_epoch is not None:
+        raise InputError("PackedSequences: give sequences_per_epoch or "
+                         "tokens_per_epoch, not both")
+    if isinstance(tokens_per_epoch, bool) or not isinstance(tokens_per_epoch, int) \
+            or tokens_per_epoch < seq_len:
+        raise InputError("PackedSequences: tokens_per_epoch must be an integer of at "
+                         f"least seq_len ({seq_len}), not {tokens_per_epoch!r}")
+    return tokens_per_epoch // seq_len
+
+
+def _eos_id(eos, tokenizer) -> int:
+    """The end-of-document token's id: ``eos`` itself, or a token string's id."""
+    if isinstance(eos, str):
+        if tokenizer is None:
+            raise InputError(f"eos {eos!r}: a token string needs a tokenizer")
+        eos = tokenizer.token_id(eos)
+    if isinstance(eos, bool) or not isinstance(eos, int | np.integer) or eos < 0:
+        raise InputError(f"PackedSequences: eos must be a token id >= 0 or a token string, "
+                         f"not {eos!r}")
+    return int(eos)
 
 
 class PackedSequences(Stage):
-    """Sequences of ``seq_len`` tokens packed from the documents of ``dataset``.
+    """Sequences of ``seq_len`` tokens packed from the documents of ``dataset``. Each item is
+    a dict of int64 arrays of length ``seq_len``: ``input_ids``, ``labels`` (a copy: models
+    shift them) and ``position_ids``, which restart at 0 at each document and each sequence
+    start. Tokens left at the end of a stream (fewer than ``seq_len``) are dropped.
 
-    Each item is a dict of int64 arrays of length ``seq_len``: ``input_ids``, ``labels`` (a
-    copy of ``input_ids``: models shift them, as Hugging Face causal LMs do) and
-    ``position_ids``, which restart at 0 at each document start and at each sequence start
-    (a document split across sequences continues at 0), so attention can keep documents apart.
-
-    ``text_field``: the sample member or JSON field holding a document: ``"txt"`` (a member),
-    ``"json.text"`` (a key of the ``json`` member), or a bare name looked up as a member and
-    then as a key of ``json``; a mapping {source: field} picks it per ``__source__`` of a
-    ``Mix``. A ``str`` value is tokenized with ``tokenizer``; an integer array or list
-    (pre-tokenized data, e.g. a ``tokens.npy`` member) is packed as it is.
-
-    ``eos``: the end-of-document token appended to every document: an id, or a token string
-    looked up in the tokenizer. ``long_documents``: documents longer than ``seq_len`` tokens
-    are ``"split"`` across sequences (default), ``"truncate"``d to ``seq_len`` tokens (the
-    last one EOS), or ``"drop"``ped.
-
-    Tokens left at the end of a stream (fewer than ``seq_len``) are dropped. The number of
-    sequences an epoch gives depends on the text, so ``len()`` is unknown and ranks may get
-    unequal counts, unless ``sequences_per_epoch`` fixes it (split over ranks and workers;
-    the inner stream restarts, on a new order, when a pass runs out) -- set it under DDP.
-    ``tokens_per_epoch`` gives it as a token budget (``tokens_per_epoch // seq_len``
-    sequences).
+    Args:
+        dataset: a ``StreamingDataset``, a ``Mix`` or another stage yielding documents.
+        tokenizer (None, a ``tokenizer.json`` path or text, a ``tokenizers.Tokenizer`` or a
+            callable ``str -> list[int]``): tokenizes ``str`` documents; integer arrays or
+            lists (pre-tokenized data) are packed as they are.
+        seq_len (int, default 2048): tokens per sequence, at least 2.
+        eos (int | str): the end-of-document token appended to every document: an id, or a
+            token string looked up in the tokenizer.
+        text_field (str | dict, default "text"): the member or JSON field holding a
+            document: ``"txt"`` (a member), ``"json.text"`` (a key of the ``json`` member) or
+            a bare name (a member, then a key of ``json``); ``{source: field}`` per
+            ``__source__`` of a ``Mix``.
+        long_documents (str, default "split"): documents longer than ``seq_len`` are
+            ``"split"`` across sequences, ``"truncate"``d (the last token EOS) or
+            ``"drop"``ped.
+        sequences_per_epoch (int | None): sequences per epoch, split over ranks and workers
+            (the inner stream restarts on a new order when a pass runs out); without it the
+            count depends on the text and ranks may get unequal counts: set it under DDP.
+        tokens_per_epoch (int | None): the same as a token budget (``tokens_per_epoch //
+            seq_len`` sequences).
     """
 
     def __init__(self, dataset, tokenizer=None, seq_len: int = 2048, *, eos: int | str,
@@ -86,39 +112,15 @@ class PackedSequences(Stage):
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
             raise InputError(f"PackedSequences: seq_len must be an integer >= 2, not {seq_len!r}")
         choice("PackedSequences", "long_documents", long_documents)
-        if not isinstance(text_field, str | Mapping) or (
-                isinstance(text_field, Mapping)
-                and not all(isinstance(v, str) for v in text_field.values())):
-            raise OptionTypeError("PackedSequences: text_field must be a field name or a "
-                                  f"mapping {{source: field name}}, not {text_field!r:.80}")
-        if sequences_per_epoch is not None and (
-                isinstance(sequences_per_epoch, bool) or not isinstance(sequences_per_epoch, int)
-                or sequences_per_epoch < 1):
-            raise InputError("PackedSequences: sequences_per_epoch must be a positive integer, "
-                             f"not {sequences_per_epoch!r}")
-        if tokens_per_epoch is not None:
-            if sequences_per_epoch is not None:
-                raise InputError("PackedSequences: give sequences_per_epoch or "
-                                 "tokens_per_epoch, not both")
-            if isinstance(tokens_per_epoch, bool) or not isinstance(tokens_per_epoch, int) \
-                    or tokens_per_epoch < seq_len:
-                raise InputError("PackedSequences: tokens_per_epoch must be an integer of at "
-                                 f"least seq_len ({seq_len}), not {tokens_per_epoch!r}")
-            sequences_per_epoch = tokens_per_epoch // seq_len  # the budget, in whole sequences
+        _check_text_field(text_field)
         self.dataset = dataset
-        self.tokenizer = Tokenizer(tokenizer) if tokenizer is not None else None
-        if isinstance(eos, str):
-            if self.tokenizer is None:
-                raise InputError(f"eos {eos!r}: a token string needs a tokenizer")
-            eos = self.tokenizer.token_id(eos)
-        if isinstance(eos, bool) or not isinstance(eos, int | np.integer) or eos < 0:
-            raise InputError(f"PackedSequences: eos must be a token id >= 0 or a token string, "
-                             f"not {eos!r}")
-        self.eos = int(eos)
         self.seq_len = seq_len
+        self.sequences_per_epoch = _epoch_sequences(sequences_per_epoch, tokens_per_epoch,
+                                                    seq_len)
+        self.tokenizer = Tokenizer(tokenizer) if tokenizer is not None else None
+        self.eos = _eos_id(eos, self.tokenizer)
         self.text_field = dict(text_field) if isinstance(text_field, Mapping) else text_field
         self.long_documents = long_documents
-        self.sequences_per_epoch = sequences_per_epoch
         self.options = StageOptions(seed=dataset.options.seed)
         self.source = f"PackedSequences({dataset.source})"
 
@@ -282,10 +284,10 @@ class PackedSequences(Stage):
         if start == 0:
             return 0, 0, 0, 0
         tallied = 4 + 2 * len(self.names)
-        lengths = (tallied + 1,) if getattr(self.dataset, "by_tokens", False) else (4, tallied)
+        length = tallied + getattr(self.dataset, "by_tokens", False)  # by tokens: the lag
         try:
             sequences, cycle, inner, offset = start[:4]
-            valid = isinstance(start, list) and len(start) in lengths \
+            valid = isinstance(start, list) and len(start) == length \
                 and all(is_count(v) for v in (sequences, cycle, offset, *start[4:])) \
                 and (len(start) <= tallied or start[-1] <= sequences)
         except (TypeError, ValueError):
@@ -306,9 +308,8 @@ class PackedSequences(Stage):
         return list(getattr(self.dataset, "names", None) or [str(self.dataset.source)])
 
     def tally(self, position) -> list[int]:
-        """[tokens, documents] of each source, from a position (zeros for positions of older
-        versions, which did not count them)."""
-        if position == 0 or len(position) == 4:
+        """[tokens, documents] of each source, from a position."""
+        if position == 0:
             return [0] * (2 * len(self.names))
         return list(position[4:4 + 2 * len(self.names)])
 

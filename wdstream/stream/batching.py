@@ -41,8 +41,6 @@ def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict
     go into the worker's reused shared memory (``wdstream.DataLoader`` asks for it under
     ``bytes_as="tensor"``). ``json_names``: members whose ``bytes`` are JSON left for the
     main process to decode (``stream.deferred.DeferringDecoder``)."""
-    import numpy as np
-
     if len(set(map(len, samples))) > 1:  # with a KeyError below: the members differ
         raise _members_differ(samples)
     batch = {}
@@ -51,40 +49,45 @@ def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict
             values = list(map(itemgetter(name), samples))
         except KeyError:
             raise _members_differ(samples) from None
-        types = set(map(type, values))  # one pass in C, where each check below was one
-        if name in json_names:  # bytes: JSON not decoded yet
-            if types == _BYTES:
-                batch[name] = JsonColumn(values)  # decoded by the main process
-                continue
-            if bytes in types:  # beside a large member: decoded here
-                values = _decoded(values, samples, name, bytes)
-                types = set(map(type, values))
-        elif Deferred in types:
-            if len(types) == 1:
-                batch[name] = JsonColumn([v.data for v in values])  # decoded by the main
-                continue
-            values = _decoded(values, samples, name, Deferred)  # beside a large member
-            types = set(map(type, values))
-        first = values[0]
-        if len(types) == 1 and (types <= _TEXT):  # keys, URLs, text: the usual columns
-            batch[name] = values
-        elif isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
-            batch[name] = _stack(values)
-        elif isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
-                v.shape == first.shape for v in values):
-            batch[name] = _stack([torch.from_numpy(v) for v in values])
-        elif isinstance(first, (int, float)) and not isinstance(first, bool) and \
-                len(types) == 1:
-            batch[name] = torch.tensor(values)
-        elif isinstance(first, bytes) and _in_worker() and all(
-                isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
-            batch[name] = _SharedBytes(values, pooled=pooled)
-        else:  # (payloads the reader placed go into shared memory in share_raw, after this)
-            batch[name] = values
+        batch[name] = _column(values, samples, name, name in json_names, pooled)
     return batch
 
 
-_BYTES = frozenset((bytes,))
+def _column(values: list, samples: list[dict], name: str, json_bytes: bool, pooled: bool):
+    """Member ``name``'s column: JSON left undecoded crosses as one ``JsonColumn`` (decoded by
+    the main process) unless a large member sits beside it, then it is decoded here; the
+    other values are collated by their type (``_collated``)."""
+    types = set(map(type, values))  # one pass in C, where each check was one
+    kind = bytes if json_bytes else Deferred if Deferred in types else None
+    if kind is not None and kind in types:
+        if len(types) == 1:
+            return JsonColumn(values if kind is bytes else [v.data for v in values])
+        values = _decoded(values, samples, name, kind)
+        types = set(map(type, values))
+    return _collated(values, types, pooled)
+
+
+def _collated(values: list, types: set, pooled: bool):
+    """Keys, URLs and text stay a list; tensors and numeric arrays of one shape are stacked;
+    numbers of one type become a tensor; large ``bytes`` go to shared memory in a worker."""
+    import numpy as np
+
+    first = values[0]
+    if len(types) == 1 and (types <= _TEXT):  # keys, URLs, text: the usual columns
+        return values
+    if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
+        return _stack(values)
+    if isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
+            v.shape == first.shape for v in values):
+        return _stack([torch.from_numpy(v) for v in values])
+    if isinstance(first, (int, float)) and not isinstance(first, bool) and len(types) == 1:
+        return torch.tensor(values)
+    if isinstance(first, bytes) and _in_worker() and all(
+            isinstance(v, bytes) for v in values) and sum(map(len, values)) >= _SHARE_BYTES:
+        return _SharedBytes(values, pooled=pooled)
+    return values  # (payloads the reader placed go into shared memory in share_raw, after)
+
+
 _TEXT = frozenset((str,))
 
 
@@ -340,9 +343,8 @@ def tune_worker_process() -> None:
     """A DataLoader worker's settings: ``MALLOC_SETTINGS``, and the objects it inherited
     (torch's modules, the dataset...) moved out of the garbage collector's sight. A worker
     holds a shuffle window of samples, whose dicts outlive the young generations; each full
-    collection they set off would walk every inherited object, and on ~1 KiB samples that
-    doubled the worker's CPU time per sample (docs/benchmarks.md). What the worker allocates
-    later is collected as usual."""
+    collection they set off would walk every inherited object (the cost on small samples:
+    docs/benchmarks-results.md). What the worker allocates later is collected as usual."""
     tune_allocator()
     gc.freeze()
 

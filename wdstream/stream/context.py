@@ -1,12 +1,7 @@
-"""What the stream a process iterates reports, held in an object the code that reads it is
-handed rather than in module globals.
-
-``wdstream.DataLoader`` makes one ``StreamContext`` per iteration and gives that one object to
-both the dataset (``IterationSpec.context``) and its collate wrapper (``TaggedCollate``); each
-worker process gets its own copy of the two together, so within a worker they share it, and
-two loaders in one process never do. A dataset iterated directly (a plain loop, a plain torch
-DataLoader) makes its own.
-"""
+"""``StreamContext``: what the stream a process iterates reports (reader counters, positions of
+items not yet batched), made by ``wdstream.DataLoader`` once per iteration and handed to the
+dataset and its collate wrapper, never kept in module globals; a dataset iterated on its own
+makes its own."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ class Trackable(Protocol):
 
     Optional: ``elastic`` (whether a state resumes on another layout; by default, when every
     position is a sample count), ``positions_per_rank`` (positions differ between ranks: the
-    loader gathers every rank's into its state, ``stages.base.gather_positions``),
+    loader gathers every rank's into its state, ``stream.ranks.gather_positions``),
     ``accounting(positions, history, rank)`` (per-source counts for ``loader.stats["sources"]``),
     ``check_position(position, world)`` (raises ``StateError`` for a position of a loaded
     state, of a layout of ``world`` ranks, that ``positioned`` cannot start from;

@@ -1,11 +1,7 @@
-"""``StreamingDataset``: a torch ``IterableDataset`` that executes the epoch plan.
-
-Each DataLoader worker computes the plan (cheap, no I/O), takes its own stream of sample
-spans, and runs the pipeline stages: read spans (prefetch, checks, retries) -> window shuffle
--> decode -> the user's ``map``. What to read this iteration (epoch, layout, where each stream
-starts after a resume) arrives as an ``IterationSpec`` set by ``wdstream.DataLoader``; what a
-dataset provides the loader is the contract of ``wdstream.stream.contract``.
-"""
+"""``StreamingDataset``: a torch ``IterableDataset`` that executes the epoch plan. Each
+DataLoader worker computes the plan, takes its stream of sample spans and runs the pipeline:
+read (prefetch, checks, retries), window shuffle, decode, the user's ``map``. What to read
+arrives as an ``IterationSpec`` (``wdstream.stream.contract``)."""
 
 from __future__ import annotations
 
@@ -24,12 +20,13 @@ from wdstream.limits import Limits, checked_limits
 from wdstream.shards.samples import split_name
 from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
+from wdstream.sources import urls
 from wdstream.sources.cache import ShardCache
+from wdstream.sources.openers import resolve_opener
 from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
 from wdstream.stream.deferred import DeferringDecoder, can_defer
-from wdstream.stream.loader_state import OLDER_ORDER, saved_with_fixed_windows
 from wdstream.stream.plan import (
     COUNT_LIMIT,
     EPOCH_LIMIT,
@@ -53,9 +50,6 @@ from wdstream.stream.window import (
 )
 from wdstream.tables.reads import Access
 from wdstream.tables.units import RawOptions, UnitTable
-
-# importable from here too, as before the contract had a module of its own
-__all__ = ["IterationSpec", "PositionedDataset", "StreamingDataset", "world_info"]
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
@@ -105,9 +99,6 @@ def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
     """Whether the opener (and ``$WDSTREAM_OPENER`` under "auto") can read these shards: a
     typo or an opener that cannot read a scheme fails now, not at the first read (where
     ``on_error="skip"`` would never skip it either)."""
-    from wdstream.sources import urls
-    from wdstream.sources.openers import resolve_opener
-
     seen = set()
     if hasattr(shard_urls, "one_per_scheme"):  # compact.Urls: not a million URLs made here
         shard_urls = shard_urls.one_per_scheme()
@@ -131,81 +122,64 @@ def _cache_options(cache_dir, cache_limit) -> dict:
 
 
 class StreamingDataset(PositionedDataset):
-    """Samples streamed from WebDataset shards, in an order fixed by (seed, epoch, layout).
+    """Samples streamed from WebDataset shards (or raw Parquet, JSON Lines and Arrow files), in
+    an order fixed by (seed, epoch, layout), resumable exactly through ``wdstream.DataLoader``.
+    A sample is a dict with ``__key__``, ``__url__`` and one entry per member, keyed by
+    extension. Every option is checked when the dataset is built (``OptionError`` naming the
+    accepted values); names read from storage are data (see docs/security.md).
 
-    ``source``: a prefix or manifest URL (``s3://bucket/prefix/``, ``…/index.json``), a brace
-    pattern (``s3://b/shard-{000000..000099}.tar``), or a list of shard URLs; local paths,
-    ``s3://``, ``gs://``, ``pipe:COMMAND`` and other fsspec URLs.
-
-    A sample is a dict with ``__key__``, ``__url__`` and one entry per member keyed by
-    extension, decoded by ``decoders`` (``json`` -> object, ``txt`` -> str, ``cls``/``index``
-    -> int, ``npy`` -> array, ``mp`` -> object with msgpack, ``NAME.gz`` gunzipped and
-    decoded as ``NAME``, others bytes; ``{ext: callable}`` adds or replaces, ``{ext: None}``
-    keeps bytes, ``{"pyd": "pickle"}`` / ``{"pth": "torch"}`` opt in to unpickling) unless
-    ``decode=False``. Images stay bytes unless ``decode`` names how to decode them (Pillow,
-    in the workers): ``"pil"``, ``"rgb8"`` (uint8 HxWx3 arrays), ``"torchrgb8"`` (uint8
-    3xHxW tensors), ``"torchrgb"`` (float tensors in [0, 1]) and the other names of
-    ``wdstream.stream.decode.IMAGE_MODES``. ``map`` is applied last, in the workers.
-
-    Order: ``shuffle`` permutes shards per epoch and samples within windows of
-    ``shuffle_window`` samples of each worker's stream, seeded by ``seed`` and the epoch; a
-    worker holds one window in memory. ``shuffle_bytes`` (default 256 MiB; a number or a size
-    such as ``"1GiB"``; None: no bound) bounds that window in bytes too: with a manifest, the
-    window holds at most ``shuffle_bytes`` divided by its mean sample size (tar bytes per
-    sample) samples, so 1 MiB samples shuffle in windows of about 250. A worker yields a
-    window's first sample once it has read the whole window, so the windows of each stream
-    grow: ``shuffle_start`` samples (default 32) first, then twice as many each time while
-    smaller than the window (by default 32, 64, 128, 256, 512, then 1000s), and the first
-    batch of an epoch (or of a stream after an elastic resume) waits for 32 samples per
-    worker, not a whole window; those first windows shuffle less. ``shuffle_start=None``:
-    every window full size (the order of wdstream before windows grew). Where each window
-    begins is a function of the position in the stream, so resume stays exact.
-    ``remainder``: ``"drop"`` (default) or ``"pad"`` -- how the fewer-than-world-size samples
-    that do not divide evenly among ranks are handled, so every rank gets as many.
-
-    Reading: ``opener`` is ``"auto"`` (``$WDSTREAM_OPENER``, else per scheme: ``"sdk"``, the
-    stores' own APIs in concurrent ranged parts, for ``s3://`` and ``gs://``; fsspec for other
-    URLs), ``"cli"``, ``"fsspec"`` or ``"sdk"``. A read with no data
-    for ``timeout`` seconds is a stall. Transient failures are retried ``retries`` times,
-    waiting ``retry_backoff`` seconds and doubling, from the last sample delivered. When
-    retries run out, or a sample cannot be decoded, ``on_error="raise"`` (default) raises
-    and ``"skip"`` leaves it out and counts it in ``loader.stats`` (iterated without the
-    loader: ``stream_context.stats``; a configuration, credentials or permission problem
-    always raises). ``verify_digest`` checks each shard's
-    sha256 against the manifest when read whole. Every option is checked here, when the
-    dataset is built (``OptionError`` naming the accepted values; see ``wdstream.options``).
-
-    ``cache_dir``: a local folder that keeps shards read once for later epochs (remote and
-    ``pipe:`` shards; local files are read in place), at most ``cache_limit`` bytes of them
-    (``"50GB"``, ``"512MiB"`` or a number; default 10 GB), least recently used evicted
-    first. Keyed by the full URL (and the manifest's size and digest), filled while reading
-    (the first sample never waits for the whole shard), and safe to share between workers,
-    ranks and jobs on one machine. See ``wdstream.sources.cache``.
-
-    Names read from storage are data: a manifest's shards must be names under its prefix
-    unless ``allow_external_shards=True`` (for one manifest over several buckets or prefixes:
-    then any URL or path it names is read), and a ``pipe:`` command is never taken from a
-    manifest or a listing. ``pipe:`` sources given here in code work. See docs/security.md.
-
-    ``share_manifest``: a large manifest is parsed once per node and the other processes map
-    its arrays (True, or a directory of this user; see ``wdstream.shards.shared``); False:
-    each process parses its own.
-
-    Raw files are streamed where they lie, with the same plan and resume: a folder of
-    Parquet (``.parquet``), JSON Lines or Arrow files (at any depth), a pattern
-    (``s3://b/data/train-*.parquet``), a file or a list of them. Their units (Parquet row
-    groups...) take the place of shards, counted from the files' metadata when the dataset is
-    built. A sample is a dict of the row's columns (``columns``: only those are read) with
-    ``__key__`` (``"path/in/source.parquet:ROW"``, or the value of ``key_column``) and
-    ``__url__``. A file changed since then is an error (``ShardMismatchError``). JSON Lines
-    files are counted by reading them once, unless ``index`` names the unit index that
-    ``wdstream index SOURCE --output URL`` wrote for them. See docs/raw-files.md.
-
-    ``limits``: a ``wdstream.Limits``, what hostile shards may make the reader expand to (a
-    compressed shard's decompressed bytes, a sample's members and decoded values, a
-    decompressor's memory, images' pixels and formats); None: the defaults, far above real
-    datasets. Going past one is a ``wdstream.LimitError`` naming the shard, member and limit.
-    See docs/security.md.
+    Args:
+        source: a prefix or manifest URL (``s3://bucket/prefix/``, ``.../index.json``), a
+            brace pattern (``shard-{000000..000099}.tar``) or a list of shard URLs: local
+            paths, ``s3://``, ``gs://``, ``pipe:COMMAND`` and other fsspec URLs; or raw files
+            (a folder at any depth, a pattern, a file or a list; see docs/raw-files.md).
+        shuffle (bool, default True): permute shards per epoch and samples within windows of
+            each worker's stream, seeded by ``seed`` and the epoch.
+        seed (int, default 0): the seed of every permutation.
+        opener (str, default "auto"): how bytes are read: ``"auto"`` (``$WDSTREAM_OPENER``,
+            else ``"sdk"`` for ``s3://`` and ``gs://``, fsspec for other URLs), ``"cli"``,
+            ``"fsspec"`` or ``"sdk"`` (the stores' APIs, concurrent ranged parts).
+        shuffle_window (int, default 1000): samples per shuffle window; a worker holds one.
+        shuffle_bytes (int | str | None, default 256 MiB): bounds a window in bytes too (at
+            most this divided by the manifest's mean sample size); None: no bound.
+        shuffle_start (int | None, default 32): the first window's samples; windows then
+            double up to ``shuffle_window``, so the first batch waits for few samples.
+            None: every window full size.
+        remainder (str, default "drop"): ``"drop"`` or ``"pad"``: the samples that do not
+            divide evenly among ranks, so that every rank gets as many.
+        decode (bool | str, default True): decode members by ``decoders``; False keeps
+            bytes; an image mode (``"pil"``, ``"rgb8"``, ``"torchrgb8"``, ``"torchrgb"``,
+            the names of ``wdstream.options.IMAGE_MODES``) decodes images with Pillow too.
+        decoders (dict | None): ``{ext: callable}`` adds or replaces a decoder, ``{ext:
+            None}`` keeps bytes, ``{"pyd": "pickle"}`` / ``{"pth": "torch"}`` opt in to
+            unpickling. Built in: ``json``, ``txt``, ``cls``/``index``, ``npy``, ``mp``,
+            ``NAME.gz``.
+        map (callable | None): applied to each decoded sample, last, in the workers; a
+            ``None`` result drops the sample.
+        timeout (float, default 60): seconds without data after which a read is a stall.
+        retries (int, default 3): retries of a transient failure, from the last sample
+            delivered.
+        retry_backoff (float, default 0.5): seconds before the first retry, doubling.
+        on_error (str, default "raise"): when retries run out or a sample cannot be decoded,
+            ``"raise"``, or ``"skip"`` it and count it in ``loader.stats`` (a configuration,
+            credentials or permission problem always raises).
+        verify_digest (bool, default False): check each shard read whole against the
+            manifest's sha256.
+        cache_dir (path | None): a local folder keeping remote and ``pipe:`` shards read once
+            for later epochs, shared safely by workers, ranks and jobs on one machine.
+        cache_limit (int | str | None, default 10 GB): the cache's bytes, least recently used
+            evicted first.
+        allow_external_shards (bool, default False): let a manifest name shards outside its
+            prefix (any URL or path); a ``pipe:`` command is never taken from a manifest.
+        share_manifest (bool | path, default True): parse a large manifest once per node and
+            map its arrays in the other processes (a directory: where); False: each parses.
+        columns (list[str] | None): raw files: only these columns are read.
+        key_column (str | None): raw files: the column whose value is ``__key__`` (default
+            ``"path/in/source.parquet:ROW"``).
+        index (path | None): raw files: the unit index ``wdstream index --output`` wrote,
+            instead of counting JSON Lines by reading them.
+        limits (wdstream.Limits | None): what shards may make the reader expand to; past one
+            is a ``LimitError`` naming the shard, member and limit. None: the defaults.
     """
 
     _epoch_samples: int | None = None  # epoch_samples(), once known
@@ -330,48 +304,60 @@ class StreamingDataset(PositionedDataset):
         totals = self.totals
         size = chunk_size(totals.samples, totals.bytes) if totals is not None else 1
         chunks = self._sample_chunks(spec, stream, start, stats, size)
-        decoders, mapper = self.decoders, self.map
-        if spec.shared_payloads and spec.context is not None and mapper is None and \
-                can_defer(decoders) and self.read_options.on_error == "raise" and \
-                torch.utils.data.get_worker_info() is not None:
-            # small JSON decoded by the main process: the collate wrapper sees which
-            decode_sample = DeferringDecoder(decoders, spec.context.json_names,
-                                             self.limits.sample_bytes)
-        else:
-            decode_sample = SampleDecoder(decoders, sample_bytes=self.limits.sample_bytes) \
-                if decoders is not None else None
+        decode_sample = self._sample_decoder(spec)
         for chunk in chunks:
-            if mapper is None and None not in chunk and (
+            if self.map is None and None not in chunk and (
                     decode_sample is None or decode_sample.unchanged(chunk)):
                 yield chunk, range(position + 1, position + 1 + len(chunk))
-                position += len(chunk)
-                continue
-            items, positions = [], []
-            try:
-                for sample in chunk:
-                    position += 1
-                    if sample is None:  # a sample skipped by on_error="skip"
-                        continue
-                    if decode_sample is not None:
-                        try:
-                            sample = decode_sample(sample)
-                        except ShardError as error:
-                            if self.read_options.on_error == "raise":
-                                raise
-                            log.error("skipped: %s", error)
-                            stats.skipped_samples += 1
-                            continue
-                    if mapper is not None:
-                        sample = mapper(sample)
-                    if sample is not None:  # a map may drop a sample
-                        items.append(sample)
-                        positions.append(position)
-            except Exception:
-                if items:  # the samples before the failure first
-                    yield items, positions
-                raise
-            if items:
+            else:
+                yield from self._transformed(chunk, position, decode_sample, stats)
+            position += len(chunk)
+
+    def _sample_decoder(self, spec: IterationSpec):
+        """What decodes a sample in this iteration (None: nothing to decode). In a worker
+        under the loader, with no map, small JSON is left to the main process: the collate
+        wrapper sees which members (``DeferringDecoder``)."""
+        decoders = self.decoders
+        if spec.shared_payloads and spec.context is not None and self.map is None and \
+                can_defer(decoders) and self.read_options.on_error == "raise" and \
+                torch.utils.data.get_worker_info() is not None:
+            return DeferringDecoder(decoders, spec.context.json_names, self.limits.sample_bytes)
+        if decoders is None:
+            return None
+        return SampleDecoder(decoders, sample_bytes=self.limits.sample_bytes)
+
+    def _transformed(self, chunk: list, position: int, decode_sample, stats: ReadStats
+                     ) -> Iterator[tuple[list, list[int]]]:
+        """The samples of ``chunk`` (after ``position``) decoded and mapped, with the position
+        after each; samples skipped or dropped are left out. A failure comes after the samples
+        before it."""
+        items, positions = [], []
+        try:
+            for after, sample in enumerate(chunk, position + 1):
+                if sample is not None:  # None: a sample skipped by on_error="skip"
+                    sample = self._transform(sample, decode_sample, stats)
+                if sample is not None:  # a map may drop a sample
+                    items.append(sample)
+                    positions.append(after)
+        except Exception:
+            if items:  # the samples before the failure first
                 yield items, positions
+            raise
+        if items:
+            yield items, positions
+
+    def _transform(self, sample: dict, decode_sample, stats: ReadStats):
+        """One sample decoded (None if skipped by ``on_error="skip"``), then mapped."""
+        if decode_sample is not None:
+            try:
+                sample = decode_sample(sample)
+            except ShardError as error:
+                if self.read_options.on_error == "raise":
+                    raise
+                log.error("skipped: %s", error)
+                stats.skipped_samples += 1
+                return None
+        return sample if self.map is None else self.map(sample)
 
     def _sample_chunks(self, spec: IterationSpec, stream: int, start: int, stats: ReadStats,
                        size: int) -> Iterator[list[dict | None]]:
@@ -465,9 +451,6 @@ class StreamingDataset(PositionedDataset):
             raise StateError(f"the dataset state: 'epoch' must be an integer from 0 to "
                              f"{EPOCH_LIMIT - 1}, not {state['epoch']!r:.40}")
         self.check_position(state["position"])
-        if state["seed"] == self.options.seed and state["fingerprint"] != self.fingerprint() \
-                and saved_with_fixed_windows(state["fingerprint"], self):
-            raise StateError(f"the dataset state: {OLDER_ORDER}")
         if state["fingerprint"] != self.fingerprint() or state["seed"] != self.options.seed:
             raise StateError("the dataset state belongs to another dataset, seed or options")
         self._stream_resume = dict(state)

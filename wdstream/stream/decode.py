@@ -1,17 +1,9 @@
-"""Decoding members by extension, as webdataset's decoders do: ``json`` to objects, ``txt`` to
-str, ``cls``/``cls2``/``index``... to int, ``npy`` to arrays, ``mp``/``msgpack`` to objects when
-msgpack is installed, ``NAME.gz`` gunzipped and decoded as ``NAME``; images only when asked for
-(``decode="rgb8"``...: Pillow, in the workers); anything else stays bytes. Users extend or
-replace the table; nothing unpickles unless asked for by name (``decoders={"pyd": "pickle"}``,
-``{"pth": "torch"}``).
-
-A built-in decoder whose value may take more memory than its member's bytes (gunzipping, JSON,
-msgpack, npy, images) has a bounded form, ``decoder.within(data, budget) -> (value, bytes
-made)``: given the bytes the sample may still take (``Limits.sample_bytes`` less its members
-and what was decoded before), it raises ``LimitError`` before making more, from what the data
-says it will make (a gzip stream's output as it comes, an image's size from its header, an
-array's shape, a count of JSON values), never after. ``SampleDecoder`` keeps that budget per
-sample; a user's decoder is called as it is."""
+"""Decoding members by extension, as webdataset's decoders do (``json``, ``txt``, ``cls``,
+``npy``, ``mp``, ``NAME.gz``...; images only when asked for; anything else stays bytes;
+nothing unpickles unless named). A built-in decoder whose value may outgrow its bytes has a
+bounded form, ``decoder.within(data, budget) -> (value, bytes made)``, which raises
+``LimitError`` before making more than the sample's budget (``SampleDecoder`` keeps it per
+sample); a user's decoder is called as it is."""
 
 from __future__ import annotations
 
@@ -24,6 +16,7 @@ from operator import itemgetter
 
 from wdstream.errors import LimitError, OptionError, OptionTypeError, ShardError
 from wdstream.limits import Limits
+from wdstream.options import IMAGE_MODES
 
 DEFAULT_LIMITS = Limits()
 # The most bytes of Python objects one byte of JSON text makes (``[{"":0},...]``: a dict of
@@ -36,7 +29,7 @@ GUNZIP_PIECE = 64 << 20  # gunzipped at a time (zlib joins a call's output once 
 # msgpack: a one-byte empty map becomes a dict of 64 bytes and its pointer.
 MSGPACK_GROWTH = 72
 
-try:  # a core dependency: faster than json on small records (docs/benchmarks.md)
+try:  # a core dependency, for small records (docs/benchmarks-results.md)
     from orjson import JSONDecodeError as _FastJSONError
     from orjson import loads as _fast_loads
 except ImportError:  # a platform without an orjson wheel: the standard library
@@ -93,8 +86,8 @@ def _npy(data: bytes):
 def _npy_within(data: bytes, budget: int):
     import numpy as np
 
-    # A 1-d array is read without np.load's header parser (literal_eval: ~50 us a member,
-    # most of the cost of a pre-tokenized document); anything else goes through np.load.
+    # A 1-d array is read without np.load's header parser (docs/benchmarks-results.md);
+    # anything else goes through np.load.
     if data[:8] == b"\x93NUMPY\x01\x00":
         end = 10 + int.from_bytes(data[8:10], "little")
         header = _NPY_1D.fullmatch(data, 10, end)
@@ -220,19 +213,6 @@ OPT_IN_DECODERS = {"pickle": _pickle, "torch": _torch}
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "webp", "bmp", "gif",
                     "tif", "tiff")
-# decode= names, as webdataset's ImageHandler names them: (PIL mode or None, output, dtype)
-IMAGE_MODES = {
-    "pil": (None, "pil", None),
-    "pill": ("L", "pil", None), "pilrgb": ("RGB", "pil", None), "pilrgba": ("RGBA", "pil", None),
-    "l8": ("L", "numpy", "uint8"), "rgb8": ("RGB", "numpy", "uint8"),
-    "rgba8": ("RGBA", "numpy", "uint8"),
-    "l": ("L", "numpy", "float"), "rgb": ("RGB", "numpy", "float"),
-    "rgba": ("RGBA", "numpy", "float"),
-    "torchl8": ("L", "torch", "uint8"), "torchrgb8": ("RGB", "torch", "uint8"),
-    "torchrgba8": ("RGBA", "torch", "uint8"),
-    "torchl": ("L", "torch", "float"), "torchrgb": ("RGB", "torch", "float"),
-    "torchrgba": ("RGBA", "torch", "float"), "torch": ("RGB", "torch", "float"),
-}
 
 
 class ImageDecoder:

@@ -1,18 +1,9 @@
-"""JSON members decoded in the training process rather than in DataLoader workers.
-
-A decoded JSON member crosses from a worker as pickled Python objects: the worker pickles
-them, the main process unpickles them, and both cost more than the decoding itself. Under
-``wdstream.DataLoader`` with workers and the default collate, small members that the built-in
-JSON decoder would decode therefore stay bytes in the worker (``Deferred``); the collate packs
-a batch's column of them into one ``JsonColumn`` (one ``bytes`` and the ends of its members),
-and the main process decodes it with the same decoder, then applies the collate's rules to
-the values. The result is the one the worker would have made: same decoder, same values,
-same types (numbers still become a tensor), same error naming the shard, sample and member.
-
-Nothing is deferred where anything in the worker needs the decoded value: a ``map``, a stage,
-a user's ``collate_fn``, a user's decoder for the extension, ``on_error="skip"`` (a sample
-that cannot be decoded must be dropped in the worker, before its batch is made), or without
-workers."""
+"""JSON members decoded in the training process rather than in DataLoader workers: pickling
+decoded objects costs more than decoding them, so under ``wdstream.DataLoader`` with workers
+and the default collate, small members the built-in JSON decoder would decode stay bytes in
+the worker (``Deferred``) and a batch's column of them crosses as one ``JsonColumn``, decoded
+with the same decoder and collate rules. Nothing is deferred where the worker needs the value
+(a ``map``, a stage, a user's collate or decoder, ``on_error="skip"``)."""
 
 from __future__ import annotations
 

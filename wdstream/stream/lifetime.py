@@ -1,11 +1,6 @@
-"""Iterators left open when the interpreter exits are closed while it still can.
-
-A script that stops after ``next(iter(loader))`` leaves generators suspended; the interpreter
-finalizes them only after it has started tearing modules down, when their ``finally`` blocks
-(closing shard streams, unmapping shared memory) find the module globals they use set to
-None, and Python prints "Exception ignored in ..." for each. An ``atexit`` hook runs before
-that teardown: it closes the iterators still open, and their clean-up runs normally.
-"""
+"""Iterators left open when the interpreter exits are closed while it still can: an ``atexit``
+hook closes them before module teardown, so their clean-up (closing shard streams, unmapping
+shared memory) runs normally rather than against module globals already set to None."""
 
 from __future__ import annotations
 

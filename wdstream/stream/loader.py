@@ -1,16 +1,8 @@
-"""``wdstream.DataLoader``: a torch DataLoader that knows where it is.
-
-The position tracker counts, per worker stream, the samples the training loop has received
-(a batch counts when the loop gets it, not when a worker makes it). Those counts, the epoch,
-the layout and the segments of this epoch already consumed under other layouts are the whole
-state: a few integers, JSON-serialisable, whatever the dataset size.
-
-Each worker reads one stream; a fetch from a worker carries several batches of it, each
-tagged with its position. The loader hands batches out one per stream in turn (the stream
-with the fewest batches delivered first), whatever the fetch sizes. On resume, worker 0 takes
-the stream whose batch was next (``rotation``), and the batches that follow are exactly those
-the uninterrupted run would have produced.
-"""
+"""``wdstream.DataLoader``: a torch DataLoader that knows where it is. It counts, per worker
+stream, the samples the training loop has received; with the epoch, the layout and the
+segments consumed under other layouts they are its whole state. Fetches carry several
+batches, tagged with their positions; batches are handed out one per stream in turn, so
+fetch sizes change neither the order nor what a state means."""
 
 from __future__ import annotations
 
@@ -28,6 +20,7 @@ from wdstream.errors import (
     UnsizedError,
     WdstreamError,
 )
+from wdstream.options import loader_arguments
 from wdstream.stream.batching import (
     approximate_bytes,
     collate,
@@ -37,21 +30,16 @@ from wdstream.stream.batching import (
 from wdstream.stream.context import StreamContext
 from wdstream.stream.contract import IterationSpec, Trackable, world_info
 from wdstream.stream.lifetime import closed_at_exit
-from wdstream.stream.loader_options import check_loader_options
 from wdstream.stream.loader_state import (
-    STATE_FORMAT,
-    STATE_VERSION,
     check_loadable,
     make_state,
     resume_history,
 )
 from wdstream.stream.plan import HistorySegment, batches_in_stream
+from wdstream.stream.ranks import gather_positions
 from wdstream.stream.shm import unmap_workers
 from wdstream.stream.tagging import TaggedCollate
 from wdstream.stream.torch_internals import LoaderInternals, raise_prefetch, worker_pids
-
-# importable from here too, as before they had modules of their own
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "DataLoader", "Trackable"]
 
 log = logging.getLogger("wdstream.loader")  # the logger name users configure
 
@@ -59,35 +47,41 @@ _FAILED = object()  # in a stream's queue of (position, batch): the error that e
 
 
 class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
-    """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` (or a stage built on one,
-    such as ``Mix`` or ``PackedSequences``: what it needs of a dataset is the contract of
-    ``wdstream.stream.contract``) with ``state_dict()``, ``load_state_dict()`` and a ``len()``
-    known before the first batch.
+    """A ``torch.utils.data.DataLoader`` over a ``StreamingDataset`` or a stage built on one
+    (``Mix``, ``PackedSequences``: the contract of ``wdstream.stream.contract``), with
+    ``state_dict()``, ``load_state_dict()`` and a ``len()`` known before the first batch.
+    Arguments torch's loader takes are accepted, except those that would break the plan, the
+    order or resume, which are refused with a reason.
 
-    Accepts the usual DataLoader arguments. ``collate_fn`` defaults to ``wdstream.collate``
-    (a dict of lists; arrays of one shape stacked). ``persistent_workers`` is refused: each
-    epoch's plan and resume position reach the workers when they start.
-
-    ``bytes_as``: how undecoded members reach the training loop. ``"bytes"`` (default):
-    ``bytes`` objects. ``"tensor"``: 1-D ``torch.uint8`` tensors that share the memory the
-    worker filled, with no copy in the main process (and with the default ``collate_fn``, none
-    in the worker for members from 32 KiB that no decoder takes; those of local shards are
-    copy-on-write views of the file): the fast way to stream large binary payloads
-    (``t.numpy()`` views one as an array; ``t.numpy().tobytes()`` copies it into ``bytes``).
-
-    ``tune_malloc``: when payloads that workers placed in shared memory are copied into
-    ``bytes`` here (``bytes_as="bytes"``, members from 32 KiB), the training process's glibc
-    malloc is set, once, to serve blocks under 4 MiB from its heap and keep up to 64 MiB of it
-    freed, as in the workers; by default each batch's payloads would fault their pages in
-    afresh. ``False`` leaves the process's malloc as it is.
+    Args:
+        dataset: a ``StreamingDataset`` or a stage over one.
+        batch_size (int | None, default 1): samples per batch, per rank; None: single samples.
+        num_workers (int, default 0): worker processes, each reading one stream.
+        collate_fn (callable | None): makes a batch; default ``wdstream.collate`` (a dict of
+            lists, arrays of one shape stacked, numbers as a tensor).
+        drop_last (bool, default False): drop each stream's last, short batch.
+        persistent_workers (bool): refused: each epoch's plan and resume position reach the
+            workers when they start.
+        bytes_as (str, default "bytes"): undecoded members as ``bytes``, or ``"tensor"``:
+            1-D ``uint8`` tensors sharing the memory the worker filled (no copy here; large
+            payloads of local shards are copy-on-write views of the file).
+        tune_malloc (bool, default True): when payloads from 32 KiB are copied into ``bytes``
+            here, set glibc's malloc once as in the workers (blocks under 4 MiB from the heap,
+            64 MiB of it kept freed); False leaves it as it is.
+        **kwargs: torch's ``DataLoader`` arguments (``prefetch_factor``, ``timeout``,
+            ``pin_memory``...); samplers, ``shuffle`` and ``in_order=False`` are refused.
     """
 
     def __init__(self, dataset: Trackable, batch_size: int | None = 1, *,
                  num_workers: int = 0, collate_fn: Callable | None = None,
                  drop_last: bool = False, persistent_workers: bool = False,
                  bytes_as: str = "bytes", tune_malloc: bool = True, **kwargs):
-        check_loader_options(dataset, batch_size, num_workers, collate_fn, drop_last,
-                             persistent_workers, bytes_as, tune_malloc, kwargs)
+        if not isinstance(dataset, Trackable):
+            raise OptionTypeError("DataLoader: needs a wdstream.StreamingDataset or a stage "
+                                  "built on one (Mix, PackedSequences), not "
+                                  f"{type(dataset).__name__}")
+        loader_arguments(batch_size, num_workers, collate_fn, drop_last, persistent_workers,
+                         bytes_as, tune_malloc, kwargs)
         self.bytes_as = bytes_as
         self.tune_malloc = tune_malloc
         self._malloc_tuned = False
@@ -128,6 +122,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
         caller = sys._getframe(1)
         if caller.f_globals.get("__name__", "").startswith("accelerate."):
+            # only when Accelerate asks: integrations/ sits above stream/
             from wdstream.integrations.accelerate import adopt
 
             adopt(self, caller)
@@ -138,12 +133,12 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         pass  # Accelerate marks what it returns; this loader answers for itself
 
     # ---- fetches: several batches per transfer from a worker -----------------------------
-    # A DataLoader moves a few thousand transfers per second from its workers at most, so
+    # A DataLoader's transfers from its workers are few per second whatever their size, so
     # small batches travel several to a fetch. The first fetch of each worker is one batch
     # (time to first batch), later ones grow up to FETCH_SAMPLES samples or FETCH_BYTES. The
     # loader hands batches out in the same order whatever the fetch sizes. A larger fetch would
-    # outgrow the 1 MiB result pipe (torch_internals.PIPE_BYTES); docs/benchmarks.md has the
-    # figures behind these defaults.
+    # outgrow the 1 MiB result pipe (torch_internals.PIPE_BYTES); docs/benchmarks-results.md has
+    # the figures behind these defaults.
     FETCH_SAMPLES = 512
     FETCH_BYTES = 1 << 20
 
@@ -373,8 +368,6 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
             epoch, history = self._epoch, self._history
             positions, batches = self._positions, self._batches
         if getattr(dataset, "positions_per_rank", False):  # packing: every rank's, gathered
-            from wdstream.stages.base import gather_positions
-
             positions = gather_positions(positions, self._rank, world)
         return make_state(dataset, epoch=epoch, world=world, workers=self.streams,
                           batch_size=self._batch, drop_last=self.drop_last,

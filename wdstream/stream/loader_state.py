@@ -10,7 +10,6 @@ by what the dataset allows before any plan is made (``check_bounds``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 from wdstream.errors import StateError
 from wdstream.stream.contract import Trackable
@@ -80,8 +79,6 @@ def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers:
         raise StateError(f"the state was saved with seed {state['seed']}, this dataset "
                          f"uses seed {dataset.options.seed}")
     if state["fingerprint"] != dataset.fingerprint():
-        if saved_with_fixed_windows(state["fingerprint"], dataset):
-            raise StateError(OLDER_ORDER)
         raise StateError("the state belongs to another dataset or other shuffle options "
                          f"(fingerprint {state['fingerprint']} != {dataset.fingerprint()})")
     check_bounds(state, dataset)
@@ -106,7 +103,7 @@ def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers:
 
 
 def _gathered(position) -> bool:
-    """A position that holds every rank's (a stage's, see ``stages.base.gather_positions``)."""
+    """A position that holds every rank's (a stage's, see ``stream.ranks.gather_positions``)."""
     return isinstance(position, dict) and RANKS in position
 
 
@@ -215,31 +212,6 @@ def _check_values(key: str, value) -> None:
         elif not (is_count(item) or item is None or isinstance(item, str)):
             raise StateError(f"loader state: {key!r} holds {item!r:.40}, not a count from 0 "
                              f"to {COUNT_LIMIT - 1} or a position")
-
-
-OLDER_ORDER = (
-    "the state was saved by an older wdstream, whose shuffle order differs: its shuffle "
-    "windows all held shuffle_window samples, while this one's windows grow from shuffle_start "
-    "samples at the start of each stream. To resume this state exactly where it stopped, build "
-    "the dataset(s) with shuffle_start=None (windows of one size, the older order); or start "
-    "the epoch again without the state")
-
-
-def saved_with_fixed_windows(fingerprint: str, dataset) -> bool:
-    """Whether ``fingerprint`` is what a wdstream whose shuffle windows did not grow gave
-    ``dataset`` (its ``StreamingDataset``s, also inside stages, built with
-    ``shuffle_start=None``), while ``dataset`` itself has growing windows."""
-    growing = [d for d in _streaming_datasets(dataset) if d.options.schedule.growing]
-    if not growing:
-        return False
-    kept = [d.options for d in growing]
-    try:
-        for d in growing:
-            d.options = replace(d.options, start=None)
-        return fingerprint == dataset.fingerprint()
-    finally:
-        for d, options in zip(growing, kept, strict=True):
-            d.options = options
 
 
 def _streaming_datasets(dataset) -> Iterator:

@@ -1,39 +1,10 @@
-"""The epoch plan: which samples each rank and DataLoader worker reads, in which order.
-
-Everything here is a pure function of (shard sample counts, seed, epoch, world size, workers,
-options) and of what was already consumed this epoch: no I/O, no clocks, no process ids, so
-every process on every machine computes the same plan.
-
-How an epoch is laid out
-------------------------
-1. The shards are permuted with a generator seeded by (seed, epoch) -- before any split, so
-   every epoch gets a new assignment of shards to ranks.
-2. Their samples, in that order, form the epoch's *sequence* of N positions. It is kept as
-   spans (shard, start, stop) so nothing per sample is materialised, and a stream's spans
-   are handed out as a ``SpanArray``, nothing per shard either.
-3. Every rank gets the same number of samples M: ``N // W`` (``remainder="drop"``, the last
-   ``N - W*M`` positions are left out) or ``ceil(N / W)`` (``remainder="pad"``, positions past
-   the end wrap around to the start). Rank r reads positions ``[r*M, (r+1)*M)``: a contiguous
-   run, so a rank opens few shards and may read part of one.
-4. A rank's run is cut into one contiguous *stream* per worker, the first ``M % K`` streams one
-   sample longer. Equal M and K on every rank give equal batch counts on every rank.
-5. Within a stream, samples are shuffled in windows of consecutive positions: the reader
-   buffers one window and yields it in an order seeded by (seed, epoch, segment, rank,
-   stream, window). The windows grow from ``start`` samples, doubling, up to ``window``
-   (``WindowSchedule``: where each begins is a function of the position alone), so a stream's
-   first sample waits for a small window. Restarting a window is cheap and exact, which is
-   what makes resume exact.
-
-Resuming and elastic resume
----------------------------
-Under DDP ranks consume batches in lockstep, so every rank has consumed the same number of
-samples from each of its streams: one list ``consumed[k]`` describes the whole job. With the
-same layout, a stream restarts at the start of the window it was in and skips what was
-consumed. With a new
-layout (world size, workers or batch size), the positions not yet consumed become the sequence
-of a new *segment* of the same epoch, laid out over the new world as above. A resume state is
-then the list of finished segments plus the current one: a few integers each.
-"""
+"""The epoch plan: which samples each rank and DataLoader worker reads, in which order. Pure
+functions of (shard sample counts, seed, epoch, world size, workers, options) and of what
+was consumed this epoch: no I/O, so every process computes the same plan. Shards are
+permuted per epoch; their samples form the epoch's sequence, cut into equal contiguous runs
+per rank and streams per worker, shuffled in windows (``window.WindowSchedule``). A new
+layout re-plans what was not consumed as a new segment of the epoch (``HistorySegment``).
+See docs/resume.md, "How it works"."""
 
 from __future__ import annotations
 

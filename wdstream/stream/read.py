@@ -1,13 +1,8 @@
-"""The reading stage: sample ranges of shards in, raw samples out, and no silent failure.
-
-For every span the stage opens the shard (the next shard's download already runs while this
-one is parsed), skips to the span's first sample, yields its samples, and when a span reaches
-the end of its shard checks how the shard ended: the parser must end cleanly, the sample and
-byte counts must match the manifest, the digest too if asked, and the stream's own close
-(a pipe's exit status) must succeed. A transient failure is retried with backoff from the
-last sample delivered, so nothing is lost or repeated; when retries run out the policy
-decides: raise (default) or skip the rest of the shard and record it.
-"""
+"""The reading stage: sample ranges of shards in, raw samples out, and no silent failure. Each
+shard is opened (the next one already downloading), its samples yielded, and its end checked
+against the manifest (end marker, counts, bytes, digest if asked, the stream's exit status).
+A transient failure is retried from the last sample delivered; when retries run out,
+``on_error`` raises or skips the rest of the shard and records it."""
 
 from __future__ import annotations
 
@@ -256,44 +251,22 @@ class SpanReader:
         shard ends before the visit does). ``last``: the position and key of the last sample
         an earlier attempt delivered, which this attempt must find again."""
         shard = visit[0].shard
-        table = self.shards
-        url = table.urls[shard]
-        expected = table.get("samples", shard)
-        last_stop = visit[-1].stop
-        to_end = last_stop is None or (expected is not None and last_stop >= expected)
-        hashing = self.options.verify_digest and to_end and bool(table.get("sha256", shard))
+        url = self.shards.urls[shard]
+        limit, hashing = self._extent(shard, visit)
         source = HashingReader(stream) if hashing else stream
-        head = table.get("heads", shard)
         ranges = [(span.start, span.stop) for span in wanted]
-        limit = None if to_end else last_stop  # where the rest belongs to another stream
         count = 0
         key = None
         try:
             # a compressed shard is decompressed here, in the reading process; closing the
             # tar stream closes ``stream``
-            limits = self.options.limits
-            stream = open_tar(stream, url, source=source if hashing else None,
-                              stored_limit=table.get("bytes", shard) or None, limits=limits)
-            # the manifest's bytes bound a plain tar as it is parsed; a compressed one is
-            # bounded by its decompressor, and ``head`` is of the tar bytes either way
-            plain = not isinstance(stream, DecompressingStream)
-            members = iter_members(stream, url, self.payload_target,
-                                   limit=(table.get("bytes", shard) or None) if plain else None,
-                                   on_head=head_check(url, head) if head else None,
-                                   member_limit=limits.sample_bytes)
+            stream = self._open_tar(stream, shard, url, source if hashing else None)
+            members = self._members(stream, shard, url)
             current = 0  # the range the next sample may fall in
             strays = StrayCount()  # counted once the shard was read to its end, cleanly
-            for batch in sample_batches(members.batches(), url, strays, limits.sample_bytes):
-                end = count + len(batch)  # the batch's samples are at count..end-1
-                if limit is not None and end > limit:
-                    batch = batch[: limit - count]
-                    end = limit
-                if last is not None and count <= last[0] < end and \
-                        batch[last[0] - count]["__key__"] != last[1]:
-                    raise ShardMismatchError(
-                        f"{url}: sample {last[0]} is {batch[last[0] - count]['__key__']!r} on "
-                        f"this attempt, {last[1]!r} on the one before: the shard changed "
-                        f"between reads")
+            for batch in sample_batches(members.batches(), url, strays,
+                                        self.options.limits.sample_bytes):
+                batch, end = _cut_batch(batch, count, limit, last, url)
                 key = batch[-1]["__key__"]
                 chosen, position, current = _wanted(batch, count, end, ranges, current)
                 if chosen:
@@ -318,6 +291,34 @@ class SpanReader:
                         stored_bytes(stream, members))
         self.stats.strays.merge(strays)
 
+    def _extent(self, shard: int, visit: list[Span]) -> tuple[int | None, bool]:
+        """Where a visit's read stops (None: the shard's end; else where the rest belongs to
+        another stream), and whether the shard's digest is checked on the way."""
+        table = self.shards
+        expected = table.get("samples", shard)
+        last_stop = visit[-1].stop
+        to_end = last_stop is None or (expected is not None and last_stop >= expected)
+        hashing = self.options.verify_digest and to_end and bool(table.get("sha256", shard))
+        return (None if to_end else last_stop), hashing
+
+    def _open_tar(self, stream, shard: int, url: str, hashing):
+        """The shard's tar stream: ``stream`` itself, or decompressing it."""
+        return open_tar(stream, url, source=hashing,
+                        stored_limit=self.shards.get("bytes", shard) or None,
+                        limits=self.options.limits)
+
+    def _members(self, stream, shard: int, url: str):
+        """The members of a shard's tar stream. The manifest's bytes bound a plain tar as it
+        is parsed; a compressed one is bounded by its decompressor, and ``head`` is of the
+        tar bytes either way."""
+        table = self.shards
+        head = table.get("heads", shard)
+        plain = not isinstance(stream, DecompressingStream)
+        return iter_members(stream, url, self.payload_target,
+                            limit=(table.get("bytes", shard) or None) if plain else None,
+                            on_head=head_check(url, head) if head else None,
+                            member_limit=self.options.limits.sample_bytes)
+
     def _check_end(self, shard: int, url: str, count: int, key, members, hashing,
                    nbytes: int) -> None:
         """The end of a complete tar that differs from the manifest is a ShardMismatchError:
@@ -341,6 +342,23 @@ class SpanReader:
             if expected and hashing.sha256.hexdigest() != expected:
                 raise ShardMismatchError(f"{url}: sha256 {hashing.sha256.hexdigest()} does "
                                          f"not match the manifest's {expected}")
+
+
+def _cut_batch(batch: list[dict], count: int, limit: int | None, last, url: str
+               ) -> tuple[list[dict], int]:
+    """A batch of the shard's samples ``count`` on, cut at ``limit``, and the position after
+    it; ``last`` (an earlier attempt's last sample: position, key) must be found again."""
+    end = count + len(batch)
+    if limit is not None and end > limit:
+        batch = batch[: limit - count]
+        end = limit
+    if last is not None and count <= last[0] < end and \
+            batch[last[0] - count]["__key__"] != last[1]:
+        raise ShardMismatchError(
+            f"{url}: sample {last[0]} is {batch[last[0] - count]['__key__']!r} on "
+            f"this attempt, {last[1]!r} on the one before: the shard changed "
+            f"between reads")
+    return batch, end
 
 
 def _wanted(batch: list, count: int, end: int, ranges: list, current: int

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from wdstream.errors import ManifestError
 from wdstream.shards.compact import ShardArrays
+from wdstream.shards.compression import not_shards_note
 from wdstream.shards.locate import NoShardsError, find_shards
 from wdstream.shards.manifest import Manifest, check_shard_names
 from wdstream.stream.read import ShardTable, SpanReader
@@ -71,8 +72,6 @@ def resolve_source(source, allow_external_shards: bool = False,
                     "(run `wdstream index %s` for equal batches per rank and exact resume)",
                     found.source, len(found.urls), found.source)
         if found.not_shards:
-            from wdstream.shards.compression import not_shards_note
-
             log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
     sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
     return ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads

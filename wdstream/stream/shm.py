@@ -1,20 +1,12 @@
 """Memory that DataLoader workers fill (or leave in place) and the main process reads without
 a copy: shared-memory segments, and regions of local files mapped from the page cache.
 
-A tensor in shared memory crosses from a worker to the training process as a file descriptor,
-where pickled ``bytes`` are copied through a pipe. A fresh segment costs more than the copy
-into it, though (the kernel zeroes and maps every page, several times slower than a copy into
-memory already mapped: docs/benchmarks.md), so each worker keeps an ``Arena``: segments mapped
-once, cut in order into payloads (the tar reader reads large ones from remote streams straight
-into them) and, under ``bytes_as="tensor"``, packed batches, and reused once nothing cut from
-them is alive, in the worker or in the main process. Large payloads of local files are not
-read at all: the worker sends where they lie (``FileSpan``) and the main process maps the
-file, copy-on-write, from the page cache.
-
-The main process tells a worker which batches it still holds through the first bytes of each
-segment (its ``holds``): the worker raises one of them for each batch it sends that uses the
-segment, the main process clears it once no view of the batch is left, and each flag has that
-one writer at a time. They travel inside the segment, so a batch costs no other transfer."""
+A fresh segment costs more than the copy into it (docs/benchmarks-results.md), so each
+worker keeps an ``Arena`` of segments mapped once, cut in order into payloads and packed
+batches, and reused once nothing cut from them is alive in the worker or the main process
+(which clears the flag a batch raised in its segment's first bytes, ``holds``). Large
+payloads of local files stay where they lie (``FileSpan``): the main process maps the file,
+copy-on-write, from the page cache."""
 
 from __future__ import annotations
 
@@ -26,6 +18,7 @@ import os
 
 import torch
 
+from wdstream.errors import StreamError
 from wdstream.stream.torch_internals import new_shared_storage
 
 _POPULATE_READ, _POPULATE_WRITE = 22, 23  # MADV_POPULATE_*: Linux 5.14+, EINVAL before
@@ -179,8 +172,6 @@ def map_file(path: str, identity: tuple[int, int], file_size: int) -> torch.Tens
     """In the main process: a uint8 tensor over the first ``file_size`` bytes of the file a
     worker read, mapped copy-on-write (the tensors are writable; the file never changes).
     Raises StreamError if the file was removed, replaced or truncated since."""
-    from wdstream.errors import StreamError
-
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as error:
@@ -203,9 +194,8 @@ class Arena:
     once idle.
 
     ``SEGMENT`` and ``KEEP`` trade memory for speed: a segment holds what is in flight, and the
-    fewer bytes it leaves unused the less is allocated (each new page costs more than a copy).
-    16 MiB was the fastest segment size measured, at close to the least memory
-    (docs/benchmarks.md)."""
+    fewer bytes it leaves unused the less is allocated (each new page costs more than a copy;
+    the figures behind ``SEGMENT``: docs/benchmarks-results.md)."""
 
     SEGMENT = 16 << 20  # bytes of a new segment (more when one span needs more)
     KEEP = 32 << 20  # bytes of idle segments kept mapped beyond those in use

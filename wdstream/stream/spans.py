@@ -1,11 +1,7 @@
-"""Sample ranges of shards, one by one (``Span``) or as arrays (``SpanArray``).
-
-A DataLoader worker's stream of a million-shard epoch is some hundreds of thousands of spans;
-as ``Span`` objects they take some 230 MB per worker. ``SpanArray`` keeps them as three int64
-arrays (24 bytes a span) and makes a ``Span`` when one is asked for, so the plan hands a
-worker its stream without a Python object per shard, and the reader walks it the same way
-(``visits``: the runs of spans it reads in one pass over a shard).
-"""
+"""Sample ranges of shards, one by one (``Span``) or as arrays (``SpanArray``: three int64
+arrays, a ``Span`` made when one is asked for), so the plan hands a worker its stream of a
+million-shard epoch without a Python object per shard (docs/benchmarks-results.md), and the
+reader walks its runs of one shard (``visits``)."""
 
 from __future__ import annotations
 

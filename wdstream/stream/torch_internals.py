@@ -1,25 +1,9 @@
-"""Every use of torch's private DataLoader API, in one place.
-
-``wdstream.DataLoader`` is a torch ``DataLoader``; to size fetches, keep batches' order and
-move them fast it relies on these private names of torch's ``torch.utils.data.dataloader``:
-
-- ``DataLoader._get_iterator()``: builds the iterator of one pass and starts the workers;
-  overridden to tell ``drop_last`` apart while workers start, and to widen the result pipe.
-- ``DataLoader._index_sampler``: what the iterator draws each fetch's indices from; overridden
-  so that a fetch is several batches (with an iterable dataset only their number matters).
-- ``DataLoader.drop_last``, which the iterator copies (``_drop_last``) when it starts the
-  workers: they must see False (torch's fetcher would drop a short fetch whole) while the
-  loader keeps the user's value; the collate wrapper drops a stream's short last batch.
-- the multiprocessing iterator's ``_prefetch_factor`` and ``_try_put_index()``: more fetches
-  in flight per worker; its ``_worker_result_queue._reader``: the result pipe, widened; its
-  ``_workers``: the worker processes, whose shared memory the main process lets go.
-- ``UntypedStorage._new_shared(nbytes)``, as torch's own default collate uses it: storage
-  allocated in shared memory directly (``share_memory_()`` would copy a private one).
-
-``missing_internals`` and ``missing_on_iterator`` name what the installed torch lacks; the
-test suite runs them (``tests/test_torch_internals.py``), so a torch upgrade that changes one
-fails there, by name, rather than slowing or breaking the loader silently.
-"""
+"""Every use of torch's private DataLoader API, in one place: the overrides of
+``DataLoader._get_iterator``, ``_index_sampler`` (a fetch is several batches) and
+``drop_last`` (False while workers start), the multiprocessing iterator's
+``_prefetch_factor``, ``_try_put_index``, ``_worker_result_queue._reader`` and ``_workers``,
+and ``UntypedStorage._new_shared``. ``missing_internals`` and ``missing_on_iterator`` name
+what the installed torch lacks (tests/test_torch_internals.py runs them)."""
 
 from __future__ import annotations
 
@@ -50,7 +34,7 @@ class LoaderInternals:
     def _get_iterator(self):
         if self.num_workers:
             # torch seeds numpy.random in every worker it starts: imported once here, forked
-            # workers inherit it rather than import it (~10 ms each, every epoch)
+            # workers inherit it rather than import it (docs/benchmarks-results.md)
             import numpy.random  # noqa: F401
         self._starting_workers = True
         try:

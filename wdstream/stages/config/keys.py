@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError
+from wdstream.options import CHOICES
 from wdstream.printable import short_repr
 from wdstream.sources.openers import OPENERS
 from wdstream.stream.plan import REMAINDER_POLICIES
@@ -59,15 +60,13 @@ def _str(choices=None, alias_of=None):
 _BOOL = Key((bool,), "true or false")
 _START = Key((int, type(None)), "an integer or null", 1)  # shuffle_start: null, windows of one size
 _NUMBER = Key((int, float), "a number")
-_STOP_RULES = ("first_exhausted", "cycle", "fixed")  # wdstream.stages.mix.STOP_RULES
-_LONG_DOCUMENTS = ("split", "truncate", "drop")  # wdstream.stages.sequences.LONG_DOCUMENTS
 _ENTRIES = Key((list, Mapping), "a list of datasets")
 
 TOP_KEYS: dict[str, Key] = {
     "datasets": _ENTRIES,
     "pretraining_dataset": _ENTRIES,
     "seed": _int(),
-    "stop": _str(_STOP_RULES),
+    "stop": _str(CHOICES["stop"]),
     "samples_per_epoch": _int(1),
     "streaming": _BOOL,
     "shuffle": _BOOL,
@@ -85,7 +84,7 @@ TOP_KEYS: dict[str, Key] = {
     "sequences_per_epoch": _int(1),
     "tokens_per_epoch": _int(1),
     "schedule": Key((list,), "a list of stages {start, weights}"),
-    "long_documents": _str(_LONG_DOCUMENTS),
+    "long_documents": _str(CHOICES["long_documents"]),
 }
 
 DATASET_KEYS: dict[str, Key] = {

@@ -1,20 +1,8 @@
-"""Config files read from storage, YAML or JSON, within bounds (see docs/security.md):
-
-- at most the "config" size limit (``wdstream.limits``, 16 MiB by default), checked while
-  reading;
-- nested at most ``limits.MAX_DEPTH`` levels, checked before a recursive parser descends
-  (JSON: ``limits.json_loads``; YAML: ``check_yaml``, over the parser's events);
-- YAML aliases are allowed (trainer configs share settings with ``&name`` / ``*name`` and
-  ``<<: *name``), but the document with every alias expanded holds at most
-  ``MAX_YAML_VALUES`` values, counted from the parser's events before anything is composed:
-  a "billion laughs" file of a few hundred bytes is refused after reading that many values,
-  rather than expanded. An alias to a value that contains it (a cycle) is refused.
-
-YAML is parsed by libyaml when PyYAML was built with it (PyYAML's pure-Python scanner is
-slow on long values: see docs/security.md), with PyYAML's safe loader either way.
-
-Every failure is an ``InputError`` naming the file.
-"""
+"""Config files read from storage, YAML (PyYAML's safe loader, libyaml when built with it) or
+JSON, within bounds: the "config" size limit while reading, ``limits.MAX_DEPTH`` levels of
+nesting before a parser descends, and for YAML at most ``MAX_YAML_VALUES`` values with every
+alias expanded, counted from the parser's events (no "billion laughs", no alias cycles).
+Every failure is an ``InputError`` naming the file (docs/security.md)."""
 
 from __future__ import annotations
 

@@ -1,43 +1,10 @@
-"""A trainer's config file, or a declarative dataset list, turned into a dataset.
-
-The schema is that of LLM fine-tuning frameworks (axolotl's keys), so a whole trainer config
-can be given as it is; the keys wdstream does not use (``base_model``, ``learning_rate``...)
-are ignored with one warning that lists them:
-
-```yaml
-base_model: my-org/tiny-llama      # a trainer key: ignored (listed in the warning)
-seed: 17
-sequence_len: 2048                 # optional: tokenize and pack into sequences of this length
-tokenizer: tokenizer.json          # for packing text (a tokenizer.json)
-special_tokens:
-  eos_token: "</s>"                # or eos: "</s>" (a token string or id)
-streaming: true
-shuffle_merged_datasets: true
-datasets:
-  - path: s3://bucket/web/
-    weight: 0.7
-    type: completion               # or pretrain: raw text
-    field: text                    # or text_column / text_field
-  - path: s3://bucket/corpus/
-    name: code                     # a subset: s3://bucket/corpus/code/
-    split: train                   # a split: .../code/train/
-    text_column: content
-```
-
-``from_config`` returns a ``Mix`` of ``StreamingDataset``s (``pretraining_dataset:`` entries
-join ``datasets:``), wrapped in ``PackedSequences`` when ``sequence_len`` (or ``seq_len``) is
-given. Every mistake in the file is reported at once, in one ``InputError`` naming each entry
-and key. Relative local paths in a config file resolve against the file's folder.
-
-A config file is read from storage, so its ``path:`` and ``tokenizer:`` values (and the
-``name``, ``split`` and ``data_files`` joined to a path) are data: a ``pipe:`` command there is
-refused (write it in a dict passed from code), and in a config read from a URL
-(``s3://…/mix.yaml``) they are names under that URL's prefix unless
-``allow_external_paths=True``. See docs/security.md.
-
-Each key is one row of ``TOP_KEYS`` or ``DATASET_KEYS`` (``config_keys``: its type, limits,
-aliases); what it does is read in ``_build`` / ``_source``.
-"""
+"""A trainer's config (axolotl's keys; the keys wdstream does not use are ignored with one
+warning) or a declarative dataset list, turned into a ``Mix`` of ``StreamingDataset``s, in a
+``PackedSequences`` when ``sequence_len`` is given; every mistake reported at once. A config
+file's ``path:``, ``tokenizer:``, ``name``, ``split`` and ``data_files`` are data: no
+``pipe:`` command, and names under a remote file's prefix (docs/security.md). Each key is
+one row of ``keys.TOP_KEYS`` or ``keys.DATASET_KEYS``; what it does is read in ``_build``
+and ``_source``. See docs/llm.md."""
 
 from __future__ import annotations
 
@@ -49,8 +16,8 @@ from wdstream.errors import InputError, ManifestError, StreamError, WdstreamErro
 from wdstream.printable import printable
 from wdstream.shards.names import outside_prefix
 from wdstream.sources import urls
-from wdstream.stages.config_files import load_config_file
-from wdstream.stages.config_keys import (
+from wdstream.stages.config.files import load_config_file
+from wdstream.stages.config.keys import (
     DATASET_KEYS,
     TOP_KEYS,
     Report,
@@ -59,17 +26,26 @@ from wdstream.stages.config_keys import (
     eos_of,
     read_keys,
 )
+from wdstream.stages.mix import Mix
+from wdstream.stages.schedule import mixture_weights
+from wdstream.stages.sequences import PackedSequences
+from wdstream.stream.dataset import StreamingDataset
 from wdstream.stream.window import DEFAULT_SHUFFLE_START
-
-__all__ = ["DATASET_KEYS", "TOP_KEYS", "from_config", "load_config_file"]
 
 
 def from_config(config, *, allow_external_paths: bool = False,
                 allow_external_shards: bool = False):
-    """A ready dataset from ``config``: a dict, or the path or URL of a YAML or JSON file.
+    """A ready dataset from ``config``: a ``Mix`` of ``StreamingDataset``s, in a
+    ``PackedSequences`` when the config gives ``sequence_len``. Every mistake in the config
+    is reported at once, in one ``InputError`` naming each entry and key.
 
-    ``allow_external_paths``: a config read from a URL may name datasets and a tokenizer
-    outside its prefix. ``allow_external_shards`` is passed to each ``StreamingDataset``."""
+    Args:
+        config (dict | str | path): the config as a dict, or the path or URL of a YAML or
+            JSON file (read within bounds; its paths are data, see the module docstring).
+        allow_external_paths (bool, default False): let a config read from a URL name
+            datasets and a tokenizer outside its prefix.
+        allow_external_shards (bool, default False): passed to each ``StreamingDataset``.
+    """
     origin = None
     if isinstance(config, str | os.PathLike):
         where = os.fspath(config)
@@ -184,8 +160,6 @@ def _source(entry: dict, origin: _Origin | None, label: str):
 def _dataset(source, hub, **options):
     """``StreamingDataset(source)``, or over the ``hub`` patterns when ``source`` (a split's
     folder) holds no dataset."""
-    from wdstream.stream.dataset import StreamingDataset
-
     try:
         return StreamingDataset(source, **options)
     except (ManifestError, StreamError) as error:
@@ -198,10 +172,6 @@ def _dataset(source, hub, **options):
 
 
 def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
-    from wdstream.stages.mix import Mix
-    from wdstream.stages.schedule import mixture_weights
-    from wdstream.stages.sequences import PackedSequences
-
     if not isinstance(config, Mapping):
         raise InputError(f"{where}: a config is a mapping with a 'datasets' list, not "
                          f"{type(config).__name__}")
