@@ -24,6 +24,7 @@ Examples:
   wdstream index --merge s3://b/ds/index.part-{000..003}-of-004.json --output s3://b/ds/
   wdstream index --merge s3://b/set-a/index.json gs://c/set-b/index.json --output s3://b/all/
   wdstream index s3://data/jsonl/ --output s3://mine/jsonl-index.json   # JSON Lines files
+  wdstream index s3://data/jsonl/ --output s3://mine/jsonl-index.json --ray 64
 """
 
 
@@ -46,12 +47,15 @@ def _refuse_existing(prefix: str, overwrite: bool) -> None:
                    "Lines files under a source (a file or object anywhere).")
 @click.option("--workers", type=int, default=8, show_default=True, metavar="N",
               help="Shards read at a time.")
+@click.option("--ray", "ray_tasks", type=int, metavar="N",
+              help="With --output: scan the JSON Lines files in N Ray tasks, on the cluster "
+                   "ray.init() finds (RAY_ADDRESS) or one started here.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @external_option
 @limits_option
-def index_command(sources, merge, output, workers, overwrite, quiet, allow_external_shards,
-                  limits):
+def index_command(sources, merge, output, workers, ray_tasks, overwrite, quiet,
+                  allow_external_shards, limits):
     """Write PREFIX/index.json for the shards under PREFIX (*.tar, *.tar.gz/*.tgz, *.tar.zst,
     *.tar.bz2, *.tar.xz; from wdstream, webdataset's ShardWriter, GNU tar...), or with --merge
     join manifests, such as the parts of a
@@ -63,8 +67,11 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     start = time.monotonic()
     strays = None
     if output and not merge:
-        _index_raw_files(sources, output, overwrite, quiet)
+        _index_raw_files(sources, output, overwrite, quiet, ray_tasks)
         return
+    if ray_tasks is not None:
+        raise InputError("--ray scans JSON Lines files for their unit index: give --output URL "
+                         "(and no --merge)")
     if merge:
         from wdstream.shards.manifest import load_manifest
         from wdstream.write.merge import merge_parts
@@ -77,32 +84,10 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
                                 for source in sources], output)
         prefix = output
     else:
-        from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
-        from wdstream.shards.index import index_shards
-        from wdstream.shards.samples import StrayCount
-        from wdstream.sources.objects import list_files
-
         if len(sources) != 1:
             raise InputError(f"give one PREFIX to index (got {len(sources)}), or use --merge")
-        if workers < 1:
-            raise InputError(f"--workers must be at least 1, got {workers}")
         prefix = sources[0]
-        _refuse_existing(prefix, overwrite)
-        listed = list_files(prefix, suffix="")
-        found = [(url, size) for url, size in listed if is_shard_name(url)]
-        others = not_shard_kinds(url for url, _ in listed if not is_shard_name(url))
-        if not found:
-            raise InputError(f"{prefix}: no shards found (*.tar, *.tar.gz, *.tgz, *.tar.zst, "
-                             "*.tar.bz2, *.tar.xz)")
-        if others:  # said even with --quiet: data may be missing
-            click.echo(f"note: {not_shards_note(others)}", err=True)
-        shard_urls = [url for url, _ in found]
-        strays = StrayCount()
-        show = show_progress(quiet)
-        with progress_bar(sum(size or 0 for _, size in found), enabled=show) as bar:
-            manifest = index_shards(shard_urls, base=prefix, workers=workers,
-                                    progress=bar if show else None, strays=strays,
-                                    limits=limits)
+        strays, manifest = _index_shards(prefix, workers, overwrite, quiet, limits)
     url = write_manifest(manifest, prefix)
     if quiet:
         return
@@ -115,7 +100,35 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     print_pairs([*rows, ("manifest", url)])
 
 
-def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None:
+def _index_shards(prefix: str, workers: int, overwrite: bool, quiet: bool, limits):
+    """The manifest of the shards under ``prefix``, read ``workers`` at a time, and the count
+    of the members no sample holds."""
+    from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
+    from wdstream.shards.index import index_shards
+    from wdstream.shards.samples import StrayCount
+    from wdstream.sources.objects import list_files
+
+    if workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers}")
+    _refuse_existing(prefix, overwrite)
+    listed = list_files(prefix, suffix="")
+    found = [(url, size) for url, size in listed if is_shard_name(url)]
+    others = not_shard_kinds(url for url, _ in listed if not is_shard_name(url))
+    if not found:
+        raise InputError(f"{prefix}: no shards found (*.tar, *.tar.gz, *.tgz, *.tar.zst, "
+                         "*.tar.bz2, *.tar.xz)")
+    if others:  # said even with --quiet: data may be missing
+        click.echo(f"note: {not_shards_note(others)}", err=True)
+    strays = StrayCount()
+    show = show_progress(quiet)
+    with progress_bar(sum(size or 0 for _, size in found), enabled=show) as bar:
+        manifest = index_shards([url for url, _ in found], base=prefix, workers=workers,
+                                progress=bar if show else None, strays=strays, limits=limits)
+    return strays, manifest
+
+
+def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
+                     ray_tasks: int | None) -> None:
     """The unit index of the JSON Lines files under ``sources[0]``, written to ``output``."""
     from wdstream.sources.objects import exists
     from wdstream.tables.files import find_files
@@ -131,7 +144,12 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None
     if not files:
         raise InputError(f"{sources[0]}: no JSON Lines files to index (Parquet and Arrow files "
                          "are planned from their own metadata)")
-    plans = plan_files(files, Access())
+    if ray_tasks is None:
+        plans = plan_files(files, Access())
+    else:
+        from wdstream.tables.cluster import plan_on_ray
+
+        plans = plan_on_ray(files, Access(), tasks=ray_tasks)
     write_index(output, files, plans)
     if not quiet:
         print_pairs([("files", str(len(files))),
