@@ -28,6 +28,7 @@ Examples:
   wdstream index --merge s3://b/ds/index.part-{000..003}-of-004.json --output s3://b/ds/
   wdstream index --merge s3://b/set-a/index.json gs://c/set-b/index.json --output s3://b/all/
   wdstream index s3://data/jsonl/ --output s3://mine/jsonl-index.json   # JSON Lines files
+  wdstream index s3://data/jsonl/ --output s3://mine/jsonl-index.json --ray 64
 """
 
 
@@ -49,12 +50,15 @@ def _refuse_existing(prefix: str, overwrite: bool) -> None:
                    "Lines files under a source (a file or object anywhere).")
 @click.option("--workers", type=int, default=8, show_default=True, metavar="N",
               help="Shards read at a time.")
+@click.option("--ray", "ray_tasks", type=int, metavar="N",
+              help="With --output: scan the JSON Lines files in N Ray tasks, on the cluster "
+                   "ray.init() finds (RAY_ADDRESS) or one started here.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @external_option
 @limits_option
-def index_command(sources, merge, output, workers, overwrite, quiet, allow_external_shards,
-                  limits):
+def index_command(sources, merge, output, workers, ray_tasks, overwrite, quiet,
+                  allow_external_shards, limits):
     """Write PREFIX/index.json for the shards under PREFIX (*.tar, *.tar.gz/*.tgz, *.tar.zst,
     *.tar.bz2, *.tar.xz; from wdstream, webdataset's ShardWriter, GNU tar...), or with --merge
     join manifests, such as the parts of a
@@ -65,8 +69,11 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
 
     start = time.monotonic()
     if output and not merge:
-        _index_raw_files(sources, output, overwrite, quiet)
+        _index_raw_files(sources, output, overwrite, quiet, ray_tasks)
         return
+    if ray_tasks is not None:
+        raise InputError("--ray scans JSON Lines files for their unit index: give --output URL "
+                         "(and no --merge)")
     strays = None
     if merge:
         manifest = _merged(sources, output, overwrite, allow_external_shards)
@@ -74,8 +81,6 @@ def index_command(sources, merge, output, workers, overwrite, quiet, allow_exter
     else:
         if len(sources) != 1:
             raise InputError(f"give one PREFIX to index (got {len(sources)}), or use --merge")
-        if workers < 1:
-            raise InputError(f"--workers must be at least 1, got {workers}")
         prefix = sources[0]
         from wdstream.shards.samples import StrayCount
 
@@ -112,6 +117,8 @@ def _indexed(prefix: str, overwrite: bool, quiet: bool, workers: int, strays, li
     from wdstream.shards.index import index_shards
     from wdstream.sources.objects import list_files
 
+    if workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers}")
     _refuse_existing(prefix, overwrite)
     listed = list_files(prefix, suffix="")
     found = [(url, size) for url, size in listed if is_shard_name(url)]
@@ -127,7 +134,8 @@ def _indexed(prefix: str, overwrite: bool, quiet: bool, workers: int, strays, li
                             progress=bar if show else None, strays=strays, limits=limits)
 
 
-def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None:
+def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
+                     ray_tasks: int | None) -> None:
     """The unit index of the JSON Lines files under ``sources[0]``, written to ``output``."""
     from wdstream.sources.objects import exists
     from wdstream.tables.files import find_files
@@ -143,7 +151,12 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool) -> None
     if not files:
         raise InputError(f"{sources[0]}: no JSON Lines files to index (Parquet and Arrow files "
                          "are planned from their own metadata)")
-    plans = plan_files(files, Access())
+    if ray_tasks is None:
+        plans = plan_files(files, Access())
+    else:
+        from wdstream.tables.cluster import plan_on_ray
+
+        plans = plan_on_ray(files, Access(), tasks=ray_tasks)
     write_index(output, files, plans)
     if not quiet:
         print_pairs([("files", str(len(files))),

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from wdstream.errors import InputError, WdstreamError
 from wdstream.stream.resolve import resolve_source
 from wdstream.tables.reads import Access
@@ -107,7 +109,8 @@ def iter_rows(table: UnitTable, *, key: str | None = None, limit: int | None = N
 def row_to_json(sample: dict, *, fields: Sequence[str] | None = None,
                 base64_bytes: bool = False) -> dict:
     """A row as ``wdstream cat`` prints it: its columns (``fields``: only those, with
-    ``__key__``), ``bytes`` values as their size or, with ``base64_bytes``, their bytes."""
+    ``__key__``), ``bytes`` values as their size or, with ``base64_bytes``, their bytes,
+    numpy arrays (list columns of numbers) as lists."""
     shown = {}
     for name, value in sample.items():
         if fields is not None and name != "__key__" and name not in fields:
@@ -115,5 +118,7 @@ def row_to_json(sample: dict, *, fields: Sequence[str] | None = None,
         if isinstance(value, bytes):
             value = {"base64": base64.b64encode(value).decode("ascii")} if base64_bytes \
                 else {"bytes": len(value)}
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
         shown[name] = value
     return shown

@@ -36,45 +36,60 @@ class FilePlan:
 
 class Rows:
     """A unit's rows, read: ``len()`` and ``rows(start, stop)`` as dicts of their columns.
-    A column of lists of numbers (token ids, embeddings) gives each row a numpy array, views
-    of one copy of the rows' values: no Python object per number, and the default collate
-    stacks equal lengths into one tensor."""
+    A column of lists (or fixed-size lists) of integers or floats without nulls (token ids,
+    labels, embeddings) is copied once into one numpy array, and each row gets a writable
+    view of its part of it: no Python object per number, and the default collate stacks
+    equal lengths into one tensor. The other columns become Python values as rows are
+    asked for."""
 
     def __init__(self, table):
-        self.table = table  # a pyarrow Table
+        self.arrays = {}  # column -> (its values, each row's start and end in them)
+        for name, kind in zip(table.column_names, table.schema.types, strict=True):
+            if _numeric_lists(kind):
+                split = _flat_values(table.column(name))
+                if split is not None:
+                    self.arrays[name] = split
+        self.table = table.drop_columns(list(self.arrays)) if self.arrays else table
 
     def __len__(self) -> int:
         return self.table.num_rows
 
     def rows(self, start: int, stop: int) -> list[dict]:
-        part = self.table.slice(start, stop - start)
-        arrays = [name for name, kind in zip(part.column_names, part.schema.types, strict=True)
-                  if _numeric_lists(kind)]
-        rows = (part.drop_columns(arrays) if arrays else part).to_pylist()
-        for name in arrays:
-            for row, value in zip(rows, _row_arrays(part.column(name)), strict=True):
-                row[name] = value
+        rows = self.table.slice(start, stop - start).to_pylist()
+        for name, (values, bounds) in self.arrays.items():
+            ends = bounds[start:stop + 1].tolist()
+            for row, first, last in zip(rows, ends[:-1], ends[1:], strict=True):
+                row[name] = values[first:last]
         return rows
 
 
 def _numeric_lists(kind) -> bool:
     import pyarrow.types as types
 
-    return (types.is_list(kind) or types.is_large_list(kind)) and (
+    return (types.is_list(kind) or types.is_large_list(kind)
+            or types.is_fixed_size_list(kind)) and (
         types.is_integer(kind.value_type) or types.is_floating(kind.value_type))
 
 
-def _row_arrays(column) -> list:
-    """Each row's list as a writable numpy array (a view of one copy of the values); the
-    rows as Python lists when a row or a value is null."""
+def _flat_values(column):
+    """A list column's values as one writable numpy array (one copy) and the rows' bounds
+    in it (``len + 1`` of them); None when a row or a value is null (the rows are then
+    Python lists, or None)."""
+    import numpy as np
+    import pyarrow as pa
+
     array = column.combine_chunks()
-    offsets = array.offsets.to_numpy()
-    values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    if array.null_count or values.null_count:
-        return array.to_pylist()
-    flat = values.to_numpy(zero_copy_only=False, writable=True)
-    ends = (offsets - offsets[0]).tolist()
-    return [flat[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    if array.null_count:
+        return None
+    values = array.flatten()
+    if values.null_count:
+        return None
+    if pa.types.is_fixed_size_list(array.type):
+        bounds = np.arange(len(array) + 1, dtype=np.int64) * array.type.list_size
+    else:
+        offsets = array.offsets.to_numpy()
+        bounds = offsets - offsets[0]
+    return values.to_numpy(zero_copy_only=False, writable=True), bounds
 
 
 class TableFormat:

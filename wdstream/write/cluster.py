@@ -10,13 +10,13 @@ If any part fails, every shard and part manifest the run wrote is deleted once a
 ended, no ``index.json`` is written, and the part's error is raised
 (a ``WdstreamError`` naming the record, as a single run's).
 
-Ray is imported only here (``pip install 'wdstream[ray]'``); ``ray.init()`` connects to the
-cluster named by ``address`` or ``RAY_ADDRESS``, or starts one on this machine.
+Ray is imported by ``wdstream.tables.cluster.ray_session`` (``pip install 'wdstream[ray]'``),
+which connects to the cluster named by ``address`` or ``RAY_ADDRESS``, or starts one on this
+machine.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable
 
@@ -24,6 +24,7 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
 from wdstream.sources import urls
 from wdstream.sources.objects import delete, exists
+from wdstream.tables.cluster import cluster_cpus, ray_session
 from wdstream.write.inputs import check_inputs
 from wdstream.write.jobs import part_manifest_name
 from wdstream.write.merge import merge_parts
@@ -34,14 +35,6 @@ from wdstream.write.packer import input_paths, pack
 def _pack_part(inputs: list[str], output: str, part: tuple[int, int], options: dict) -> str:
     """One Ray task: pack one part; returns its manifest's URL."""
     return pack(inputs, output, part=part, **options).url
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise InputError("--ray needs Ray: pip install 'wdstream[ray]'") from None
-    return ray
 
 
 def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output: str | os.PathLike,
@@ -61,13 +54,8 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
             raise InputError(f"{index_url} already exists; use --overwrite to replace the dataset")
         delete(index_url)
 
-    ray = _ray()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
-    try:
-        count = parts or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    with ray_session(address) as ray:
+        count = parts or cluster_cpus(ray)
         task = ray.remote(num_cpus=options.get("workers", 1), max_retries=0)(_pack_part)
         options = {**options, "via": via, "overwrite": True}  # replaces stale part manifests
         refs = {task.remote(paths, output, (i, count), options): i for i in range(count)}
@@ -77,9 +65,6 @@ def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output:
             _delete_parts(part_urls)
             raise failure
         return _publish(part_urls, output, via)
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _checked_paths(inputs, parts: int | None, via: str, options: dict) -> list[str]:
