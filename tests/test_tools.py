@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import free_port
+
+from tests.support.servers import free_port
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 UPLOAD = TOOLS / "upload-shards.sh"

@@ -10,10 +10,10 @@ import time
 import urllib.parse
 
 import pytest
-from datasets import write_dataset
-from servers import environ
 
 from benchmarks.data_plane import NginxPlane, missing
+from tests.support.servers import environ
+from tests.support.shard_data import write_dataset
 
 MISSING = missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"nginx data plane: {MISSING}")

@@ -2,11 +2,9 @@
 docs/benchmarks-results.md keeps the sections of benchmarks not run and hand-written notes,
 and the local S3 server the suite (and these tests) start serves uploads; a case's clock starts
 after a full garbage collection; without nginx the link suite says so and uses its proxy (the
-nginx data plane itself: tests/test_data_plane.py)."""
+nginx data plane itself: tests/benchmarks/test_data_plane.py)."""
 
 from __future__ import annotations
-
-import servers  # noqa: F401 - puts the repository root on sys.path for ``benchmarks``
 
 from benchmarks.__main__ import write_results
 

@@ -10,8 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from datasets import shard_bytes
-from servers import http_server
+
+from tests.support.servers import http_server
+from tests.support.shard_data import shard_bytes
 
 
 def run(args, cli_env, cwd, **env):

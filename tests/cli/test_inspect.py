@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 import pytest
-from datasets import sample_key, write_dataset
 
+from tests.support.shard_data import sample_key, write_dataset
 from wdstream.shards.tar_writer import TarWriter
 
 COUNTS = [5, 3, 4]

@@ -9,9 +9,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from llm_data import merged, run_ranks, write_token_sources
 
 import wdstream
+from tests.support.llm_data import merged, run_ranks, write_token_sources
 from wdstream.stages.base import ranks_of
 
 SEQ = 8

@@ -4,7 +4,7 @@ not yet read exactly once, with equal batches on every rank.
 
 Ranks run one after the other in this process (RANK / WORLD_SIZE set per loader); a packing
 state of several ranks is put together as ``loader.state_dict()`` gathers it under
-torch.distributed (tests/test_ddp_llm.py runs that for real under torchrun)."""
+torch.distributed (tests/integrations/test_ddp_llm.py runs that for real under torchrun)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from datasets import first_batches
-from llm_data import (
+
+import wdstream
+from tests.support.llm_data import (
     as_rank,
     merged,
     run_ranks,
@@ -23,8 +24,7 @@ from llm_data import (
     write_token_dataset,
     write_token_sources,
 )
-
-import wdstream
+from tests.support.shard_data import first_batches
 from wdstream.errors import StateError
 from wdstream.stages.base import ranks_of
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile import wdstream
 
+from tests.support.hostile import wdstream
 from wdstream.shards.identity import head_digest
 from wdstream.shards.tar_writer import TarWriter
 

@@ -16,11 +16,11 @@ import time
 import tracemalloc
 
 import pytest
-from datasets import sample_key, shard_bytes, write_dataset
-from proxy import TcpProxy
-from servers import free_port
 
 import wdstream
+from tests.support.proxy import TcpProxy
+from tests.support.servers import free_port
+from tests.support.shard_data import sample_key, shard_bytes, write_dataset
 from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.shards.identity import head_digest
 from wdstream.shards.manifest import Manifest, ShardInfo

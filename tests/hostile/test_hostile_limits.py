@@ -19,11 +19,11 @@ import traceback
 import urllib.parse
 
 import pytest
-from datasets import write_dataset
-from hostile import wdstream
-from servers import environ, http_server
 
 import wdstream as wds
+from tests.support.hostile import wdstream
+from tests.support.servers import environ, http_server
+from tests.support.shard_data import write_dataset
 from wdstream.errors import InputError, WdstreamError
 from wdstream.limits import NestingError, json_depth, json_loads
 from wdstream.printable import redact, short_repr

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from datasets import shard_bytes, write_dataset
-from hostile import wdstream
 
 import wdstream as wds
+from tests.support.hostile import wdstream
+from tests.support.shard_data import shard_bytes, write_dataset
 from wdstream.errors import ManifestError
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,10 +11,10 @@ import json
 import os
 
 import pytest
-from datasets import shard_bytes, write_dataset
-from hostile import SECRET, wdstream
 
 import wdstream as wds
+from tests.support.hostile import SECRET, wdstream
+from tests.support.shard_data import shard_bytes, write_dataset
 from wdstream.errors import InputError, ManifestError
 from wdstream.inspection import benchmark, describe, read_samples, verify
 from wdstream.shards.manifest import load_manifest

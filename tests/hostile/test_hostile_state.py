@@ -13,10 +13,10 @@ import random
 import resource
 
 import pytest
-from datasets import write_dataset
-from llm_data import sources, write_sources, write_token_sources
 
 import wdstream
+from tests.support.llm_data import sources, write_sources, write_token_sources
+from tests.support.shard_data import write_dataset
 from wdstream.errors import StateError, WdstreamError
 from wdstream.stream.loader_state import MAX_DEPTH, MAX_STREAMS
 

@@ -19,9 +19,9 @@ import random
 import tarfile
 
 import pytest
-from test_tar_blocks import outcome_both_ways
-from test_tar_pax import fix_checksum
 
+from tests.shards.test_tar_blocks import outcome_both_ways
+from tests.shards.test_tar_reader import fix_checksum
 from wdstream.errors import WdstreamError
 from wdstream.shards.tar_reader import iter_members
 from wdstream.shards.tar_writer import TarWriter

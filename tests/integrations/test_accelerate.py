@@ -2,21 +2,21 @@
 2 (torchrun, gloo), the loader comes back as it is, batches on the device, every sample once,
 equal batches per rank, ``len`` right, and ``save_state``/``load_state`` resume exactly.
 
-The job is tests/accelerate_job.py."""
+The job is tests/support/accelerate_job.py."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-from datasets import all_keys, write_dataset
-from jobs import run_job
+
+from tests.support.jobs import run_job, script
+from tests.support.shard_data import all_keys, write_dataset
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.slow
 
-JOB = str(Path(__file__).with_name("accelerate_job.py"))
+JOB = script("accelerate_job.py")
 COUNTS = [30, 7, 25, 18]  # 80 samples
 BATCH, SAVE_AT = 4, 3
 

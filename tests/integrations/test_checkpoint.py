@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from datasets import first_batches, write_dataset
 
 import wdstream
+from tests.support.shard_data import first_batches, write_dataset
 from wdstream.errors import StateError
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state, state_path
 from wdstream.stages.base import ranks_of

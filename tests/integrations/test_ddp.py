@@ -2,7 +2,7 @@
 one epoch on 2 ranks x 2 workers, a rank killed with SIGKILL and the job resumed from its
 checkpoint, and elastic resume on 1 rank x 3 workers and 3 ranks x 1 worker.
 
-The job itself is tests/ddp_job.py; each run leaves per-rank logs of the keys of every batch.
+The job itself is tests/support/ddp_job.py; each run leaves per-rank logs of the keys of every batch.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import all_keys, sample_key, write_dataset
-from servers import free_port
 
+from tests.support.jobs import ROOT, script
+from tests.support.servers import free_port
+from tests.support.shard_data import all_keys, sample_key, write_dataset
 from wdstream.stream.plan import EpochPlan, HistorySegment, PlanOptions, batches_in_stream
 
 pytestmark = pytest.mark.slow
 
-JOB = str(Path(__file__).with_name("ddp_job.py"))
-ROOT = str(Path(__file__).resolve().parent.parent)
+JOB = script("ddp_job.py")
 
 # Uneven shards (3 to 60 samples); 277 samples in all, so 2 ranks drop 1 and 3 ranks 1.
 COUNTS = [60, 6, 45, 12, 31, 8, 50, 20, 35, 10]

@@ -1,7 +1,7 @@
 """Elastic resume of a packed mixture of pre-tokenized shards under torchrun (gloo, CPU):
 2 ranks x 2 workers, rank 1 killed with SIGKILL, the job restarted on 1 rank x 3 workers from
 rank 0's checkpoint; every token id of the dataset occurs once, so the logs tell exactly which
-tokens were trained on. The job is tests/ddp_llm_job.py."""
+tokens were trained on. The job is tests/support/ddp_llm_job.py."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from llm_data import write_token_sources
-from servers import free_port
 
+from tests.support.jobs import ROOT, script
+from tests.support.llm_data import write_token_sources
+from tests.support.servers import free_port
 from wdstream.stages.base import ranks_of
 
 pytestmark = pytest.mark.slow
 
-JOB = str(Path(__file__).with_name("ddp_llm_job.py"))
-ROOT = str(Path(__file__).resolve().parent.parent)
+JOB = script("ddp_llm_job.py")
 COUNTS = {"x": [30, 25, 41], "y": [22, 35]}
 PER_EPOCH, SEQ, BATCH, EVERY, DIE_AT = 80, 16, 2, 4, 10
 

@@ -2,25 +2,24 @@
 loader state in every checkpoint, restored by ``resume_from_checkpoint`` (no epoch replay),
 ``max_steps`` from ``len(loader)`` and the epochs; on 1 process and under torchrun with 2 ranks.
 
-The job is tests/hf_trainer_job.py."""
+The job is tests/support/hf_trainer_job.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from jobs import run_job
+
+from tests.support.jobs import run_job, script
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.slow
 
-JOB = str(Path(__file__).with_name("hf_trainer_job.py"))
+JOB = script("hf_trainer_job.py")
 
 
 @pytest.fixture
 def work(tmp_path):
-    from llm_data import documents, train_tokenizer, write_text_dataset
+    from tests.support.llm_data import documents, train_tokenizer, write_text_dataset
 
     train_tokenizer(tmp_path / "tokenizer.json", documents(5, 200))
     write_text_dataset(tmp_path / "web", [40, 40], seed=3)
@@ -51,9 +50,9 @@ def test_trainer_checkpoints_and_resumes_the_loader(work, nproc, workers):
 def test_a_dataset_gets_a_loader_with_the_trainers_settings(tmp_path, monkeypatch):
     import torch
     import transformers
-    from datasets import write_dataset
 
     import wdstream
+    from tests.support.shard_data import write_dataset
     from wdstream.integrations.hf_trainer import use_loader
 
     for name in ("RANK", "WORLD_SIZE"):

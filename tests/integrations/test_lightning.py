@@ -1,19 +1,18 @@
 """``lightning.Trainer`` (the real package) with a ``wdstream.DataLoader``: the loader's state is
 in every checkpoint and ``fit(ckpt_path=...)`` resumes exactly, on 1 process and under
-torchrun with 2 ranks (DDP, gloo). The job is tests/lightning_job.py."""
+torchrun with 2 ranks (DDP, gloo). The job is tests/support/lightning_job.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from datasets import all_keys, write_dataset
-from jobs import run_job
+
+from tests.support.jobs import run_job, script
+from tests.support.shard_data import all_keys, write_dataset
 
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.slow
 
-JOB = str(Path(__file__).with_name("lightning_job.py"))
+JOB = script("lightning_job.py")
 COUNTS = [30, 7, 25, 18]  # 80 samples: 20 batches of 4 per epoch on 1 rank, 10 on 2
 
 

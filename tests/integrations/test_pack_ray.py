@@ -9,8 +9,9 @@ import json
 import os
 
 import pytest
-from servers import environ
-from test_pack import fail, folder_bytes, records, run, write_jsonl
+
+from tests.support.servers import environ
+from tests.write.test_pack import fail, folder_bytes, records, run, write_jsonl
 
 ray = pytest.importorskip("ray")
 

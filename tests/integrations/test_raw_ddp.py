@@ -1,4 +1,4 @@
-"""Parquet files on the moto S3 server read by a DDP job under torchrun (tests/ddp_job.py,
+"""Parquet files on the moto S3 server read by a DDP job under torchrun (tests/support/ddp_job.py,
 2 ranks x 2 workers): a rank killed with SIGKILL and the job resumed from its checkpoint gives
 exactly the batches of the uninterrupted run; resumed on 3 ranks, every row exactly once."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from raw_data import all_keys, counted, upload_tree, write_parquet
-from test_ddp import batch_lists, read_run, torchrun
+
+from tests.integrations.test_ddp import batch_lists, read_run, torchrun
+from tests.support.raw_data import all_keys, counted, upload_tree, write_parquet
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("torchdata")
 
-from datasets import all_keys, batch_keys, take, write_dataset  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 import wdstream  # noqa: E402
+from tests.support.shard_data import all_keys, batch_keys, take, write_dataset  # noqa: E402
 from wdstream.errors import StateError  # noqa: E402
 
 COUNTS = [13, 40, 7, 25, 3, 31, 18, 9]  # uneven shards, 146 samples

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "train_tiny_lm.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny_lm.py"
 # 20 steps over 3 epochs of 8 steps; the kill after step 11 falls in the second epoch, and the
 # resume starts from the checkpoint after step 10.
 SMALL = ["--steps", "20", "--steps-per-epoch", "8", "--batch-size", "4", "--seq-len", "32",
@@ -64,9 +64,9 @@ def test_hugging_face_trainer_recipe(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     import torch
-    from llm_data import documents, train_tokenizer, write_text_dataset
 
     import wdstream
+    from tests.support.llm_data import documents, train_tokenizer, write_text_dataset
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

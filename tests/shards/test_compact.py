@@ -121,7 +121,7 @@ def test_a_compact_manifest_streams_from_s3_through_workers_and_the_cache(
         s3, s3_bucket, tmp_path, monkeypatch):
     """The whole path on arrays: lazy URLs, sizes and digests reach the S3 reader, the shard
     cache and forked DataLoader workers; the epoch is the one the general parser gives."""
-    from datasets import all_keys, write_dataset
+    from tests.support.shard_data import all_keys, write_dataset
 
     counts = [7, 5, 9, 6]
     folder = tmp_path / "data"

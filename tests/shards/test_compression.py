@@ -17,10 +17,10 @@ from collections import Counter
 
 import pytest
 import zstandard
-from datasets import all_keys, batch_keys, first_batches, shard_bytes
-from test_inspect import wdstream
 
 import wdstream as wds
+from tests.cli.test_inspect import wdstream
+from tests.support.shard_data import all_keys, batch_keys, first_batches, shard_bytes
 from wdstream.errors import ShardError
 from wdstream.inspection import read_samples
 from wdstream.shards.compression import open_tar, sniff

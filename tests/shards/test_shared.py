@@ -239,7 +239,7 @@ def test_small_manifests_are_not_copied(tmp_path, parses):
 def test_workers_stream_a_mapped_manifest_as_a_private_one(tmp_path, monkeypatch):
     """DataLoader workers read through the mapped arrays (inherited by fork) and deliver the
     epoch a private parse gives."""
-    from datasets import all_keys, write_dataset
+    from tests.support.shard_data import all_keys, write_dataset
 
     counts = [5, 7, 6, 4]
     folder = tmp_path / "data"

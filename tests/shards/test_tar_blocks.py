@@ -9,8 +9,8 @@ import io
 import tarfile
 
 import pytest
-from test_tar_pax import fix_checksum, member, mtime, pax, record, record_of, tar
 
+from tests.shards.test_tar_reader import fix_checksum, member, mtime, pax, record, record_of, tar
 from wdstream.errors import ShardError
 from wdstream.shards.tar_reader import iter_members
 from wdstream.shards.tar_writer import TarWriter

@@ -12,8 +12,8 @@ import time
 
 import pytest
 import urllib3
-from servers import http_server
 
+from tests.support.servers import http_server
 from wdstream.sources.body_reads import LOW_WATER, LargeReads, socket_of
 
 

@@ -16,9 +16,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import all_keys, keys_of, shard_bytes, write_dataset
 
 import wdstream
+from tests.support.shard_data import all_keys, keys_of, shard_bytes, write_dataset
 from wdstream.errors import InputError, StreamError
 from wdstream.sources import cache_folder
 from wdstream.sources.cache import ShardCache

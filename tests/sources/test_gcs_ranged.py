@@ -9,24 +9,20 @@ import os
 import subprocess
 import sys
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from datasets import all_keys, write_dataset  # noqa: E402
-from servers import environ  # noqa: E402
-
-from benchmarks.shaped_link import ShapedProxy  # noqa: E402
-from wdstream.errors import AccessError, StreamError  # noqa: E402
-from wdstream.sources import ranged  # noqa: E402
-from wdstream.sources.failures import stream_error  # noqa: E402
-from wdstream.sources.gcs_ranges import object_path  # noqa: E402
-from wdstream.sources.openers import open_read  # noqa: E402
-from wdstream.sources.range_fetchers import HttpStatusError  # noqa: E402
-from wdstream.sources.ranged import Link, RangedGcsSource  # noqa: E402
-from wdstream.sources.streams import ByteStream  # noqa: E402
+from benchmarks.shaped_link import ShapedProxy
+from tests.support.servers import environ
+from tests.support.shard_data import all_keys, write_dataset
+from wdstream.errors import AccessError, StreamError
+from wdstream.sources import ranged
+from wdstream.sources.failures import stream_error
+from wdstream.sources.gcs_ranges import object_path
+from wdstream.sources.openers import open_read
+from wdstream.sources.range_fetchers import HttpStatusError
+from wdstream.sources.ranged import Link, RangedGcsSource
+from wdstream.sources.streams import ByteStream
 
 KiB = 1 << 10
 PART = 64 * KiB

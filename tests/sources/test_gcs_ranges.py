@@ -1,6 +1,6 @@
 """The gs:// reader (``gcs_ranges.py`` under the scheduler of ``ranged.py``) against a small
 fake GCS of this module: the JSON API's media download and object metadata, behaving as real
-GCS does where gcp-storage-emulator (``test_gcs_ranged.py``) does not: every download says its
+GCS does where gcp-storage-emulator (``tests/sources/test_gcs_ranged.py``) does not: every download says its
 generation, ``ifGenerationMatch`` answers 412, gzip-encoded objects, empty objects, expired
 tokens, hostile names.
 

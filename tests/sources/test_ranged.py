@@ -11,17 +11,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from datasets import all_keys, write_dataset  # noqa: E402
-from servers import environ  # noqa: E402
-
-from benchmarks.shaped_link import ShapedProxy  # noqa: E402
-from wdstream.errors import StreamError  # noqa: E402
-from wdstream.sources import ranged, streams  # noqa: E402
-from wdstream.sources.openers import open_read  # noqa: E402
-from wdstream.sources.ranged import Link, RangedS3Source  # noqa: E402
-from wdstream.sources.streams import (  # noqa: E402
+from benchmarks.shaped_link import ShapedProxy
+from tests.support.servers import environ
+from tests.support.shard_data import all_keys, write_dataset
+from wdstream.errors import StreamError
+from wdstream.sources import ranged, streams
+from wdstream.sources.openers import open_read
+from wdstream.sources.ranged import Link, RangedS3Source
+from wdstream.sources.streams import (
     CHUNK_SIZE,
     READ_AHEAD,
     BufferPool,

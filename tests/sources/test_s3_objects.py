@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from test_pack import folder_bytes, records, run, write_jsonl
 
+from tests.write.test_pack import folder_bytes, records, run, write_jsonl
 from wdstream.errors import StreamError
 from wdstream.sources.objects import delete, exists, open_write, read_bytes, write_bytes
 from wdstream.sources.s3_objects import S3Writer

@@ -6,20 +6,15 @@ from __future__ import annotations
 import http.server
 import os
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from servers import environ, http_server  # noqa: E402
-
-from wdstream.errors import StreamError  # noqa: E402
-from wdstream.sources import ranged, s3_ranges  # noqa: E402
-from wdstream.sources.clients import s3_client  # noqa: E402
-from wdstream.sources.ranged import Link, RangedS3Source  # noqa: E402
-from wdstream.sources.streams import ByteStream  # noqa: E402
+from tests.support.servers import environ, http_server
+from wdstream.errors import StreamError
+from wdstream.sources import ranged, s3_ranges
+from wdstream.sources.clients import s3_client
+from wdstream.sources.ranged import Link, RangedS3Source
+from wdstream.sources.streams import ByteStream
 
 PART = 64 << 10
 TIMEOUT = 10.0

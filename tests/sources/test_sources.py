@@ -340,7 +340,7 @@ def test_s3_stall(s3, silent_endpoint, monkeypatch, opener):
 
 
 def test_s3_unreachable_endpoint(s3, monkeypatch):
-    from servers import free_port
+    from tests.support.servers import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")

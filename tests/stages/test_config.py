@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
+from tests.support.llm_data import documents, train_tokenizer, write_text_dataset
 from wdstream.errors import InputError
 
 pytest.importorskip("tokenizers")

@@ -8,16 +8,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
+from tests.support.llm_data import documents, train_tokenizer, write_text_dataset
 from wdstream.errors import InputError
 from wdstream.stages import config as config_module
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("yaml")
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 
 @pytest.fixture(scope="module")

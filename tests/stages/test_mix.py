@@ -8,10 +8,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from datasets import first_batches, write_dataset
-from llm_data import sources, write_sources
 
 import wdstream
+from tests.support.llm_data import sources, write_sources
+from tests.support.shard_data import first_batches, write_dataset
 from wdstream.errors import InputError, StateError
 from wdstream.stages.mix import BLOCK, block_choices
 from wdstream.stream.contract import IterationSpec
@@ -188,7 +188,7 @@ def test_layout_change_is_accepted_another_mixture_refused(data):
     first = loader(data, workers=2)
     take(first, 3)
     state = first.state_dict()
-    loader(data, workers=1).load_state_dict(state)  # elastic: tests/test_elastic_stages.py
+    loader(data, workers=1).load_state_dict(state)  # elastic: tests/elastic/test_stages.py
     with pytest.raises(StateError):  # another mixture
         loader(data, workers=2, weights=(0.5, 0.5)).load_state_dict(state)
 

@@ -8,10 +8,10 @@ import json
 from collections import Counter
 
 import pytest
-from datasets import first_batches
-from llm_data import sources, write_sources
 
 import wdstream
+from tests.support.llm_data import sources, write_sources
+from tests.support.shard_data import first_batches
 from wdstream.errors import InputError
 from wdstream.stages.mix import BLOCK
 

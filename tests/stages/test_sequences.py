@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from datasets import first_batches
-from llm_data import documents, train_tokenizer, write_text_dataset
 
 import wdstream
+from tests.support.llm_data import documents, train_tokenizer, write_text_dataset
+from tests.support.shard_data import first_batches
 from wdstream.errors import InputError, StateError
 from wdstream.stages.base import cycle_epoch
 from wdstream.stream.contract import IterationSpec

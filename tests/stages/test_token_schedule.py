@@ -9,9 +9,9 @@ import json
 
 import numpy as np
 import pytest
-from llm_data import merged, run_ranks, write_token_sources
 
 import wdstream
+from tests.support.llm_data import merged, run_ranks, write_token_sources
 from wdstream.errors import InputError
 
 SEQ = 16

@@ -140,7 +140,7 @@ def test_workers_keep_what_they_inherited_out_of_the_collector(tmp_path, single_
     import gc
 
     import wdstream
-    from tests.datasets import write_dataset
+    from tests.support.shard_data import write_dataset
 
     write_dataset(tmp_path, [20, 20])
     before = gc.get_freeze_count()

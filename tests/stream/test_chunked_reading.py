@@ -11,7 +11,7 @@ import random
 import pytest
 
 import wdstream
-from tests.datasets import sample_key, shard_bytes, write_dataset
+from tests.support.shard_data import sample_key, shard_bytes, write_dataset
 from wdstream.errors import ShardError, StreamError, WdstreamError
 from wdstream.shards import tar_buffer
 from wdstream.shards.samples import iter_samples, sample_batches

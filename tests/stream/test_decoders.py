@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_inspect import wdstream
 
 import wdstream as wds
+from tests.cli.test_inspect import wdstream
 from wdstream.errors import ShardError
 from wdstream.shards.tar_writer import TarWriter
 from wdstream.stream.decode import IMAGE_MODES, build_decoders, decode_sample

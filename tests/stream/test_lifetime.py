@@ -9,7 +9,8 @@ import sys
 import textwrap
 
 import pytest
-from datasets import write_dataset
+
+from tests.support.shard_data import write_dataset
 
 
 @pytest.fixture(scope="module")

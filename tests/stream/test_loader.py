@@ -9,9 +9,9 @@ import sys
 from collections import Counter
 
 import pytest
-from datasets import all_keys, batch_keys, take, write_dataset
 
 import wdstream
+from tests.support.shard_data import all_keys, batch_keys, take, write_dataset
 from wdstream.errors import StateError
 
 COUNTS = [13, 40, 7, 25, 3, 31, 18, 9]  # uneven shards

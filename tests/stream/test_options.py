@@ -8,9 +8,9 @@ import json
 import os
 
 import pytest
-from datasets import write_dataset
 
 import wdstream
+from tests.support.shard_data import write_dataset
 from wdstream.errors import AccessError, InputError, OptionError, ShardError, WdstreamError
 from wdstream.options import CHOICES
 

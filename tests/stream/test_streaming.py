@@ -5,7 +5,7 @@ faults: missing objects, truncated and corrupt shards, failing commands, a serve
 answers, an S3 endpoint cut in the middle of an epoch, undecodable samples, a key full of shell
 metacharacters. Last, resident memory stays flat on a dataset many times the shuffle buffer.
 
-(Two ranks under torchrun reading every sample exactly once is tests/test_ddp.py's.)
+(Two ranks under torchrun reading every sample exactly once is tests/integrations/test_ddp.py's.)
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datasets import all_keys, keys_of, sample_key, shard_bytes, write_dataset
-from proxy import TcpProxy
 
 import wdstream
+from tests.support.jobs import ROOT
+from tests.support.proxy import TcpProxy
+from tests.support.shard_data import all_keys, keys_of, sample_key, shard_bytes, write_dataset
 from wdstream.errors import ShardError, StreamError
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar_writer import TarWriter
 
-ROOT = str(Path(__file__).resolve().parent.parent)
 COUNTS = [5, 3, 4]  # small: every `aws` call costs ~0.7 s, every `gcloud` call ~1.3 s
 
 
@@ -254,7 +254,7 @@ def test_s3_down_and_back_mid_epoch(s3, moto_server, monkeypatch, tmp_path, capl
     four shards is half read, and comes back 0.6 s later: the reader retries, resumes after
     the last sample it delivered, and the epoch is complete and in the same order as an
     undisturbed one. (The S3 reader's own retries of a part are off here: they would absorb
-    the outage; tests/test_ranged.py covers them.)"""
+    the outage; tests/sources/test_ranged.py covers them.)"""
     from wdstream.sources import ranged
 
     monkeypatch.setattr(ranged, "PART_RETRIES", 0)

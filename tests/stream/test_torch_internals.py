@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 import torch.utils.data
-from datasets import write_dataset
 
 import wdstream
+from tests.support.shard_data import write_dataset
 from wdstream.stream import torch_internals
 
 

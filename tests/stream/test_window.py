@@ -12,9 +12,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from datasets import all_keys, batch_keys, sample_key, take, write_dataset
 
 import wdstream
+from tests.support.shard_data import all_keys, batch_keys, sample_key, take, write_dataset
 from wdstream.errors import OptionError, StateError
 from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec

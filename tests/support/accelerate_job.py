@@ -1,7 +1,7 @@
 """A custom training loop through Hugging Face Accelerate over a ``wdstream.DataLoader``, run
-by tests/test_accelerate.py directly (one process) or under torchrun (gloo, CPU):
+by tests/integrations/test_accelerate.py directly (one process) or under torchrun (gloo, CPU):
 
-    python tests/accelerate_job.py --data DIR --out OUT [--save-at K] [--resume CKPT]
+    python tests/support/accelerate_job.py --data DIR --out OUT [--save-at K] [--resume CKPT]
 
 ``accelerator.prepare(model, optimizer, loader)``; one epoch of training steps. Writes
 ``OUT/rank-R.json``: whether prepare returned the loader itself, ``len`` of the prepared

@@ -1,7 +1,7 @@
-"""A DDP-style training loop over wdstream, run by tests/test_ddp.py under torchrun:
+"""A DDP-style training loop over wdstream, run by tests/integrations/test_ddp.py under torchrun:
 
     python -m torch.distributed.run --nproc_per_node=N --master_addr=127.0.0.1 \
-        --master_port=PORT tests/ddp_job.py --url s3://bucket/prefix/ --out DIR [options]
+        --master_port=PORT tests/support/ddp_job.py --url s3://bucket/prefix/ --out DIR [options]
 
 Every rank (gloo backend, CPU) builds the same ``StreamingDataset`` and ``DataLoader``,
 optionally loads rank 0's checkpointed loader state, and iterates one epoch. After each batch

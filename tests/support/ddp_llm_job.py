@@ -1,8 +1,8 @@
-"""A DDP-style loop over packed pre-tokenized documents, run by tests/test_ddp_llm.py under
+"""A DDP-style loop over packed pre-tokenized documents, run by tests/integrations/test_ddp_llm.py under
 torchrun (gloo, CPU):
 
     python -m torch.distributed.run --nproc_per_node=N --master_addr=127.0.0.1 \
-        --master_port=PORT tests/ddp_llm_job.py --data DIR --out DIR [options]
+        --master_port=PORT tests/support/ddp_llm_job.py --data DIR --out DIR [options]
 
 Every rank builds ``PackedSequences`` over a ``Mix`` of the token datasets under DIR (``x``
 and ``y``, ``tokens.npy`` members), optionally loads rank 0's checkpointed loader state, and

@@ -1,8 +1,8 @@
 """The Hugging Face ``Trainer`` on a wdstream loader through
 ``wdstream.integrations.hf_trainer.use_loader`` (no subclass, no callback of the user's own),
-run by tests/test_hf_trainer.py directly or under torchrun (gloo, CPU):
+run by tests/integrations/test_hf_trainer.py directly or under torchrun (gloo, CPU):
 
-    python tests/hf_trainer_job.py --work DIR [--workers N]
+    python tests/support/hf_trainer_job.py --work DIR [--workers N]
 
 Trains a tiny model for 2 epochs (``max_steps`` left to the Trainer: 2 x ``len(loader)``),
 checkpointing every 3 steps; then a fresh trainer, model and loader resume from

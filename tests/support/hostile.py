@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from datasets import write_dataset
-
+from tests.support.shard_data import write_dataset
 from wdstream.shards.tar_writer import TarWriter
 
 SECRET = "TOP-SECRET-4242"

@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servers import free_port
+from tests.support.servers import free_port
 
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def script(name: str) -> str:
+    """The path of a job script of this folder (``ddp_job.py``...), as torchrun is given it."""
+    return str(Path(__file__).with_name(name))
 
 
 def run_job(job: list[str], nproc: int, out, timeout: float = 180) -> list[dict]:

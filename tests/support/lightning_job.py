@@ -1,7 +1,7 @@
-"""``lightning.Trainer.fit`` on a ``wdstream.DataLoader``, run by tests/test_lightning.py
+"""``lightning.Trainer.fit`` on a ``wdstream.DataLoader``, run by tests/integrations/test_lightning.py
 directly or under torchrun (gloo, CPU):
 
-    python tests/lightning_job.py --data DIR --work OUT [--mix]
+    python tests/support/lightning_job.py --data DIR --work OUT [--mix]
 
 Fits 2 epochs, checkpointing every 3 steps; then a fresh model and loader resume from the
 checkpoint after step 6 (``ckpt_path``) in the same process. Writes ``OUT/rank-R.json``: the

@@ -10,9 +10,9 @@ import os
 import random
 
 import numpy as np
-from datasets import first_batches
 
 import wdstream
+from tests.support.shard_data import first_batches
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar_writer import TarWriter
 from wdstream.stages.base import pack_positions, ranks_of
@@ -128,9 +128,9 @@ def _write_shard(folder, shard: int, count: int, data: bytes) -> ShardInfo:
 
 
 def write_sources(root, counts: dict) -> object:
-    """One sample dataset (tests/datasets.py's) per name of ``counts`` ({name: shard
+    """One sample dataset (tests/support/shard_data.py's) per name of ``counts`` ({name: shard
     counts}), in ``root/name``; returns ``root``."""
-    from datasets import write_dataset
+    from tests.support.shard_data import write_dataset
 
     for name, shard_counts in counts.items():
         write_dataset(root / name, shard_counts)

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from servers import free_port
+from tests.support.servers import free_port
 
 
 def shutdown(*socks: socket.socket) -> None:

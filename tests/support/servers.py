@@ -11,15 +11,9 @@ from __future__ import annotations
 import http.server
 import os
 import shutil
-import sys
 import tempfile
 import threading
 from contextlib import contextmanager
-from pathlib import Path
-
-_REPO = str(Path(__file__).resolve().parents[1])
-if _REPO not in sys.path:
-    sys.path.append(_REPO)  # appended: the installed wdstream stays the one imported
 
 from benchmarks.local_servers import LocalS3, free_port, launch, stop  # noqa: E402
 

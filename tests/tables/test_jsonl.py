@@ -10,7 +10,9 @@ import json
 import subprocess
 
 import pytest
-from raw_data import (
+
+import wdstream
+from tests.support.raw_data import (
     JSONL_FILES,
     counted,
     jsonl_keys,
@@ -21,8 +23,6 @@ from raw_data import (
     upload_tree,
     write_jsonl,
 )
-
-import wdstream
 from wdstream.errors import ManifestError, ShardError, ShardMismatchError
 from wdstream.tables import jsonl
 

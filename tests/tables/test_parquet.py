@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from llm_data import as_rank
-from raw_data import (
+
+import wdstream
+from tests.support.llm_data import as_rank
+from tests.support.raw_data import (
     PARQUET_FILES,
     all_keys,
     counted,
@@ -21,8 +23,6 @@ from raw_data import (
     upload_tree,
     write_parquet,
 )
-
-import wdstream
 from wdstream.errors import InputError, ManifestError, ShardError, ShardMismatchError
 
 pytestmark = pytest.mark.usefixtures("single_rank")
@@ -213,7 +213,7 @@ def test_option_mistakes_fail_when_built(folder, tmp_path):
 @pytest.mark.slow
 def test_gcs_folder_streams_and_resumes(gcs, tmp_path):
     flat = [("part-0.parquet", 70, 40), ("part-1.parquet", 43, 20)]
-    from test_gcs_ranged import upload
+    from tests.sources.test_gcs_ranged import upload
 
     write_parquet(tmp_path, flat)
     for name, _, _ in flat:

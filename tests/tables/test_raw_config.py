@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llm_data import train_tokenizer
-from raw_data import roundtrip, take, write_jsonl, write_parquet
 
 import wdstream
+from tests.support.llm_data import train_tokenizer
+from tests.support.raw_data import roundtrip, take, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 

@@ -7,7 +7,8 @@ import json
 import subprocess
 
 import pytest
-from raw_data import PARQUET_FILES, upload_tree, write_jsonl, write_parquet
+
+from tests.support.raw_data import PARQUET_FILES, upload_tree, write_jsonl, write_parquet
 
 
 def wdstream(cli_env, *args):

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from servers import http_server
-from test_pack import (
+
+from tests.support.servers import http_server
+from tests.write.test_pack import (
     check_local_dataset,
     fail,
     folder_bytes,
@@ -23,7 +24,6 @@ from test_pack import (
     write_jsonl,
     write_parquet,
 )
-
 from wdstream.errors import InputError
 
 

@@ -529,14 +529,14 @@ def test_ctrl_c_mid_run_leaves_nothing(tmp_path, cli_env):
 
 
 def _texts(n: int) -> list[dict]:
-    from llm_data import documents
+    from tests.support.llm_data import documents
 
     return [{"id": f"t{i}", "text": text} for i, text in enumerate(documents(11, n, 120))]
 
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory):
-    from llm_data import documents, train_tokenizer
+    from tests.support.llm_data import documents, train_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     return path, train_tokenizer(path, documents(99, 300), vocab_size=150)
