@@ -1,6 +1,6 @@
 """TRL's ``SFTTrainer`` (the real package) on ``PackedSequences`` through ``use_loader``: trains
 from the wdstream loader and resumes from a checkpoint with exactly the sequences the
-uninterrupted run saw after it. The job, tests/trl_job.py, runs in a process of its own."""
+uninterrupted run saw after it. The job, tests/support/trl_job.py, runs in a process of its own."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("trl") is None:  # importing it here would meet tests/datasets.py
+from tests.support.jobs import script
+
+if importlib.util.find_spec("trl") is None:  # found, not imported: it imports transformers
     pytest.skip("trl is not installed", allow_module_level=True)
 pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.slow
 
-JOB = str(Path(__file__).with_name("trl_job.py"))
+JOB = script("trl_job.py")
 
 
 def test_sft_trainer_resumes_exactly(tmp_path):
-    from llm_data import documents, train_tokenizer, write_text_dataset
+    from tests.support.llm_data import documents, train_tokenizer, write_text_dataset
 
     train_tokenizer(tmp_path / "tokenizer.json", documents(5, 200))
     write_text_dataset(tmp_path / "web", [40, 40], seed=3)

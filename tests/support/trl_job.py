@@ -1,8 +1,8 @@
 """TRL's ``SFTTrainer`` on sequences packed by ``wdstream.PackedSequences``, through
-``wdstream.integrations.hf_trainer.use_loader``; run by tests/test_trl.py in a process of its
-own (this folder's ``datasets.py`` would shadow the Hugging Face package TRL imports):
+``wdstream.integrations.hf_trainer.use_loader``; run by tests/integrations/test_trl.py in a
+process of its own:
 
-    python tests/trl_job.py WORKDIR   (WORKDIR holds tokenizer.json and web/)
+    python tests/support/trl_job.py WORKDIR   (WORKDIR holds tokenizer.json and web/)
 
 Trains a tiny Llama for 2 epochs of the loader, checkpointing every 3 steps, then resumes a
 fresh trainer from ``checkpoint-3``; prints one JSON line: the sequences each run trained on.
@@ -13,9 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

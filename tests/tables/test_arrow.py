@@ -5,13 +5,10 @@ truncated or foreign file is an error naming it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from raw_data import counted, keys_of, loader_of, roundtrip, take, upload_tree
 
 import wdstream
+from tests.support.raw_data import counted, keys_of, loader_of, roundtrip, take, upload_tree
 from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.tables import arrow
 
@@ -24,23 +21,16 @@ def small_units(monkeypatch):
     monkeypatch.setattr(arrow, "RANGE_BYTES", 4000)  # several units a file
 
 
-SAVE = """
-import sys, datasets
-rows = int(sys.argv[2])
-table = datasets.Dataset.from_dict({"id": list(range(rows)),
-                                    "text": [f"row {i}" for i in range(rows)],
-                                    "input_ids": [[i, i + 1] for i in range(rows)]})
-table.save_to_disk(sys.argv[1], num_shards=2)
-"""
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A folder datasets.Dataset.save_to_disk wrote (in a process of its own: this folder's
-    ``datasets.py`` would shadow the package here)."""
+    """A folder datasets.Dataset.save_to_disk wrote."""
+    import datasets
+
     folder = tmp_path_factory.mktemp("arrow") / "saved"
-    subprocess.run([sys.executable, "-c", SAVE, str(folder), str(ROWS)], check=True,
-                   cwd=folder.parent, timeout=120, capture_output=True)
+    table = datasets.Dataset.from_dict({"id": list(range(ROWS)),
+                                        "text": [f"row {i}" for i in range(ROWS)],
+                                        "input_ids": [[i, i + 1] for i in range(ROWS)]})
+    table.save_to_disk(str(folder), num_shards=2)
     assert (folder / "state.json").exists()
     return folder
 
