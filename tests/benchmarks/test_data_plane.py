@@ -68,6 +68,7 @@ def test_the_s3_reader_streams_through_the_plane_as_from_moto(plane, s3):
             assert list_files(url) == listed  # the listing is moto's, through nginx
 
 
+@pytest.mark.slow
 def test_ranges_heads_etags_and_missing_keys_through_the_plane(plane):
     from wdstream.errors import StreamError
     from wdstream.sources.range_fetchers import HttpStatusError, ObjectChanged, PastEnd

@@ -6,6 +6,8 @@ nginx data plane itself: tests/benchmarks/test_data_plane.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.__main__ import write_results
 
 
@@ -28,6 +30,7 @@ def test_a_rewrite_keeps_other_sections_and_notes(tmp_path):
     assert text.index("<!-- /benchmark:resume -->") < text.index("<!-- note:relayout -->")
 
 
+@pytest.mark.slow
 def test_local_s3_serves_an_upload(tmp_path):
     from benchmarks.local_servers import LocalS3
 
@@ -40,6 +43,7 @@ def test_local_s3_serves_an_upload(tmp_path):
     assert s3.process.poll() is not None  # stopped at the end of the block
 
 
+@pytest.mark.slow
 def test_the_link_benchmarks_servers_serve_ranges_of_the_current_object(tmp_path):
     """The suite's moto that reads a value once, and its threaded GCS emulator: ranged GETs
     give the object's bytes, also after it was replaced."""

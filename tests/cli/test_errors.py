@@ -63,6 +63,7 @@ def test_a_file_name_not_in_utf8_is_an_error_line(tmp_path, cli_env):
     assert_clean_error(result, "is not valid Unicode")
 
 
+@pytest.mark.slow
 def test_a_surrogate_pair_is_text(tmp_path, cli_env):
     name = write(tmp_path / "p.jsonl", '{"t": "\\ud83d\\ude00"}\n')
     assert run(["pack", name, "--output", "out", "-q"], cli_env, tmp_path).returncode == 0
@@ -78,6 +79,7 @@ def test_nan_and_infinity_are_refused(tmp_path, cli_env, constant, options):
     assert_clean_error(result, "n.jsonl:2", f"{constant} is not JSON")
 
 
+@pytest.mark.slow
 def test_nan_in_a_parquet_row_is_refused(tmp_path, cli_env):
     pyarrow = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -91,6 +93,7 @@ def test_nan_in_a_parquet_row_is_refused(tmp_path, cli_env):
     ("v=__url__", "reserved"), ("v=__key__", "reserved"), ("v=__KEY__", "reserved"),
     ("v=__meta__", "reserved"), ("v=a\tb", "control character"), ("v=a\x7fb", "control"),
 ])
+@pytest.mark.slow
 def test_reserved_and_control_character_names_are_refused_at_pack_time(tmp_path, cli_env,
                                                                         field, what):
     name = write(tmp_path / "ok.jsonl", '{"v": "x"}\n')
@@ -167,6 +170,7 @@ def test_an_unexpected_error_is_one_line_unless_debugging(tmp_path, cli_env, deb
     assert_clean_error(result, "wdstream ls data", "nested too deeply", "WDSTREAM_DEBUG=1")
 
 
+@pytest.mark.slow
 def test_shards_and_members_named_outside_utf8(tmp_path, cli_env):
     """A shard file name and a member name that are not UTF-8: read and listed (with a
     replacement character), and ``index`` refuses to put such a name in a manifest."""

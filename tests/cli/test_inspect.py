@@ -81,6 +81,7 @@ def test_ls_lists_shards_and_totals(dataset):
     assert "12" in out  # total samples
 
 
+@pytest.mark.slow
 def test_ls_json(dataset):
     doc = as_json(wdstream("ls", dataset, "--json"))
     assert doc["samples"] == sum(COUNTS) and doc["how"] == "manifest"
@@ -94,6 +95,7 @@ def test_ls_json(dataset):
     assert pattern["manifest"] is None and pattern["scanned"] and pattern["samples"] == 12
 
 
+@pytest.mark.slow
 def test_ls_shows_how_it_was_packed(tmp_path):
     source = tmp_path / "data.jsonl"
     source.write_text("".join(json.dumps({"id": i, "text": f"t{i}"}) + "\n" for i in range(20)))
@@ -225,6 +227,7 @@ def binary_shard(tmp_path):
     return str(path), image
 
 
+@pytest.mark.slow
 def test_cat_binary_members(binary_shard):
     path, image = binary_shard
     [sample] = cat_lines(path)
@@ -249,6 +252,7 @@ def test_cat_into_a_closed_pipe_is_quiet(tmp_path):
 # --------------------------------------------------------------------------- bench
 
 
+@pytest.mark.slow
 def test_bench_streams_through_the_loader(dataset):
     doc = as_json(wdstream("bench", dataset, "--workers", "2", "--batch-size", "4", "--json"))
     # two workers read 6 samples each: batches of 4 + 2 per worker
@@ -263,6 +267,7 @@ def test_bench_streams_through_the_loader(dataset):
     assert tensors["samples"] == 12 and tensors["bytes_as"] == "tensor"
 
 
+@pytest.mark.slow
 def test_bench_reports_a_damaged_shard_in_one_line(copy):
     truncate(copy / "shard-000001.tar")
     result = wdstream("bench", copy, "--workers", "1", code=1, timeout=180)
@@ -280,6 +285,7 @@ def test_bench_reports_a_damaged_shard_in_one_line(copy):
 
 
 @pytest.mark.parametrize("command", ["ls", "verify", "cat", "bench"])
+@pytest.mark.slow
 def test_missing_dataset_is_exit_2_without_traceback(command, tmp_path):
     result = wdstream(command, tmp_path / "nothing-here", code=2)
     assert result.stderr.startswith("error: ")
@@ -296,6 +302,7 @@ def test_invalid_manifest_is_exit_2(command, copy):
     assert "index.json: not valid JSON" in result.stderr
 
 
+@pytest.mark.slow
 def test_bad_options_are_usage_errors(dataset):
     wdstream("verify", dataset, "--workers", "0", code=2)
     wdstream("cat", dataset, "-n", "-1", code=2)

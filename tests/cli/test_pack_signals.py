@@ -55,6 +55,7 @@ def keys(s3, bucket) -> list[str]:
     (1, signal.SIGINT, True),
     (1, signal.SIGTERM, False),
 ])
+@pytest.mark.slow
 def test_a_signal_stops_everything_and_leaves_nothing(records, s3, s3_bucket, cli_env,
                                                       workers, signum, whole_group):
     command = ["wdstream", "pack", records, "--output", f"s3://{s3_bucket}/ds/",

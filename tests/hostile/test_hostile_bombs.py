@@ -380,6 +380,7 @@ def test_commands_refuse_a_claim_bomb(tmp_path, cli_env, command):
 
 
 @pytest.mark.parametrize("command", [("verify", "--deep"), ("index",), ("cat",)])
+@pytest.mark.slow
 def test_commands_take_the_limits_as_options(tmp_path, cli_env, command):
     folder = tmp_path / "ds"
     folder.mkdir()

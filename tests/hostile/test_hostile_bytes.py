@@ -454,6 +454,7 @@ def test_mismatch_after_delivery_raises_even_under_skip(tmp_path):
     assert reader.stats.retries == 0
 
 
+@pytest.mark.slow
 def test_packed_and_indexed_shards_swapped_on_disk(tmp_path, cli_env):
     """Through the real CLI: `pack` and `index` record the same identity keys, and two shards
     of the same size swapped on disk are refused before any of their samples."""

@@ -167,6 +167,7 @@ def test_an_endless_gcs_metadata_answer_is_read_in_part():
                    "unreadable object metadata")
 
 
+@pytest.mark.slow
 def test_the_commands_refuse_a_fifo_or_an_oversized_manifest(tmp_path, cli_env):
     fifo = tmp_path / "fifo"
     fifo.mkdir()

@@ -70,6 +70,7 @@ IMPOSSIBLE = {
 
 
 @pytest.mark.parametrize("case", list(IMPOSSIBLE))
+@pytest.mark.slow
 def test_impossible_manifests_are_refused_everywhere(scene, case):
     make, named = IMPOSSIBLE[case]
     good = json.loads(scene.manifest.read_text())
@@ -110,6 +111,7 @@ def assert_escaped(*texts):
             assert char not in text, (char, text)
 
 
+@pytest.mark.slow
 def test_listed_names_are_escaped_on_the_terminal(tmp_path):
     folder = tmp_path / "ds"
     write_dataset(folder, [2], manifest=False)
@@ -131,6 +133,7 @@ def test_listed_names_are_escaped_on_the_terminal(tmp_path):
     assert_escaped(report.stdout, report.stderr, problems.stdout, problems.stderr, cat.stderr)
 
 
+@pytest.mark.slow
 def test_manifest_values_are_escaped_on_the_terminal(scene):
     doc = json.loads(scene.manifest.read_text())
     doc["packed_by"] = {"note": "\x1b]0;owned\x07 \u009b2J \u202eright", "\x1b[1mkey": 1}

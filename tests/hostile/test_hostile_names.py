@@ -54,6 +54,7 @@ def python_entry_points(source):
 
 
 @pytest.mark.parametrize("entry", list(HOSTILE_ENTRIES))
+@pytest.mark.slow
 def test_a_manifest_names_shards_under_its_prefix_only(scene, entry):
     url = HOSTILE_ENTRIES[entry](scene)
     scene.set_entry(url)
@@ -76,6 +77,7 @@ def test_a_manifest_names_shards_under_its_prefix_only(scene, entry):
 
 
 @pytest.mark.parametrize("entry", ["absolute-path", "file-url", "dotdot", "http"])
+@pytest.mark.slow
 def test_the_opt_in_reads_shards_outside_the_prefix(scene, entry):
     scene.set_entry(HOSTILE_ENTRIES[entry](scene))
     dataset = wds.StreamingDataset(str(scene.dataset), shuffle=False,
@@ -89,6 +91,7 @@ def test_the_opt_in_reads_shards_outside_the_prefix(scene, entry):
     assert bool(scene.requests) == (entry == "http")
 
 
+@pytest.mark.slow
 def test_pipe_from_a_manifest_stays_refused_with_the_opt_in(scene):
     scene.set_entry(HOSTILE_ENTRIES["pipe"](scene))
     with pytest.raises(ManifestError, match=r"shards\[1\]\.url .*a pipe: command"):
@@ -131,6 +134,7 @@ def listed_folder(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_a_listed_file_named_like_a_command_is_read_as_a_file(tmp_path, monkeypatch):
     folder = listed_folder(tmp_path)
     for cwd, source in ((tmp_path, str(folder)), (folder, "."), (folder, "./")):

@@ -219,6 +219,7 @@ def ours_as_lists(data: bytes, seekable: bool, limit: int | None):
     return got
 
 
+@pytest.mark.slow
 def test_fuzzed_headers_never_misattribute_payloads():
     rng = random.Random(SEED)
     bases = [our_shard(rng), tarfile_shard(rng, tarfile.PAX_FORMAT),
@@ -226,6 +227,7 @@ def test_fuzzed_headers_never_misattribute_payloads():
     fuzz(rng, bases, ours, CASES)
 
 
+@pytest.mark.slow
 def test_fuzzed_runs_of_small_members_read_alike_as_lists(scanned):
     rng = random.Random(SEED + 1)
     bases = [many_shard(rng), many_shard(rng, tarfile.PAX_FORMAT)]

@@ -41,6 +41,7 @@ keys_of = batch_keys
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_uninterrupted_epoch_reads_every_sample_once(data, workers):
     batches = keys_of(make(data, workers))
     assert Counter(k for b in batches for k in b) == Counter(all_keys(COUNTS))
@@ -48,6 +49,7 @@ def test_uninterrupted_epoch_reads_every_sample_once(data, workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_stop_save_load_finish_equals_uninterrupted(data, workers):
     reference = keys_of(make(data, workers))
     n = len(reference)
@@ -64,6 +66,7 @@ def test_stop_save_load_finish_equals_uninterrupted(data, workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_resume_twice(data, workers):
     reference = keys_of(make(data, workers))
     first = make(data, workers)

@@ -48,6 +48,7 @@ def test_a_large_manifest_parses_into_arrays_with_the_same_meaning():
     assert fast.to_json() == text  # still what people and older readers read
 
 
+@pytest.mark.slow
 def test_a_dataset_on_a_large_manifest_plans_as_before(tmp_path):
     text = Manifest(infos(), extensions=["bin"]).to_json()
     (tmp_path / "index.json").write_text(text)

@@ -123,6 +123,7 @@ def test_names_and_magic():
 # --------------------------------------------------------------------------- commands
 
 
+@pytest.mark.slow
 def test_listing_counts_every_shard_and_names_what_it_leaves_out(tmp_path):
     folder = tmp_path / "ds"
     write_mixed(folder, [3, 4, 5], [".tar", ".tar.gz", ".tar"])
@@ -141,6 +142,7 @@ def test_listing_counts_every_shard_and_names_what_it_leaves_out(tmp_path):
     assert manifest["samples"] == 12
 
 
+@pytest.mark.slow
 def test_index_records_stored_bytes_and_digests(mixed):
     manifest = json.loads((mixed / "index.json").read_text())
     assert [s["samples"] for s in manifest["shards"]] == COUNTS
@@ -241,6 +243,7 @@ def test_pipe_urls_and_the_cache(mixed, tmp_path, single_rank):
     assert other.entries() == []
 
 
+@pytest.mark.slow
 def test_from_s3(s3, s3_bucket, mixed, single_rank, tmp_path):
     client = s3.client()
     for path in mixed.iterdir():
@@ -284,6 +287,7 @@ def records(tmp_path_factory):
 
 
 @pytest.mark.parametrize("codec, suffix", [("zstd", ".tar.zst"), ("gzip", ".tar.gz")])
+@pytest.mark.slow
 def test_pack_compressed_is_the_same_for_any_workers(records, tmp_path, codec, suffix):
     outputs = []
     for workers in (1, 3):
@@ -370,6 +374,7 @@ def test_large_payloads_of_compressed_shards_through_workers(tmp_path, single_ra
     assert got == {key: [data, data] for key, data in payloads.items()}
 
 
+@pytest.mark.slow
 def test_stray_members_are_reported_everywhere(tmp_path, single_rank):
     from wdstream.shards.tar_writer import TarWriter
 

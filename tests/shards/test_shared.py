@@ -85,6 +85,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_processes_of_a_node_parse_once_and_map_the_rest(dataset, tmp_path):
     """Four processes started together: one parses and publishes, all four end up with the
     node-local arrays mapped, and each sees what a private parse gives."""

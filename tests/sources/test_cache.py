@@ -73,6 +73,7 @@ def shard_files(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_later_epochs_read_the_cache(s3, s3_data, tmp_path, single_rank, workers):
     url, folder = s3_data
     cache_dir = tmp_path / "cache"
@@ -112,6 +113,7 @@ def test_replaced_shards_are_not_served_stale(s3, s3_data, tmp_path, single_rank
     assert len(ShardCache(cache_dir).entries()) == 2 * len(COUNTS)
 
 
+@pytest.mark.slow
 def test_first_sample_does_not_wait_for_the_whole_shard(tmp_path, single_rank):
     """A source that sends about half of a 3 MB shard, then stalls 3 s before the rest: the
     first sample arrives at once through the cache (the tar reader reads 1 MiB at a time),

@@ -81,6 +81,7 @@ def test_parts_come_back_in_order_over_a_delayed_link(s3, proxied):
     assert 2 < source.peak_parts <= 6  # it widened: the link was the slower side
 
 
+@pytest.mark.slow
 def test_the_default_sdk_opener_reads_through_parts(s3, proxied):
     bucket, make = proxied
     data = os.urandom(3 * (8 << 20) + 5)  # 4 parts of the default size
@@ -303,6 +304,7 @@ def test_a_loader_tells_the_first_shards_reader_its_first_batchs_bytes(tmp_path,
     assert [each[2] for each in others] == [None]
 
 
+@pytest.mark.slow
 def test_a_stream_kept_waiting_with_its_whole_window_teaches_it(s3, proxied,
                                                                 monkeypatch):
     """A first stream that, past its start, was kept waiting with all the parts it may have
@@ -410,6 +412,7 @@ def test_a_fast_link_reads_the_rest_as_one_get(s3, proxied, monkeypatch):
         assert source.requests == 1
 
 
+@pytest.mark.slow
 def test_the_loader_asks_for_parts_from_the_manifests_sizes(s3, proxied, tmp_path,
                                                             monkeypatch):
     """The default loader path: the manifest's shard sizes reach the S3 reader, which asks
@@ -443,6 +446,7 @@ def _wait_for(check, seconds: float = 5.0) -> bool:
     return check()
 
 
+@pytest.mark.slow
 def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxied,
                                                                 monkeypatch):
     """The shard being read has the link first: the next one, opened ahead, keeps one part in
@@ -571,6 +575,7 @@ def test_the_window_grows_only_once_a_part_came_in(s3, proxied, monkeypatch):
         assert link.parallel is True and source.peak_parts > 2
 
 
+@pytest.mark.slow
 def test_a_manifests_version_on_s3_is_one_head_with_the_readers_client(s3, proxied):
     """What the shared manifest asks of S3 before reading (``object_version``) takes the
     reader's botocore client, in a fresh process: one HEAD through the link, no second SDK."""
@@ -594,6 +599,7 @@ def test_a_manifests_version_on_s3_is_one_head_with_the_readers_client(s3, proxi
     assert proxy.requests == 1
 
 
+@pytest.mark.slow
 def test_a_small_manifest_on_s3_is_read_with_its_version_in_one_request(s3, proxied, tmp_path):
     """Loading a manifest too small to share takes one request through the link: the GET
     that asks its version reads it whole (a HEAD and then a GET took two). A larger one is

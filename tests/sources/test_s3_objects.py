@@ -68,6 +68,7 @@ def test_large_objects_go_as_a_multipart_upload_and_abort_leaves_nothing(s3, s3_
     assert read_bytes(url) == data and not _pending_uploads(s3, s3_bucket)
 
 
+@pytest.mark.slow
 def test_s3_write_errors_name_the_url(s3, s3_bucket):
     with pytest.raises(StreamError, match="s3://no-such-bucket-wd/x.tar") as info:
         write_bytes("s3://no-such-bucket-wd/x.tar", b"data")
@@ -90,6 +91,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_pack_s3_to_s3_forks_its_pool_and_gives_the_local_bytes(tmp_path, s3, s3_bucket,
                                                                  cli_env):
     import zstandard

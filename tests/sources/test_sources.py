@@ -288,6 +288,7 @@ def odd_object(s3, s3_bucket, tmp_path):
 
 
 @pytest.mark.parametrize("opener", ["sdk", "fsspec", "cli"])
+@pytest.mark.slow
 def test_s3_openers_read_exact_bytes(odd_object, opener):
     url, marker = odd_object
     with open_read(url, opener=opener) as stream:
@@ -304,6 +305,7 @@ def test_s3_sdk_start_at_the_end(odd_object):
 
 
 @pytest.mark.parametrize("opener", ["sdk", "fsspec", "cli"])
+@pytest.mark.slow
 def test_s3_missing_object(s3, s3_bucket, opener):
     url = f"s3://{s3_bucket}/missing.tar"
     with pytest.raises(StreamError, match="not found") as info:
@@ -339,6 +341,7 @@ def test_s3_stall(s3, silent_endpoint, monkeypatch, opener):
     assert info.value.transient and "s3://bucket/x.tar" in str(info.value)
 
 
+@pytest.mark.slow
 def test_s3_unreachable_endpoint(s3, monkeypatch):
     from tests.support.servers import free_port
 
@@ -355,6 +358,7 @@ def test_s3_unreachable_endpoint(s3, monkeypatch):
 # --------------------------------------------------------------------------- GCS (emulator)
 
 
+@pytest.mark.slow
 def test_gcs_read_fsspec_and_cli(gcs):
     import gcsfs
 
@@ -460,6 +464,7 @@ def test_local_write_is_atomic(tmp_path):
         out.write(b"late")
 
 
+@pytest.mark.slow
 def test_a_local_write_interrupted_while_it_opens_leaves_nothing(tmp_path, monkeypatch):
     """A Ctrl-C (pack's workers get one when another fails) may land in a writer's __init__,
     here in its last call: the half-made writer is dropped without an error and its temporary
@@ -484,6 +489,7 @@ def test_a_local_write_interrupted_while_it_opens_leaves_nothing(tmp_path, monke
 
 
 @pytest.mark.parametrize("via", ["auto", "fsspec", "cli"])
+@pytest.mark.slow
 def test_s3_write_commit_and_abort(s3, s3_bucket, via):
     url = f"s3://{s3_bucket}/w/x.tar"
     with open_write(url, via=via) as out:

@@ -73,6 +73,7 @@ class Counted:
 
 
 @pytest.mark.parametrize("stop", ["first_exhausted", "cycle"])
+@pytest.mark.slow
 def test_length_from_counts_equals_the_draws_made(stop):
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -84,6 +85,7 @@ def test_length_from_counts_equals_the_draws_made(stop):
         assert ds.plan(0, 1, 1).stream_samples == [drawn], (sizes, weights)
 
 
+@pytest.mark.slow
 def test_proportions_over_20k_draws(data):
     ds = mix(data, names=("a", "b", "c"), weights=(5, 3, 2), stop="fixed",
              samples_per_epoch=20_000)
@@ -104,6 +106,7 @@ def test_deterministic_and_seeded(data):
 
 @pytest.mark.parametrize("stop", ["first_exhausted", "cycle", "fixed"])
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_exact_resume(data, stop, workers):
     kwargs = {"stop": stop, "workers": workers}
     if stop == "fixed":
@@ -121,6 +124,7 @@ def test_exact_resume(data, stop, workers):
         assert before + items(resumed) == batches, f"stop {stop_at}"
 
 
+@pytest.mark.slow
 def test_state_at_the_end_of_an_epoch_starts_the_next(data):
     first = loader(data)
     items(first)

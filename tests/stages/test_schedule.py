@@ -59,6 +59,7 @@ def test_the_same_on_every_rank(data, monkeypatch):
     assert drawn[0] == drawn[1] and len(drawn[0]) == TOTAL // 2
 
 
+@pytest.mark.slow
 def test_resume_across_the_boundary_same_and_other_layout(data, monkeypatch):
     def make(workers, batch):
         return wdstream.DataLoader(scheduled(data, schedule=[(0, [3, 1]), (SWITCH, [1, 3])]),

@@ -86,6 +86,7 @@ def test_pre_tokenized_and_callable_tokenizers_give_the_same_sequences(corpus):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.slow
 def test_pack_with_tokenizer_then_packed_sequences(corpus, tmp_path, workers):
     """`wdstream.pack(tokenize=..., tokenizer=...)` stores token ids without EOS; packing them
     gives the sequences that tokenizing the text on the fly gives."""
@@ -143,6 +144,7 @@ def test_token_lists_packed_by_wdstream_pack(corpus, tmp_path):
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("per_epoch", [None, 400])  # 400: more than one pass of the data
+@pytest.mark.slow
 def test_token_exact_resume(corpus, workers, per_epoch):
     def loader():
         stage = packed(corpus, sequences_per_epoch=per_epoch)
@@ -168,6 +170,7 @@ def test_token_exact_resume(corpus, workers, per_epoch):
         assert rows(after, "position_ids") == rows(reference, "position_ids")[len(before):]
 
 
+@pytest.mark.slow
 def test_packing_a_mixture_resumes_exactly(corpus):
     def loader():
         sources = [wdstream.StreamingDataset(str(corpus["root"] / n), seed=3, shuffle_window=5)

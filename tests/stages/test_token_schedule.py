@@ -76,6 +76,7 @@ def test_the_same_step_on_every_rank(tokens, monkeypatch):
 
 
 @pytest.mark.parametrize("cut", [5, 22, 23, 24, 25, 26, 27, 40])
+@pytest.mark.slow
 def test_same_layout_resume_is_token_exact_across_the_boundary(tokens, monkeypatch, cut):
     (reference,), _ = run_ranks(monkeypatch, lambda: packed(tokens), 1, 2, 1)
     _head, states = run_ranks(monkeypatch, lambda: packed(tokens), 1, 2, 1, n=cut)
@@ -84,6 +85,7 @@ def test_same_layout_resume_is_token_exact_across_the_boundary(tokens, monkeypat
     assert all(a.equal(b["input_ids"]) for a, b in zip(expected, rest, strict=True))
 
 
+@pytest.mark.slow
 def test_elastic_resume_continues_the_schedule(tokens, monkeypatch):
     """2 ranks x 2 workers for 4 sequences a stream (16 over the job), then 1 rank x 3 workers:
     the remaining 8 sequences' worth of x tokens (SWITCH is 24 sequences) come first, the

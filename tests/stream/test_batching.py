@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
+import pytest
 import torch
 import torch.multiprocessing  # noqa: F401 - registers how tensors cross in shared memory
 
@@ -136,6 +137,7 @@ def _frozen(sample):
     return {**sample, "frozen": gc.get_freeze_count()}
 
 
+@pytest.mark.slow
 def test_workers_keep_what_they_inherited_out_of_the_collector(tmp_path, single_rank):
     import gc
 

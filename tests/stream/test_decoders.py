@@ -163,6 +163,7 @@ def test_cat_shows_gzip_members_decoded(vision):
     assert line["txt.gz"] == "caption 0" and line["cls"] == 0 and line["jpg"]["bytes"] > 100
 
 
+@pytest.mark.slow
 def test_bench_decodes_images(vision, tmp_path):
     import shutil
 

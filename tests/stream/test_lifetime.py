@@ -48,6 +48,7 @@ def packed():
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_dropping_iterators_half_way_prints_nothing(data, workers):
     result = run_script(PRELUDE.format(source=data, workers=workers) + """
 for make in (dataset, mix, packed):
@@ -69,6 +70,7 @@ print("done")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_exiting_with_iterators_open_prints_nothing(data, workers):
     result = run_script(PRELUDE.format(source=data, workers=workers) + """
 open_ones = [iter(loader(dataset())), iter(loader(dataset(), bytes_as="tensor")),
@@ -83,6 +85,7 @@ next(plain)
     assert result.stderr == ""
 
 
+@pytest.mark.slow
 def test_exiting_after_an_error_prints_only_the_error(tmp_path):
     write_dataset(tmp_path, [5, 5])
     (tmp_path / "shard-000001.tar").write_bytes(b"not a tar" * 100)
@@ -102,6 +105,7 @@ next(other)
     assert result.stderr == ""
 
 
+@pytest.mark.slow
 def test_exiting_while_streaming_from_s3_prints_nothing(s3, s3_bucket, tmp_path):
     write_dataset(tmp_path, [20, 20], payload=100_000)
     client = s3.client()

@@ -65,6 +65,7 @@ def test_deterministic_epochs_advance(data, single_rank):
 
 
 @pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.slow
 def test_exact_resume_at_many_stop_points(data, single_rank, workers):
     reference = keys_of(make(data, workers=workers))
     next_epoch = None
@@ -247,6 +248,7 @@ def test_the_training_process_malloc_is_tuned_where_payloads_are_copied(
     assert calls == ([1] if tuned else [])
 
 
+@pytest.mark.slow
 def test_tuned_malloc_spares_the_training_process_page_faults(tmp_path):
     """The effect itself, in a process of its own (glibc's settings are the process's): the
     training process faults in far fewer pages copying 1 MiB payloads once tuned."""
@@ -275,6 +277,7 @@ print(*faults)
 
 @pytest.mark.parametrize("odd", [0, 5], ids=["first-sample", "later-sample"])
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_samples_with_other_members_in_one_batch_name_the_sample(tmp_path, single_rank, odd,
                                                                  workers):
     """Shards from another tool whose samples do not all have the same members: the default
@@ -329,6 +332,7 @@ def _binary_dataset(folder, payloads: dict[str, bytes]) -> str:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_bytes_as_tensor_shares_memory_without_copies(tmp_path, single_rank, workers):
     """bytes_as="tensor": raw members arrive as uint8 tensors, large and small alike. Views
     held by the loop keep their buffer: a worker refills a pooled buffer only once released,

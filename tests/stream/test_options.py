@@ -163,6 +163,7 @@ def test_skip_never_hides_a_permission_problem(tmp_path, workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_stats_count_the_retries_made_before_a_raise(tmp_path, workers):
     paths = write_dataset(tmp_path, [5, 5, 5, 5])
     with open(paths[1], "r+b") as shard:  # the manifest's size no longer matches
@@ -187,6 +188,7 @@ def test_stats_count_the_retries_made_before_a_raise(tmp_path, workers):
     ({"fields": {"text": 3}}, "strings"),
     ({"max_size": "big"}, "not a size"),
 ])
+@pytest.mark.slow
 def test_pack_arguments_are_checked_before_any_work(tmp_path, kwargs, expect):
     (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
     with pytest.raises(InputError, match=expect):

@@ -92,6 +92,7 @@ def s3_data(moto_server, local_data):
 
 
 @pytest.mark.parametrize("opener", ["sdk", "fsspec", "cli"])
+@pytest.mark.slow
 def test_s3_openers_give_the_local_samples(s3, s3_data, reference, opener):
     ds = dataset(s3_data, opener=opener)
     samples = list(ds)
@@ -249,6 +250,7 @@ def test_stalled_pipe_mid_shard(local_data):
     assert info.value.url == url
 
 
+@pytest.mark.slow
 def test_s3_down_and_back_mid_epoch(s3, moto_server, monkeypatch, tmp_path, caplog):
     """The endpoint goes away (every connection dropped, new ones refused) while the first of
     four shards is half read, and comes back 0.6 s later: the reader retries, resumes after

@@ -245,6 +245,7 @@ def rest_of(ds, s, stream, start):
 
 @pytest.mark.parametrize("window,start", [(16, 1), (16, 4), (1000, 32), (1000, 1)])
 @pytest.mark.parametrize("source", ["data", "bare"])
+@pytest.mark.slow
 def test_resume_at_every_position_of_the_first_windows(request, source, window, start):
     ds = wdstream.StreamingDataset(request.getfixturevalue(source), seed=4,
                                    shuffle_window=window, shuffle_start=start)
@@ -257,6 +258,7 @@ def test_resume_at_every_position_of_the_first_windows(request, source, window, 
                 f"resume at {position} of stream {stream}/{workers}"
 
 
+@pytest.mark.slow
 def test_a_loader_resumes_exactly_inside_growing_windows(data):
     def make(workers):
         ds = wdstream.StreamingDataset(data, seed=6, shuffle_window=100, shuffle_start=2)

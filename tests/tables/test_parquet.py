@@ -51,6 +51,7 @@ def test_a_folder_streams_every_row_once_with_its_columns(folder):
             assert list(tokens) == [int(row), int(row) + 1, int(row) + 2]
 
 
+@pytest.mark.slow
 def test_the_order_is_a_function_of_seed_and_epoch(folder):
     first = keys_of(loader_of(str(folder)))
     assert keys_of(loader_of(str(folder))) == first
@@ -85,6 +86,7 @@ def test_columns_read_only_their_chunks(folder, monkeypatch):
     assert "id" not in keyed[0]
 
 
+@pytest.mark.slow
 def test_resume_is_exact_on_the_same_layout(folder):
     whole = keys_of(loader_of(str(folder)))
     loader = loader_of(str(folder))
@@ -147,6 +149,7 @@ def test_s3_folder_pattern_and_list(s3, s3_bucket, folder):
     assert first + keys_of(resumed) == whole
 
 
+@pytest.mark.slow
 def test_s3_file_changed_since_the_plan_is_an_error(s3, s3_bucket, folder):
     url = upload_tree(s3.client(), s3_bucket, folder, "changing")
     ds = wdstream.StreamingDataset(url, shuffle=False, retries=0)

@@ -33,6 +33,7 @@ def test_ls_verify_cat_of_parquet_on_s3(s3, s3_bucket, tmp_path, cli_env):
                                         "__key__": "train/part-2.parquet:5"}
 
 
+@pytest.mark.slow
 def test_verify_names_a_malformed_line_and_exits_1(tmp_path, cli_env):
     write_jsonl(tmp_path, [("a.jsonl", 20)])
     with open(tmp_path / "a.jsonl", "a") as f:

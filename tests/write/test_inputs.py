@@ -70,6 +70,7 @@ def _s3_files(client, bucket: str, prefix: str) -> list[str]:
     return sorted(item["Key"] for item in listed)
 
 
+@pytest.mark.slow
 def test_every_input_kind_from_s3_packs_like_local_files(tmp_path, s3, s3_bucket, cli_env):
     root = tmp_path / "in"
     files = _inputs(root)
@@ -97,6 +98,7 @@ def test_every_input_kind_from_s3_packs_like_local_files(tmp_path, s3, s3_bucket
             assert client.get_object(Bucket=s3_bucket, Key=f"out/{name}")["Body"].read() == data
 
 
+@pytest.mark.slow
 def test_globs_expand_in_sorted_order(tmp_path, s3, s3_bucket, cli_env):
     client = s3.client()
     root = tmp_path / "raw"
@@ -127,6 +129,7 @@ def test_globs_expand_in_sorted_order(tmp_path, s3, s3_bucket, cli_env):
         (tmp_path / "c" / "shard-000000.tar").read_bytes()
 
 
+@pytest.mark.slow
 def test_remote_input_errors_name_the_url_and_publish_nothing(tmp_path, s3, s3_bucket,
                                                               cli_env):
     client = s3.client()
@@ -156,6 +159,7 @@ def test_remote_input_errors_name_the_url_and_publish_nothing(tmp_path, s3, s3_b
     assert _s3_files(client, s3_bucket, "out/") == []
 
 
+@pytest.mark.slow
 def test_inputs_from_gcs(tmp_path, gcs, cli_env):
     import gcsfs
 
@@ -191,6 +195,7 @@ def http_folder(tmp_path):
         yield folder, base
 
 
+@pytest.mark.slow
 def test_inputs_over_http(tmp_path, http_folder, cli_env):
     folder, base = http_folder
     plain = write_jsonl(folder / "a.jsonl", records(9))
@@ -229,6 +234,7 @@ def test_progress_counts_input_bytes_of_the_listed_total(tmp_path, s3, s3_bucket
 # --- reading in linear time, longest record bounded -------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_huge_line_is_refused_early_and_long_lines_read_in_linear_time(tmp_path, cli_env):
     huge = tmp_path / "huge.jsonl.gz"
     with gzip.open(huge, "wb", compresslevel=1) as file:
@@ -279,6 +285,7 @@ def test_line_splitting_over_chunk_boundaries(tmp_path):
         list(inputs.read_jsonl(str(path), max_record=699))
 
 
+@pytest.mark.slow
 def test_workers_read_lines_from_the_file_and_give_the_same_bytes(tmp_path, cli_env):
     # pool workers read a plain file's lines again by byte range: a BOM, blank and
     # whitespace-only lines, CRLF and a last line without a newline must come out the same
@@ -313,6 +320,7 @@ def _mixed_text(count: int, last: bool = True) -> bytes:
             + "\r\n".join(lines[half:]) + "\n\n" + ('{"last": true}' if last else "")).encode()
 
 
+@pytest.mark.slow
 def test_workers_decompress_inputs_and_give_the_same_shards(tmp_path, s3, s3_bucket, cli_env):
     # .zst, .gz and remote JSON Lines are read by a pool worker with --workers > 1: the same
     # shards and manifest as one process reading them, inputs in order, across file ends
@@ -340,6 +348,7 @@ def test_workers_decompress_inputs_and_give_the_same_shards(tmp_path, s3, s3_buc
     assert folder_bytes(tmp_path / "k1") == folder_bytes(tmp_path / "k2")
 
 
+@pytest.mark.slow
 def test_errors_from_a_reading_worker_name_the_file_and_line(tmp_path, cli_env):
     lines = [json.dumps(r) for r in records(40)]
     bad = _zst(tmp_path / "bad.jsonl.zst",

@@ -220,6 +220,7 @@ def test_max_size_bounds_the_real_tar_bytes(tmp_path, cli_env):
     assert len(manifest["shards"]) > 120 // 9
 
 
+@pytest.mark.slow
 def test_reruns_and_workers_give_identical_bytes(tmp_path, cli_env):
     source = write_jsonl(tmp_path / "d.jsonl", records(400))
     csv_source = write_csv(tmp_path / "e.csv", records(100, 400))
@@ -233,6 +234,7 @@ def test_reruns_and_workers_give_identical_bytes(tmp_path, cli_env):
     assert folder_bytes(tmp_path / "two") == one
 
 
+@pytest.mark.slow
 def test_parts_merge_into_the_single_run_dataset(tmp_path, cli_env):
     source = write_jsonl(tmp_path / "d.jsonl", records(50))
     run(["pack", source, "--output", tmp_path / "single", "--max-count", 6], cli_env)
@@ -269,6 +271,7 @@ def _check_remote(fs, prefix: str, count: int) -> None:
 
 
 @pytest.mark.parametrize("via", ["auto", "fsspec", "cli"])
+@pytest.mark.slow
 def test_output_to_s3(tmp_path, s3_bucket, cli_env, via):
     import s3fs
 
@@ -298,6 +301,7 @@ def _gcs_fs():
     return gcsfs.GCSFileSystem(endpoint_url=os.environ["STORAGE_EMULATOR_HOST"], token="anon")
 
 
+@pytest.mark.slow
 def test_output_to_gcs_via_fsspec(tmp_path, gcs, cli_env):
     source = write_jsonl(tmp_path / "d.jsonl", records(12))
     env = {**cli_env, **gcs.env}
@@ -323,6 +327,7 @@ with open(os.environ["STAND_IN_LOG"], "a") as log:
 """
 
 
+@pytest.mark.slow
 def test_output_to_gcs_via_cli_stand_in(tmp_path, gcs, cli_env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -343,6 +348,7 @@ def test_output_to_gcs_via_cli_stand_in(tmp_path, gcs, cli_env):
 # --- interop ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_webdataset_reads_the_shards(tmp_path, cli_env):
     import webdataset
 
@@ -361,6 +367,7 @@ def test_webdataset_reads_the_shards(tmp_path, cli_env):
     assert listing.stdout.split() == [f"k{i}.txt" for i in range(10)]
 
 
+@pytest.mark.slow
 def test_index_shards_from_shardwriter_and_gnu_tar(tmp_path, cli_env):
     import webdataset
 
@@ -390,6 +397,7 @@ def test_index_shards_from_shardwriter_and_gnu_tar(tmp_path, cli_env):
 # --- errors ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bad_records_are_named(tmp_path, cli_env):
     good = write_jsonl(tmp_path / "good.jsonl", records(3))
     bad = tmp_path / "bad.jsonl"
@@ -414,6 +422,7 @@ def test_bad_records_are_named(tmp_path, cli_env):
         assert not list((tmp_path / name).iterdir())
 
 
+@pytest.mark.slow
 def test_bad_inputs_and_options(tmp_path, cli_env):
     (tmp_path / "data.xml").write_text("<a/>")
     error = fail(["pack", tmp_path / "data.xml", "--output", tmp_path / "out"], cli_env)
@@ -441,6 +450,7 @@ def test_bad_inputs_and_options(tmp_path, cli_env):
     assert "big.jsonl:1" in error and "maximum shard size" in error
 
 
+@pytest.mark.slow
 def test_unwritable_destinations(tmp_path, s3, cli_env):
     source = write_jsonl(tmp_path / "d.jsonl", records(3))
     (tmp_path / "file").write_text("not a folder")
@@ -459,6 +469,7 @@ def test_unwritable_destinations(tmp_path, s3, cli_env):
     assert "credentials" in fail(["pack", source, "--output", "s3://bucket/ds/"], no_credentials)
 
 
+@pytest.mark.slow
 def test_a_failure_after_the_first_shards_leaves_nothing(tmp_path, cli_env):
     rows = records(30)
     lines = [json.dumps(r) for r in rows]
@@ -550,6 +561,7 @@ def _npy(array) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_tokenize_stores_token_ids_as_npy(tmp_path, cli_env, tokenizer_file):
     import numpy as np
 
@@ -591,6 +603,7 @@ def test_tokenize_stores_token_ids_as_npy(tmp_path, cli_env, tokenizer_file):
     assert [s["tokens.npy"] for s in count_samples] == [s["tokens.npy"] for s in samples]
 
 
+@pytest.mark.slow
 def test_tokenized_parts_merge_into_the_single_run_dataset(tmp_path, cli_env, tokenizer_file):
     path, _ = tokenizer_file
     source = write_csv(tmp_path / "d.csv", _texts(60))
@@ -609,6 +622,7 @@ def test_tokenized_parts_merge_into_the_single_run_dataset(tmp_path, cli_env, to
         assert merged_samples == single_samples
 
 
+@pytest.mark.slow
 def test_tokenize_uses_uint32_beyond_65536_ids(tmp_path, cli_env):
     import numpy as np
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -628,6 +642,7 @@ def test_tokenize_uses_uint32_beyond_65536_ids(tmp_path, cli_env):
     assert first.dtype == np.dtype("<u4") and first.tolist() == [1, 65535, 65536, 69999, 0]
 
 
+@pytest.mark.slow
 def test_tokenize_errors(tmp_path, cli_env, tokenizer_file):
     path, _ = tokenizer_file
     source = write_jsonl(tmp_path / "d.jsonl", _texts(20))
