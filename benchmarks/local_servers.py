@@ -2,7 +2,7 @@
 port, and ``LocalS3``, a moto S3 server with the environment its clients need.
 
 Standard library only (boto3 is imported by ``client()``), so that the test suite can import
-it too (``tests/servers.py``) without the benchmarks' other dependencies.
+it too (``tests/support/servers.py``) without the benchmarks' other dependencies.
 """
 
 from __future__ import annotations

@@ -10,13 +10,10 @@ import os
 import socket
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from servers import GcsEmulator, MotoServer, environ  # noqa: E402
+from tests.support.servers import GcsEmulator, MotoServer, environ
 
 _bucket_numbers = itertools.count()
 
@@ -47,7 +44,7 @@ def single_rank(monkeypatch):
 def scene(tmp_path):
     """A dataset whose manifest tests make name what it should not, with a secret outside it
     and a recording HTTP server (``hostile.Scene``)."""
-    from hostile import hostile_scene
+    from tests.support.hostile import hostile_scene
 
     with hostile_scene(tmp_path) as scene:
         yield scene

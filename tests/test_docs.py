@@ -226,6 +226,7 @@ def page_runs(docs_env, tmp_path_factory):
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=[p.name for p in RUNNABLE])
+@pytest.mark.slow
 def test_code_in_page_runs(page, page_runs):
     status, output = page_runs[page.name]
     assert status == 0, output[-6000:]

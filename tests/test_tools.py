@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import free_port
+
+from tests.support.servers import free_port
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 UPLOAD = TOOLS / "upload-shards.sh"
@@ -72,6 +73,7 @@ def object_sizes(s3, bucket: str, prefix: str) -> dict[str, int]:
     return {item["Key"][len(prefix):]: item["Size"] for item in listing.get("Contents", [])}
 
 
+@pytest.mark.slow
 def test_upload_to_s3_retries_and_puts_the_manifest_last(tmp_path, s3, s3_bucket, cli_env):
     folder = packed_folder(tmp_path / "ds", shards=2)
     log = tmp_path / "aws.log"

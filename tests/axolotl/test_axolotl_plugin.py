@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from servers import environ, free_port
+
+from tests.support.servers import environ, free_port
 
 # each axolotl run takes 30-90 s to start; a test runs three
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

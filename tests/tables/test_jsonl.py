@@ -1,0 +1,144 @@
+"""JSON Lines files (plain, .gz, .zst) streamed where they lie: counted by one scan when the
+dataset is built, or from the unit index that `wdstream index SOURCE --output URL` writes
+anywhere (here: another bucket); plain files cut into line-aligned ranges, compressed ones
+whole; exact and elastic resume; a malformed line, a changed file and a stale index are
+errors naming the file and row."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+import wdstream
+from tests.support.raw_data import (
+    JSONL_FILES,
+    counted,
+    jsonl_keys,
+    keys_of,
+    loader_of,
+    roundtrip,
+    take,
+    upload_tree,
+    write_jsonl,
+)
+from wdstream.errors import ManifestError, ShardError, ShardMismatchError
+from wdstream.tables import jsonl
+
+pytestmark = pytest.mark.usefixtures("single_rank")
+TOTAL = sum(count for _, count in JSONL_FILES)
+
+
+@pytest.fixture(autouse=True)
+def small_ranges(monkeypatch):
+    monkeypatch.setattr(jsonl, "RANGE_BYTES", 2000)  # a.jsonl: several units
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("jsonl"))
+
+
+def test_every_row_once_plain_files_cut_at_line_ends(folder):
+    ds = wdstream.StreamingDataset(str(folder), seed=5)
+    assert len(ds) == TOTAL
+    files = [ds.shards.files[i].name for i in ds.shards.file]
+    assert files.count("a.jsonl") > 2 and files.count("b.jsonl.gz") == 1
+    batches = list(wdstream.DataLoader(ds, batch_size=4, num_workers=2))
+    seen = counted(keys_of(batches))
+    assert set(seen) == jsonl_keys() and max(seen.values()) == 1
+    for batch in batches:
+        for key, text in zip(batch["__key__"], batch["text"], strict=True):
+            name, row = key.rsplit(":", 1)
+            assert text == f"{name} row {row}"
+
+
+def test_exact_resume_and_elastic_resume(folder):
+    whole = keys_of(loader_of(str(folder), batch_size=4))
+    loader = loader_of(str(folder), batch_size=4)
+    first = keys_of(take(loader, 9))
+    same = loader_of(str(folder), batch_size=4)
+    same.load_state_dict(roundtrip(loader.state_dict()))
+    assert first + keys_of(same) == whole
+    other = loader_of(str(folder), batch_size=6, workers=1)
+    other.load_state_dict(roundtrip(loader.state_dict()))
+    seen = counted(first, keys_of(other))
+    assert set(seen) == jsonl_keys() and max(seen.values()) == 1
+
+
+@pytest.mark.slow
+def test_an_index_in_another_bucket_plans_without_reading_the_files(
+        s3, s3_bucket, folder, cli_env, monkeypatch):
+    data = upload_tree(s3.client(), s3_bucket, folder, "lines")
+    elsewhere = s3.create_bucket(s3_bucket + "-indexes")
+    index = f"s3://{elsewhere}/lines-index.json"
+    result = subprocess.run(["wdstream", "index", data, "--output", index], env=cli_env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert str(TOTAL) in result.stdout
+    monkeypatch.undo()  # the index was cut at the default range size
+    scanned = wdstream.StreamingDataset(data, seed=2)
+
+    def no_scan(*args):
+        raise AssertionError("a file was scanned")
+
+    monkeypatch.setattr(jsonl.JsonLinesFormat, "plan", no_scan)
+    ds = wdstream.StreamingDataset(data, seed=2, index=index)
+    assert list(ds.shards.samples) == list(scanned.shards.samples)
+    assert ds.fingerprint() == scanned.fingerprint()
+    loader = wdstream.DataLoader(ds, batch_size=5, num_workers=2)
+    first = keys_of(take(loader, 5))
+    resumed = wdstream.DataLoader(wdstream.StreamingDataset(data, seed=2, index=index),
+                                  batch_size=5, num_workers=2)
+    resumed.load_state_dict(roundtrip(loader.state_dict()))
+    seen = counted(first, keys_of(resumed))
+    assert set(seen) == jsonl_keys() and max(seen.values()) == 1
+    # the data changes: the index no longer describes it
+    s3.client().put_object(Bucket=s3_bucket, Key="lines/a.jsonl", Body=b'{"id": 1}\n')
+    with pytest.raises(ManifestError, match="a.jsonl: changed since the index"):
+        wdstream.StreamingDataset(data, index=index)
+    with pytest.raises(ShardMismatchError, match="a.jsonl: changed since the plan"):
+        list(ds)
+
+
+def test_a_malformed_line_names_the_file_and_row(tmp_path):
+    rows = [json.dumps({"id": i}) for i in range(5)]
+    rows[3] = '{"id": 3,'
+    (tmp_path / "bad.jsonl").write_text("\n".join(rows) + "\n")
+    ds = wdstream.StreamingDataset(str(tmp_path), shuffle=False, retries=0)
+    with pytest.raises(ShardError, match=r"bad.jsonl: row 3 \(byte 30\) is not JSON"):
+        list(ds)
+    (tmp_path / "bad.jsonl").write_text('{"id": 0}\n[1, 2]\n')
+    ds = wdstream.StreamingDataset(str(tmp_path), shuffle=False, retries=0)
+    with pytest.raises(ShardError, match=r"bad.jsonl: row 1 \(byte 10\) is not a JSON object"):
+        list(ds)
+
+
+def test_a_corrupt_compressed_file_is_an_error_naming_it(tmp_path):
+    write_jsonl(tmp_path, [("z.jsonl.gz", 30)])
+    path = tmp_path / "z.jsonl.gz"
+    path.write_bytes(path.read_bytes()[:-30])
+    with pytest.raises(ShardError, match="z.jsonl.gz: gzip stream ends before its end"):
+        wdstream.StreamingDataset(str(tmp_path))
+
+
+def test_a_stale_or_foreign_index_is_refused(tmp_path, folder):
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({"format": "wdstream-units", "version": 1, "files": []}))
+    with pytest.raises(ManifestError, match="does not list a.jsonl"):
+        wdstream.StreamingDataset(str(folder), index=str(index))
+    index.write_text(json.dumps({"format": "wdstream", "shards": []}))
+    with pytest.raises(ManifestError, match="not a wdstream unit index"):
+        wdstream.StreamingDataset(str(folder), index=str(index))
+
+
+def test_an_index_cannot_claim_units_outside_the_file(tmp_path, folder, cli_env):
+    index = tmp_path / "index.json"
+    subprocess.run(["wdstream", "index", str(folder), "--output", str(index), "-q"],
+                   env=cli_env, check=True, timeout=60)
+    document = json.loads(index.read_text())
+    document["files"][0]["units"][-1][1] += 10**9
+    index.write_text(json.dumps(document))
+    with pytest.raises(ManifestError, match=r"a.jsonl: unit \[.*\] does not fit"):
+        wdstream.StreamingDataset(str(folder), index=str(index))

@@ -1,0 +1,83 @@
+"""from_config over raw files: a trainer config whose datasets are a Parquet folder and a
+JSON Lines folder (type completion / pretrain, text_column / field) streams them without a
+pack step, packed into sequences, and resumes exactly; the Hugging Face Hub's layout
+(<path>/<name>/<split>-*.parquet) by name and split, or by a data_files pattern; a
+pre-tokenized column packs without a tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wdstream
+from tests.support.llm_data import train_tokenizer
+from tests.support.raw_data import roundtrip, take, write_jsonl, write_parquet
+
+pytestmark = pytest.mark.usefixtures("single_rank")
+
+HUB = [("default/train-00000-of-00002.parquet", 30, 10),
+       ("default/train-00001-of-00002.parquet", 25, 10),
+       ("default/test-00000-of-00001.parquet", 12, 10)]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("raw-config")
+    write_parquet(root / "web")
+    write_jsonl(root / "lines")
+    write_parquet(root / "hub", HUB)
+    texts = [f"{name} row {i}" for name in ("part-0.parquet", "a.jsonl") for i in range(30)]
+    train_tokenizer(root / "tokenizer.json", texts)
+    return root
+
+
+def config(root, **top):
+    return {"base_model": "some/model", "seed": 3, "streaming": True, **top}
+
+
+def ids(batches):
+    return [b["input_ids"].numpy().tolist() for b in batches]
+
+
+@pytest.mark.slow
+def test_a_trainer_config_over_parquet_and_jsonl_packs_and_resumes(root):
+    settings = config(root, sequence_len=16, tokenizer=str(root / "tokenizer.json"),
+                      special_tokens={"eos_token": "<eos>"},
+                      datasets=[{"path": str(root / "web"), "type": "completion",
+                                 "text_column": "text", "weight": 0.6},
+                                {"path": str(root / "lines"), "type": "pretrain",
+                                 "field": "text", "weight": 0.4}])
+
+    def loader():
+        return wdstream.DataLoader(wdstream.from_config(settings), batch_size=4, num_workers=2)
+
+    whole = ids(take(loader(), 12))
+    assert all(len(row) == 16 for batch in whole for row in batch)
+    first = loader()
+    head = ids(take(first, 5))
+    resumed = loader()
+    resumed.load_state_dict(roundtrip(first.state_dict()))
+    assert head + ids(take(resumed, 7)) == whole
+
+
+def rows_of(dataset):
+    return sorted(s["__key__"] for s in dataset)
+
+
+def test_hub_layout_by_name_and_split_or_data_files(root):
+    by_split = wdstream.from_config(config(root, datasets=[
+        {"path": str(root / "hub"), "name": "default", "split": "train"}]))
+    expected = sorted(f"train-0000{f}-of-00002.parquet:{i}"
+                      for f, n in ((0, 30), (1, 25)) for i in range(n))
+    assert rows_of(by_split) == expected
+    by_files = wdstream.from_config(config(root, datasets=[
+        {"path": str(root / "hub"), "data_files": ["default/test-*.parquet"]}]))
+    assert len(list(by_files)) == 12
+
+
+def test_a_pre_tokenized_column_packs_without_a_tokenizer(root):
+    packed = wdstream.from_config(config(root, sequence_len=8, eos=0,
+                                         datasets=[{"path": str(root / "web"),
+                                                    "text_column": "tokens"}]))
+    sequence = next(iter(packed))["input_ids"]
+    assert len(sequence) == 8 and 0 in np.asarray(sequence).tolist()

@@ -1,0 +1,78 @@
+"""The shape of wdstream's code (tools/code_shape.py, run as a script): no function with a
+cyclomatic complexity over 25, and every module named exactly once in its row of
+docs/architecture.md. The tool itself is checked on small trees of its own here first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "code_shape.py"
+
+ARCHITECTURE = """# Architecture
+
+| folder / module | layer | what it holds |
+| --- | --- | --- |
+| `wdstream/errors.py` | basics | exception classes |
+| `wdstream/stream/` | reading while training | the epoch plan (`plan.py`) |
+"""
+
+BRANCHY = "def branchy(x):\n" + "".join(
+    f"    if x == {i}:\n        return {i}\n" for i in range(30)) + "    return -1\n"
+
+
+def run_tool(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), str(root)], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    """A repository of the shape the tool reads: a package and its architecture page."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(ARCHITECTURE)
+    stream = tmp_path / "wdstream" / "stream"
+    stream.mkdir(parents=True)
+    (tmp_path / "wdstream" / "__init__.py").write_text("")
+    (tmp_path / "wdstream" / "errors.py").write_text("class WdstreamError(Exception):\n    pass\n")
+    (stream / "__init__.py").write_text("")
+    (stream / "plan.py").write_text("def plan():\n    from wdstream.errors import WdstreamError\n"
+                                    "    return WdstreamError\n")
+    return tmp_path
+
+
+def test_a_tree_of_the_right_shape_passes_and_lists_its_imports(tree):
+    result = run_tool(tree)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "complexity over 25: 0" in result.stdout
+    assert "not exactly once in their row: 0" in result.stdout
+    assert "inside functions: 1" in result.stdout
+    assert "wdstream/stream/plan.py:2" in result.stdout and "wdstream.errors" in result.stdout
+
+
+def test_a_complex_function_or_a_module_the_page_misses_fails(tree):
+    (tree / "wdstream" / "stream" / "window.py").write_text(BRANCHY)
+    (tree / "wdstream" / "sizes.py").write_text("")
+    result = run_tool(tree)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "complexity over 25: 1" in result.stdout
+    assert "branchy" in result.stdout and "31" in result.stdout
+    assert "not exactly once in their row: 2" in result.stdout
+    assert "wdstream/stream/window.py" in result.stdout and "wdstream/sizes.py" in result.stdout
+
+
+def test_a_module_named_twice_fails(tree):
+    page = tree / "docs" / "architecture.md"
+    page.write_text(page.read_text().replace("(`plan.py`)", "(`plan.py`, again `plan.py`)"))
+    result = run_tool(tree)
+    assert result.returncode == 1
+    assert "wdstream/stream/plan.py  2" in result.stdout
+
+
+def test_wdstream_has_the_shape_asked_for():
+    result = run_tool(ROOT)
+    assert result.returncode == 0, "tools/code_shape.py:\n" + result.stdout + result.stderr
