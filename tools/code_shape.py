@@ -4,7 +4,8 @@
 (b) modules of wdstream/ that docs/architecture.md does not name exactly once: a module is
     named in its package's row of the table (the row whose first cell holds
     `wdstream/<package>/`; top-level modules: the "basics" row) as its file name in backquotes,
-    `plan.py`, or as its path, `wdstream/stream/plan.py`; `__init__.py` is exempt;
+    `plan.py` (a subpackage's module as its path in the package, `cache/entry.py`), or as its
+    path, `wdstream/stream/plan.py`; `__init__.py` is exempt;
 (c) imports of wdstream's own modules inside functions (counted and listed, not a failure).
 
     python tools/code_shape.py [REPOSITORY]
@@ -63,10 +64,11 @@ def naming_counts(root: Path, package_root: Path) -> list[tuple[str, int]]:
     for path in modules(package_root):
         if path.name == "__init__.py":
             continue
-        package = "/".join(path.relative_to(package_root).parts[:-1])
+        parts = path.relative_to(package_root).parts
+        package, short = (parts[0], "/".join(parts[1:])) if len(parts) > 1 else ("", path.name)
         named = re.findall(r"`([^`]+)`", rows.get(package, ""))
         full = path.relative_to(root).as_posix()
-        count = sum(name in (path.name, full) for name in named)
+        count = sum(name in (short, full) for name in named)
         if count != 1:
             found.append((full, count))
     return found
