@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("single_rank")
 MEMORY = 1536 << 20  # address space of a child: the unbounded reads need 2.4 GB and more
 GROWTH = 160 << 20  # what a refused read may add to the peak RSS (limits of 8 and 16 MiB)
 TIMEOUT = 60
-BUILD = "import wdstream.stages.mix"  # torch: a config's checks, timed without its import
+BUILD = "import wdstream.stages.config, wdstream.stages.mix"  # torch: timed without its import
 
 _CHILD = """
 import json, resource, sys, time
@@ -55,11 +55,15 @@ print(json.dumps(outcome))
 """
 
 
-def limited(body: str, env: dict[str, str] | None = None, setup: str = "") -> dict:
+def limited(body: str, env: dict[str, str] | None = None, setup: str | None = None) -> dict:
     """Run ``body`` in a child Python under ``MEMORY`` of address space and ``TIMEOUT``,
     after ``setup`` (imports); its outcome: the wdstream error's class and message (None: no
     error), the seconds it took and the memory it added to the peak RSS. Any other exception
-    (MemoryError, RecursionError) fails the test with its traceback."""
+    (MemoryError, RecursionError) fails the test with its traceback. A body that builds a
+    config imports what a config builds (torch) before the clock starts, unless ``setup``
+    says otherwise."""
+    if setup is None:
+        setup = BUILD if "from_config" in body else ""
     code = _CHILD.format(memory=MEMORY, setup=setup,
                          body=textwrap.indent(textwrap.dedent(body), "    "))
     child_env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env or {})}
@@ -233,7 +237,7 @@ def test_a_config_of_one_long_value_reads_in_seconds(tmp_path):
     """15 MiB in one string, under the 16 MiB limit: libyaml's scanner, not PyYAML's
     pure-Python one (50 s), and the error names the key."""
     (tmp_path / "long.yaml").write_text("datasets: '" + "x" * (15 << 20) + "'\n")
-    outcome = limited(f"wdstream.from_config({str(tmp_path / 'long.yaml')!r})", setup=BUILD)
+    outcome = limited(f"wdstream.from_config({str(tmp_path / 'long.yaml')!r})")
     assert_refused(outcome, "InputError", "'datasets' must be a list of datasets, not str",
                    seconds=8)
 
@@ -321,7 +325,7 @@ def test_an_error_shows_a_bounded_prefix_of_a_shared_value():
         for _ in range(8):
             value = [value] * 10
         wdstream.from_config({"datasets": [{"path": "x"}], "seed": value})
-    """, setup=BUILD)
+    """)
     assert_refused(outcome, "InputError", "'seed' must be an integer, not list [[[[",
                    seconds=1)
     value = ["lol"] * 10
