@@ -34,13 +34,21 @@ from wdstream.stream.shm import (
 from wdstream.stream.torch_internals import new_shared_storage
 
 
-def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict:
+def collate(samples: list[dict], *, pooled: bool = False, arena_tensors: bool = False,
+            json_names=()) -> dict:
     """The default collate: a dict of lists (``batch["__key__"]`` is the list of keys), where
     arrays and tensors of one shape become one stacked tensor (which travels from workers
-    through shared memory) and numbers become a tensor. ``pooled``: large ``bytes`` members
-    go into the worker's reused shared memory (``wdstream.DataLoader`` asks for it under
-    ``bytes_as="tensor"``). ``json_names``: members whose ``bytes`` are JSON left for the
-    main process to decode (``stream.deferred.DeferringDecoder``)."""
+    through shared memory) and numbers become a tensor.
+
+    Args:
+        samples: the batch's samples, dicts with the same members.
+        pooled: large ``bytes`` members go into the worker's reused shared memory
+            (``wdstream.DataLoader`` asks for it under ``bytes_as="tensor"``).
+        arena_tensors: in a worker, stacked tensors are made in the worker's reused shared
+            memory and cross as ``SharedTensor`` (``wdstream.DataLoader``'s default collate,
+            whose main process turns them back into tensors with ``unpack_shared``).
+        json_names: members whose ``bytes`` are JSON left for the main process to decode
+            (``stream.deferred.DeferringDecoder``)."""
     if len(set(map(len, samples))) > 1:  # with a KeyError below: the members differ
         raise _members_differ(samples)
     batch = {}
@@ -49,11 +57,12 @@ def collate(samples: list[dict], *, pooled: bool = False, json_names=()) -> dict
             values = list(map(itemgetter(name), samples))
         except KeyError:
             raise _members_differ(samples) from None
-        batch[name] = _column(values, samples, name, name in json_names, pooled)
+        batch[name] = _column(values, samples, name, name in json_names, (pooled, arena_tensors))
     return batch
 
 
-def _column(values: list, samples: list[dict], name: str, json_bytes: bool, pooled: bool):
+def _column(values: list, samples: list[dict], name: str, json_bytes: bool,
+            shared: tuple[bool, bool]):
     """Member ``name``'s column: JSON left undecoded crosses as one ``JsonColumn`` (decoded by
     the main process) unless a large member sits beside it, then it is decoded here; the
     other values are collated by their type (``_collated``)."""
@@ -64,22 +73,24 @@ def _column(values: list, samples: list[dict], name: str, json_bytes: bool, pool
             return JsonColumn(values if kind is bytes else [v.data for v in values])
         values = _decoded(values, samples, name, kind)
         types = set(map(type, values))
-    return _collated(values, types, pooled)
+    return _collated(values, types, shared)
 
 
-def _collated(values: list, types: set, pooled: bool):
+def _collated(values: list, types: set, shared: tuple[bool, bool]):
     """Keys, URLs and text stay a list; tensors and numeric arrays of one shape are stacked;
-    numbers of one type become a tensor; large ``bytes`` go to shared memory in a worker."""
+    numbers of one type become a tensor; large ``bytes`` go to shared memory in a worker.
+    ``shared``: ``collate``'s ``pooled`` and ``arena_tensors``."""
     import numpy as np
 
     first = values[0]
+    pooled, arena_tensors = shared
     if len(types) == 1 and (types <= _TEXT):  # keys, URLs, text: the usual columns
         return values
     if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
-        return _stack(values)
+        return _stack(values, arena_tensors)
     if isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
             v.shape == first.shape for v in values):
-        return _stack([torch.from_numpy(v) for v in values])
+        return _stack([torch.from_numpy(v) for v in values], arena_tensors)
     if isinstance(first, (int, float)) and not isinstance(first, bool) and len(types) == 1:
         return torch.tensor(values)
     if isinstance(first, bytes) and _in_worker() and all(
@@ -130,13 +141,21 @@ def _numbers(values: list):
     return values
 
 
-def _stack(tensors: list) -> torch.Tensor:
+def _stack(tensors: list, arena_tensors: bool = False):
     """One tensor of the batch; in a worker stacked straight into shared memory (as torch's
-    default collate does), so that it crosses to the main process without another copy."""
+    default collate does), so that it crosses to the main process without another copy:
+    with ``arena_tensors`` into the worker's arena (a ``SharedTensor``), else into a new
+    segment of its own (which crosses as a file descriptor, a round trip to the worker)."""
     first = tensors[0]
     if not _in_worker() or first.device.type != "cpu":
         return torch.stack(tensors)
     numel = first.numel() * len(tensors)
+    if arena_tensors and numel:
+        span = arena().cut(numel * first.element_size())
+        start = span.start
+        out = span.segment.tensor[start : span.end].view(first.dtype)
+        torch.stack(tensors, out=out.view(len(tensors), *first.shape))
+        return SharedTensor(span, first.dtype, (len(tensors), *first.shape))
     storage = new_shared_storage(numel * first.element_size())
     out = first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
     return torch.stack(tensors, out=out)
@@ -284,6 +303,23 @@ class _SharedBytes:
         return values
 
 
+class SharedTensor(_SharedBytes):
+    """A batch's stacked tensor made in a worker's arena: it crosses to the main process as
+    its segment's number and bounds (the segment itself the first time), and ``tensor()``
+    there is a view of the shared memory, which goes back to the worker once no view of it
+    is left. Torch's ``pin_memory`` thread makes it a pinned tensor (a copy)."""
+
+    def __init__(self, span: SharedSpan, dtype: torch.dtype, shape: tuple[int, ...]):
+        super().__init__([span], pooled=True)
+        self.dtype, self.shape = dtype, shape
+
+    def tensor(self) -> torch.Tensor:
+        return self.views()[0].view(self.dtype).view(self.shape)
+
+    def pin_memory(self, *args, **kwargs) -> torch.Tensor:
+        return self.tensor().pin_memory(*args, **kwargs)
+
+
 def _source_key(span) -> tuple:
     if type(span) is SharedSpan:
         return "segment", id(span.segment)
@@ -379,7 +415,9 @@ def unpack_shared(batch, bytes_as: str = "bytes", before_copy: Callable[[], None
     called before payloads are copied into ``bytes``."""
     if isinstance(batch, dict):
         for name, value in batch.items():
-            if isinstance(value, _SharedBytes):
+            if type(value) is SharedTensor:
+                batch[name] = value.tensor()
+            elif isinstance(value, _SharedBytes):
                 if before_copy is not None and bytes_as != "tensor":
                     before_copy()
                 values = value.views() if bytes_as == "tensor" else value.unpack()

@@ -72,6 +72,7 @@ class TaggedCollate:
     def _collate_and_share(self, samples):
         names = self.context.json_names
         if self.default:
-            return share_raw(collate(samples, pooled=self.share_bytes, json_names=names),
+            return share_raw(collate(samples, pooled=self.share_bytes, arena_tensors=True,
+                                     json_names=names),
                              self.share_bytes, names)
         return share_raw(self.collate_fn(samples), self.share_bytes, names)

@@ -74,22 +74,41 @@ def _numeric_lists(kind) -> bool:
 def _flat_values(column):
     """A list column's values as one writable numpy array (one copy) and the rows' bounds
     in it (``len + 1`` of them); None when a row or a value is null (the rows are then
-    Python lists, or None)."""
+    Python lists, or None). Read from Arrow's buffers: pyarrow's ``flatten`` and
+    ``to_numpy`` import ``pyarrow.compute`` and pandas, most of a DataLoader worker's
+    start."""
     import numpy as np
     import pyarrow as pa
 
     array = column.combine_chunks()
-    if array.null_count:
-        return None
-    values = array.flatten()
-    if values.null_count:
+    child = array.values
+    if array.null_count or child.null_count:
         return None
     if pa.types.is_fixed_size_list(array.type):
-        bounds = np.arange(len(array) + 1, dtype=np.int64) * array.type.list_size
+        size = array.type.list_size
+        bounds = np.arange(len(array) + 1, dtype=np.int64) * size
+        first = array.offset * size
     else:
-        offsets = array.offsets.to_numpy()
-        bounds = offsets - offsets[0]
-    return values.to_numpy(zero_copy_only=False, writable=True), bounds
+        offsets = _buffer_array(array.buffers()[1], array.offsets.type,
+                                array.offset, len(array) + 1)
+        first = int(offsets[0])
+        bounds = offsets - first
+    data = _buffer_array(child.buffers()[1], child.type, child.offset + first, int(bounds[-1]))
+    return data.copy(), bounds
+
+
+_FLOATS = {"halffloat": "float16", "float": "float32", "double": "float64"}
+
+
+def _buffer_array(buffer, kind, offset: int, count: int):
+    """``count`` values of a primitive Arrow type from ``offset`` in ``buffer``, as a numpy
+    view (read-only)."""
+    import numpy as np
+
+    dtype = np.dtype(_FLOATS.get(str(kind), str(kind)))
+    if buffer is None:  # an empty array may have none
+        return np.empty(0, dtype)
+    return np.frombuffer(buffer, dtype, count, offset * dtype.itemsize)
 
 
 class TableFormat:
