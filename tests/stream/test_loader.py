@@ -365,8 +365,8 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
     """Under bytes_as="tensor", workers read large raw payloads straight into shared-memory
     segments (small ones here, so that many are used) and reuse a segment once nothing cut
     from it is alive in the worker and the loop has let go of its batches: batches held to
-    the end keep their values, every batch arrives intact,
-    members with a decoder are decoded, and the main process unmaps every segment at the
+    the end keep their values (a payload held only as a view of another dtype too), every
+    batch arrives intact, members with a decoder are decoded, and the main process unmaps every segment at the
     end."""
     import hashlib
     import io
@@ -398,7 +398,9 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
     # a shuffle window keeps 10 samples' spans alive in the worker while it yields them
     dataset = wdstream.StreamingDataset(str(folder), shuffle=True, shuffle_window=10)
     loader = wdstream.DataLoader(dataset, batch_size=3, num_workers=2, bytes_as="tensor")
-    held, segments_seen, keys = [], set(), []
+    import torch
+
+    held, segments_seen, keys, reinterpreted = [], set(), [], []
     for n, batch in enumerate(loader):
         segments_seen.update((worker, uid) for worker, kept in shm._kept.items() for uid in kept)
         for key, raw, text in zip(batch["__key__"], batch["bin"], batch["txt"], strict=True):
@@ -406,7 +408,11 @@ def test_bytes_as_tensor_reads_large_payloads_into_reused_shared_memory(tmp_path
         keys += batch["__key__"]
         if n % 4 == 0:
             held.append(batch)  # the others are let go: their memory is used again
+        elif n % 4 == 2:  # only a reinterpreting view of one payload is kept
+            reinterpreted.append((batch["__key__"][0], batch["bin"][0].view(torch.int16)))
     assert sorted(keys) == sorted(samples)
+    for key, view in reinterpreted:
+        assert bytes(view.view(torch.uint8).numpy()) == samples[key][0]
     assert len(segments_seen) >= 6 and not shm._kept  # many segments, all unmapped now
     for batch in held:
         for key, raw in zip(batch["__key__"], batch["bin"], strict=True):

@@ -130,6 +130,37 @@ def test_a_batch_through_the_loader_is_tensors_of_the_columns_dtypes(folder):
             assert ids.tolist() == expected[key]["input_ids"] and text == expected[key]["text"]
 
 
+def test_batch_tensors_cross_in_the_workers_arena_and_its_memory_is_reused(folder,
+                                                                           monkeypatch):
+    """A worker stacks a batch into its arena (the tensor's memory lies in a segment the main
+    process keeps mapped); segments come back once the main process drops their batches, and
+    a batch it holds keeps its values, even through a view of another dtype, while later
+    ones reuse the memory around it."""
+    import torch
+
+    from wdstream.stream import shm
+
+    expected = expected_rows(folder)
+    # small segments (inherited by the forked worker): a few batches each
+    monkeypatch.setattr(shm.Arena, "SEGMENT", shm.MemorySegment.HOLDS + 4 * 2 * TOKENS * 4 + 256)
+    monkeypatch.setattr(wdstream.DataLoader, "FETCH_SAMPLES", 2)  # one batch per fetch
+    dataset = wdstream.StreamingDataset(str(folder), columns=["input_ids"], seed=3)
+    loader = wdstream.DataLoader(dataset, batch_size=2, num_workers=1, prefetch_factor=1)
+    held, segments = None, set()
+    for batch in loader:
+        ids = batch["input_ids"]
+        kept = [t for worker in shm._kept.values() for t in worker.values()]
+        segment = [t.data_ptr() for t in kept
+                   if t.data_ptr() <= ids.data_ptr() < t.data_ptr() + t.numel()]
+        assert len(segment) == 1
+        segments.add(segment[0])
+        if held is None:
+            held = batch["__key__"], ids.view(torch.uint8)  # the batch itself let go
+    keys, raw = held
+    assert [expected[k]["input_ids"] for k in keys] == raw.view(torch.int32).tolist()
+    assert len(segments) <= 4  # 45 batches, 4 to a segment: reused, not one per 4 batches
+
+
 def test_resume_gives_the_same_arrays(folder):
     def batches(loader):
         return [(b["__key__"], b["input_ids"].tolist()) for b in loader]

@@ -284,19 +284,20 @@ class _SharedBytes:
 
     def views(self) -> list[torch.Tensor]:
         """The values as 1-D uint8 tensors sharing this batch's memory: no copy. Arena memory
-        goes back to the worker once no view of it (nor array made from one) is left."""
+        goes back to the worker once no tensor sharing it (view, reinterpretation, nor array
+        made from one) is left: each kept segment is wrapped anew for the batch in a storage
+        of its own, which holds a numpy view of the segment until its last tensor goes; the
+        flag is released when that numpy view is freed."""
         buffers = self.buffers
         if self.holds is not None:
-            # views keep their base tensor alive (``view._base``): each batch gets bases of
-            # its own over the kept segments, and releases its flag when a base goes
             bases = []
             for buffer, flag in zip(buffers, self.holds, strict=True):
                 if flag is None:  # a file mapped for this batch alone
                     bases.append(buffer)
                     continue
-                storage = buffer.untyped_storage()
-                bases.append(_over(storage, buffer.numel()))
-                weakref.finalize(bases[-1], release, _over(storage, flag + 1), flag)
+                owner = buffer.numpy()
+                weakref.finalize(owner, release, buffer, flag)
+                bases.append(torch.frombuffer(owner, dtype=torch.uint8))
             buffers = bases
         values = [buffers[b][start:end] for b, start, end in self.parts]
         self.holds = self.buffers = None
@@ -348,11 +349,6 @@ def _buffer(worker: int, source: tuple) -> torch.Tensor:
         return mapped(worker, uid)
     _kind, path, identity, file_size = source
     return map_file(path, identity, file_size)
-
-
-def _over(storage, nbytes: int) -> torch.Tensor:
-    """A uint8 tensor over the first ``nbytes`` of ``storage`` that is not a view of another."""
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
 
 
 # glibc's malloc where large payloads pass: blocks under 4 MiB (a payload, a read chunk) come
