@@ -89,8 +89,8 @@ def _collated(values: list, types: set, shared: tuple[bool, bool]):
     if isinstance(first, torch.Tensor) and all(v.shape == first.shape for v in values):
         return _stack(values, arena_tensors)
     if isinstance(first, np.ndarray) and first.dtype.kind in "biuf" and all(
-            v.shape == first.shape for v in values):
-        return _stack([torch.from_numpy(v) for v in values], arena_tensors)
+            v.shape == first.shape and v.dtype == first.dtype for v in values):
+        return _stack(values, arena_tensors)
     if isinstance(first, (int, float)) and not isinstance(first, bool) and len(types) == 1:
         return torch.tensor(values)
     if isinstance(first, bytes) and _in_worker() and all(
@@ -141,24 +141,36 @@ def _numbers(values: list):
     return values
 
 
-def _stack(tensors: list, arena_tensors: bool = False):
-    """One tensor of the batch; in a worker stacked straight into shared memory (as torch's
-    default collate does), so that it crosses to the main process without another copy:
-    with ``arena_tensors`` into the worker's arena (a ``SharedTensor``), else into a new
-    segment of its own (which crosses as a file descriptor, a round trip to the worker)."""
-    first = tensors[0]
-    if not _in_worker() or first.device.type != "cpu":
-        return torch.stack(tensors)
-    numel = first.numel() * len(tensors)
-    if arena_tensors and numel:
-        span = arena().cut(numel * first.element_size())
-        start = span.start
-        out = span.segment.tensor[start : span.end].view(first.dtype)
-        torch.stack(tensors, out=out.view(len(tensors), *first.shape))
-        return SharedTensor(span, first.dtype, (len(tensors), *first.shape))
-    storage = new_shared_storage(numel * first.element_size())
-    out = first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
-    return torch.stack(tensors, out=out)
+def _stack(values: list, arena_tensors: bool = False):
+    """One tensor of the batch from tensors, or numpy arrays of one dtype, of one shape; in a
+    worker stacked straight into shared memory (as torch's default collate does), so that
+    it crosses to the main process without another copy: with ``arena_tensors`` into the
+    worker's arena (a ``SharedTensor``), else into a new segment of its own (which crosses
+    as a file descriptor, a round trip to the worker). Arrays are stacked by numpy, at a
+    third of the cost of a tensor per row."""
+    import numpy as np
+
+    first = values[0]
+    arrays = isinstance(first, np.ndarray)
+    native = first.dtype.newbyteorder("=") if arrays else None  # torch's byte order
+    if not _in_worker() or not arrays and first.device.type != "cpu":
+        return torch.from_numpy(np.stack(values).astype(native, copy=False)) if arrays \
+            else torch.stack(values)
+    like = torch.from_numpy(np.empty(0, native)) if arrays else first
+    shape = (len(values), *first.shape)
+    nbytes = len(values) * (first.nbytes if arrays else first.numel() * first.element_size())
+    if arena_tensors and nbytes:
+        span = arena().cut(nbytes)
+        out = span.segment.tensor[span.start : span.end].view(like.dtype).view(shape)
+        result = SharedTensor(span, like.dtype, shape)
+    else:
+        out = like.new_empty(0).set_(new_shared_storage(nbytes), 0, shape)
+        result = out
+    if arrays:
+        np.stack(values, out=out.numpy())
+    else:
+        torch.stack(values, out=out)
+    return result
 
 
 _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
