@@ -72,6 +72,9 @@ def test_a_segment_holds_many_batches_and_reports_when_all_flags_are_raised():
     segment = shm.MemorySegment(shm.allocate(shm.MemorySegment.HOLDS + 64), uid=0)
     flags = [segment.hold() for _ in range(shm.MemorySegment.HOLDS)]
     assert sorted(flags) == list(range(shm.MemorySegment.HOLDS)) and segment.hold() == -1
+    for flag in (700, 5):  # released out of order: the free ones are found
+        shm.release(segment.tensor, flag)
+    assert {segment.hold(), segment.hold()} == {5, 700} and segment.hold() == -1
     for flag in flags:
         shm.release(segment.tensor, flag)
     assert segment.idle()

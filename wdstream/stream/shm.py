@@ -81,7 +81,7 @@ class MemorySegment:
 
     HOLDS = 1024  # batches using one segment that the main process may hold at once
 
-    __slots__ = ("tensor", "array", "used", "live", "uid", "sent")
+    __slots__ = ("tensor", "array", "used", "live", "uid", "sent", "_cursor")
 
     def __init__(self, tensor: torch.Tensor, uid: int):
         self.tensor = tensor
@@ -90,6 +90,7 @@ class MemorySegment:
         self.live = 0  # spans cut from it still alive in this process
         self.uid = uid  # its number in this worker
         self.sent = False  # handed to the main process, which keeps it mapped
+        self._cursor = 0  # the flag after the last one raised: batches come back in order
 
     @property
     def capacity(self) -> int:
@@ -98,11 +99,14 @@ class MemorySegment:
     def hold(self) -> int:
         """Raise a free flag for a batch the main process will hold: its offset, or -1 when
         all are raised."""
-        free = (self.array[: self.HOLDS] == 0).nonzero()[0]
-        if not len(free):
-            return -1
-        flag = int(free[0])
+        flag = self._cursor
+        if self.array[flag]:  # not the usual case: look for any free flag
+            free = (self.array[: self.HOLDS] == 0).nonzero()[0]
+            if not len(free):
+                return -1
+            flag = int(free[0])
         self.array[flag] = 1
+        self._cursor = (flag + 1) % self.HOLDS
         return flag
 
     def idle(self) -> bool:
