@@ -136,3 +136,11 @@ def test_a_large_range_is_read_from_the_stream(tmp_path, monkeypatch):
     monkeypatch.setattr(range_reads, "ONE_REQUEST_BYTES", 1000)
     monkeypatch.setattr(range_reads, "_ONE_REQUEST", {})
     assert range_reads.read_at(str(path), 5, 200_000) == DATA[5:200_005]
+
+
+def test_a_fifo_is_an_error_not_a_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr(range_reads, "RETRY_BACKOFF", 0.0)
+    path = tmp_path / "pipe.parquet"
+    os.mkfifo(path)
+    with pytest.raises(StreamError, match="pipe.parquet"):
+        range_reads.read_at(str(path), 0, 10)

@@ -73,7 +73,8 @@ def _filled(read: Callable[[int], bytes], length: int) -> bytes:
 
 
 def _pread(url: str, start: int, length: int, timeout: float) -> bytes:
-    fd = os.open(urls.to_local_path(url), os.O_RDONLY)
+    # O_NONBLOCK: a FIFO named like a data file opens at once, and its pread fails
+    fd = os.open(urls.to_local_path(url), os.O_RDONLY | os.O_NONBLOCK)
     try:
         return _filled(lambda n: os.pread(fd, n, start + length - n), length)
     finally:
