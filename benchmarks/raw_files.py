@@ -121,17 +121,50 @@ def case_litdata(files: list[str], column: str, expected: int) -> dict:
     return {"error": "skipped: its Parquet case is not written yet", "skip": True}
 
 
-def case_plan(url: str, files: int) -> dict:
+def case_plan(url: str, files: int, server_pid: int | None = None) -> dict:
+    """The dataset built over ``files`` Parquet files: seconds, the RSS it adds to the process
+    after the imports (held once built, and at its peak), and the CPU seconds of this process
+    and of the server (``server_pid``) while it is built."""
+    import botocore.session  # noqa: F401 - the imports a rank has made anyway
+    import s3fs  # noqa: F401
+
     import wdstream
+    import wdstream.stream.dataset  # noqa: F401
 
     quiet_logs()
     _warm_imports()
+    before = _rss_mb()
+    server = _cpu_seconds(server_pid)
+    cpu = time.process_time()
     started = common.start_clock()
     dataset = wdstream.StreamingDataset(url)
     seconds = time.perf_counter() - started
+    planner_cpu = time.process_time() - cpu
+    server_cpu = _cpu_seconds(server_pid) - server if server_pid else None
     if len(dataset.shards.files) != files:
         raise RuntimeError(f"found {len(dataset.shards.files)} files, expected {files}")
-    return {"samples": len(dataset), "seconds": seconds}
+    return {"samples": len(dataset), "seconds": seconds, "rss_added_mb": _rss_mb() - before,
+            "peak_added_mb": _peak_rss_mb() - before, "planner_cpu_s": planner_cpu,
+            "server_cpu_s": server_cpu}
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 1e6
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User and system CPU seconds of process ``pid`` so far (0 without one)."""
+    import psutil
+
+    return sum(psutil.Process(pid).cpu_times()[:2]) if pid else 0.0
 
 
 # =========================================================================== data and rows
@@ -227,12 +260,17 @@ def run(quick: bool) -> list[dict]:
                 remote[data] = (url, [url + Path(f).name for f in files], column, count)
             found, s3_results = _read_rows("s3", remote, s3.env)
             rows += found
-            plan_url = _many_files(s3, root / "many", sizes["plan_files"])
+            plan_url = _many_files(s3, sizes["plan_files"])
             plan = common.repeat({"plan": ("benchmarks.raw_files:case_plan",
-                                           {"url": plan_url, "files": sizes["plan_files"]},
+                                           {"url": plan_url, "files": sizes["plan_files"],
+                                            "server_pid": s3.process.pid},
                                            s3.env)}, progress=common.log)["plan"]
         rows.append({"table": T_PLAN, "files": sizes["plan_files"], "seconds": plan.get("seconds"),
-                     "peak RSS MB": plan.get("peak_rss_mb"), "error": plan.get("error")})
+                     "peak RSS MB": plan.get("peak_rss_mb"),
+                     "RSS added MB": plan.get("rss_added_mb"),
+                     "peak added MB": plan.get("peak_added_mb"),
+                     "planner CPU s": plan.get("planner_cpu_s"),
+                     "server CPU s": plan.get("server_cpu_s"), "error": plan.get("error")})
         rows += _notes(sizes)
         for where, found in (("local", results), ("s3", s3_results)):
             wd = _speed(found.get(("~1 KiB text", "wdstream")))
@@ -254,9 +292,11 @@ def _notes(sizes: dict) -> list[dict]:
         "'After the first batch': the rows after the first batch over the time after it.")
     plan_note = (
         f"{sizes['plan_files']:,} files of 100 rows in 2 row groups (~1.5 KB each) on the "
-        "moto server; StreamingDataset(url) lists them and reads each footer (one ranged GET "
-        "of its last 64 KiB, 32 files in flight); seconds from the call to the dataset; peak "
-        "RSS of the process.")
+        "moto server, put there by 16 threads; StreamingDataset(url) lists them and reads each "
+        "footer (one ranged GET of the file, at most its last 64 KiB, 32 files in flight); "
+        "seconds from the call to the dataset; peak RSS of the process; the RSS the dataset "
+        "adds to it once built and at its peak, after the imports (torch, pyarrow, botocore, "
+        "s3fs): what a rank pays; CPU seconds of the process and of the server meanwhile.")
     return [{"table": T_ROWS, "note": rows_note}, {"table": T_PLAN, "note": plan_note}]
 
 
@@ -275,13 +315,25 @@ def _token_goals(results: dict) -> list[dict]:
     return goals
 
 
-def _many_files(s3, folder: Path, count: int) -> str:
-    """``count`` small Parquet files (100 rows, 2 row groups each) on the S3 server."""
+def _many_files(s3, count: int, threads: int = 16) -> str:
+    """``count`` small Parquet files (100 rows, 2 row groups each) on the S3 server, put by
+    ``threads`` at once; their bytes differ by the first row's id."""
+    import io
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder.mkdir(parents=True, exist_ok=True)
-    table = pa.table({"id": list(range(100)), "text": ["x" * 100] * 100})
-    for index in range(count):
-        pq.write_table(table, folder / f"part-{index:05d}.parquet", row_group_size=50)
-    return s3.upload(folder, "bench", "many")
+    client = s3.client()
+    client.create_bucket(Bucket="many")
+
+    def put(index: int) -> None:
+        out = io.BytesIO()
+        table = pa.table({"id": list(range(index, index + 100)), "text": ["x" * 100] * 100})
+        pq.write_table(table, out, row_group_size=50)
+        client.put_object(Bucket="many", Key=f"plan/part-{index:05d}.parquet",
+                          Body=out.getvalue())
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(put, range(count)))
+    return "s3://many/plan/"

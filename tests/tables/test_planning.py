@@ -1,16 +1,27 @@
 """Planning many raw files: their footers are read many at once, never more than
-``PLANS_IN_FLIGHT``, and the plan is the same in whatever order they come back."""
+``PLANS_IN_FLIGHT``, and the plan is the same in whatever order they come back; on S3 a
+footer is one GET of the file's tail (two for a larger footer), and a file shorter than
+listed or a footer that cannot be read is an error naming the file."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 
 import wdstream
-from wdstream.tables import units
+from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixture gets
+from tests.support.raw_data import upload_tree, write_parquet
+from wdstream.errors import ShardMismatchError, StreamError
+from wdstream.sources import range_reads
+from wdstream.sources.range_fetchers import HttpStatusError
+from wdstream.sources.s3_ranges import S3Ranges
+from wdstream.tables import parquet, units
+from wdstream.tables.files import RawFile, describe
 from wdstream.tables.parquet import ParquetFormat
+from wdstream.tables.reads import Access
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 
@@ -48,3 +59,54 @@ def test_footers_are_read_many_at_once_within_the_bound(many, monkeypatch):
     assert most[0] == 16
     assert list(ds.shards.samples) == [1 + i % 5 for i in range(48)]
     assert [f.name for f in ds.shards.files] == [f"part-{i:03d}.parquet" for i in range(48)]
+
+
+def test_a_footer_is_one_get_of_the_files_tail_on_s3(s3, s3_bucket, tmp_path, gets):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "small.parquet")
+    noise = [os.urandom(1000) for _ in range(200)]  # incompressible: a file past 64 KiB
+    pq.write_table(pa.table({"blob": noise}), tmp_path / "large.parquet")
+    wide = pa.table({f"column_{i:04d}": [i] for i in range(1500)})  # a footer past 64 KiB
+    pq.write_table(wide, tmp_path / "wide.parquet")
+    url = upload_tree(s3.client(), s3_bucket, tmp_path, "footers")
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    ds = wdstream.StreamingDataset(url, shuffle=False)
+    assert len(ds) == 10 + 200 + 1
+    footer = int.from_bytes((tmp_path / "wide.parquet").read_bytes()[-8:-4], "little")
+    tail = parquet.TAIL_BYTES
+    wide_size = sizes["wide.parquet"]
+    assert sorted(gets) == sorted([
+        (f"bytes=0-{sizes['small.parquet'] - 1}", 206),
+        (f"bytes={sizes['large.parquet'] - tail}-{sizes['large.parquet'] - 1}", 206),
+        (f"bytes={wide_size - tail}-{wide_size - 1}", 206),
+        (f"bytes={wide_size - footer - 8}-{wide_size - tail - 1}", 206)])
+
+
+def test_a_file_shorter_than_listed_is_an_error_naming_it(s3, s3_bucket, tmp_path, gets):
+    write_parquet(tmp_path)
+    url = upload_tree(s3.client(), s3_bucket, tmp_path, "short")
+    listed = describe(url + "part-1.parquet", "part-1.parquet")
+    longer = RawFile(listed.url, listed.name, listed.size + 100, listed.tag)
+    with pytest.raises(ShardMismatchError, match=r"part-1.parquet: ended at byte "
+                                                 rf"{listed.size}; {listed.size + 100} bytes"):
+        ParquetFormat().plan(longer, Access())
+    assert gets == [(f"bytes=0-{listed.size + 99}", 206)]
+
+
+def test_a_footer_that_cannot_be_read_fails_the_build_naming_the_file(
+        s3, s3_bucket, tmp_path, monkeypatch):
+    write_parquet(tmp_path)
+    url = upload_tree(s3.client(), s3_bucket, tmp_path, "failing")
+    monkeypatch.setattr(range_reads, "RETRY_BACKOFF", 0.0)
+    real_get = S3Ranges.get
+
+    def get(self, begin, last, version):
+        if self.key.endswith("part-1.parquet"):
+            raise HttpStatusError(500, "InternalError: try again")
+        return real_get(self, begin, last, version)
+
+    monkeypatch.setattr(S3Ranges, "get", get)
+    with pytest.raises(StreamError, match=r"failing/part-1.parquet: HTTP status 500"):
+        wdstream.StreamingDataset(url)

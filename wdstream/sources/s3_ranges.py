@@ -58,16 +58,22 @@ _XML_FIELD = re.compile(rb"<(Code|Message|ActualObjectSize)>([^<]{0,300})</\1>")
 
 def direct_pool(timeout: float):
     """The process's urllib3 pool for presigned GETs, or None where GETs must go through
-    botocore (a proxy or a client certificate, see above)."""
+    botocore (a proxy or a client certificate, see above). Decided once per process and
+    environment (the proxy variables are among the settings a client is kept for), not at
+    each object's first GET: urllib's proxy lookup walks the whole environment."""
+    return cached_client("s3-direct", "s3", timeout, lambda: _direct_or_false(timeout)) or None
+
+
+def _direct_or_false(timeout: float):
     client = s3_client(timeout)
     config = client.meta.config
     if getattr(config, "proxies", None) or getattr(config, "client_cert", None):
-        return None
+        return False
     endpoint = urllib.parse.urlsplit(client.meta.endpoint_url)
     if urllib.request.getproxies().get(endpoint.scheme) \
             and not urllib.request.proxy_bypass(endpoint.hostname or ""):
-        return None
-    return cached_client("s3-direct", "s3", timeout, lambda: _make_pool(timeout))
+        return False
+    return _make_pool(timeout)
 
 
 def _make_pool(timeout: float):

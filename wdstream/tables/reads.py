@@ -1,5 +1,6 @@
-"""Byte ranges of a raw file through wdstream's readers (``open_read``: a local file, the
-stores' ranged GETs, fsspec), and the check that a file is still the one planned."""
+"""Byte ranges of a raw file through wdstream's readers (``read_at``: one request for a small
+range, ``open_read``'s stream for a large one), and the check that a file is still the one
+planned."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.printable import printable
-from wdstream.sources.openers import open_read
+from wdstream.sources.range_reads import read_at
 from wdstream.tables.files import RawFile, describe
 
 
@@ -20,24 +21,19 @@ class Access:
 
 
 def read_range(file: RawFile, start: int, length: int, access: Access) -> bytes:
-    """``length`` bytes of ``file`` from ``start``; a file that ends sooner is a
-    ShardMismatchError (it is shorter than planned)."""
+    """``length`` bytes of ``file`` from ``start`` (``sources.range_reads.read_at``: one
+    request for a small range); a file that ends sooner is a ShardMismatchError (it is
+    shorter than planned)."""
     if start < 0 or length < 0 or start + length > file.size:
         raise ShardError(f"{printable(file.url)}: bytes {start}..{start + length} lie outside "
                          f"its {file.size} bytes")
-    parts = []
-    with open_read(file.url, opener=access.opener, timeout=access.timeout, start=start,
-                   size=file.size, first_bytes=length) as stream:
-        missing = length
-        while missing > 0:
-            part = stream.read(missing)
-            if not part:
-                raise ShardMismatchError(
-                    f"{printable(file.url)}: ended at byte {start + length - missing}; "
-                    f"{file.size} bytes were planned (truncated since)")
-            parts.append(part)
-            missing -= len(part)
-    return b"".join(parts)
+    data = read_at(file.url, start, length, opener=access.opener, timeout=access.timeout,
+                   size=file.size)
+    if len(data) < length:
+        raise ShardMismatchError(
+            f"{printable(file.url)}: ended at byte {start + len(data)}; {file.size} bytes "
+            "were planned (truncated since)")
+    return data
 
 
 def check_unchanged(file: RawFile) -> None:
