@@ -196,10 +196,14 @@ def describe(url: str, name: str | None = None) -> RawFile:
 
 
 def _short_names(named: Sequence[str]) -> list[str]:
-    parents = {urlmod.parent(url) for url in named}
-    if len(parents) == 1:
-        parent = parents.pop()
-        return [url[len(parent):] for url in named]
+    """Names relative to the deepest folder that holds every named file, as listing that
+    folder names them; the URLs themselves when they share no folder (other buckets or
+    hosts)."""
+    common = os.path.commonprefix([urlmod.parent(url) for url in named])
+    common = common[:common.rfind("/") + 1]
+    scheme, _, rest = common.rpartition("://")
+    if common and (not scheme or "/" in rest):
+        return [url[len(common):] for url in named]
     return list(named)
 
 
