@@ -698,6 +698,28 @@ def test_lent_chunks_are_copied_out_before_they_go_back(how, monkeypatch):
         assert source.pool.allocated < source.lent // 4
 
 
+def test_a_pool_keeps_as_many_buffers_as_were_out_at_once():
+    """Buffers given back wait for the next takes up to the most that were out at once (and
+    ``keep``): a second round of as many takes makes none, and no more wait than that."""
+    pool = BufferPool(size=4096, keep=5)
+    first = [pool.take() for _ in range(3)]
+    for buffer in first:
+        memoryview(buffer)[:] = b"\x01" * 4096  # writable, its whole size
+        pool.give(memoryview(buffer)[:10])  # given back through a view of it, as chunks are
+    again = [pool.take() for _ in range(3)]
+    assert pool.allocated == 3 and {id(b) for b in again} == {id(b) for b in first}
+    more = [pool.take() for _ in range(4)]  # 7 out at once: the peak, above keep
+    assert pool.allocated == 7
+    for buffer in again + more:
+        pool.give(buffer)
+    assert len(pool._free) == 5  # keep bounds what waits
+    pool.give(bytearray(100))  # not one of its buffers: left alone
+    pool.give(memoryview(bytes(100)))
+    assert len(pool._free) == 5
+    [pool.take() for _ in range(5)]
+    assert pool.allocated == 7
+
+
 def test_the_parts_are_read_into_buffers_the_stream_gives_back(s3, proxied):
     """A stream's parts are read into its link's buffers, each given back once the consumer
     took its bytes: three objects read one after the other over one link take about one

@@ -21,7 +21,7 @@ from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd
 from wdstream.sources.s3_ranges import S3Ranges
-from wdstream.sources.streams import CHUNK_SIZE, BufferPool, ChunkSource
+from wdstream.sources.streams import CHUNK_SIZE, READ_AHEAD, BufferPool, ChunkSource
 
 PART_SIZE = 8 << 20
 MAX_PART_SIZE = 16 << 20
@@ -50,9 +50,11 @@ class Link:
         self.window = window
         self.part_size: int | None = None  # None: the stream's smallest
         self._asking: list[RangedSource] = []
-        # what the part threads read into (see streams.py): at most a stream's bytes bound
-        # of them wait between shards
-        self.buffers = BufferPool(CHUNK_SIZE, keep=MAX_PARTS * PART_SIZE // CHUNK_SIZE)
+        # what the part threads read into (see streams.py): as many wait between shards as
+        # were out at once, at most two streams' bytes bound (the one read, the next opened
+        # ahead) and the read-ahead
+        self.buffers = BufferPool(CHUNK_SIZE, keep=(2 * MAX_PARTS * PART_SIZE + READ_AHEAD)
+                                  // CHUNK_SIZE)
         # a stream asked for all its parts: the start (worker start-up, the first batch) is
         # over, and streams opened ahead take their whole window from then on
         self.started = False

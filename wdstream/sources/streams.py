@@ -37,6 +37,7 @@ from __future__ import annotations
 import abc
 import collections
 import io
+import mmap
 import os
 import sys
 import threading
@@ -87,28 +88,53 @@ class ChunkSource(abc.ABC):
 
 
 
+_POPULATED = getattr(mmap, "MAP_POPULATE", 0)  # Linux
+_BUFFER_TYPE = mmap.mmap if _POPULATED else bytearray
+
+
+def new_buffer(size: int) -> bytearray | mmap.mmap:
+    """``size`` writable bytes for reads to fill. On Linux, anonymous memory whose pages the
+    kernel maps at once (``MAP_POPULATE``), zeroed once, where a ``bytearray`` is zeroed twice
+    (the kernel's fault of each page, then its own fill) and faults page by page."""
+    if not _POPULATED:
+        return bytearray(size)
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATED)
+
+
 class BufferPool:
-    """Buffers of ``size`` bytes that a process's reads fill again and again, at most ``keep``
-    of them waiting (a buffer given back beyond that is left to the allocator). ``take`` and
+    """Buffers of ``size`` bytes that a process's reads fill again and again. A buffer given
+    back waits for the next ``take`` while fewer wait than were ever out at once (and at most
+    ``keep``): a process whose reads had N out makes no more than N as long as they come
+    back, however the N are spread over its streams (a stream's parts in flight, its
+    read-ahead, the next stream's first parts), and holds no more than N idle. ``take`` and
     ``give`` may be called from any thread; ``allocated`` counts the buffers made."""
 
     def __init__(self, size: int = CHUNK_SIZE, keep: int = 64):
-        self.size = size
+        self.size, self.keep = size, keep
         self.allocated = 0
-        self._free: collections.deque[bytearray] = collections.deque(maxlen=keep)
+        self._free: list[bytearray | mmap.mmap] = []
+        self._lock = threading.Lock()
+        self._out = 0  # taken and not given back
+        self._peak = 0  # the most out at once
 
-    def take(self) -> bytearray:
-        try:
-            return self._free.pop()
-        except IndexError:
+    def take(self) -> bytearray | mmap.mmap:
+        with self._lock:
+            self._out += 1
+            self._peak = max(self._peak, self._out)
+            if self._free:
+                return self._free.pop()
             self.allocated += 1
-            return bytearray(self.size)
+        return new_buffer(self.size)
 
-    def give(self, chunk: memoryview | bytearray) -> None:
+    def give(self, chunk: memoryview | bytearray | mmap.mmap) -> None:
         """Take back the buffer under ``chunk`` (a view of one that ``take`` handed out)."""
         buffer = chunk.obj if isinstance(chunk, memoryview) else chunk
-        if type(buffer) is bytearray and len(buffer) == self.size:
-            self._free.append(buffer)
+        if type(buffer) is not _BUFFER_TYPE or len(buffer) != self.size:
+            return
+        with self._lock:
+            self._out = max(0, self._out - 1)
+            if len(self._free) < min(self._peak, self.keep):
+                self._free.append(buffer)
 
 
 class _ChunkBuffer:
