@@ -218,10 +218,11 @@ def write_results(path: Path, info: dict, sections: dict[str, str], quick: bool,
         "",
         "Optional peers are measured when they are importable; LitData cannot be installed "
         "beside the CPU torch with pip's dependencies (it pulls a CUDA torchvision), so install "
-        "it apart and point the suite at it:",
+        "it apart, with the Polars its Parquet loader needs, and point the suite at it:",
         "",
         "```sh",
-        "pip install --no-deps --target /tmp/peers litdata lightning-utilities obstore tifffile",
+        "pip install --no-deps --target /tmp/peers litdata lightning-utilities obstore tifffile "
+        "polars polars-runtime-32",
         "WDSTREAM_BENCH_SITE=/tmp/peers tox -e bench",
         "```",
         "",
