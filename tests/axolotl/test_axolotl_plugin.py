@@ -9,6 +9,7 @@ the run at a step; ``tiny_model.py`` builds the model and tokenizer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -63,14 +64,32 @@ def work(tmp_path_factory, moto_server):
     return root, bucket, moto_server.env
 
 
-def run(cmd: list[str], cwd, env=None, expect=0) -> subprocess.CompletedProcess:
-    """Run ``cmd``; its exit status must be ``expect`` (None: any failure)."""
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=600)
-    ok = result.returncode != 0 if expect is None else result.returncode == expect
+def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.CompletedProcess:
+    """Run ``cmd``; its exit status must be ``expect`` (None: any failure). A run still going
+    after ``timeout`` seconds is a failure that shows where each of its processes (the
+    launcher, the ranks, their loader workers) was: they get SIGABRT, which Python's fault
+    handler answers with every thread's stack, then SIGKILL."""
+    env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
+    process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        hung = True
+    result = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
+    ok = not hung and (result.returncode != 0 if expect is None
+                       else result.returncode == expect)
     if not ok:  # the whole log beside the run, its end in the failure
         Path(cwd, "failed-run.log").write_text(result.stdout + result.stderr)
-    assert ok, (result.returncode, result.stderr[-8000:])
+    assert ok, (f"still running after {timeout} s" if hung else result.returncode,
+                result.stderr[-8000:])
     return result
 
 

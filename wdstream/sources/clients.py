@@ -14,6 +14,17 @@ from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.RLock()  # a make() may ask for another client (s3_ranges)
 
+
+def _free_lock_in_child() -> None:
+    """A forked process (a DataLoader worker) starts with the lock free: a thread of its
+    parent, a stream's reader connecting, may hold it at the fork, and no thread of the
+    child would ever release it."""
+    global _clients_lock
+    _clients_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_free_lock_in_child)
+
 # Settings that change which client we need: a new one is made when one of them changes.
 _CLIENT_SETTINGS = {
     "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_DEFAULT_REGION",
