@@ -544,11 +544,27 @@ def test_fetches_grow_and_stay_small_for_large_samples(tmp_path, single_rank):
                                 num_workers=2)
     sizes = small._fetch_sizes()
     assert [len(next(sizes)) for _ in range(2)] == [4, 4]
-    small._sample_bytes = 1000.0
+    small._sample_bytes = (1000.0, 0.0)
     grown = [len(next(sizes)) for _ in range(20)]
     assert grown[-1] == wdstream.DataLoader.FETCH_SAMPLES and grown == sorted(grown)
-    small._sample_bytes = 1 << 20  # 1 MiB samples: one batch of 4 per fetch
+    small._sample_bytes = (1 << 20, 0.0)  # 1 MiB samples: one batch of 4 per fetch
     assert {len(next(sizes)) for _ in range(4)} == {4}
+    # 8 KiB a sample in shared memory (a row of 2,048 int32 tokens), 100 bytes pickled: a
+    # fetch holds up to FETCH_SHARED_BYTES of them, here FETCH_SAMPLES
+    small._sample_bytes = (100.0, 8192.0)
+    assert [len(next(sizes)) for _ in range(20)][-1] == wdstream.DataLoader.FETCH_SAMPLES
+    small._sample_bytes = (100.0, 1 << 20)  # 1 MiB in shared memory: 4 samples, one batch
+    assert {len(next(sizes)) for _ in range(4)} == {4}
+
+
+def test_a_batch_size_estimate_tells_pickled_bytes_from_shared_memory():
+    import torch
+
+    from wdstream.stream.batching import approximate_bytes
+
+    batch = {"input_ids": torch.zeros((4, 8), dtype=torch.int32), "__key__": ["ab", "cd"],
+             "json": [b"12345"] * 4}
+    assert approximate_bytes(batch) == (2 * 2 + 4 * 5, 4 * 8 * 4)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/sys/fs/pipe-max-size"), reason="Linux only")

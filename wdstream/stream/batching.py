@@ -440,20 +440,24 @@ def unpack_shared(batch, bytes_as: str = "bytes", before_copy: Callable[[], None
     return batch
 
 
-def approximate_bytes(value, depth: int = 3) -> int:
+def approximate_bytes(value, depth: int = 3) -> tuple[int, int]:
     """A cheap estimate of the bytes a collated batch carries (lists estimated from their
-    first item); sizes the loader's fetches."""
-    if isinstance(value, torch.Tensor):
-        return value.nbytes
-    if isinstance(value, (_SharedBytes, JsonColumn)):
-        return value.nbytes
+    first item), as ``(pickled, shared)``: bytes copied through the worker's result pipe, and
+    bytes that cross in shared memory (tensors and raw members) with only a handle in the pipe.
+    Sizes the loader's fetches."""
+    if isinstance(value, (torch.Tensor, _SharedBytes)):
+        return 0, value.nbytes
+    if isinstance(value, JsonColumn):
+        return value.nbytes, 0
     if isinstance(value, (bytes, SharedSpan, FileSpan, bytearray, str, memoryview)):
-        return len(value)
+        return len(value), 0
     nbytes = getattr(value, "nbytes", None)  # numpy arrays
     if isinstance(nbytes, int):
-        return nbytes
+        return nbytes, 0
     if depth and isinstance(value, dict):
-        return sum(approximate_bytes(v, depth - 1) for v in value.values())
+        parts = [approximate_bytes(v, depth - 1) for v in value.values()]
+        return sum(p for p, _ in parts), sum(s for _, s in parts)
     if depth and isinstance(value, (list, tuple)) and value:
-        return len(value) * approximate_bytes(value[0], depth - 1)
-    return 8
+        pickled, shared = approximate_bytes(value[0], depth - 1)
+        return len(value) * pickled, len(value) * shared
+    return 8, 0

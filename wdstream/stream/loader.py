@@ -92,7 +92,8 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         self._shared_payloads = num_workers > 0 and collate_fn is None
         self._tagger = TaggedCollate(self.user_collate, max(1, num_workers), batch_size,
                                      drop_last, share_bytes=bytes_as == "tensor")
-        self._sample_bytes = 0.0  # estimated bytes per sample, sizes the fetches
+        # estimated bytes per sample, pickled and in shared memory: they size the fetches
+        self._sample_bytes: tuple[float, float] | None = None
         # torch's default prefetch_factor (2 fetches per worker), raised for small fetches
         self._default_prefetch = num_workers > 0 and kwargs.get("prefetch_factor") is None
         try:  # torch's own checks of its arguments, as wdstream's errors
@@ -135,12 +136,14 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     # ---- fetches: several batches per transfer from a worker -----------------------------
     # A DataLoader's transfers from its workers are few per second whatever their size, so
     # small batches travel several to a fetch. The first fetch of each worker is one batch
-    # (time to first batch), later ones grow up to FETCH_SAMPLES samples or FETCH_BYTES. The
-    # loader hands batches out in the same order whatever the fetch sizes. A larger fetch would
-    # outgrow the 1 MiB result pipe (torch_internals.PIPE_BYTES); docs/benchmarks-results.md has
-    # the figures behind these defaults.
+    # (time to first batch), later ones grow up to FETCH_SAMPLES samples, FETCH_BYTES pickled
+    # and FETCH_SHARED_BYTES in shared memory (tensors, raw members: only their handles go
+    # through the pipe). The loader hands batches out in the same order whatever the fetch
+    # sizes. A larger fetch would outgrow the 1 MiB result pipe (torch_internals.PIPE_BYTES);
+    # docs/benchmarks.md has the figures behind these defaults.
     FETCH_SAMPLES = 512
     FETCH_BYTES = 1 << 20
+    FETCH_SHARED_BYTES = 4 << 20
 
     def _fetch_sizes(self):
         size = self.batch_size
@@ -152,7 +155,9 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
             for _worker in range(self.num_workers):
                 yield range(batches * size)
             if self._sample_bytes:  # grow once a batch has told how large samples are
-                limit = min(self.FETCH_SAMPLES, int(self.FETCH_BYTES / self._sample_bytes))
+                pickled, shared = self._sample_bytes
+                limit = min(self.FETCH_SAMPLES, int(self.FETCH_BYTES / max(pickled, 1)),
+                            int(self.FETCH_SHARED_BYTES / max(shared, 1)))
                 batches = max(1, min(batches * 2, limit // size))
 
     @property
@@ -317,7 +322,8 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
                 ended[source] = ended[source] or last
                 self._add_stats(stats)
                 if batches:
-                    self._sample_bytes = approximate_bytes(batches[0][1]) / batch_samples
+                    pickled, shared = approximate_bytes(batches[0][1])
+                    self._sample_bytes = (pickled / batch_samples, shared / batch_samples)
                     if deepen:
                         deepen = False
                         self._prefetch_small_fetches(iterator)
@@ -341,7 +347,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         docs/benchmarks.md). Large batches keep torch's default, which bounds the memory in
         flight. Only when ``prefetch_factor`` was left to its default; best effort
         (``torch_internals``)."""
-        if self._sample_bytes * self.FETCH_SAMPLES > self.FETCH_BYTES:
+        if sum(self._sample_bytes) * self.FETCH_SAMPLES > self.FETCH_BYTES:
             return  # large samples: torch's default stays
         raise_prefetch(iterator, self.SMALL_FETCH_PREFETCH, self.num_workers)
 
