@@ -13,8 +13,9 @@ def _make_a_client(done) -> None:
     done.set()
 
 
-def test_a_child_forked_while_a_thread_makes_a_client_makes_its_own():
+def test_a_child_forked_while_a_thread_makes_a_client_makes_its_own(monkeypatch):
     # a reader thread of the parent holds the lock while it connects, at the fork
+    monkeypatch.setattr(clients, "_clients", {})  # this test's clients stay its own
     holding, release = threading.Event(), threading.Event()
 
     def slow_make():
