@@ -206,6 +206,8 @@ def test_not_a_parquet_file(tmp_path):
 def test_option_mistakes_fail_when_built(folder, tmp_path):
     with pytest.raises(InputError, match=r"part-0.parquet: no column 'txt' \(its columns: id, "):
         wdstream.StreamingDataset(str(folder), columns=["txt"])
+    with pytest.raises(InputError, match=r"part-0.parquet: no column 'uid' \(its columns: id, "):
+        wdstream.StreamingDataset(str(folder), key_column="uid")
     with pytest.raises(InputError, match="columns must be a non-empty list"):
         wdstream.StreamingDataset(str(folder), columns="text")
     (tmp_path / "notes.txt").write_text("x")

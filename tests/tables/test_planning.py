@@ -13,7 +13,7 @@ import pytest
 
 import wdstream
 from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixture gets
-from tests.support.raw_data import upload_tree, write_parquet
+from tests.support.raw_data import PARQUET_FILES, upload_tree, write_parquet
 from wdstream.errors import ShardMismatchError, StreamError
 from wdstream.sources import range_reads
 from wdstream.sources.range_fetchers import HttpStatusError
@@ -82,6 +82,27 @@ def test_a_footer_is_one_get_of_the_files_tail_on_s3(s3, s3_bucket, tmp_path, ge
         (f"bytes={sizes['large.parquet'] - tail}-{sizes['large.parquet'] - 1}", 206),
         (f"bytes={wide_size - tail}-{wide_size - 1}", 206),
         (f"bytes={wide_size - footer - 8}-{wide_size - tail - 1}", 206)])
+
+
+def test_a_flat_folder_is_listed_once(s3, s3_bucket, tmp_path, monkeypatch):
+    import s3fs
+
+    listings = []
+    real = s3fs.S3FileSystem._lsdir
+
+    async def lsdir(self, path, *args, **kwargs):
+        listings.append((path, kwargs.get("delimiter", "/")))
+        return await real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_lsdir", lsdir)
+    write_parquet(tmp_path)
+    nested = upload_tree(s3.client(), s3_bucket, tmp_path, "nested")
+    flat = upload_tree(s3.client(), s3_bucket, tmp_path / "train", "flat")
+    assert len(wdstream.StreamingDataset(flat)) == 113
+    assert listings == [(f"{s3_bucket}/flat", "/")]  # the shards' listing serves the files
+    listings.clear()
+    assert len(wdstream.StreamingDataset(nested)) == sum(c for _, c, _ in PARQUET_FILES)
+    assert listings == [(f"{s3_bucket}/nested", "/"), (f"{s3_bucket}/nested", "")]
 
 
 def test_a_file_shorter_than_listed_is_an_error_naming_it(s3, s3_bucket, tmp_path, gets):

@@ -10,12 +10,17 @@ from wdstream.errors import InputError, ManifestError
 from wdstream.shards.compression import is_shard_name, not_shard_kinds
 from wdstream.shards.manifest import Manifest, ManifestNotFoundError, load_manifest
 from wdstream.sources import urls as urlmod
-from wdstream.sources.objects import list_files
+from wdstream.sources.objects import folder_entries, list_files
 
 
 class NoShardsError(ManifestError):
     """A prefix with neither a manifest nor shard files (it may hold raw files, which
-    ``StreamingDataset`` streams where they lie)."""
+    ``StreamingDataset`` streams where they lie). ``entries``: the listing of a remote
+    prefix that holds no folders, everything under it (None: list it anew)."""
+
+    def __init__(self, message: str, entries: list[dict] | None = None):
+        super().__init__(message)
+        self.entries = entries
 
 
 @dataclass
@@ -71,21 +76,10 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
     except ManifestNotFoundError as error:
         if source.endswith(".json"):
             raise
-        everything = list_files(source, suffix="")
-        listed = [(url, size) for url, size in everything if is_shard_name(url)]
-        others = not_shard_kinds(url for url, _ in everything if not is_shard_name(url))
-        if not listed:
-            kinds = f" (found: {', '.join(sorted(others))})" if others else ""
-            raise NoShardsError(f"{source}: no index.json and no .tar shards (nor .tar.gz, "
-                                f".tgz, .tar.zst, .tar.bz2, .tar.xz) there{kinds}") from error
-        return Shards(
-            source,
-            [url for url, _ in listed],
-            [urlmod.relative_to(url, source) for url, _ in listed],
-            [size for _, size in listed],
-            how="listing",
-            not_shards=others,
-        )
+        try:
+            return _listed(source)
+        except NoShardsError as missing:
+            raise missing from error
     count = len(manifest.shards)
     if hasattr(manifest.shards, "urls"):  # compact.ShardArrays: views, nothing made per shard
         return Shards(source, manifest.shards.urls(manifest.base or ""), manifest.shards.names(),
@@ -97,6 +91,23 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
         [s.bytes for s in manifest.shards],
         manifest=manifest,
     )
+
+
+def _listed(source: str) -> Shards:
+    """The shard files directly in the folder ``source`` (which has no manifest)."""
+    entries = folder_entries(source) if urlmod.to_local_path(source) is None else None
+    everything = list_files(source, suffix="", entries=entries)
+    listed = [(url, size) for url, size in everything if is_shard_name(url)]
+    others = not_shard_kinds(url for url, _ in everything if not is_shard_name(url))
+    if not listed:
+        kinds = f" (found: {', '.join(sorted(others))})" if others else ""
+        flat = entries is not None and all(e.get("type") == "file" for e in entries)
+        raise NoShardsError(f"{source}: no index.json and no .tar shards (nor .tar.gz, "
+                            f".tgz, .tar.zst, .tar.bz2, .tar.xz) there{kinds}",
+                            entries if flat else None)
+    return Shards(source, [url for url, _ in listed],
+                  [urlmod.relative_to(url, source) for url, _ in listed],
+                  [size for _, size in listed], how="listing", not_shards=others)
 
 
 def _short_names(found: list[str]) -> list[str]:

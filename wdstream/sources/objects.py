@@ -338,11 +338,13 @@ def size(url: str) -> int | None:
     return int(found)
 
 
-def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
+def list_files(prefix: str, suffix: str = ".tar",
+               entries: list[dict] | None = None) -> list[tuple[str, int]]:
     """``(url, size)`` of the files directly in the folder ``prefix`` whose names end with
     ``suffix``, sorted by URL. URLs are spelled like ``prefix`` (``urls.child(prefix, name)``):
     a listed name is only ever a name under ``prefix``, never a URL, a path or a ``pipe:``
-    command of its own.
+    command of its own. ``entries``: a remote folder's listing (``folder_entries``) when
+    the caller has it.
 
     A missing local folder or bucket raises StreamError; on s3/gs a prefix without objects is
     simply empty.
@@ -359,17 +361,8 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
         return sorted(found)
 
     folder = path.rstrip("/")
-    try:
-        entries = fs.ls(folder, detail=True)
-    except FileNotFoundError as exc:
-        if urls.scheme(prefix) in ("s3", "gs"):
-            check_bucket(prefix, fs)
-            return []  # object stores have no folders: no objects under the prefix
-        raise stream_error(prefix, exc) from exc
-    except Exception as exc:
-        raise stream_error(prefix, exc) from exc
     found = []
-    for entry in entries:
+    for entry in folder_entries(prefix) if entries is None else entries:
         parent, _, name = entry["name"].rstrip("/").rpartition("/")
         if entry.get("type") == "file" and parent == folder and name.endswith(suffix):
             if "::" in name and urls.scheme(prefix) not in ("s3", "gs"):
@@ -378,6 +371,22 @@ def list_files(prefix: str, suffix: str = ".tar") -> list[tuple[str, int]]:
                                  "by name through fsspec ('::' chains URLs); rename it")
             found.append((urls.child(prefix, name), _listed_size(entry)))
     return sorted(found)
+
+
+def folder_entries(prefix: str) -> list[dict]:
+    """fsspec's entries (``name``, ``type``, ``size`` and the store's fields) of what lies
+    directly in the remote folder ``prefix``; empty under an s3/gs prefix without objects
+    (a missing bucket raises StreamError)."""
+    fs, path = filesystem(prefix)
+    try:
+        return fs.ls(path.rstrip("/"), detail=True)
+    except FileNotFoundError as exc:
+        if urls.scheme(prefix) in ("s3", "gs"):
+            check_bucket(prefix, fs)
+            return []  # object stores have no folders: no objects under the prefix
+        raise stream_error(prefix, exc) from exc
+    except Exception as exc:
+        raise stream_error(prefix, exc) from exc
 
 
 def _listed_size(entry: dict) -> int | None:

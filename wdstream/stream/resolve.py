@@ -58,7 +58,7 @@ def resolve_source(source, allow_external_shards: bool = False,
                             share_manifest=share_manifest)
     except NoShardsError as error:
         try:
-            return from_raw_files(source, raw, access)
+            return from_raw_files(source, raw, access, error.entries)
         except NoFilesError:
             raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files below it"
                                 ) from error
@@ -77,10 +77,13 @@ def resolve_source(source, allow_external_shards: bool = False,
     return ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
 
-def from_raw_files(source, raw: RawOptions, access: Access) -> ResolvedSource:
-    """Raw files streamed where they lie: their units planned from their metadata."""
+def from_raw_files(source, raw: RawOptions, access: Access,
+                   entries: list[dict] | None = None) -> ResolvedSource:
+    """Raw files streamed where they lie: their units planned from their metadata.
+    ``entries``: the listing of the folder ``source``, everything under it, when made."""
     name = ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
-    return ResolvedSource(plan_units(name, find_files(source), raw, access), None, UnitReader)
+    files = find_files(source, entries)
+    return ResolvedSource(plan_units(name, files, raw, access), None, UnitReader)
 
 
 def from_manifest(manifest: Manifest) -> ResolvedSource:

@@ -70,11 +70,12 @@ def names_raw_files(source) -> bool:
         for item in items)
 
 
-def find_files(source) -> list[RawFile]:
+def find_files(source, entries: list[dict] | None = None) -> list[RawFile]:
     """The raw files of ``source``: a folder (every Parquet, JSON Lines and Arrow file under
     it, at any depth, as the Hugging Face Hub lays out ``<name>/<split>-*.parquet``), a
     pattern (``*``, ``?``, ``[...]``; ``**`` for any depth), a file, or a list of those.
-    Sorted by URL within each item, items in the order given."""
+    Sorted by URL within each item, items in the order given. ``entries``: fsspec's listing
+    of everything under the remote folder ``source`` when the caller made it."""
     items = list(source) if isinstance(source, list | tuple) else [source]
     found: list[RawFile] = []
     named: list[str] = []
@@ -85,7 +86,7 @@ def find_files(source) -> list[RawFile]:
         elif file_format(item) is not None:
             named.append(item)
         else:
-            found.extend(_under(item))
+            found.extend(_under(item, entries))
     found.extend(_described(named))
     if not found:
         raise NoFilesError(f"{printable(', '.join(map(os.fspath, items)))}: no Parquet, "
@@ -93,8 +94,9 @@ def find_files(source) -> list[RawFile]:
     return found
 
 
-def _under(folder: str) -> list[RawFile]:
-    """Every raw file below ``folder`` (links on a local disk are not followed)."""
+def _under(folder: str, entries: list[dict] | None = None) -> list[RawFile]:
+    """Every raw file below ``folder`` (links on a local disk are not followed); a remote
+    one is listed unless ``entries`` holds its listing."""
     base = folder if folder.endswith("/") else folder + "/"
     path = urlmod.to_local_path(folder)
     if path is not None:
@@ -108,12 +110,13 @@ def _under(folder: str) -> list[RawFile]:
         return sorted(found, key=_by_url)
     fs, root = _filesystem(folder)
     try:
-        entries = fs.find(root.rstrip("/"), detail=True)
+        listed = fs.find(root.rstrip("/"), detail=True) if entries is None \
+            else {entry["name"]: entry for entry in entries}
     except Exception as exc:
         raise _failure(folder, exc) from exc
     prefix = root.rstrip("/") + "/"
     files = []
-    for key, info in entries.items():
+    for key, info in listed.items():
         if info.get("type", "file") != "file" or not key.startswith(prefix):
             continue
         name = key[len(prefix):]

@@ -152,8 +152,9 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
                         source, len(lines), sum(f.size for f in lines), source)
     planned = iter(plan_files([f for f in files if f not in indexed], access))
     plans = [indexed[f] if f in indexed else next(planned) for f in files]
+    named = options.read_columns or ((options.key_column,) if options.key_column else ())
     for file, plan in zip(files, plans, strict=True):
-        available = FORMATS[file.format].columns(plan)
+        available = FORMATS[file.format].columns(plan) if named else None
         if available is not None:
-            check_columns(file, available, options.read_columns)
+            check_columns(file, available, named)
     return UnitTable(source, files, plans, options)
