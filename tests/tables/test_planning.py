@@ -1,7 +1,8 @@
 """Planning many raw files: their footers are read many at once, never more than
-``PLANS_IN_FLIGHT``, and the plan is the same in whatever order they come back; on S3 a
-footer is one GET of the file's tail (two for a larger footer), and a file shorter than
-listed or a footer that cannot be read is an error naming the file."""
+``PLANS_IN_FLIGHT``, and the plan is the same in whatever order they come back, and when
+child processes plan some of them; on S3 a footer is one GET of the file's tail (two for a
+larger footer), a folder without subfolders is listed once, and a file shorter than listed
+or a footer that cannot be read is an error naming the file."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import pytest
 import wdstream
 from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixture gets
 from tests.support.raw_data import PARQUET_FILES, upload_tree, write_parquet
-from wdstream.errors import ShardMismatchError, StreamError
+from wdstream.errors import ShardError, ShardMismatchError, StreamError
 from wdstream.sources import range_reads
 from wdstream.sources.range_fetchers import HttpStatusError
 from wdstream.sources.s3_ranges import S3Ranges
-from wdstream.tables import parquet, units
+from wdstream.tables import parquet, plan_processes, units
 from wdstream.tables.files import RawFile, describe
 from wdstream.tables.parquet import ParquetFormat
 from wdstream.tables.reads import Access
@@ -131,3 +132,61 @@ def test_a_footer_that_cannot_be_read_fails_the_build_naming_the_file(
     monkeypatch.setattr(S3Ranges, "get", get)
     with pytest.raises(StreamError, match=r"failing/part-1.parquet: HTTP status 500"):
         wdstream.StreamingDataset(url)
+
+
+@pytest.fixture
+def children(monkeypatch):
+    """Planning in processes from 4 files on, a child for 8 or more, 4 CPUs: the sizes of
+    the runs children were started for."""
+    monkeypatch.setattr(plan_processes, "MIN_FILES", 4)
+    monkeypatch.setattr(plan_processes, "FILES_PER_PROCESS", 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    started, start = [], plan_processes._start
+
+    def counted(run, access):
+        started.append(len(run))
+        return start(run, access)
+
+    monkeypatch.setattr(plan_processes, "_start", counted)
+    return started
+
+
+def _planned(source) -> tuple[str, list[str]]:
+    ds = wdstream.StreamingDataset(source, shuffle=False)
+    return ds.shards.fingerprint(), [s["__key__"] for s in ds]
+
+
+def test_many_files_are_planned_by_children_as_by_one_process(many, children, monkeypatch):
+    together = _planned(str(many))
+    assert children == [12, 12, 12]  # 48 files, 4 processes (4 CPUs), this one plans 12
+    monkeypatch.setattr(plan_processes, "MIN_FILES", 1000)
+    assert _planned(str(many)) == together and children == [12, 12, 12]
+
+
+def test_a_childs_error_is_raised_as_it_is(many, children, tmp_path):
+    for path in many.iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    (tmp_path / "part-047.parquet").write_bytes(b"a text file, not a Parquet one")
+    with pytest.raises(ShardError, match="part-047.parquet: not a Parquet file"):
+        wdstream.StreamingDataset(str(tmp_path))
+    assert children == [12, 12, 12]
+
+
+def test_children_plan_s3_files_with_this_process_s_settings(s3, s3_bucket, many, children):
+    url = upload_tree(s3.client(), s3_bucket, many, "many")
+    from_s3 = _planned(url)
+    assert children == [12, 12, 12]  # the children read the footers from the S3 server
+    assert from_s3[1] == _planned(str(many))[1]
+
+
+def test_the_ranks_of_a_node_share_its_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert plan_processes.processes_for(1_000_000) == 4
+    assert plan_processes.processes_for(plan_processes.MIN_FILES - 1) == 1
+    assert plan_processes.processes_for(plan_processes.MIN_FILES) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert plan_processes.processes_for(1_000_000) == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert plan_processes.processes_for(1_000_000) == plan_processes.MAX_PROCESSES

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
 from wdstream.tables.index import indexed_plans, read_index
 from wdstream.tables.jsonl import JsonLinesFormat
 from wdstream.tables.parquet import ParquetFormat, check_columns
+from wdstream.tables.plan_processes import plan_in_processes
 from wdstream.tables.reads import Access, check_unchanged
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
@@ -132,8 +134,25 @@ def plan_files(files: Sequence[RawFile], access: Access) -> list[FilePlan]:
                          "are not streamed where they lie (yet); pack them with `wdstream pack`")
     if not files:
         return []
-    with ThreadPoolExecutor(min(PLANS_IN_FLIGHT, len(files))) as pool:
-        return list(pool.map(lambda f: FORMATS[f.format].plan(f, access), files))
+    plans: list[FilePlan | None] = [None] * len(files)
+    todo = iter(range(len(files)))  # each thread takes the next file: no task per file
+    failed = threading.Event()  # one file's error: the others stop at their next file
+
+    def plan_each() -> None:
+        for index in todo:
+            if failed.is_set():
+                return
+            try:
+                plans[index] = FORMATS[files[index].format].plan(files[index], access)
+            except BaseException:
+                failed.set()
+                raise
+
+    threads = min(PLANS_IN_FLIGHT, len(files))
+    with ThreadPoolExecutor(threads) as pool:
+        for running in [pool.submit(plan_each) for _ in range(threads)]:
+            running.result()
+    return plans
 
 
 def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
@@ -150,7 +169,8 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
             log.warning("%s: counting the rows of %d JSON Lines files (%d bytes) by reading "
                         "them whole; `wdstream index %s --output URL` records them once",
                         source, len(lines), sum(f.size for f in lines), source)
-    planned = iter(plan_files([f for f in files if f not in indexed], access))
+    planned = iter(plan_in_processes([f for f in files if f not in indexed], access,
+                                     plan_files))
     plans = [indexed[f] if f in indexed else next(planned) for f in files]
     named = options.read_columns or ((options.key_column,) if options.key_column else ())
     for file, plan in zip(files, plans, strict=True):
