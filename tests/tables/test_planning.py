@@ -190,3 +190,20 @@ def test_the_ranks_of_a_node_share_its_cpus(monkeypatch):
     assert plan_processes.processes_for(1_000_000) == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert plan_processes.processes_for(1_000_000) == plan_processes.MAX_PROCESSES
+
+
+def test_an_index_scanned_by_children_is_the_one_a_process_writes(tmp_path, children,
+                                                                    monkeypatch):
+    from wdstream.cli.index import _index_raw_files
+
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    for index in range(24):
+        rows = "".join(f'{{"id": {index}, "row": {row}}}\n' for row in range(1 + index % 4))
+        (lines / f"part-{index:02d}.jsonl").write_text(rows)
+    _index_raw_files([str(lines)], str(tmp_path / "by-children.json"), False, True, None)
+    assert children == [8, 8]  # 24 files: 3 runs of at least 8
+    monkeypatch.setattr(plan_processes, "MIN_FILES", 1000)
+    _index_raw_files([str(lines)], str(tmp_path / "by-one.json"), False, True, None)
+    assert children == [8, 8]  # none more
+    assert (tmp_path / "by-children.json").read_bytes() == (tmp_path / "by-one.json").read_bytes()

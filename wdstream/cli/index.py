@@ -140,6 +140,7 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
     from wdstream.sources.objects import exists
     from wdstream.tables.files import find_files
     from wdstream.tables.index import write_index
+    from wdstream.tables.plan_processes import plan_in_processes
     from wdstream.tables.reads import Access
     from wdstream.tables.units import plan_files
 
@@ -152,7 +153,7 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
         raise InputError(f"{sources[0]}: no JSON Lines files to index (Parquet and Arrow files "
                          "are planned from their own metadata)")
     if ray_tasks is None:
-        plans = plan_files(files, Access())
+        plans = plan_in_processes(files, Access(), plan_files)
     else:
         from wdstream.tables.cluster import plan_on_ray
 
