@@ -10,12 +10,13 @@ order: the same plans as one process makes.
 
 A child is a fresh interpreter (``sys.executable -c``) importing the same wdstream, with
 nothing of this process but its environment variables (credentials, endpoints): it imports
-no script of the user's and inherits no threads or connections. It reads its run (``RawFile``s and the ``Access``) from
-stdin and writes back the plans, or the wdstream error a file gave (the error is raised
-here as it is: a file that is not Parquet, a footer too large, a missing object), pickled;
-anything else it prints is dropped unless it fails. A rank of a node with ``LOCAL_WORLD_SIZE``
-ranks takes its share of the CPUs, so the ranks of a node together start at most one planner
-a CPU. Every child still running when the call ends (an error, an interrupt) is killed.
+no script of the user's and inherits no threads or connections. It reads its run (the
+``RawFile``s and the ``Access``) from stdin and writes back the plans, or the wdstream error
+a file gave (raised here as it is: a file that is not Parquet, a footer too large, a missing
+object), pickled; anything else it prints is dropped unless it fails. A rank of a node with
+``LOCAL_WORLD_SIZE`` ranks takes its share of the CPUs, so the ranks of a node together
+start at most one planner a CPU. Every child still running when the call ends (an error,
+an interrupt) is killed.
 """
 
 from __future__ import annotations
