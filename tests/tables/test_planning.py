@@ -16,7 +16,7 @@ import wdstream
 from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixture gets
 from tests.support.raw_data import PARQUET_FILES, upload_tree, write_parquet
 from wdstream.errors import ShardError, ShardMismatchError, StreamError
-from wdstream.sources import range_reads
+from wdstream.sources import range_reads, s3_objects
 from wdstream.sources.range_fetchers import HttpStatusError
 from wdstream.sources.s3_ranges import S3Ranges
 from wdstream.tables import parquet, plan_processes, units
@@ -85,25 +85,35 @@ def test_a_footer_is_one_get_of_the_files_tail_on_s3(s3, s3_bucket, tmp_path, ge
         (f"bytes={wide_size - footer - 8}-{wide_size - tail - 1}", 206)])
 
 
-def test_a_flat_folder_is_listed_once(s3, s3_bucket, tmp_path, monkeypatch):
+def test_a_flat_folder_is_listed_once_without_s3fs(s3, s3_bucket, tmp_path, monkeypatch):
     import s3fs
 
-    listings = []
-    real = s3fs.S3FileSystem._lsdir
+    def no_s3fs(*args, **kwargs):
+        raise AssertionError("s3fs listed the folder")
 
-    async def lsdir(self, path, *args, **kwargs):
-        listings.append((path, kwargs.get("delimiter", "/")))
-        return await real(self, path, *args, **kwargs)
+    for name in ("_lsdir", "_find", "_ls"):
+        monkeypatch.setattr(s3fs.S3FileSystem, name, no_s3fs)
+    listings, real = [], s3_objects.list_folder
 
-    monkeypatch.setattr(s3fs.S3FileSystem, "_lsdir", lsdir)
+    def listed(url, recursive=False, timeout=s3_objects.TIMEOUT):
+        listings.append((url, recursive))
+        return real(url, recursive, timeout)
+
+    monkeypatch.setattr(s3_objects, "list_folder", listed)
     write_parquet(tmp_path)
     nested = upload_tree(s3.client(), s3_bucket, tmp_path, "nested")
     flat = upload_tree(s3.client(), s3_bucket, tmp_path / "train", "flat")
     assert len(wdstream.StreamingDataset(flat)) == 113
-    assert listings == [(f"{s3_bucket}/flat", "/")]  # the shards' listing serves the files
+    assert listings == [(flat, False)]  # the shards' listing serves the files
     listings.clear()
     assert len(wdstream.StreamingDataset(nested)) == sum(c for _, c, _ in PARQUET_FILES)
-    assert listings == [(f"{s3_bucket}/nested", "/"), (f"{s3_bucket}/nested", "")]
+    assert listings == [(nested, False), (nested, True)]  # a subfolder: listed at every depth
+
+
+def test_listing_a_missing_bucket_or_an_empty_prefix(s3, s3_bucket):
+    with pytest.raises(StreamError, match="bucket 'no-such-bucket' not found"):
+        wdstream.StreamingDataset("s3://no-such-bucket/data/")
+    assert s3_objects.list_folder(f"s3://{s3_bucket}/nothing-here/") == []
 
 
 def test_a_file_shorter_than_listed_is_an_error_naming_it(s3, s3_bucket, tmp_path, gets):

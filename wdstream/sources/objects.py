@@ -349,18 +349,18 @@ def list_files(prefix: str, suffix: str = ".tar",
     A missing local folder or bucket raises StreamError; on s3/gs a prefix without objects is
     simply empty.
     """
-    fs, path = _target(prefix)
-    if fs is None:
+    path = urls.to_local_path(prefix)
+    if path is not None:
         try:
-            with os.scandir(path or ".") as entries:
+            with os.scandir(path or ".") as listing:
                 found = [(urls.child(prefix, entry.name), entry.stat().st_size)
-                         for entry in entries
+                         for entry in listing
                          if entry.name.endswith(suffix) and entry.is_file()]
         except OSError as exc:
             raise stream_error(prefix, exc) from exc
         return sorted(found)
 
-    folder = path.rstrip("/")
+    folder = folder_path(prefix)
     found = []
     for entry in folder_entries(prefix) if entries is None else entries:
         parent, _, name = entry["name"].rstrip("/").rpartition("/")
@@ -373,10 +373,20 @@ def list_files(prefix: str, suffix: str = ".tar",
     return sorted(found)
 
 
+def folder_path(prefix: str) -> str:
+    """The remote folder ``prefix``'s path as its listing names what lies in it: "bucket/key"
+    on S3 (no s3fs needed), else as its fsspec filesystem has it."""
+    if urls.scheme(prefix) == "s3":
+        return prefix.split("://", 1)[1].rstrip("/")
+    return _target(prefix)[1].rstrip("/")
+
+
 def folder_entries(prefix: str) -> list[dict]:
     """fsspec's entries (``name``, ``type``, ``size`` and the store's fields) of what lies
-    directly in the remote folder ``prefix``; empty under an s3/gs prefix without objects
-    (a missing bucket raises StreamError)."""
+    directly in the remote folder ``prefix`` (S3's through botocore, ``s3_objects``); empty
+    under an s3/gs prefix without objects (a missing bucket raises StreamError)."""
+    if urls.scheme(prefix) == "s3":
+        return s3_objects.list_folder(prefix)
     fs, path = filesystem(prefix)
     try:
         return fs.ls(path.rstrip("/"), detail=True)

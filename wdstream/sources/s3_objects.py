@@ -1,5 +1,6 @@
 """S3 objects through botocore's client rather than s3fs: what the store says of an object
-(HEAD: its size, ETag and version), deleting one, and uploading one (``S3Writer``).
+(HEAD: its size, ETag and version), a folder's listing, deleting one, and uploading one
+(``S3Writer``).
 
 A packer's main process and its pool workers then need neither fsspec's I/O thread nor
 aiobotocore: the main process stays single-threaded, so its pool forks and the workers start
@@ -17,7 +18,7 @@ from __future__ import annotations
 import base64
 import logging
 
-from wdstream.errors import InputError
+from wdstream.errors import InputError, StreamError
 from wdstream.sources import urls
 from wdstream.sources.clients import s3_client
 from wdstream.sources.failures import is_missing, stream_error
@@ -72,6 +73,34 @@ def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dic
     elif response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 200:
         size = response.get("ContentLength")  # the whole object was the answer
     return _described(response, size), start
+
+
+def list_folder(url: str, recursive: bool = False, timeout: float = TIMEOUT) -> list[dict]:
+    """What lies in the folder ``url`` (``s3://bucket/prefix/``), as fsspec lists it: an
+    entry per object (``name`` "bucket/key", ``type`` "file", ``size``, ``ETag``,
+    ``LastModified``) and, unless ``recursive``, per subfolder (``type`` "directory"); an
+    object named like the folder itself (a "folder marker") is left out. Empty when no
+    object is there; a missing bucket raises StreamError, as do refused credentials."""
+    bucket, key = urls.bucket_key(url)
+    prefix = key if not key or key.endswith("/") else key + "/"
+    pages = s3_client(timeout).get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=prefix, **({} if recursive else {"Delimiter": "/"}))
+    entries = []
+    try:
+        for page in pages:
+            for listed in page.get("Contents", ()):
+                if listed["Key"] != prefix:
+                    entries.append({"name": f"{bucket}/{listed['Key']}", "type": "file",
+                                    "size": listed.get("Size"), "ETag": listed.get("ETag"),
+                                    "LastModified": listed.get("LastModified")})
+            entries.extend({"name": f"{bucket}/{common['Prefix'].rstrip('/')}",
+                            "type": "directory", "size": 0}
+                           for common in page.get("CommonPrefixes", ()))
+    except Exception as exc:
+        if is_missing(exc):
+            raise StreamError(url, f"bucket {bucket!r} not found (or not accessible)") from exc
+        raise stream_error(url, exc) from exc
+    return entries
 
 
 def head_size(url: str) -> int | None:

@@ -14,6 +14,7 @@ from wdstream.errors import InputError, ManifestError
 from wdstream.printable import printable
 from wdstream.sources import s3_objects
 from wdstream.sources import urls as urlmod
+from wdstream.sources.objects import folder_path
 
 # name ending -> format; a folder listing takes every ending but ".json" (folders beside
 # Arrow files hold ``dataset_info.json``, shard folders ``index.json``), which counts as
@@ -108,21 +109,31 @@ def _under(folder: str, entries: list[dict] | None = None) -> list[RawFile]:
                 if not os.path.islink(full) and _listed_kind(relative):
                     found.append(_local_file(urlmod.child(base, relative), full, relative))
         return sorted(found, key=_by_url)
-    fs, root = _filesystem(folder)
-    try:
-        listed = fs.find(root.rstrip("/"), detail=True) if entries is None \
-            else {entry["name"]: entry for entry in entries}
-    except Exception as exc:
-        raise _failure(folder, exc) from exc
-    prefix = root.rstrip("/") + "/"
+    root = folder_path(folder)
+    if entries is None:
+        entries = _everything_under(folder, root)
+    prefix = root + "/"
     files = []
-    for key, info in listed.items():
+    for info in entries:
+        key = info["name"]
         if info.get("type", "file") != "file" or not key.startswith(prefix):
             continue
         name = key[len(prefix):]
         if _listed_kind(name):
             files.append(_remote_file(_child(base, name), name, info))
     return sorted(files, key=_by_url)
+
+
+def _everything_under(folder: str, root: str) -> list[dict]:
+    """The listing of every object below the remote ``folder`` (``root``: its path): S3's
+    through botocore (``s3_objects``), the others' through fsspec's ``find``."""
+    if urlmod.scheme(folder) == "s3":
+        return s3_objects.list_folder(folder, recursive=True)
+    fs, _ = _filesystem(folder)
+    try:
+        return list(fs.find(root, detail=True).values())
+    except Exception as exc:
+        raise _failure(folder, exc) from exc
 
 
 def _child(base: str, name: str) -> str:
