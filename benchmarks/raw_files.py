@@ -166,7 +166,6 @@ def case_plan(url: str, files: int, server_pid: int | None = None,
     of the server (``server_pid``) and of the data plane (``plane_pids``) while it is
     built."""
     import botocore.session  # noqa: F401 - the imports a rank has made anyway
-    import s3fs  # noqa: F401
 
     import wdstream
     import wdstream.stream.dataset  # noqa: F401
@@ -398,8 +397,8 @@ def _notes(sizes: dict) -> list[dict]:
         "from the same bytes on disk by nginx (benchmarks/data_plane.py), the listing by moto "
         "behind it, so that the figure is the planner's more than the simulated store's. "
         "Seconds from the call to the dataset; peak RSS of the process; the RSS the dataset "
-        "adds to it once built and at its peak, after the imports (torch, pyarrow, botocore, "
-        "s3fs): what a rank pays; CPU seconds of the process and its child, of "
+        "adds to it once built and at its peak, after the imports (torch, pyarrow, botocore): "
+        "what a rank pays; CPU seconds of the process and its child, of "
         "moto and of nginx meanwhile; 'listing s': one listing of the folder alone, after. "
         f"The goal (at most {PLAN_GOAL_S} s) takes the cheaper data plane.")
     return [{"table": T_ROWS, "note": rows_note}, {"table": T_PLAN, "note": plan_note}]

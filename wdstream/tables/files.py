@@ -76,7 +76,8 @@ def find_files(source, entries: list[dict] | None = None) -> list[RawFile]:
     it, at any depth, as the Hugging Face Hub lays out ``<name>/<split>-*.parquet``), a
     pattern (``*``, ``?``, ``[...]``; ``**`` for any depth), a file, or a list of those.
     Sorted by URL within each item, items in the order given. ``entries``: fsspec's listing
-    of everything under the remote folder ``source`` when the caller made it."""
+    of everything under the remote folder ``source`` when the caller made it (for a single
+    folder only: the folders of a list are listed each)."""
     items = list(source) if isinstance(source, list | tuple) else [source]
     found: list[RawFile] = []
     named: list[str] = []
@@ -87,7 +88,7 @@ def find_files(source, entries: list[dict] | None = None) -> list[RawFile]:
         elif file_format(item) is not None:
             named.append(item)
         else:
-            found.extend(_under(item, entries))
+            found.extend(_under(item, None if len(items) > 1 else entries))
     found.extend(_described(named))
     if not found:
         raise NoFilesError(f"{printable(', '.join(map(os.fspath, items)))}: no Parquet, "
