@@ -195,10 +195,15 @@ class NginxPlane:
         temp = Path(self._prefix, "temp")
         temp.mkdir()
         delays = [0.0, *(delay for _rate, delay in self.links)]
+        unchecked = Path(self._prefix, "unchecked.sock")
         servers = "\n".join(
             _server(store, sock.getsockname()[1], delays[0 if link is None else link + 1],
-                    self.root)
+                    self.root, unchecked)
             for (store, link), sock in self._listeners.items())
+        if self.upstreams["s3"] is not None:  # S3 reads nginx does not check (``_server``)
+            servers += (f"\n  server {{\n    listen unix:{unchecked};\n"
+                        f"    location / {{ root {self.root}; try_files $uri @store; }}\n"
+                        "    location @store { proxy_pass http://s3_store$request_uri; }\n  }")
         upstreams = "\n".join(
             f"  upstream {store}_store {{ server 127.0.0.1:{port}; keepalive 32; }}"
             for store, port in self.upstreams.items() if port is not None)
@@ -217,7 +222,7 @@ class NginxPlane:
             "  proxy_request_buffering off;\n"
             + "".join(f"  {kind}_temp_path {temp};\n"
                       for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-            + f"{upstreams}\n{servers}\n}}\n")
+            + f"{_S3_READS}{upstreams}\n{servers}\n}}\n")
 
     def _wait_until_serving(self) -> None:
         """Until nginx answers on every listener (they accept into their backlog from the
@@ -253,15 +258,27 @@ def _user() -> str:
     return f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(os.getegid()).gr_name};\n"
 
 
-def _server(store: str, port: int, delay: float, root: Path) -> str:
+# S3 reads of a file whose If-Match holds moto's kind of ETag (an MD5; a multipart upload's
+# MD5 of its parts' then "-N") go unchecked
+_S3_READS = ("  map $http_if_match $s3_reads {\n"
+             "    '~^\"[0-9a-f]{32}(-[0-9]+)?\"$' @unchecked;\n    default @file;\n  }\n")
+
+
+def _server(store: str, port: int, delay: float, root: Path, unchecked: Path) -> str:
     """One listener's ``server`` block: the files it serves, the rest to the store behind,
-    each request held ``delay`` seconds first."""
+    each request held ``delay`` seconds first. An S3 GET whose ``If-Match`` names an ETag of
+    the store behind (an MD5, as its listing gives it: ``$s3_reads``) rather than nginx's own
+    is served without it by the server on the socket ``unchecked``, and answered with that
+    ETag (the files here do not change); nginx checks any other (412 unless it is its own)."""
     upstream = (f"    location @store {{ proxy_pass http://{store}_store$request_uri; }}\n"
                 # a path ending in "/" names no object: a file's directory is not listed
                 f"    location ~ /$ {{ {_hold(delay, '@store')} }}\n")
     if store == "s3":
-        reads = (f"    location / {{ {_hold(delay, '@file')} }}\n"
-                 f"    location @file {{ root {root}; try_files $uri @store; }}\n")
+        reads = (f"    location / {{ {_hold(delay, '$s3_reads')} }}\n"
+                 f"    location @file {{ root {root}; try_files $uri @store; }}\n"
+                 "    location @unchecked { proxy_set_header If-Match \"\"; "
+                 "proxy_hide_header ETag; add_header ETag $http_if_match always; "
+                 f"proxy_pass http://unix:{unchecked}; }}\n")
     else:
         reads = (f"    location ~ {GCS_MEDIA} {{ {_hold(delay, '@file')} }}\n"
                  f"    location @file {{ rewrite {GCS_MEDIA} /$1/$2 break; root {root}; "

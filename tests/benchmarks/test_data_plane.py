@@ -146,3 +146,25 @@ def test_a_shaped_link_caps_each_connection_and_delays_its_first_byte(plane):
 def test_a_plane_that_cannot_start_says_why(tmp_path):
     with pytest.raises(ValueError, match="rate must be positive"):
         NginxPlane(tmp_path, 1, links=[(0, 0.01)])
+
+
+@pytest.mark.slow
+def test_an_etag_of_the_store_behind_is_served_unchecked_any_other_refused(plane, s3):
+    from wdstream.sources.range_fetchers import ObjectChanged
+    from wdstream.sources.s3_ranges import S3Ranges
+
+    served, folder, bucket = plane
+    data = (folder / "shard-000000.tar").read_bytes()
+    url = f"s3://{bucket}/p/shard-000000.tar"
+    listed = s3.client().head_object(Bucket=bucket, Key="p/shard-000000.tar")["ETag"]
+    for link in (None, 0):  # unshaped, and held before it is served
+        with environ({"AWS_ENDPOINT_URL": served.endpoint("s3", link)}):
+            fetcher = S3Ranges(url, 10.0)
+            fetcher.connect()
+            response = fetcher.get(100, 199, listed)  # moto's ETag, as a plan has it
+            body = bytearray(100)
+            assert response.readinto(memoryview(body)) == 100 and bytes(body) == data[100:200]
+            response.close()
+            assert response.version == listed
+            with pytest.raises(ObjectChanged):
+                fetcher.get(0, 9, '"0123456789abcdef0123456789abcdeX"')

@@ -150,11 +150,26 @@ def test_s3_folder_pattern_and_list(s3, s3_bucket, folder):
 
 
 @pytest.mark.slow
-def test_s3_file_changed_since_the_plan_is_an_error(s3, s3_bucket, folder):
+@pytest.mark.parametrize("read", ["one GET a range", "ranged parts"])
+def test_s3_file_changed_since_the_plan_is_an_error(s3, s3_bucket, folder, monkeypatch, read):
+    from wdstream.sources import range_reads, s3_objects
+
+    if read == "ranged parts":  # a range read as open_read's stream
+        monkeypatch.setattr(range_reads, "ONE_REQUEST_BYTES", 0)
+
+    head = s3_objects.head
+
+    def no_head(url, *args):
+        assert not url.endswith(".parquet"), f"a HEAD of {url}: the GETs carry the listed ETag"
+        return head(url, *args)
+
+    monkeypatch.setattr(s3_objects, "head", no_head)
     url = upload_tree(s3.client(), s3_bucket, folder, "changing")
     ds = wdstream.StreamingDataset(url, shuffle=False, retries=0)
+    assert len(list(ds)) == len(ds)
     s3.client().upload_file(str(folder / "part-1.parquet"), s3_bucket, "changing/part-0.parquet")
-    with pytest.raises(ShardMismatchError, match="part-0.parquet: changed since the plan"):
+    with pytest.raises(ShardMismatchError, match=r"part-0.parquet: changed since the plan \(the "
+                                                 r"store no longer holds version \""):
         list(ds)
 
 
@@ -233,3 +248,18 @@ def test_gcs_folder_streams_and_resumes(gcs, tmp_path):
     resumed = loader_of(url)
     resumed.load_state_dict(roundtrip(loader.state_dict()))
     assert first + keys_of(resumed) == whole
+
+
+@pytest.mark.slow
+def test_gcs_file_changed_since_the_plan_is_an_error(gcs, tmp_path):
+    from tests.sources.test_gcs_ranged import upload
+
+    write_parquet(tmp_path, [("part-0.parquet", 30, 10), ("part-1.parquet", 20, 10)])
+    for name in ("part-0.parquet", "part-1.parquet"):
+        upload(gcs, f"changing/{name}", (tmp_path / name).read_bytes())
+    ds = wdstream.StreamingDataset(f"gs://{gcs.bucket}/changing/", shuffle=False, retries=0)
+    assert len(list(ds)) == 50
+    upload(gcs, "changing/part-0.parquet", (tmp_path / "part-1.parquet").read_bytes())
+    with pytest.raises(ShardMismatchError, match=r"part-0.parquet: changed since the plan \(the "
+                                                 r"store no longer holds version \d+\)"):
+        list(ds)

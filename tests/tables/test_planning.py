@@ -15,7 +15,7 @@ import pytest
 import wdstream
 from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixture gets
 from tests.support.raw_data import PARQUET_FILES, upload_tree, write_parquet
-from wdstream.errors import ShardError, ShardMismatchError, StreamError
+from wdstream.errors import ShardError, ShardMismatchError, StreamError, WdstreamError
 from wdstream.sources import range_reads, s3_objects
 from wdstream.sources.range_fetchers import HttpStatusError
 from wdstream.sources.s3_ranges import S3Ranges
@@ -95,9 +95,9 @@ def test_a_flat_folder_is_listed_once_without_s3fs(s3, s3_bucket, tmp_path, monk
         monkeypatch.setattr(s3fs.S3FileSystem, name, no_s3fs)
     listings, real = [], s3_objects.list_folder
 
-    def listed(url, recursive=False, timeout=s3_objects.TIMEOUT):
+    def listed(url, recursive=False, timeout=s3_objects.TIMEOUT, on_page=None):
         listings.append((url, recursive))
-        return real(url, recursive, timeout)
+        return real(url, recursive, timeout, on_page)
 
     monkeypatch.setattr(s3_objects, "list_folder", listed)
     write_parquet(tmp_path)
@@ -147,19 +147,28 @@ def test_a_footer_that_cannot_be_read_fails_the_build_naming_the_file(
 @pytest.fixture
 def children(monkeypatch):
     """Planning in processes from 4 files on, a child for 8 or more, 4 CPUs: the sizes of
-    the runs children were started for."""
+    the runs children planned, and how many children were started (``started.count``)."""
     monkeypatch.setattr(plan_processes, "MIN_FILES", 4)
     monkeypatch.setattr(plan_processes, "FILES_PER_PROCESS", 8)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    started, start = [], plan_processes._start
+    started, start, ask = Runs(), plan_processes._start, plan_processes._ask
 
-    def counted(run, access):
+    def counted():
+        started.count += 1
+        return start()
+
+    def asked(child, run, access):
         started.append(len(run))
-        return start(run, access)
+        return ask(child, run, access)
 
     monkeypatch.setattr(plan_processes, "_start", counted)
+    monkeypatch.setattr(plan_processes, "_ask", asked)
     return started
+
+
+class Runs(list):
+    count = 0
 
 
 def _planned(source) -> tuple[str, list[str]]:
@@ -169,9 +178,11 @@ def _planned(source) -> tuple[str, list[str]]:
 
 def test_many_files_are_planned_by_children_as_by_one_process(many, children, monkeypatch):
     together = _planned(str(many))
-    assert children == [12, 12, 12]  # 48 files, 4 processes (4 CPUs), this one plans 12
+    assert children.count == 3 and children  # 48 files, 4 processes (4 CPUs): runs of 12
+    assert set(children) == {12} and len(children) <= 3
     monkeypatch.setattr(plan_processes, "MIN_FILES", 1000)
-    assert _planned(str(many)) == together and children == [12, 12, 12]
+    children.clear()
+    assert _planned(str(many)) == together and children == [] and children.count == 3
 
 
 def test_a_childs_error_is_raised_as_it_is(many, children, tmp_path):
@@ -180,14 +191,63 @@ def test_a_childs_error_is_raised_as_it_is(many, children, tmp_path):
     (tmp_path / "part-047.parquet").write_bytes(b"a text file, not a Parquet one")
     with pytest.raises(ShardError, match="part-047.parquet: not a Parquet file"):
         wdstream.StreamingDataset(str(tmp_path))
-    assert children == [12, 12, 12]
+    child = plan_processes._start()
+    try:  # the same, asked of a child directly
+        with pytest.raises(ShardError, match="part-047.parquet: not a Parquet file"):
+            plan_processes._ask(child, [describe(str(tmp_path / "part-047.parquet"))], Access())
+        ours = describe(str(tmp_path / "part-001.parquet"))
+        assert plan_processes._ask(child, [ours], Access()) == units.plan_files([ours], Access())
+    finally:
+        child.process.kill()
+        child.process.wait()
+    with pytest.raises(WdstreamError, match=r"part-001.parquet and 0 more files in another "
+                                            r"process failed \(exit -9\)"):
+        plan_processes._ask(child, [ours], Access())
 
 
 def test_children_plan_s3_files_with_this_process_s_settings(s3, s3_bucket, many, children):
     url = upload_tree(s3.client(), s3_bucket, many, "many")
     from_s3 = _planned(url)
-    assert children == [12, 12, 12]  # the children read the footers from the S3 server
+    assert children.count == 3 and children  # the children read the footers from S3
     assert from_s3[1] == _planned(str(many))[1]
+
+
+def test_an_s3_folder_s_files_are_planned_while_it_is_listed(s3, s3_bucket, many, children,
+                                                             monkeypatch):
+    url = upload_tree(s3.client(), s3_bucket, many, "paged")
+    alone = _planned(url)
+    monkeypatch.setattr(s3_objects, "LIST_PAGE_SIZE", 10)  # 5 pages of 48 files
+    events, real_list, real_plan = [], s3_objects.list_folder, units.plan_files
+
+    def listed(*args, **kwargs):
+        found = real_list(*args, **kwargs)
+        events.append(("listed", len(found)))
+        return found
+
+    def planned(files, access):
+        events.append(("planning", len(files)))
+        return real_plan(files, access)
+
+    monkeypatch.setattr(s3_objects, "list_folder", listed)
+    monkeypatch.setattr(units, "plan_files", planned)
+    children.clear()
+    assert _planned(url) == alone
+    assert events[0] == ("planning", 10) and ("listed", 48) in events  # the first page's
+    assert children.count >= 1 and set(children) <= {10, 8}  # a child from the second page
+    assert sum(children) + sum(n for what, n in events if what == "planning") == 48
+
+
+def test_a_folder_of_shards_beside_parquet_files_stops_their_planning(
+        s3, s3_bucket, many, tmp_path, monkeypatch):
+    from tests.support.shard_data import shard_bytes
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "part-000.parquet").write_bytes((many / "part-000.parquet").read_bytes())
+    (folder / "shard-000000.tar").write_bytes(shard_bytes(0, 3))
+    url = upload_tree(s3.client(), s3_bucket, folder, "mixed")
+    assert len(list(wdstream.StreamingDataset(url, shuffle=False))) == 3
+    assert not [t for t in threading.enumerate() if t.name == "wdstream-planner"]
 
 
 def test_the_ranks_of_a_node_share_its_cpus(monkeypatch):

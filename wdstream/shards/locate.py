@@ -3,7 +3,7 @@ a list of URLs. ``StreamingDataset`` and the inspection commands resolve sources
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from wdstream.errors import InputError, ManifestError
@@ -47,7 +47,8 @@ class Shards:
 
 
 def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: bool = False,
-                share_manifest=False) -> Shards:
+                share_manifest=False, on_page: Callable[[list[dict]], None] | None = None
+                ) -> Shards:
     """Resolve ``source`` the way ``StreamingDataset`` does (a ``Shards`` is returned as is,
     so callers can resolve once and pass the result on).
 
@@ -56,7 +57,7 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
     command, and for a prefix with neither ``index.json`` nor shard files (``*.tar``,
     ``*.tar.gz``...); StreamError when storage is unreachable. Listed objects are names under
     the prefix, whatever they are called. ``share_manifest``: see ``load_manifest``'s
-    ``share``.
+    ``share``; ``on_page``: ``folder_entries``'s, when a remote prefix is listed.
     """
     if isinstance(source, Shards):
         return source
@@ -77,7 +78,7 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
         if source.endswith(".json"):
             raise
         try:
-            return _listed(source)
+            return _listed(source, on_page)
         except NoShardsError as missing:
             raise missing from error
     count = len(manifest.shards)
@@ -93,9 +94,10 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
     )
 
 
-def _listed(source: str) -> Shards:
+def _listed(source: str, on_page: Callable[[list[dict]], None] | None = None) -> Shards:
     """The shard files directly in the folder ``source`` (which has no manifest)."""
-    entries = folder_entries(source) if urlmod.to_local_path(source) is None else None
+    remote = urlmod.to_local_path(source) is None
+    entries = folder_entries(source, on_page) if remote else None
     everything = list_files(source, suffix="", entries=entries)
     listed = [(url, size) for url, size in everything if is_shard_name(url)]
     others = not_shard_kinds(url for url, _ in everything if not is_shard_name(url))

@@ -18,7 +18,8 @@ Names
 
 Versions
     A response's generation (``x-goog-generation``, which GCS sends with every download) is
-    its version; parts asked once it is known send ``ifGenerationMatch`` (412 once replaced).
+    its version; parts asked once it is known, or given (a plan's), send ``ifGenerationMatch``
+    (412 once replaced).
     An emulator (``STORAGE_EMULATOR_HOST``) may not say it: there the object's metadata is
     asked before the first download and again after the last byte, and a different
     generation fails the read (the emulator serves one request at a time, so asking while a
@@ -185,7 +186,7 @@ class GcsRanges(Fetcher):
 
     def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
         client = self._client
-        if client.emulator and version is None:
+        if client.emulator:  # which sends no generation with a download, nor checks one
             with self._lock:  # asked before the download: a one-request-at-a-time emulator
                 if self._asked_generation is None:  # would hold it behind an open body
                     self._asked_generation = self.metadata()["generation"]

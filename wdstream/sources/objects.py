@@ -381,22 +381,28 @@ def folder_path(prefix: str) -> str:
     return _target(prefix)[1].rstrip("/")
 
 
-def folder_entries(prefix: str) -> list[dict]:
+def folder_entries(prefix: str, on_page: Callable[[list[dict]], None] | None = None
+                   ) -> list[dict]:
     """fsspec's entries (``name``, ``type``, ``size`` and the store's fields) of what lies
     directly in the remote folder ``prefix`` (S3's through botocore, ``s3_objects``); empty
-    under an s3/gs prefix without objects (a missing bucket raises StreamError)."""
+    under an s3/gs prefix without objects (a missing bucket raises StreamError).
+    ``on_page``: called with S3's pages of entries as they come, other stores' whole listing
+    once."""
     if urls.scheme(prefix) == "s3":
-        return s3_objects.list_folder(prefix)
+        return s3_objects.list_folder(prefix, on_page=on_page)
     fs, path = filesystem(prefix)
     try:
-        return fs.ls(path.rstrip("/"), detail=True)
+        entries = fs.ls(path.rstrip("/"), detail=True)
     except FileNotFoundError as exc:
-        if urls.scheme(prefix) in ("s3", "gs"):
-            check_bucket(prefix, fs)
-            return []  # object stores have no folders: no objects under the prefix
-        raise stream_error(prefix, exc) from exc
+        if urls.scheme(prefix) not in ("s3", "gs"):
+            raise stream_error(prefix, exc) from exc
+        check_bucket(prefix, fs)
+        entries = []  # object stores have no folders: no objects under the prefix
     except Exception as exc:
         raise stream_error(prefix, exc) from exc
+    if on_page is not None:
+        on_page(entries)
+    return entries
 
 
 def _listed_size(entry: dict) -> int | None:

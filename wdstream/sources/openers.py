@@ -75,7 +75,7 @@ def resolve_opener(opener: str | None, url: str) -> str:
 
 def open_read(
     url: str, *, opener: str | None = None, timeout: float = 60.0, start: int = 0,
-    size: int | None = None, first_bytes: int | None = None,
+    size: int | None = None, first_bytes: int | None = None, version: str | None = None,
 ) -> ByteStream | LocalFile:
     """Open ``url`` for streaming, from byte ``start`` on. See the module docstring.
 
@@ -85,6 +85,8 @@ def open_read(
     reader then asks for several parts at once instead of waiting for a first response.
     ``first_bytes``: how many bytes the caller wants before anything else (a first batch's);
     the sdk reader spreads them over its first parts, so that they come together.
+    ``version``: the object's expected ETag (S3) or generation (GCS), which the sdk reader
+    sends with every GET (``ranged.RangedSource``); the other readers do not check it.
     """
     if timeout <= 0:
         raise InputError(f"{url}: timeout must be positive, got {timeout}")
@@ -113,7 +115,7 @@ def open_read(
         kind = urls.scheme(url)
         ranged = RangedS3Source if kind == "s3" else RangedGcsSource
         source = ranged(url, start, timeout, size=size, first_bytes=first_bytes,
-                        link=shared_link(timeout, kind))
+                        link=shared_link(timeout, kind), version=version)
     else:
         source = FsspecSource(url, start, timeout)
     return ByteStream(url, source, timeout)

@@ -19,6 +19,7 @@ import abc
 import re
 from collections.abc import Callable
 
+from wdstream.errors import ShardMismatchError
 from wdstream.printable import redact
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
@@ -35,6 +36,14 @@ class PastEnd(Exception):  # noqa: N818 - a signal, not a failure
 
 class ObjectChanged(Exception):  # noqa: N818 - the reader turns it into its StreamError
     """The store says the object is not the version the earlier responses read."""
+
+
+def not_the_version(url: str, version: str) -> ShardMismatchError:
+    """The error for a read that expected ``version`` (a plan's ETag or generation) of the
+    object at ``url``, which the store no longer holds."""
+    return ShardMismatchError(f"{url}: changed since the plan (the store no longer holds "
+                              f"version {version}); build the dataset again to stream it as "
+                              "it is now")
 
 
 class HttpStatusError(Exception):

@@ -25,7 +25,7 @@ from wdstream.sources.clients import filesystem
 from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.openers import open_read, resolve_opener
-from wdstream.sources.range_fetchers import PastEnd
+from wdstream.sources.range_fetchers import ObjectChanged, PastEnd, not_the_version
 from wdstream.sources.ranged import PART_RETRIES, RETRY_BACKOFF
 from wdstream.sources.s3_ranges import S3Ranges
 
@@ -33,10 +33,12 @@ ONE_REQUEST_BYTES = 1 << 20  # at most this many: one request (see above)
 
 
 def read_at(url: str, start: int, length: int, *, opener: str | None = None,
-            timeout: float = 60.0, size: int | None = None) -> bytes:
+            timeout: float = 60.0, size: int | None = None, version: str | None = None) -> bytes:
     """``length`` bytes of the object at ``url`` from byte ``start``; fewer only when the
     object ends sooner (the caller says what a short read means). ``opener`` as
-    ``open_read``'s; ``size``: the object's size if known (a plan for the stream's parts)."""
+    ``open_read``'s; ``size``: the object's size if known (a plan for the stream's parts);
+    ``version``: its expected ETag or generation, checked by the store on each GET where
+    ``checks_version`` says so (another version: ``not_the_version``'s ShardMismatchError)."""
     if start < 0 or length < 0:
         raise StreamError(url, f"bytes {start}..{start + length}: not a range of an object")
     if length == 0:
@@ -45,13 +47,15 @@ def read_at(url: str, start: int, length: int, *, opener: str | None = None,
     one_request = _ONE_REQUEST.get(reader)
     if one_request is None or length > ONE_REQUEST_BYTES:
         stream = open_read(url, opener=opener, timeout=timeout, start=start, size=size,
-                           first_bytes=length)
+                           first_bytes=length, version=version)
         with stream:
             return _filled(stream.read, length)
     attempt = 0
     while True:
         try:
-            return one_request(url, start, length, timeout)
+            return one_request(url, start, length, timeout, version)
+        except ObjectChanged:
+            raise not_the_version(url, version) from None
         except Exception as exc:  # classified: retried when transient, else raised
             error = stream_error(url, exc)
             if not error.transient or attempt >= PART_RETRIES:
@@ -72,7 +76,13 @@ def _filled(read: Callable[[int], bytes], length: int) -> bytes:
     return b"".join(parts)
 
 
-def _pread(url: str, start: int, length: int, timeout: float) -> bytes:
+def checks_version(url: str, opener: str | None = None) -> bool:
+    """Whether ``read_at`` and ``open_read`` have the store check a ``version`` given for
+    ``url``: the sdk reader's GETs of S3 and GCS objects."""
+    return resolve_opener(opener, url) == "sdk"
+
+
+def _pread(url: str, start: int, length: int, timeout: float, version: str | None) -> bytes:
     # O_NONBLOCK: a FIFO named like a data file opens at once, and its pread fails
     fd = os.open(urls.to_local_path(url), os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -81,16 +91,21 @@ def _pread(url: str, start: int, length: int, timeout: float) -> bytes:
         os.close(fd)
 
 
-def _ranged_get(url: str, start: int, length: int, timeout: float) -> bytes:
-    """One GET of the range with the ranged reader's fetcher of the store."""
+def _ranged_get(url: str, start: int, length: int, timeout: float,
+                version: str | None) -> bytes:
+    """One GET of the range with the ranged reader's fetcher of the store (``If-Match`` or
+    ``ifGenerationMatch`` on ``version``; either refused, or another version in the answer:
+    ObjectChanged)."""
     fetcher = S3Ranges(url, timeout) if urls.scheme(url) == "s3" else GcsRanges(url, timeout)
     fetcher.connect()
     try:
-        response = fetcher.get(start, start + length - 1, None)
+        response = fetcher.get(start, start + length - 1, version)
     except PastEnd:
         return b""
     buffer = memoryview(bytearray(length))
     try:
+        if version is not None and response.version not in (None, version):
+            raise ObjectChanged(f"version {response.version}")  # a store that ignored it
         if response.partial and response.first != start:
             raise StreamError(url, f"asked for bytes from {start}, got "
                               f"{response.content_range}")
@@ -108,12 +123,13 @@ def _ranged_get(url: str, start: int, length: int, timeout: float) -> bytes:
     return bytes(buffer[:filled])
 
 
-def _fsspec_read(url: str, start: int, length: int, timeout: float) -> bytes:
+def _fsspec_read(url: str, start: int, length: int, timeout: float,
+                 version: str | None) -> bytes:
     fs, path = filesystem(url, timeout)
     with fs.open(path, "rb", block_size=length) as file:
         file.seek(start)
         return _filled(file.read, length)
 
 
-_ONE_REQUEST: dict[str, Callable[[str, int, int, float], bytes]] = {
+_ONE_REQUEST: dict[str, Callable[[str, int, int, float, str | None], bytes]] = {
     "file": _pread, "sdk": _ranged_get, "fsspec": _fsspec_read}

@@ -15,11 +15,11 @@ import math
 import threading
 import time
 
-from wdstream.errors import StreamError
+from wdstream.errors import StreamError, WdstreamError
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import GcsRanges
-from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd
+from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd, not_the_version
 from wdstream.sources.s3_ranges import S3Ranges
 from wdstream.sources.streams import CHUNK_SIZE, READ_AHEAD, BufferPool, ChunkSource
 
@@ -112,7 +112,10 @@ class RangedSource(ChunkSource):
 
     ``size``: the object's size if known beforehand; ``first_bytes``: how many bytes the
     consumer wants before anything else (sizes the start's parts); ``link``: what the process
-    learned of the link (None: a new one for this stream alone). ``peak_held`` is the most
+    learned of the link (None: a new one for this stream alone); ``version``: the object's
+    version expected (S3's ETag, GCS's generation, from a listing), sent with every part:
+    when the store holds another, ``not_the_version``'s ShardMismatchError. ``peak_held`` is
+    the most
     bytes fetched but not yet handed over at any time, ``peak_parts`` the most parts in
     flight, ``requests`` the GETs asked (for tests and benchmarks)."""
 
@@ -121,7 +124,8 @@ class RangedSource(ChunkSource):
                  max_parts: int = MAX_PARTS, initial_parts: int = INITIAL_PARTS,
                  start_parts: int = START_PARTS, start_part_size: int = START_PART_SIZE,
                  first_bytes: int | None = None, retries: int | None = None,
-                 backoff: float = RETRY_BACKOFF, link: Link | None = None):
+                 backoff: float = RETRY_BACKOFF, link: Link | None = None,
+                 version: str | None = None):
         retries = PART_RETRIES if retries is None else retries
         max_part_size = part_size * MAX_PART_SIZE // PART_SIZE if max_part_size is None \
             else max_part_size
@@ -147,7 +151,8 @@ class RangedSource(ChunkSource):
         self._cond = threading.Condition()
         self._stopped = False
         self._size: int | None = None  # the object's size, from the first response
-        self._version: str | None = None  # ETag, generation: from the first response saying it
+        self._version = version  # ETag, generation: given, or from the first response saying it
+        self._expected = version
         self._whole = False  # the server ignored Range: the first part is the whole object
         self._parts: collections.deque[_Part] = collections.deque()
         self._following = start  # where the next part begins
@@ -418,7 +423,9 @@ class RangedSource(ChunkSource):
             self._cond.notify_all()
             return True
 
-    def _changed(self, why: str) -> StreamError:
+    def _changed(self, why: str) -> WdstreamError:
+        if self._expected is not None:
+            return not_the_version(self.url, self._expected)
         return StreamError(self.url, f"the object changed while it was being read ({why})")
 
     def _learn(self, part: _Part, *, size: int, version: str | None, whole: bool) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Callable
 
 from wdstream.errors import InputError, StreamError
 from wdstream.sources import urls
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 PART_SIZE = 64 << 20  # bytes buffered before a multipart upload sends a part (S3: >= 5 MiB)
 TIMEOUT = 60.0
+LIST_PAGE_SIZE = 1000  # objects a listing's page holds (S3's most)
 
 
 def is_object_url(url: str) -> bool:
@@ -75,32 +77,42 @@ def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dic
     return _described(response, size), start
 
 
-def list_folder(url: str, recursive: bool = False, timeout: float = TIMEOUT) -> list[dict]:
+def list_folder(url: str, recursive: bool = False, timeout: float = TIMEOUT,
+                on_page: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """What lies in the folder ``url`` (``s3://bucket/prefix/``), as fsspec lists it: an
     entry per object (``name`` "bucket/key", ``type`` "file", ``size``, ``ETag``,
     ``LastModified``) and, unless ``recursive``, per subfolder (``type`` "directory"); an
     object named like the folder itself (a "folder marker") is left out. Empty when no
-    object is there; a missing bucket raises StreamError, as do refused credentials."""
+    object is there; a missing bucket raises StreamError, as do refused credentials.
+    ``on_page`` is called with each page's entries (``LIST_PAGE_SIZE`` objects) as it comes,
+    while the next is asked for."""
     bucket, key = urls.bucket_key(url)
     prefix = key if not key or key.endswith("/") else key + "/"
-    pages = s3_client(timeout).get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=prefix, **({} if recursive else {"Delimiter": "/"}))
-    entries = []
+    pages = iter(s3_client(timeout).get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": LIST_PAGE_SIZE},
+        **({} if recursive else {"Delimiter": "/"})))
+    entries: list[dict] = []
+    while (page := _next_page(url, bucket, pages)) is not None:
+        found = [{"name": f"{bucket}/{listed['Key']}", "type": "file",
+                  "size": listed.get("Size"), "ETag": listed.get("ETag"),
+                  "LastModified": listed.get("LastModified")}
+                 for listed in page.get("Contents", ()) if listed["Key"] != prefix]
+        found += [{"name": f"{bucket}/{common['Prefix'].rstrip('/')}", "type": "directory",
+                   "size": 0} for common in page.get("CommonPrefixes", ())]
+        entries += found
+        if on_page is not None:
+            on_page(found)
+    return entries
+
+
+def _next_page(url: str, bucket: str, pages) -> dict | None:
+    """The listing's next page (None after the last), its failures as StreamErrors."""
     try:
-        for page in pages:
-            for listed in page.get("Contents", ()):
-                if listed["Key"] != prefix:
-                    entries.append({"name": f"{bucket}/{listed['Key']}", "type": "file",
-                                    "size": listed.get("Size"), "ETag": listed.get("ETag"),
-                                    "LastModified": listed.get("LastModified")})
-            entries.extend({"name": f"{bucket}/{common['Prefix'].rstrip('/')}",
-                            "type": "directory", "size": 0}
-                           for common in page.get("CommonPrefixes", ()))
+        return next(pages, None)
     except Exception as exc:
         if is_missing(exc):
             raise StreamError(url, f"bucket {bucket!r} not found (or not accessible)") from exc
         raise stream_error(url, exc) from exc
-    return entries
 
 
 def head_size(url: str) -> int | None:

@@ -17,7 +17,7 @@ from wdstream.stream.read import ShardTable, SpanReader
 from wdstream.stream.unit_read import UnitReader
 from wdstream.tables.files import NoFilesError, find_files, names_raw_files
 from wdstream.tables.reads import Access
-from wdstream.tables.units import RawOptions, UnitTable, plan_units
+from wdstream.tables.units import PlanAhead, RawOptions, UnitTable, plan_units
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
@@ -53,15 +53,16 @@ def resolve_source(source, allow_external_shards: bool = False,
         return from_manifest(source)
     if names_raw_files(source):
         return from_raw_files(source, raw, access)
-    try:
-        found = find_shards(source, allow_external_shards=allow_external_shards,
-                            share_manifest=share_manifest)
-    except NoShardsError as error:
+    with PlanAhead(str(source), access) as ahead:  # a folder's files planned as it is listed
         try:
-            return from_raw_files(source, raw, access, error.entries)
-        except NoFilesError:
-            raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files below it"
-                                ) from error
+            found = find_shards(source, allow_external_shards=allow_external_shards,
+                                share_manifest=share_manifest, on_page=ahead.on_page)
+        except NoShardsError as error:
+            try:
+                return from_raw_files(source, raw, access, error.entries, ahead)
+            except NoFilesError:
+                raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files below "
+                                    "it") from error
     if raw != RawOptions():
         raise ManifestError(f"{source}: columns, key_column and index are for raw files "
                             "(Parquet, JSON Lines, Arrow); these are shards")
@@ -77,13 +78,14 @@ def resolve_source(source, allow_external_shards: bool = False,
     return ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
 
-def from_raw_files(source, raw: RawOptions, access: Access,
-                   entries: list[dict] | None = None) -> ResolvedSource:
+def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] | None = None,
+                   ahead: PlanAhead | None = None) -> ResolvedSource:
     """Raw files streamed where they lie: their units planned from their metadata.
-    ``entries``: the listing of the folder ``source``, everything under it, when made."""
+    ``entries``: the listing of the folder ``source``, everything under it, when made;
+    ``ahead``: planning the folder's files as they are listed."""
     name = ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
-    files = find_files(source, entries)
-    return ResolvedSource(plan_units(name, files, raw, access), None, UnitReader)
+    files = find_files(source, entries, None if ahead is None else ahead.on_page)
+    return ResolvedSource(plan_units(name, files, raw, access, ahead), None, UnitReader)
 
 
 def from_manifest(manifest: Manifest) -> ResolvedSource:

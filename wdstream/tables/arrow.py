@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from wdstream.errors import ShardError
 from wdstream.printable import printable
-from wdstream.sources.openers import open_read
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import (
     MAX_METADATA_BYTES,
@@ -17,7 +16,7 @@ from wdstream.tables.formats import (
     TableFormat,
     Unit,
 )
-from wdstream.tables.reads import Access, read_range
+from wdstream.tables.reads import Access, open_file, read_range
 
 FILE_MAGIC = b"ARROW1"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -31,8 +30,7 @@ class ArrowFormat(TableFormat):
         """One scan of the file's messages: the schema's bytes, and the batches' ranges."""
         import pyarrow as pa
 
-        stream = open_read(file.url, opener=access.opener, timeout=access.timeout,
-                           size=file.size)
+        stream = open_file(file, access)
         try:
             counted = _Counted(stream)
             start = len(FILE_MAGIC) + 2 if counted.peek_magic() else 0

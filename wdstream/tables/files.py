@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import glob as globmod
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -71,13 +71,15 @@ def names_raw_files(source) -> bool:
         for item in items)
 
 
-def find_files(source, entries: list[dict] | None = None) -> list[RawFile]:
+def find_files(source, entries: list[dict] | None = None,
+               on_page: Callable[[list[dict]], None] | None = None) -> list[RawFile]:
     """The raw files of ``source``: a folder (every Parquet, JSON Lines and Arrow file under
     it, at any depth, as the Hugging Face Hub lays out ``<name>/<split>-*.parquet``), a
     pattern (``*``, ``?``, ``[...]``; ``**`` for any depth), a file, or a list of those.
     Sorted by URL within each item, items in the order given. ``entries``: fsspec's listing
     of everything under the remote folder ``source`` when the caller made it (for a single
-    folder only: the folders of a list are listed each)."""
+    folder only: the folders of a list are listed each); ``on_page``: called with each page
+    of a remote folder's listing as it comes (``s3_objects.list_folder``)."""
     items = list(source) if isinstance(source, list | tuple) else [source]
     found: list[RawFile] = []
     named: list[str] = []
@@ -88,7 +90,7 @@ def find_files(source, entries: list[dict] | None = None) -> list[RawFile]:
         elif file_format(item) is not None:
             named.append(item)
         else:
-            found.extend(_under(item, None if len(items) > 1 else entries))
+            found.extend(_under(item, None if len(items) > 1 else entries, on_page))
     found.extend(_described(named))
     if not found:
         raise NoFilesError(f"{printable(', '.join(map(os.fspath, items)))}: no Parquet, "
@@ -96,7 +98,8 @@ def find_files(source, entries: list[dict] | None = None) -> list[RawFile]:
     return found
 
 
-def _under(folder: str, entries: list[dict] | None = None) -> list[RawFile]:
+def _under(folder: str, entries: list[dict] | None = None,
+           on_page: Callable[[list[dict]], None] | None = None) -> list[RawFile]:
     """Every raw file below ``folder`` (links on a local disk are not followed); a remote
     one is listed unless ``entries`` holds its listing."""
     base = folder if folder.endswith("/") else folder + "/"
@@ -110,10 +113,16 @@ def _under(folder: str, entries: list[dict] | None = None) -> list[RawFile]:
                 if not os.path.islink(full) and _listed_kind(relative):
                     found.append(_local_file(urlmod.child(base, relative), full, relative))
         return sorted(found, key=_by_url)
-    root = folder_path(folder)
     if entries is None:
-        entries = _everything_under(folder, root)
-    prefix = root + "/"
+        entries = _everything_under(folder, on_page)
+    return sorted(listed_files(folder, entries), key=_by_url)
+
+
+def listed_files(folder: str, entries: list[dict]) -> list[RawFile]:
+    """The raw files among ``entries``, a listing of what lies under the remote ``folder``
+    (folders and other files left out), in the listing's order."""
+    base = folder if folder.endswith("/") else folder + "/"
+    prefix = folder_path(folder) + "/"
     files = []
     for info in entries:
         key = info["name"]
@@ -122,19 +131,23 @@ def _under(folder: str, entries: list[dict] | None = None) -> list[RawFile]:
         name = key[len(prefix):]
         if _listed_kind(name):
             files.append(_remote_file(_child(base, name), name, info))
-    return sorted(files, key=_by_url)
+    return files
 
 
-def _everything_under(folder: str, root: str) -> list[dict]:
-    """The listing of every object below the remote ``folder`` (``root``: its path): S3's
-    through botocore (``s3_objects``), the others' through fsspec's ``find``."""
+def _everything_under(folder: str, on_page: Callable[[list[dict]], None] | None) -> list[dict]:
+    """The listing of every object below the remote ``folder``: S3's through botocore
+    (``s3_objects``, ``on_page`` called with each page), the others' through fsspec's
+    ``find`` (``on_page`` called once)."""
     if urlmod.scheme(folder) == "s3":
-        return s3_objects.list_folder(folder, recursive=True)
+        return s3_objects.list_folder(folder, recursive=True, on_page=on_page)
     fs, _ = _filesystem(folder)
     try:
-        return list(fs.find(root, detail=True).values())
+        entries = list(fs.find(folder_path(folder), detail=True).values())
     except Exception as exc:
         raise _failure(folder, exc) from exc
+    if on_page is not None:
+        on_page(entries)
+    return entries
 
 
 def _child(base: str, name: str) -> str:

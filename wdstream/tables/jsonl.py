@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from wdstream.errors import ShardError
 from wdstream.printable import printable
 from wdstream.shards.compression import DecompressingStream
-from wdstream.sources.openers import open_read
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import MAX_UNIT_ROWS, FilePlan, TableFormat, Unit
-from wdstream.tables.reads import Access, read_range
+from wdstream.tables.reads import Access, open_file, read_range
 
 RANGE_BYTES = 32 * 1024**2  # a plain file's units: line-aligned ranges of about this size
 MAX_LINE_BYTES = 256 * 1024**2  # the longest line read
@@ -129,7 +128,7 @@ class LineRows:
 
 def _open(file: RawFile, access: Access):
     """The file's bytes, decompressed when it is compressed."""
-    stream = open_read(file.url, opener=access.opener, timeout=access.timeout, size=file.size)
+    stream = open_file(file, access)
     kind = compression(file.name)
     if kind is not None:
         return DecompressingStream(stream, file.url, kind, stored_limit=file.size)

@@ -1,32 +1,37 @@
-"""Many files planned by several processes: ``plan_in_processes(files, access, plan)``.
+"""Many files planned by several processes: ``Planners``, which plans runs of files as they
+come (the pages of a folder's listing), and ``plan_in_processes(files, access, plan)`` for
+files known all at once.
 
 Planning a file costs about a millisecond of CPU in this process's threads (a presigned
 GET of its footer, parsing it: docs/benchmarks-results.md), all under one interpreter lock.
-With at least ``MIN_FILES`` files and more than one CPU for this process, the files are cut
-into runs, in order, of at least ``FILES_PER_PROCESS``: this process plans the first with
-``plan`` (``units.plan_files``: ``PLANS_IN_FLIGHT`` files at once) while each other run is
-planned the same way by a child (``child_main``), and the plans are joined in the files'
-order: the same plans as one process makes.
+A thread of this process plans the first run with ``plan`` (``units.plan_files``:
+``PLANS_IN_FLIGHT`` files at once); whenever at least ``FILES_PER_PROCESS`` files wait for
+a planner, a child is started (up to ``most`` processes in all), and each planner takes the
+next run waiting. The plans are those one process makes, whichever planner made them.
+``plan_in_processes`` cuts at least ``MIN_FILES`` files into one run per process.
 
 A child is a fresh interpreter (``sys.executable -c``) importing the same wdstream, with
 nothing of this process but its environment variables (credentials, endpoints): it imports
-no script of the user's and inherits no threads or connections. It reads its run (the
-``RawFile``s and the ``Access``) from stdin and writes back the plans, or the wdstream error
-a file gave (raised here as it is: a file that is not Parquet, a footer too large, a missing
-object), pickled; anything else it prints is dropped unless it fails. A rank of a node with
-``LOCAL_WORLD_SIZE`` ranks takes its share of the CPUs, so the ranks of a node together
-start at most one planner a CPU. Every child still running when the call ends (an error,
-an interrupt) is killed.
+no script of the user's and inherits no threads or connections. It reads runs (the
+``RawFile``s and the ``Access``) from stdin until it ends and writes back each run's plans,
+or the wdstream error a file gave (raised here as it is: a file that is not Parquet, a
+footer too large, a missing object), pickled; what it prints to stderr is shown only if it
+fails. A rank of a node with ``LOCAL_WORLD_SIZE`` ranks takes its share of the CPUs, so the
+ranks of a node together start at most one planner a CPU. Once a run fails, or when the
+planners are closed, every child still running is killed.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from typing import IO, NamedTuple
 
 import wdstream
 from wdstream.errors import WdstreamError
@@ -43,13 +48,21 @@ _CHILD = ("import sys; home = sys.argv.pop(1); "
           "sys.path[0:1] = [] if home in sys.path else [home]; "
           "from wdstream.tables.plan_processes import child_main; child_main()")
 
+Plan = Callable[[Sequence[RawFile], Access], list[FilePlan]]
+
+
+def cpu_share() -> int:
+    """The planners this process may run: its CPUs over the ranks of its node, at most
+    ``MAX_PROCESSES``."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_PROCESSES, (cpus or 1) // _local_ranks()))
+
 
 def processes_for(count: int) -> int:
-    """How many processes plan ``count`` files (1: this one alone)."""
+    """How many processes plan ``count`` files given at once (1: this one alone)."""
     if count < MIN_FILES or not sys.executable:
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_PROCESSES, (cpus or 1) // _local_ranks(), count // FILES_PER_PROCESS))
+    return max(1, min(cpu_share(), count // FILES_PER_PROCESS))
 
 
 def _local_ranks() -> int:
@@ -58,66 +71,176 @@ def _local_ranks() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
-def plan_in_processes(files: Sequence[RawFile], access: Access,
-                      plan: Callable[[Sequence[RawFile], Access], list[FilePlan]]
-                      ) -> list[FilePlan]:
+def plan_in_processes(files: Sequence[RawFile], access: Access, plan: Plan) -> list[FilePlan]:
     """The plans of ``files`` in order: ``plan(files, access)``, by ``processes_for``
     processes (see the module docstring)."""
     count = processes_for(len(files))
     if count == 1:
         return plan(files, access)
-    bounds = [len(files) * i // count for i in range(count + 1)]
-    runs = [list(files[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
-    children: list[subprocess.Popen] = []
-    pool = ThreadPoolExecutor(count - 1)  # a thread a child: its run in, its answer out
-    try:
-        answers = []
-        for run in runs[1:]:
-            children.append(_start(run, access))
-            answers.append(pool.submit(_answer, children[-1], run, access))
-        plans = plan(runs[0], access)
-        for answer in answers:
-            plans.extend(answer.result())
-        return plans
-    finally:
-        for child in children:  # all ended, unless this call failed
-            if child.poll() is None:
-                child.kill()
-        pool.shutdown(wait=True)
-        for child in children:
-            child.wait()
+    with Planners(access, plan, count) as planners:
+        return planners.plans(files)
 
 
-def _start(run: list[RawFile], access: Access) -> subprocess.Popen:
-    """A child planning ``run``: a fresh interpreter that imports this very wdstream (the
-    folder holding it first on its path, where ``-c`` puts the current directory, unless it
-    is already on the path, as site-packages is)."""
+class Planners:
+    """Runs of files planned as they are added, by a thread of this process and by up to
+    ``most - 1`` children (see the module docstring): ``add(files)`` as they are found,
+    ``plans(files)`` once all are. As a context manager, leaving it kills the children."""
+
+    def __init__(self, access: Access, plan: Plan, most: int):
+        self.access, self.plan, self.most = access, plan, most
+        self._lock = threading.Condition()
+        self._added: set[RawFile] = set()
+        self._waiting: collections.deque[list[RawFile]] = collections.deque()
+        self._waiting_files = 0
+        self._done: dict[RawFile, FilePlan] = {}
+        self._error: BaseException | None = None
+        self._all_added = False
+        self._threads: list[threading.Thread] = []
+        self._children: list[_Child] = []
+
+    def add(self, files: Sequence[RawFile]) -> None:
+        """Plan ``files`` (those not added before): one run, or for many files one run of at
+        least ``FILES_PER_PROCESS`` per planner there may be."""
+        with self._lock:
+            new = [f for f in dict.fromkeys(files) if f not in self._added]
+            if not new or self._error is not None:
+                return
+            self._added.update(new)
+            count = max(1, min(self.most, len(new) // FILES_PER_PROCESS))
+            for i in range(count):
+                self._queue(new[len(new) * i // count:len(new) * (i + 1) // count])
+
+    def _queue(self, run: list[RawFile]) -> None:
+        """``run`` waits for a planner; one more is started if need be (under the lock)."""
+        self._waiting.append(run)
+        self._waiting_files += len(run)
+        self._lock.notify()
+        if self._threads and (self._waiting_files < FILES_PER_PROCESS
+                              or len(self._threads) >= self.most):
+            return
+        child = _start() if self._threads else None  # the first planner: this process's
+        if child is not None:
+            self._children.append(child)
+        thread = threading.Thread(target=self._serve, args=(child,), daemon=True,
+                                  name="wdstream-planner")
+        self._threads.append(thread)
+        thread.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether a run was added."""
+        return bool(self._threads)
+
+    def plans(self, files: Sequence[RawFile]) -> list[FilePlan]:
+        """The plans of ``files`` in order, once every run added is planned (``files`` not
+        added yet are added now): the first error a planner met is raised."""
+        self.add(files)
+        with self._lock:
+            self._all_added = True
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join()
+        if self._error is not None:
+            raise self._error
+        return [self._done[f] for f in files]
+
+    def close(self) -> None:
+        with self._lock:
+            self._all_added = True
+            self._error = self._error or WdstreamError("planning was stopped")
+            self._lock.notify_all()
+        self._kill()
+        for thread in self._threads:
+            thread.join()
+        for child in self._children:
+            child.process.wait()
+            child.stderr.close()
+
+    def __enter__(self) -> Planners:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _next(self) -> list[RawFile] | None:
+        """The next run waiting; None once all are planned, or after an error."""
+        with self._lock:
+            while not self._waiting and not self._all_added and self._error is None:
+                self._lock.wait()
+            if self._error is not None or not self._waiting:
+                return None
+            run = self._waiting.popleft()
+            self._waiting_files -= len(run)
+            return run
+
+    def _serve(self, child: _Child | None) -> None:
+        """A planner: this process's threads (``child`` None) or a child, run after run."""
+        try:
+            while (run := self._next()) is not None:
+                plans = self.plan(run, self.access) if child is None \
+                    else _ask(child, run, self.access)
+                with self._lock:
+                    self._done.update(zip(run, plans, strict=True))
+        except BaseException as error:  # noqa: BLE001 - raised by plans()
+            with self._lock:
+                self._error = self._error or error
+                self._lock.notify_all()
+            self._kill()
+
+    def _kill(self) -> None:
+        for child in list(self._children):
+            if child.process.poll() is None:
+                child.process.kill()
+
+
+class _Child(NamedTuple):
+    process: subprocess.Popen
+    stderr: IO[bytes]  # a temporary file: read only if the child fails
+
+
+def _start() -> _Child:
+    """A child planner: a fresh interpreter that imports this very wdstream (the folder
+    holding it first on its path, where ``-c`` puts the current directory, unless it is
+    already on the path, as site-packages is)."""
     home = os.path.dirname(os.path.dirname(os.path.abspath(wdstream.__file__)))
-    return subprocess.Popen([sys.executable, "-c", _CHILD, home], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stderr = tempfile.TemporaryFile()
+    return _Child(subprocess.Popen([sys.executable, "-c", _CHILD, home], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=stderr), stderr)
 
 
-def _answer(child: subprocess.Popen, run: list[RawFile], access: Access) -> list[FilePlan]:
+def _ask(child: _Child, run: list[RawFile], access: Access) -> list[FilePlan]:
     """The child's plans of ``run``, or the error it met, raised here."""
-    out, err = child.communicate(pickle.dumps((run, access)))
+    process = child.process
     try:
-        kind, value = pickle.loads(out)
+        process.stdin.write(pickle.dumps((run, access)))
+        process.stdin.flush()
+        kind, value = pickle.load(process.stdout)
     except Exception:  # noqa: BLE001 - no answer: the child failed before it could give one
-        tail = err.decode(errors="replace")[-STDERR_TAIL:]
+        process.kill()
+        process.wait()
+        child.stderr.seek(0)
+        tail = child.stderr.read().decode(errors="replace")[-STDERR_TAIL:]
         raise WdstreamError(f"planning {printable(run[0].url)} and {len(run) - 1} more files in "
-                            f"another process failed (exit {child.returncode}): {tail}") from None
+                            f"another process failed (exit {process.returncode}): {tail}"
+                            ) from None
     if kind == "error":
         raise value
     return value
 
 
 def child_main() -> None:
-    """A child's work: the run and access from stdin, the plans or the error to stdout."""
+    """A child's work: runs and the access from stdin until it ends, each run's plans or
+    its error to stdout."""
     from wdstream.tables.units import plan_files
 
-    run, access = pickle.load(sys.stdin.buffer)
-    try:
-        answer = ("plans", plan_files(run, access))
-    except WdstreamError as error:
-        answer = ("error", error)
-    sys.stdout.buffer.write(pickle.dumps(answer))
+    while True:
+        try:
+            run, access = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            return
+        try:
+            answer = ("plans", plan_files(run, access))
+        except WdstreamError as error:
+            answer = ("error", error)
+        sys.stdout.buffer.write(pickle.dumps(answer))
+        sys.stdout.buffer.flush()

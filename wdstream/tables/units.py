@@ -14,22 +14,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdstream.errors import InputError, ShardError
+from wdstream.errors import InputError, ShardError, WdstreamError
 from wdstream.printable import printable
 from wdstream.tables.arrow import ArrowFormat
-from wdstream.tables.files import RawFile
+from wdstream.tables.files import RawFile, listed_files
 from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
 from wdstream.tables.index import indexed_plans, read_index
 from wdstream.tables.jsonl import JsonLinesFormat
 from wdstream.tables.parquet import ParquetFormat, check_columns
-from wdstream.tables.plan_processes import plan_in_processes
-from wdstream.tables.reads import Access, check_unchanged
+from wdstream.tables.plan_processes import Planners, cpu_share, plan_in_processes
+from wdstream.tables.reads import Access, check_unchanged, reads_check_version
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
 FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat(), "jsonl": JsonLinesFormat(),
                                    "arrow": ArrowFormat()}
 PLANS_IN_FLIGHT = 32  # files whose metadata is read (or JSON Lines files scanned) at once
+FOOTER_FORMATS = ("parquet", "arrow")  # planned from their own metadata, read by ranged GETs
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,11 @@ class UnitTable:
             int(self.end[index]))
 
     def read(self, index: int, access: Access) -> Rows:
-        """Unit ``index``'s rows, after checking that its file is still the one planned."""
+        """Unit ``index``'s rows, from its file as planned: where the store does not check
+        the planned version on each read, the file's size and tag are checked first."""
         file, unit = self.unit(index)
-        check_unchanged(file)
+        if not reads_check_version(file, access):
+            check_unchanged(file)
         return FORMATS[file.format].read(file, self.metadata[int(self.file[index])], unit,
                                          self.options.read_columns, access)
 
@@ -155,10 +158,28 @@ def plan_files(files: Sequence[RawFile], access: Access) -> list[FilePlan]:
     return plans
 
 
+class PlanAhead(Planners):
+    """The Parquet and Arrow files of a remote folder planned while it is still listed:
+    ``on_page`` takes each page of the listing as it comes; ``plan_units`` with this
+    ``ahead`` waits for their plans."""
+
+    def __init__(self, folder: str, access: Access):
+        super().__init__(access, plan_files, cpu_share())
+        self.folder = folder
+
+    def on_page(self, entries: list[dict]) -> None:
+        try:
+            files = listed_files(self.folder, entries)
+        except WdstreamError:  # an entry find_files reports if the folder is read as raw files
+            return
+        self.add([f for f in files if f.format in FOOTER_FORMATS])
+
+
 def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
-               access: Access) -> UnitTable:
+               access: Access, ahead: Planners | None = None) -> UnitTable:
     """A ``UnitTable`` of ``files``: Parquet and Arrow files planned from their metadata, JSON
-    Lines files from ``options.index``, or else from one scan of each."""
+    Lines files from ``options.index``, or else from one scan of each. ``ahead``: the
+    planners some of the files were added to as they were listed (``PlanAhead``)."""
     lines = [f for f in files if f.format == "jsonl"]
     if options.index is not None:
         indexed = dict(zip(lines, indexed_plans(options.index, read_index(options.index), lines),
@@ -169,8 +190,9 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
             log.warning("%s: counting the rows of %d JSON Lines files (%d bytes) by reading "
                         "them whole; `wdstream index %s --output URL` records them once",
                         source, len(lines), sum(f.size for f in lines), source)
-    planned = iter(plan_in_processes([f for f in files if f not in indexed], access,
-                                     plan_files))
+    todo = [f for f in files if f not in indexed]
+    planned = iter(ahead.plans(todo) if ahead is not None and ahead.started
+                   else plan_in_processes(todo, access, plan_files))
     plans = [indexed[f] if f in indexed else next(planned) for f in files]
     named = options.read_columns or ((options.key_column,) if options.key_column else ())
     for file, plan in zip(files, plans, strict=True):
