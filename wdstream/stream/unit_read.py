@@ -1,20 +1,26 @@
 """The reading stage for raw files: spans of units (Parquet row groups, Arrow record
 batches, JSON Lines ranges) in, samples out, as ``SpanReader`` does for shards.
 
-A unit is read whole (its chosen columns only) once its file is found unchanged since the
-plan; the next unit is read in a background thread meanwhile. A transient failure is retried
-with backoff before any of the unit's samples are handed out, so nothing is lost or
-repeated; when retries run out ``on_error`` decides, as for shards.
+A unit is read whole (its chosen columns only), its file checked unchanged since the plan;
+the next units are read in background threads meanwhile: one, and for remote files one more
+each time the next unit was not there yet when its turn came, as many as fit in
+``AHEAD_BYTES`` at the mean size of the units read (at most ``UNITS_AHEAD``), so that small
+units on a link with a long first byte are not read one round trip at a time (local files:
+one ahead; more would only contend for the interpreter). A transient
+failure is retried with backoff before any of the unit's samples are handed out, so nothing
+is lost or repeated; when retries run out ``on_error`` decides, as for shards.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
 
 from wdstream.errors import WdstreamError
+from wdstream.sources import urls
 from wdstream.stream.plan import Span
 from wdstream.stream.read import (
     ReadOptions,
@@ -30,6 +36,8 @@ from wdstream.tables.units import UnitTable
 log = logging.getLogger(__name__)
 
 ROWS_PER_LIST = 256  # samples made from a unit's columns at a time
+UNITS_AHEAD = 8  # units read ahead at most: small ones, on a link with a long first byte
+AHEAD_BYTES = 16 << 20  # what the units read ahead may hold, at the mean size so far
 
 
 class UnitReader:
@@ -44,21 +52,51 @@ class UnitReader:
         self.options = options
         self.access = Access(options.opener, options.timeout)
         self.stats = stats if stats is not None else ReadStats()
+        self._read_units = self._read_bytes = 0  # the units read, measured (``_ahead``)
+        self._waited = 0  # times a unit read ahead was not there yet when its turn came
+        self._most_ahead = 1 if all(urls.to_local_path(f.url) is not None
+                                    for f in units.files) else UNITS_AHEAD
 
     def __iter__(self) -> Iterator[dict]:
         return chain.from_iterable(self.chunks())
 
     def chunks(self) -> Iterator[list]:
-        """The samples as lists of at most ``ROWS_PER_LIST``."""
-        with ThreadPoolExecutor(1, thread_name_prefix="wdstream-units") as ahead:
-            pending: Future | None = None
-            for index, visit in enumerate(self.visits):
-                rows = pending.result() if pending is not None else self._fetch(visit)
-                pending = ahead.submit(self._fetch, self.visits[index + 1]) \
-                    if index + 1 < len(self.visits) else None
-                yield from self._samples(visit, rows)
-            if pending is not None:
-                pending.cancel()
+        """The samples as lists of at most ``ROWS_PER_LIST``; the first unit read here, the
+        next ones in threads meanwhile (``_ahead`` of them)."""
+        pending: collections.deque[Future] = collections.deque()
+        with ThreadPoolExecutor(UNITS_AHEAD, thread_name_prefix="wdstream-units") as pool:
+            try:
+                for index, visit in enumerate(self.visits):
+                    if pending:
+                        self._waited += not pending[0].done()
+                        rows = pending.popleft().result()
+                    else:
+                        rows = self._fetch(visit)
+                    self._measure(rows)
+                    asked = index + 1 + len(pending)  # the first visit not asked for yet
+                    while asked < len(self.visits) and len(pending) < self._ahead():
+                        pending.append(pool.submit(self._fetch, self.visits[asked]))
+                        asked += 1
+                    yield from self._samples(visit, rows)
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def _measure(self, rows) -> None:
+        size = getattr(rows, "nbytes", None)  # None: skipped, or a compressed file's stream
+        if size is not None:
+            self._read_bytes += size
+            self._read_units += 1
+
+    def _ahead(self) -> int:
+        """Units to have read ahead: one, and one more each time a unit was not there yet
+        when its turn came, for remote files (a local one has no first byte to wait for),
+        as many as fit in ``AHEAD_BYTES`` at the mean size of the units read, at most
+        ``UNITS_AHEAD``."""
+        if not self._read_units:
+            return 1
+        mean = max(1, self._read_bytes // self._read_units)
+        return max(1, min(1 + self._waited, self._most_ahead, AHEAD_BYTES // mean))
 
     def _samples(self, visit: list[Span], rows) -> Iterator[list]:
         unit = visit[0].shard

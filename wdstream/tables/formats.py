@@ -40,9 +40,11 @@ class Rows:
     labels, embeddings) is copied once into one numpy array, and each row gets a writable
     view of its part of it: no Python object per number, and the default collate stacks
     equal lengths into one tensor. The other columns become Python values as rows are
-    asked for."""
+    asked for. ``nbytes``: what the rows hold in memory (Arrow's count of the table's).
+    """
 
     def __init__(self, table):
+        self.nbytes = table.nbytes
         self.arrays = {}  # column -> (its values, each row's start and end in them)
         for name, kind in zip(table.column_names, table.schema.types, strict=True):
             if _numeric_lists(kind):

@@ -75,6 +75,7 @@ class LineRows:
                  data: bytes | None = None):
         self.file, self.unit, self.columns, self.access = file, unit, columns, access
         self.data = data
+        self.nbytes = None if data is None else len(data)  # a compressed file: not held
         self._lines: Iterator[tuple[int, bytes]] | None = None
         self._stream = None
         self._next = 0  # the unit's row the lines are at
