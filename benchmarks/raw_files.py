@@ -11,6 +11,9 @@ pyarrow loop, on the same files, local and from a moto S3 server.
 - the time to build a dataset over many small Parquet files on the S3 server (footers only,
   32 in flight; through moto, and with the files' GETs served by nginx) and the builder's
   peak memory (goal: 10,000 files in at most 10 s).
+- small row groups (300 of those files, 50 rows a group) read through nginx on a link with a
+  30 ms first byte, wdstream ÷ ``datasets`` streaming (goal ≥ 2), where latency, not
+  bandwidth, bounds the rows.
 LitData's Parquet streaming is a peer where it installs beside torch; it is named as skipped
 otherwise.
 """
@@ -39,6 +42,8 @@ T_PLAN = "building a dataset over many small Parquet files on the S3 server (foo
 T_GOALS = "goals (issue 34)"
 PLANE = "nginx: GETs from files, listing from moto"
 PLAN_GOAL_S = 10  # "a 10,000-file dataset plans in seconds"
+LATENCY_LINK = (100e6, 0.03)  # bytes/s per connection and first-byte delay: a cloud store's
+LATENCY_FILES = 300  # of the many small files, read through that link
 
 
 # =========================================================================== cases (child side)
@@ -347,10 +352,11 @@ def _plan_rows(s3, folder: Path, count: int) -> list[dict]:
     from .data_plane import NginxPlane, missing
 
     url = _many_files(s3, count, folder)
-    why = missing(delays=False)
+    why = missing(delays=True)
     if why is not None:
         common.log(f"raw_files: {why}: files are planned through moto alone")
-    with nullcontext() if why else NginxPlane(folder / "plane", s3.port) as plane:
+    with nullcontext() if why else NginxPlane(folder / "plane", s3.port,
+                                              links=[LATENCY_LINK]) as plane:
         args = {"url": url, "files": count, "server_pid": s3.process.pid}
         cases = {"moto": ("benchmarks.raw_files:case_plan", args, s3.env)}
         if plane is not None:
@@ -359,7 +365,8 @@ def _plan_rows(s3, folder: Path, count: int) -> list[dict]:
                             {**args, "plane_pids": plane.pids()},
                             {**s3.env, "AWS_ENDPOINT_URL": plane.endpoint("s3", None)})
         results = common.repeat(cases, progress=common.log)
-    return [{"table": T_PLAN, "files": count, "data plane": name,
+        reads = [] if plane is None else _latency_reads(url, plane, s3.env)
+    return reads + [{"table": T_PLAN, "files": count, "data plane": name,
              "seconds": found.get("seconds"), "listing s": found.get("listing_s"),
              "peak RSS MB": found.get("peak_rss_mb"),
              "RSS added MB": found.get("rss_added_mb"),
@@ -368,6 +375,26 @@ def _plan_rows(s3, folder: Path, count: int) -> list[dict]:
              "planner CPU ms per file": _per_file_ms(found.get("planner_cpu_s"), count),
              "moto CPU s": found.get("server_cpu_s"), "nginx CPU s": found.get("plane_cpu_s"),
              "error": found.get("error")} for name, found in results.items()]
+
+
+def _latency_reads(url: str, plane, env: dict) -> list[dict]:
+    """The first ``LATENCY_FILES`` of the many small files (two 50-row groups each) read by
+    wdstream and by ``datasets`` streaming through the plane's link with a first byte of
+    ``LATENCY_LINK``'s delay: the rows' reads wait on round trips, not on bandwidth."""
+    files = [f"{url}part-{index:05d}.parquet" for index in range(LATENCY_FILES)]
+    link = {**env, "AWS_ENDPOINT_URL": plane.endpoint("s3", 0)}
+    args = {"column": "text", "expected": LATENCY_FILES * 100}
+    here = "benchmarks.raw_files:"
+    cases = {"wdstream": (here + "case_wdstream", {"source": files, **args}, link),
+             "datasets streaming": (here + "case_hf", {"files": files, **args}, link)}
+    results = common.repeat(cases, progress=common.log)
+    where = f"s3, {plane.describe(0)}"
+    data = f"{LATENCY_FILES * 2} row groups of 50 rows"
+    rows = [_row(where, data, name, results[name]) for name in cases]
+    rows.append(goal(f"{where}: wdstream ÷ datasets streaming, rows/s of small row groups",
+                     ratio(_speed(results["wdstream"]), _speed(results["datasets streaming"])),
+                     2, table=T_GOALS))
+    return rows
 
 
 def _per_file_ms(seconds: float | None, count: int) -> float | None:
@@ -384,14 +411,17 @@ def _notes(sizes: dict) -> list[dict]:
         "list column's values as numpy (no copy) and a text column's strings made Python's. "
         "'After the first batch': the rows after the first batch over the time after it. "
         "LitData reads the token rows of the first file only (tens of rows/s: the whole "
-        "set would outlast a case's time limit).")
+        "set would outlast a case's time limit). The rows over a link with a delayed first "
+        f"byte: the first {LATENCY_FILES} of the many small files below (100 rows in 2 row "
+        "groups, ~1.5 KB each), named one by one, read with the 'text' column through nginx "
+        "(benchmarks/data_plane.py) on that link.")
     plan_note = (
         f"{sizes['plan_files']:,} files of 100 rows in 2 row groups (~1.5 KB each) on the "
         "moto server, put there by 16 threads; StreamingDataset(url) lists them (one listing "
         "of the folder, which holds no index.json, no shards and no subfolder) and reads each "
         "footer (one ranged GET of the file, at most its last 64 KiB, 32 files in flight in "
         "each planning process: this one and, on this machine's 2 CPUs, one child, each "
-        "with half of the files). "
+        "taking the next page of the listing, 1,000 files, while the listing goes on). "
         "Data plane 'moto': every request to the moto server, which answers each GET at "
         "about 4 ms of its CPU, on the planner's 2 cores; 'nginx': the files' GETs served "
         "from the same bytes on disk by nginx (benchmarks/data_plane.py), the listing by moto "
