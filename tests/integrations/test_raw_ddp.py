@@ -1,6 +1,7 @@
 """Parquet files on the moto S3 server read by a DDP job under torchrun (tests/support/ddp_job.py,
-2 ranks x 2 workers): a rank killed with SIGKILL and the job resumed from its checkpoint gives
-exactly the batches of the uninterrupted run; resumed on 3 ranks, every row exactly once."""
+2 ranks x 2 workers): one rank reads the footers and the other its plan; a rank killed with
+SIGKILL and the job resumed from its checkpoint gives exactly the batches of the
+uninterrupted run; resumed on 3 ranks, every row exactly once."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ def test_sigkill_then_resume_gives_the_uninterrupted_batches(moto_server, parque
                                                              tmp_path):
     full = tmp_path / "full"
     torchrun(moto_server, parquet_url, 2, full, "--workers", 2, "--checkpoint",
-             full / "ckpt.json", "--every", 4, "--keep-checkpoints")
+             full / "ckpt.json", "--every", 4, "--keep-checkpoints", "--share",
+             tmp_path / "share")
+    footers = sorted(run["meta"]["footers_read"] for run in read_run(full, 2))
+    assert footers == [0, 3]  # one rank planned the node's 3 files, the other read its plan
     whole = batch_lists(read_run(full, 2))
     assert len(whole[0]) == len(whole[1])
     seen = counted(*whole)

@@ -49,7 +49,23 @@ def parse_args(argv=None):
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also keep each checkpoint as NAME-BATCH.json")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
+    p.add_argument("--share", default=None,
+                   help="share_manifest's folder (default: the dataset's default)")
     return p.parse_args(argv)
+
+
+def count_footers() -> list[str]:
+    """The Parquet footers this process reads from now on (their URLs)."""
+    from wdstream.tables import parquet
+
+    read, footers = parquet.read_footer, []
+
+    def counted(file, access):
+        footers.append(file.url)
+        return read(file, access)
+
+    parquet.read_footer = counted
+    return footers
 
 
 def main(argv=None) -> int:
@@ -60,13 +76,16 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
 
     start = {} if args.shuffle_start is None else {"shuffle_start": args.shuffle_start}
+    if args.share is not None:
+        start["share_manifest"] = args.share
+    footers = count_footers()
     ds = wdstream.StreamingDataset(args.url, seed=args.seed, shuffle_window=args.window,
                                    **start)
     loader = wdstream.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
     resumed_from = resume(loader, args.resume)  # rank 0's state, on every rank
     write_json_atomic(os.path.join(args.out, f"meta-{rank}.json"), {
         "rank": rank, "world": world, "workers": args.workers, "len_loader": len(loader),
-        "len_dataset": len(ds), "resumed_from": resumed_from,
+        "len_dataset": len(ds), "resumed_from": resumed_from, "footers_read": len(footers),
         # the remainder of a whole epoch on this layout, as the plan reports it
         "remainder": ds.plan(ds.next_epoch(), world, max(1, args.workers)).remainder_samples})
 

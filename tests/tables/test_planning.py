@@ -172,7 +172,8 @@ class Runs(list):
 
 
 def _planned(source) -> tuple[str, list[str]]:
-    ds = wdstream.StreamingDataset(source, shuffle=False)
+    """The plan's fingerprint and the keys, planned here (not found planned on this node)."""
+    ds = wdstream.StreamingDataset(source, shuffle=False, share_manifest=False)
     return ds.shards.fingerprint(), [s["__key__"] for s in ds]
 
 

@@ -16,6 +16,7 @@ from wdstream.shards.manifest import Manifest, check_shard_names
 from wdstream.stream.read import ShardTable, SpanReader
 from wdstream.stream.unit_read import UnitReader
 from wdstream.tables.files import NoFilesError, find_files, names_raw_files
+from wdstream.tables.node_plans import NodePlans
 from wdstream.tables.reads import Access
 from wdstream.tables.units import PlanAhead, RawOptions, UnitTable, plan_units
 
@@ -51,18 +52,22 @@ def resolve_source(source, allow_external_shards: bool = False,
         if source.url is not None:  # read from storage (load_manifest): its names are data
             check_shard_names(source, allow_external=allow_external_shards)
         return from_manifest(source)
-    if names_raw_files(source):
-        return from_raw_files(source, raw, access)
-    with PlanAhead(str(source), access) as ahead:  # a folder's files planned as it is listed
-        try:
-            found = find_shards(source, allow_external_shards=allow_external_shards,
-                                share_manifest=share_manifest, on_page=ahead.on_page)
-        except NoShardsError as error:
+    name = ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
+    with NodePlans(name, raw.index, share_manifest) as node:
+        if names_raw_files(source):
+            return from_raw_files(source, raw, access, node=node)
+        with PlanAhead(name, access) as planners:  # a folder's files planned as it is listed
+            ahead = planners if node.ahead else None  # by the node's leader, without a plan
             try:
-                return from_raw_files(source, raw, access, error.entries, ahead)
-            except NoFilesError:
-                raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files below "
-                                    "it") from error
+                found = find_shards(source, allow_external_shards=allow_external_shards,
+                                    share_manifest=share_manifest,
+                                    on_page=None if ahead is None else ahead.on_page)
+            except NoShardsError as error:
+                try:
+                    return from_raw_files(source, raw, access, error.entries, ahead, node)
+                except NoFilesError:
+                    raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files "
+                                        "below it") from error
     if raw != RawOptions():
         raise ManifestError(f"{source}: columns, key_column and index are for raw files "
                             "(Parquet, JSON Lines, Arrow); these are shards")
@@ -79,13 +84,15 @@ def resolve_source(source, allow_external_shards: bool = False,
 
 
 def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] | None = None,
-                   ahead: PlanAhead | None = None) -> ResolvedSource:
+                   ahead: PlanAhead | None = None, node: NodePlans | None = None
+                   ) -> ResolvedSource:
     """Raw files streamed where they lie: their units planned from their metadata.
     ``entries``: the listing of the folder ``source``, everything under it, when made;
-    ``ahead``: planning the folder's files as they are listed."""
+    ``ahead``: planning the folder's files as they are listed; ``node``: the plans the
+    node's ranks share."""
     name = ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
     files = find_files(source, entries, None if ahead is None else ahead.on_page)
-    return ResolvedSource(plan_units(name, files, raw, access, ahead), None, UnitReader)
+    return ResolvedSource(plan_units(name, files, raw, access, ahead, node), None, UnitReader)
 
 
 def from_manifest(manifest: Manifest) -> ResolvedSource:

@@ -21,6 +21,7 @@ from wdstream.tables.files import RawFile, listed_files
 from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
 from wdstream.tables.index import indexed_plans, read_index
 from wdstream.tables.jsonl import JsonLinesFormat
+from wdstream.tables.node_plans import NodePlans
 from wdstream.tables.parquet import ParquetFormat, check_columns
 from wdstream.tables.plan_processes import Planners, cpu_share, plan_in_processes
 from wdstream.tables.reads import Access, check_unchanged, reads_check_version
@@ -176,10 +177,24 @@ class PlanAhead(Planners):
 
 
 def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
-               access: Access, ahead: Planners | None = None) -> UnitTable:
+               access: Access, ahead: Planners | None = None,
+               node: NodePlans | None = None) -> UnitTable:
     """A ``UnitTable`` of ``files``: Parquet and Arrow files planned from their metadata, JSON
     Lines files from ``options.index``, or else from one scan of each. ``ahead``: the
-    planners some of the files were added to as they were listed (``PlanAhead``)."""
+    planners some of the files were added to as they were listed (``PlanAhead``); ``node``:
+    the plans the ranks of the node share (``node_plans``)."""
+    plans = node.plans(files, lambda: _plans(source, files, options, access, ahead)) \
+        if node is not None else _plans(source, files, options, access, ahead)
+    named = options.read_columns or ((options.key_column,) if options.key_column else ())
+    for file, plan in zip(files, plans, strict=True):
+        available = FORMATS[file.format].columns(plan) if named else None
+        if available is not None:
+            check_columns(file, available, named)
+    return UnitTable(source, files, plans, options)
+
+
+def _plans(source: str, files: Sequence[RawFile], options: RawOptions, access: Access,
+           ahead: Planners | None) -> list[FilePlan]:
     lines = [f for f in files if f.format == "jsonl"]
     if options.index is not None:
         indexed = dict(zip(lines, indexed_plans(options.index, read_index(options.index), lines),
@@ -193,10 +208,4 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
     todo = [f for f in files if f not in indexed]
     planned = iter(ahead.plans(todo) if ahead is not None and ahead.started
                    else plan_in_processes(todo, access, plan_files))
-    plans = [indexed[f] if f in indexed else next(planned) for f in files]
-    named = options.read_columns or ((options.key_column,) if options.key_column else ())
-    for file, plan in zip(files, plans, strict=True):
-        available = FORMATS[file.format].columns(plan) if named else None
-        if available is not None:
-            check_columns(file, available, named)
-    return UnitTable(source, files, plans, options)
+    return [indexed[f] if f in indexed else next(planned) for f in files]

@@ -1,0 +1,123 @@
+"""Raw files planned once per node: the first process to build a dataset over a source leads
+and publishes its plans; the others wait for it and read no footer; an entry that describes
+other files, or is damaged, is planned again; a job started again finds its entry."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import wdstream
+from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixture gets
+from tests.support.raw_data import upload_tree, write_parquet
+from wdstream.tables import node_plans
+from wdstream.tables.files import find_files
+from wdstream.tables.node_plans import NodePlans
+from wdstream.tables.reads import Access
+from wdstream.tables.units import plan_files
+
+pytestmark = pytest.mark.usefixtures("single_rank")
+
+
+@pytest.fixture
+def folder(tmp_path):
+    write_parquet(tmp_path / "data")
+    return tmp_path / "data"
+
+
+def _planned(folder):
+    files = find_files(str(folder / "train"))
+    return files, plan_files(files, Access())
+
+
+def _published(folder, tmp_path):
+    """The files, their plans, the shared folder and the entry published there for "src"."""
+    files, plans = _planned(folder)
+    share = str(tmp_path / "shared")
+    with NodePlans("src", None, share) as node:
+        node.plans(files, lambda: plans)
+    return files, plans, share, node.path
+
+
+def test_followers_wait_for_the_leader_and_plan_nothing(folder, tmp_path):
+    files, plans = _planned(folder)
+    share = str(tmp_path / "shared")
+    leader = NodePlans("s3://b/data/", None, share)
+    follower = NodePlans("s3://b/data/", None, share)
+    assert (leader.leader, leader.ahead) == (True, True)
+    assert (follower.leader, follower.ahead) == (False, False)
+    got = []
+
+    def follow():
+        got.append(follower.plans(files, lambda: pytest.fail("the follower planned")))
+
+    waiting = threading.Thread(target=follow)
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive()  # until the leader is done
+    assert leader.plans(files, lambda: plans) == plans
+    leader.close()
+    waiting.join(5)
+    follower.close()
+    assert got == [plans]
+    with NodePlans("s3://b/data/", None, share) as again:  # a job started again
+        assert again.leader and not again.ahead
+        assert again.plans(files, lambda: pytest.fail("planned again")) == plans
+    with NodePlans("s3://b/other/", None, share) as other:  # another source: its own entry
+        assert other.ahead
+
+
+def test_other_files_or_a_damaged_entry_are_planned_again(folder, tmp_path):
+    files, plans, share, path = _published(folder, tmp_path)
+    changed = [files[0].__class__(files[0].url, files[0].name, files[0].size, "ETag:new"),
+               *files[1:]]
+    calls = []
+
+    def plan():
+        calls.append(1)
+        return plans
+
+    with NodePlans("src", None, share) as node:
+        assert node.plans(changed, plan) == plans and calls == [1]
+    data = open(path, "rb").read()
+    for damaged in (data[:-1], data[:20], b"not an entry", data.replace(b'"plans"', b'"plan"')):
+        open(path, "wb").write(damaged)
+        with NodePlans("src", None, share) as node:
+            assert node.plans(changed, plan) == plans
+    assert len(calls) == 5
+    assert node_plans.read_entry(path, changed) == plans  # published again, whole
+
+
+def test_without_sharing_every_process_plans(folder):
+    files, plans = _planned(folder)
+    with NodePlans("src", None, False) as node:
+        assert node.path is None and node.leader and node.ahead
+        assert node.plans(files, lambda: plans) == plans
+
+
+def test_a_second_build_on_the_node_reads_no_footer(s3, s3_bucket, folder, tmp_path, gets):
+    url = upload_tree(s3.client(), s3_bucket, folder / "train", "shared")
+    share = str(tmp_path / "shared")
+    first = wdstream.StreamingDataset(url, shuffle=False, share_manifest=share)
+    assert gets  # the footers
+    gets.clear()
+    second = wdstream.StreamingDataset(url, shuffle=False, share_manifest=share)
+    assert gets == []
+    assert second.shards.fingerprint() == first.shards.fingerprint()
+    assert [s["__key__"] for s in second] == [s["__key__"] for s in first]
+
+
+def test_an_entry_others_may_write_or_a_link_is_not_used(folder, tmp_path):
+    import os
+
+    files, plans, share, path = _published(folder, tmp_path)
+    os.chmod(path, 0o666)
+    assert node_plans.read_entry(path, files) is None
+    os.chmod(path, 0o600)
+    os.rename(path, path + ".real")
+    os.symlink(path + ".real", path)
+    assert node_plans.read_entry(path, files) is None
+    with NodePlans("src", None, share) as node:  # planned again, and published in its place
+        assert node.plans(files, lambda: plans) == plans
+    assert not os.path.islink(path) and node_plans.read_entry(path, files) == plans

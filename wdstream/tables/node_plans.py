@@ -1,0 +1,169 @@
+"""Raw files planned once per node: the ranks of a node building a dataset over the same
+source share one plan (the files' units and metadata), as they share a large manifest.
+
+``NodePlans(source, index, share)`` takes the source's lock in the node's shared folder
+(``shards.shared.shared_folder``, ``share_manifest``'s) without waiting: the process that
+gets it is the source's *leader* and plans (``PlanAhead`` while it lists); the others list
+the source meanwhile, then wait for the lock. Whoever holds it uses the entry it finds when
+the entry describes exactly the files just found (names, sizes, tags, in order), else plans
+them and publishes a new entry (a temporary file renamed into place). A job started again on
+the same node (after a crash) finds its entry too, unless a file changed.
+
+Entry files: a 16-byte magic, the header's length (8 bytes, little-endian), the header
+(JSON: the files as ``[name, size, tag]``, and each file's units as ``[part, rows,
+first_row, end]`` and its metadata's length), then the metadata bytes in the files' order.
+The folder is the user's alone (made 0700, checked as for manifests), nothing is opened
+through a link, and an entry is read only if it is a regular file of the user that no one
+else may write; one that is not exactly well formed, or describes other files, is ignored and
+replaced: sharing never makes a build fail. The metadata (a Parquet footer) is
+parsed again when a unit is read, and checked against the unit's rows there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Sequence
+
+from wdstream.shards.shared import shared_folder
+from wdstream.tables.files import RawFile
+from wdstream.tables.formats import MAX_UNIT_ROWS, FilePlan, Unit
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"wdstream-plans\x00\x00"
+SUFFIX = ".plans"
+_LENGTH = 8  # bytes of the header's length
+
+
+class NodePlans:
+    """The node's plan of one raw source (see the module docstring). ``share``: True (the
+    default folder), a directory, or False (each process plans alone); ``index``: the JSON
+    Lines unit index the plans come from, part of what names the entry. ``ahead``: whether
+    this process should plan while it lists (it leads, and has no entry to expect). As a
+    context manager, leaving it releases the lock."""
+
+    def __init__(self, source: str, index: str | None, share):
+        self.path: str | None = None
+        self.leader, self.ahead = True, True
+        self._fd: int | None = None
+        folder = shared_folder(None if share is True else share) if share else None
+        if folder is None:
+            return
+        key = hashlib.sha256(json.dumps([source, index]).encode()).hexdigest()[:32]
+        self.path = os.path.join(folder, key + SUFFIX)
+        try:
+            self._fd = os.open(self.path + ".lock",
+                               os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            log.warning("%s: plans are not shared (%s)", self.path, error)
+            self.path = None
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.leader = False
+        self.ahead = self.leader and not os.path.exists(self.path)
+
+    def plans(self, files: Sequence[RawFile], plan: Callable[[], list[FilePlan]]
+              ) -> list[FilePlan]:
+        """The plans of ``files``: the entry's when it describes them, else ``plan()``'s,
+        published for the others."""
+        if self.path is None:
+            return plan()
+        if not self.leader:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)  # the leader is done (or gone)
+            self.leader = True
+        found = read_entry(self.path, files)
+        if found is not None:
+            return found
+        plans = plan()
+        write_entry(self.path, files, plans)
+        return plans
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+    def __enter__(self) -> NodePlans:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_entry(path: str, files: Sequence[RawFile], plans: Sequence[FilePlan]) -> None:
+    """Publish the entry of ``files``' ``plans`` at ``path``; a failure is only logged."""
+    header = json.dumps({
+        "files": [[f.name, f.size, f.tag] for f in files],
+        "plans": [[[[u.part, u.rows, u.first_row, u.end] for u in p.units], len(p.metadata)]
+                  for p in plans]}, separators=(",", ":")).encode()
+    out = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), prefix=".plans-",
+                                         delete=False) as out:
+            out.write(MAGIC + len(header).to_bytes(_LENGTH, "little") + header)
+            for plan in plans:
+                out.write(plan.metadata)
+        os.replace(out.name, path)
+    except OSError as error:
+        log.warning("%s: the plans are not shared (%s)", path, error)
+        if out is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(out.name)
+
+
+def read_entry(path: str, files: Sequence[RawFile]) -> list[FilePlan] | None:
+    """The plans the entry at ``path`` holds when it is well formed and describes exactly
+    ``files``; None otherwise (missing, stale, damaged)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as entry:
+        info = os.fstat(entry.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() \
+                or info.st_mode & 0o022:
+            log.warning("%s: not a file of this user alone; planned again", path)
+            return None
+        data = entry.read()
+    try:
+        return _parsed(data, files)
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        log.warning("%s: a damaged entry, planned again (%s)", path, error)
+        return None
+
+
+def _parsed(data: bytes, files: Sequence[RawFile]) -> list[FilePlan] | None:
+    start = len(MAGIC) + _LENGTH
+    if data[:len(MAGIC)] != MAGIC:
+        raise ValueError("no magic")
+    length = int.from_bytes(data[len(MAGIC):start], "little")
+    header = json.loads(data[start:start + length])
+    if header["files"] != [[f.name, f.size, f.tag] for f in files]:
+        return None  # other files, or changed ones: planned again
+    if len(header["plans"]) != len(files):
+        raise ValueError("not a plan per file")
+    plans, at = [], start + length
+    for file, (units, size) in zip(files, header["plans"], strict=True):
+        if type(size) is not int or not 0 <= size <= file.size or at + size > len(data):
+            raise ValueError("metadata longer than its file, or past the end")
+        plans.append(FilePlan([_unit(item) for item in units], data[at:at + size]))
+        at += size
+    if at != len(data):
+        raise ValueError("bytes after the metadata")
+    return plans
+
+
+def _unit(item) -> Unit:
+    part, rows, first, end = item
+    if not all(type(v) is int and v >= 0 for v in item) or not 0 < rows <= MAX_UNIT_ROWS:
+        raise ValueError(f"not a unit: {item!r}")
+    return Unit(part, rows, first, end)
