@@ -278,3 +278,14 @@ def test_an_index_scanned_by_children_is_the_one_a_process_writes(tmp_path, chil
     _index_raw_files([str(lines)], str(tmp_path / "by-one.json"), False, True, None)
     assert children == [8, 8]  # none more
     assert (tmp_path / "by-children.json").read_bytes() == (tmp_path / "by-one.json").read_bytes()
+
+
+def test_without_a_child_process_this_one_plans_them_all(many, children, monkeypatch, caplog):
+    def no_process():
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(plan_processes, "_start", no_process)
+    together = _planned(str(many))
+    assert children == [] and "planning in another process: Resource" in caplog.text
+    monkeypatch.setattr(plan_processes, "MIN_FILES", 1000)
+    assert _planned(str(many)) == together

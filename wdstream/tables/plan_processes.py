@@ -24,6 +24,7 @@ planners are closed, every child still running is killed.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import pickle
 import subprocess
@@ -49,18 +50,21 @@ _CHILD = ("import sys; home = sys.argv.pop(1); "
           "from wdstream.tables.plan_processes import child_main; child_main()")
 
 Plan = Callable[[Sequence[RawFile], Access], list[FilePlan]]
+log = logging.getLogger(__name__)
 
 
 def cpu_share() -> int:
     """The planners this process may run: its CPUs over the ranks of its node, at most
-    ``MAX_PROCESSES``."""
+    ``MAX_PROCESSES`` (1 where no interpreter can be started: ``sys.executable`` empty)."""
+    if not sys.executable:
+        return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(MAX_PROCESSES, (cpus or 1) // _local_ranks()))
 
 
 def processes_for(count: int) -> int:
     """How many processes plan ``count`` files given at once (1: this one alone)."""
-    if count < MIN_FILES or not sys.executable:
+    if count < MIN_FILES:
         return 1
     return max(1, min(cpu_share(), count // FILES_PER_PROCESS))
 
@@ -118,8 +122,13 @@ class Planners:
         if self._threads and (self._waiting_files < FILES_PER_PROCESS
                               or len(self._threads) >= self.most):
             return
-        child = _start() if self._threads else None  # the first planner: this process's
-        if child is not None:
+        child = None  # the first planner: this process's
+        if self._threads:
+            try:
+                child = _start()
+            except OSError as error:  # no process to be had: the planners there are go on
+                log.warning("planning in another process: %s", error)
+                return
             self._children.append(child)
         thread = threading.Thread(target=self._serve, args=(child,), daemon=True,
                                   name="wdstream-planner")
