@@ -115,9 +115,8 @@ class RangedSource(ChunkSource):
     learned of the link (None: a new one for this stream alone); ``version``: the object's
     version expected (S3's ETag, GCS's generation, from a listing), sent with every part:
     when the store holds another, ``not_the_version``'s ShardMismatchError. ``peak_held`` is
-    the most
-    bytes fetched but not yet handed over at any time, ``peak_parts`` the most parts in
-    flight, ``requests`` the GETs asked (for tests and benchmarks)."""
+    the most bytes fetched but not yet handed over at any time, ``peak_parts`` the most parts
+    in flight, ``requests`` the GETs asked (for tests and benchmarks)."""
 
     def __init__(self, fetcher: Fetcher, start: int, timeout: float, *, size: int | None = None,
                  part_size: int = PART_SIZE, max_part_size: int | None = None,
