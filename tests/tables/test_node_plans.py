@@ -45,8 +45,9 @@ def test_followers_wait_for_the_leader_and_plan_nothing(folder, tmp_path):
     share = str(tmp_path / "shared")
     leader = NodePlans("s3://b/data/", None, share)
     follower = NodePlans("s3://b/data/", None, share)
-    assert (leader.leader, leader.ahead) == (True, True)
-    assert (follower.leader, follower.ahead) == (False, False)
+    assert leader.path is None and not leader.leader  # nothing touched before raw files
+    assert (leader.lead(), leader.leader) == (True, True)
+    assert (follower.lead(), follower.leader) == (False, False)
     got = []
 
     def follow():
@@ -62,10 +63,10 @@ def test_followers_wait_for_the_leader_and_plan_nothing(folder, tmp_path):
     follower.close()
     assert got == [plans]
     with NodePlans("s3://b/data/", None, share) as again:  # a job started again
-        assert again.leader and not again.ahead
+        assert not again.lead() and again.leader
         assert again.plans(files, lambda: pytest.fail("planned again")) == plans
     with NodePlans("s3://b/other/", None, share) as other:  # another source: its own entry
-        assert other.ahead
+        assert other.lead()
 
 
 def test_other_files_or_a_damaged_entry_are_planned_again(folder, tmp_path):
@@ -92,7 +93,7 @@ def test_other_files_or_a_damaged_entry_are_planned_again(folder, tmp_path):
 def test_without_sharing_every_process_plans(folder):
     files, plans = _planned(folder)
     with NodePlans("src", None, False) as node:
-        assert node.path is None and node.leader and node.ahead
+        assert node.lead() and node.path is None and node.leader
         assert node.plans(files, lambda: plans) == plans
 
 
@@ -121,3 +122,14 @@ def test_an_entry_others_may_write_or_a_link_is_not_used(folder, tmp_path):
     with NodePlans("src", None, share) as node:  # planned again, and published in its place
         assert node.plans(files, lambda: plans) == plans
     assert not os.path.islink(path) and node_plans.read_entry(path, files) == plans
+
+
+def test_a_source_of_shards_takes_no_lock_and_writes_nothing(s3, s3_bucket, tmp_path):
+    from tests.support.shard_data import shard_bytes
+
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "shard-000000.tar").write_bytes(shard_bytes(0, 3))
+    url = upload_tree(s3.client(), s3_bucket, tmp_path / "shards", "shards")
+    share = tmp_path / "shared"
+    assert len(list(wdstream.StreamingDataset(url, share_manifest=str(share)))) == 3
+    assert not share.exists() or list(share.iterdir()) == []

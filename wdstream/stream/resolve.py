@@ -56,12 +56,10 @@ def resolve_source(source, allow_external_shards: bool = False,
     with NodePlans(name, raw.index, share_manifest) as node:
         if names_raw_files(source):
             return from_raw_files(source, raw, access, node=node)
-        with PlanAhead(name, access) as planners:  # a folder's files planned as it is listed
-            ahead = planners if node.ahead else None  # by the node's leader, without a plan
+        with PlanAhead(name, access, node) as ahead:  # a folder's files, as it is listed
             try:
                 found = find_shards(source, allow_external_shards=allow_external_shards,
-                                    share_manifest=share_manifest,
-                                    on_page=None if ahead is None else ahead.on_page)
+                                    share_manifest=share_manifest, on_page=ahead.on_page)
             except NoShardsError as error:
                 try:
                     return from_raw_files(source, raw, access, error.entries, ahead, node)

@@ -1,13 +1,16 @@
 """Raw files planned once per node: the ranks of a node building a dataset over the same
 source share one plan (the files' units and metadata), as they share a large manifest.
 
-``NodePlans(source, index, share)`` takes the source's lock in the node's shared folder
-(``shards.shared.shared_folder``, ``share_manifest``'s) without waiting: the process that
-gets it is the source's *leader* and plans (``PlanAhead`` while it lists); the others list
-the source meanwhile, then wait for the lock. Whoever holds it uses the entry it finds when
-the entry describes exactly the files just found (names, sizes, tags, in order), else plans
-them and publishes a new entry (a temporary file renamed into place). A job started again on
-the same node (after a crash) finds its entry too, unless a file changed.
+``NodePlans(source, index, share)`` touches nothing until raw files are found. When a
+folder's listing first shows Parquet or Arrow files, ``lead()`` tries the source's lock in
+the node's shared folder (``shards.shared.shared_folder``, ``share_manifest``'s) without
+waiting: the process that gets it is the source's *leader* and plans while it lists
+(``PlanAhead``); the others list the source meanwhile. ``plans()`` then waits for the lock
+(for a list or a pattern of files, the first process there leads). Whoever holds it uses
+the entry it finds when the entry describes exactly the files just found (names, sizes,
+tags, in order), else plans them and publishes a new entry (a temporary file renamed into
+place). A job started again on the same node (after a crash) finds its entry too, unless a
+file changed. A source of shards takes no lock and writes no file.
 
 Entry files: a 16-byte magic, the header's length (8 bytes, little-endian), the header
 (JSON: the files as ``[name, size, tag]``, and each file's units as ``[part, rows,
@@ -45,47 +48,72 @@ _LENGTH = 8  # bytes of the header's length
 class NodePlans:
     """The node's plan of one raw source (see the module docstring). ``share``: True (the
     default folder), a directory, or False (each process plans alone); ``index``: the JSON
-    Lines unit index the plans come from, part of what names the entry. ``ahead``: whether
-    this process should plan while it lists (it leads, and has no entry to expect). As a
-    context manager, leaving it releases the lock."""
+    Lines unit index the plans come from, part of what names the entry. ``leader``: whether
+    this process holds the source's lock (or plans alone). As a context manager, leaving it
+    releases the lock."""
 
     def __init__(self, source: str, index: str | None, share):
+        self.source, self.index, self.share = source, index, share
         self.path: str | None = None
-        self.leader, self.ahead = True, True
+        self.leader = False
         self._fd: int | None = None
-        folder = shared_folder(None if share is True else share) if share else None
-        if folder is None:
-            return
-        key = hashlib.sha256(json.dumps([source, index]).encode()).hexdigest()[:32]
-        self.path = os.path.join(folder, key + SUFFIX)
-        try:
-            self._fd = os.open(self.path + ".lock",
-                               os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as error:
-            log.warning("%s: plans are not shared (%s)", self.path, error)
-            self.path = None
-            return
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.leader = False
-        self.ahead = self.leader and not os.path.exists(self.path)
+        self._opened = False
+        self._ahead: bool | None = None  # lead()'s answer, once asked
+
+    def lead(self) -> bool:
+        """Whether this process plans the source while it lists it: it took the lock
+        without waiting and finds no plan published there, or plans are not shared. Asked
+        when the first raw files are listed; the same answer after."""
+        if self._ahead is None:
+            shared = self._lock(wait=False)
+            self._ahead = not shared or (self.leader and not os.path.exists(self.path))
+        return self._ahead
 
     def plans(self, files: Sequence[RawFile], plan: Callable[[], list[FilePlan]]
               ) -> list[FilePlan]:
         """The plans of ``files``: the entry's when it describes them, else ``plan()``'s,
         published for the others."""
-        if self.path is None:
+        if not self._lock(wait=True):  # the leader is done (or gone), or nothing is shared
             return plan()
-        if not self.leader:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)  # the leader is done (or gone)
-            self.leader = True
         found = read_entry(self.path, files)
         if found is not None:
             return found
         plans = plan()
         write_entry(self.path, files, plans)
         return plans
+
+    def _lock(self, wait: bool) -> bool:
+        """Take the source's lock (``wait`` False: only if it is free); False when plans
+        are not shared."""
+        if not self._opened:
+            self._open()
+        if self._fd is None:
+            return False
+        if not self.leader:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                self.leader = True
+            except BlockingIOError:
+                pass
+        return True
+
+    def _open(self) -> None:
+        """The entry's path and its lock file's descriptor, or neither (each process then
+        plans alone, the leader of its own plan)."""
+        self._opened = True
+        share = self.share
+        folder = shared_folder(None if share is True else share) if share else None
+        if folder is not None:
+            key = hashlib.sha256(json.dumps([self.source, self.index]).encode()).hexdigest()
+            path = os.path.join(folder, key[:32] + SUFFIX)
+            try:
+                self._fd = os.open(path + ".lock",
+                                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                self.path = path
+                return
+            except OSError as error:
+                log.warning("%s: plans are not shared (%s)", path, error)
+        self.leader = True
 
     def close(self) -> None:
         if self._fd is not None:

@@ -162,18 +162,21 @@ def plan_files(files: Sequence[RawFile], access: Access) -> list[FilePlan]:
 class PlanAhead(Planners):
     """The Parquet and Arrow files of a remote folder planned while it is still listed:
     ``on_page`` takes each page of the listing as it comes; ``plan_units`` with this
-    ``ahead`` waits for their plans."""
+    ``ahead`` waits for their plans. With ``node``, only where this process leads the
+    node's plan of the folder (``NodePlans.lead``)."""
 
-    def __init__(self, folder: str, access: Access):
+    def __init__(self, folder: str, access: Access, node: NodePlans | None = None):
         super().__init__(access, plan_files, cpu_share())
-        self.folder = folder
+        self.folder, self.node = folder, node
 
     def on_page(self, entries: list[dict]) -> None:
         try:
             files = listed_files(self.folder, entries)
         except WdstreamError:  # an entry find_files reports if the folder is read as raw files
             return
-        self.add([f for f in files if f.format in FOOTER_FORMATS])
+        files = [f for f in files if f.format in FOOTER_FORMATS]
+        if files and (self.node is None or self.node.lead()):
+            self.add(files)
 
 
 def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
