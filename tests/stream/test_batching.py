@@ -68,6 +68,22 @@ def test_a_shuffle_window_of_payloads_reuses_its_segments(monkeypatch):
     assert len(allocated) == 10 and not arena.dropped
 
 
+def test_new_segments_start_small_and_double_up_to_the_segment_size(monkeypatch):
+    """A worker's first segment is small (its first batch waits for it to be mapped); each
+    new one is twice the last, up to SEGMENT; a span larger than that gets its own size."""
+    monkeypatch.setattr(shm.Arena, "FIRST", 1 << 20)
+    monkeypatch.setattr(shm.Arena, "SEGMENT", 4 << 20)
+    allocated = []
+    monkeypatch.setattr(shm, "allocate",
+                        lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
+    arena = shm.Arena()
+    held = [arena.cut(900_000) for _ in range(8)]  # each fills a 1 MiB segment's rest
+    assert allocated[:4] == [1 << 20, 2 << 20, 4 << 20, 4 << 20]
+    held.append(arena.cut(5 << 20))
+    assert allocated[-1] == shm.MemorySegment.HOLDS + (5 << 20)
+    assert all(size <= 4 << 20 for size in allocated[:-1])
+
+
 def test_a_segment_holds_many_batches_and_reports_when_all_flags_are_raised():
     segment = shm.MemorySegment(shm.allocate(shm.MemorySegment.HOLDS + 64), uid=0)
     flags = [segment.hold() for _ in range(shm.MemorySegment.HOLDS)]

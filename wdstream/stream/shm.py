@@ -199,9 +199,13 @@ class Arena:
 
     ``SEGMENT`` and ``KEEP`` trade memory for speed: a segment holds what is in flight, and the
     fewer bytes it leaves unused the less is allocated (each new page costs more than a copy;
-    the figures behind ``SEGMENT``: docs/benchmarks-results.md)."""
+    the figures behind ``SEGMENT``: docs/benchmarks-results.md). The first segment is
+    ``FIRST`` bytes and each new one twice the last, up to ``SEGMENT``: a worker whose spans
+    in flight are small (batches of token rows) maps a few MiB rather than two segments of
+    ``SEGMENT``, and its first batch waits for one small segment to be mapped."""
 
-    SEGMENT = 16 << 20  # bytes of a new segment (more when one span needs more)
+    FIRST = 1 << 20  # bytes of the first new segment
+    SEGMENT = 16 << 20  # bytes of a new segment once grown (more when one span needs more)
     KEEP = 32 << 20  # bytes of idle segments kept mapped beyond those in use
     ALIGN = 64  # spans start on a cache line
 
@@ -209,6 +213,7 @@ class Arena:
         self._current: MemorySegment | None = None
         self._set_aside: list[MemorySegment] = []
         self._uids = itertools.count()
+        self._grown = self.FIRST  # bytes of the next new segment
         # the most bytes of segments in use at once: idle segments are kept up to it, so a
         # shuffle window that fills, empties and fills again reuses its segments rather
         # than mapping (and the kernel zeroing) new ones each time
@@ -230,7 +235,7 @@ class Arena:
             self._set_aside.append(self._current)
         idle = [s for s in self._set_aside if s.idle()]
         chosen = next((s for s in idle if s.capacity - MemorySegment.HOLDS >= nbytes), None)
-        size = chosen.capacity if chosen is not None else max(self.SEGMENT,
+        size = chosen.capacity if chosen is not None else max(min(self._grown, self.SEGMENT),
                                                               MemorySegment.HOLDS + nbytes)
         busy = sum(s.capacity for s in self._set_aside) - sum(s.capacity for s in idle) + size
         self._peak = max(self._peak, busy)
@@ -246,6 +251,7 @@ class Arena:
             else:
                 kept += segment.capacity
         if chosen is None:
+            self._grown = min(2 * self._grown, self.SEGMENT)
             return MemorySegment(allocate(size), next(self._uids))
         self._set_aside.remove(chosen)
         chosen.used = MemorySegment.HOLDS
