@@ -322,15 +322,21 @@ def torch_uint8():
     return torch.uint8
 
 
-def consume(loader, started: float, expected: int | None = None, touch: bool = False) -> dict:
+def consume(loader, started: float, expected: int | None = None, touch: bool = False,
+            cpu_at_first: bool = False) -> dict:
     """Iterate ``loader`` to the end; times from ``started`` (``time.perf_counter()`` taken
     before the dataset was built). Returns samples, seconds, time to first batch. ``touch``:
-    read a byte of every page of every batch (``touch_pages``)."""
+    read a byte of every page of every batch (``touch_pages``). ``cpu_at_first``: also the
+    CPU seconds this process and its live children (the workers) had taken when the first
+    batch came (``cpu_at_first_s``, from their start)."""
     items = 0
     first = None
+    result = {}
     for batch in loader:
         if first is None:
             first = time.perf_counter()
+            if cpu_at_first:
+                result["cpu_at_first_s"] = tree_cpu()
         if touch:
             touch_pages(batch)
         items += batch_len(batch)
@@ -338,7 +344,21 @@ def consume(loader, started: float, expected: int | None = None, touch: bool = F
     if expected is not None and items != expected:
         raise RuntimeError(f"read {items} samples, expected {expected}")
     return {"samples": items, "seconds": seconds,
-            "ttfb_s": (first - started) if first is not None else None}
+            "ttfb_s": (first - started) if first is not None else None, **result}
+
+
+def tree_cpu() -> float:
+    """CPU seconds of this process, of its children that ended, and of those still running."""
+    import psutil
+
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in psutil.Process().children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended meanwhile: counted among those that ended, or lost
+            pass
+    return total
 
 
 def quiet_logs() -> None:

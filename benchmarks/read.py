@@ -67,11 +67,12 @@ def _cpu() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
-def _consume_timed(loader, started: float, expected: int | None, touch: bool = False) -> dict:
+def _consume_timed(loader, started: float, expected: int | None, touch: bool = False,
+                   cpu_at_first: bool = False) -> dict:
     """``consume`` with the CPU time of the main process and of the workers per sample, and
     the 1-minute load average at the end."""
     main, workers = _cpu()
-    result = consume(loader, started, expected, touch=touch)
+    result = consume(loader, started, expected, touch=touch, cpu_at_first=cpu_at_first)
     main_after, workers_after = _cpu()
     if result.get("samples"):
         result["main_cpu_us"] = (main_after - main) / result["samples"] * 1e6
@@ -82,7 +83,8 @@ def _consume_timed(loader, started: float, expected: int | None, touch: bool = F
 
 def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
                   opener: str = "auto", workers: int = WORKERS, batch: int | None = BATCH,
-                  shuffle: bool = False, bytes_as: str = "bytes", touch: bool = False) -> dict:
+                  shuffle: bool = False, bytes_as: str = "bytes", touch: bool = False,
+                  cpu_at_first: bool = False) -> dict:
     quiet_logs()
     import wdstream
     import wdstream.stream.dataset  # noqa: F401 - import torch before the clock starts
@@ -95,7 +97,7 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
     dataset = wdstream.StreamingDataset(source, shuffle=shuffle, decode=decode, opener=opener)
     loader = wdstream.DataLoader(dataset, batch_size=batch, num_workers=workers,
                                  bytes_as=bytes_as)
-    return _consume_timed(loader, started, expected, touch=touch)
+    return _consume_timed(loader, started, expected, touch=touch, cpu_at_first=cpu_at_first)
 
 
 def case_wdstream_inprocess(source: str, expected: int | None = None) -> dict:
