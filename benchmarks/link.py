@@ -391,6 +391,10 @@ def run(quick: bool) -> list[dict]:
                              **_cpu_columns(defaults), "error": defaults.get("error")})
                 goals.append(goal(f"{link}, {name} samples: MB/s ÷ the link's limit",
                                   ratio(mbps, limit_mbps), 0.8, table=T_GOALS))
+                goals.append(goal(f"{link}, {name} samples, after the first batch: MB/s ÷ the "
+                                  "link's limit", ratio(_steady_mbps(
+                                      result, data[name]["bytes"]), limit_mbps), 0.8,
+                                  table=T_GOALS))
                 goals.append(goal(f"{link}, {name} samples, the defaults (shuffle on): first "
                                   "batch ÷ budget (their loopback first batch + 2 round trips + "
                                   "a batch at the limit)",
