@@ -51,14 +51,20 @@ def test_arena_reuses_a_segment_only_when_nothing_holds_it(monkeypatch):
     assert list(arena.dropped) == [kept.uid] and fifth.segment is reused
 
 
+def _count_allocations(monkeypatch) -> list[int]:
+    """The sizes of the segments arenas allocate from now on (as private memory)."""
+    allocated: list[int] = []
+    monkeypatch.setattr(shm, "allocate",
+                        lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
+    return allocated
+
+
 def test_a_shuffle_window_of_payloads_reuses_its_segments(monkeypatch):
     """A window holds many payloads, then lets them all go: the next window is cut from the
     same segments, with no new shared memory (each new page costs more than the copy)."""
     monkeypatch.setattr(shm.Arena, "SEGMENT", 1 << 20)
     monkeypatch.setattr(shm.Arena, "KEEP", 2 << 20)
-    allocated = []
-    monkeypatch.setattr(shm, "allocate",
-                        lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
+    allocated = _count_allocations(monkeypatch)
     arena = shm.Arena()
     window = [arena.cut(300_000) for _ in range(30)]  # 10 segments, more than KEEP (2)
     assert len(allocated) == 10
@@ -73,9 +79,7 @@ def test_new_segments_start_small_and_double_up_to_the_segment_size(monkeypatch)
     new one is twice the last, up to SEGMENT; a span larger than that gets its own size."""
     monkeypatch.setattr(shm.Arena, "FIRST", 1 << 20)
     monkeypatch.setattr(shm.Arena, "SEGMENT", 4 << 20)
-    allocated = []
-    monkeypatch.setattr(shm, "allocate",
-                        lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
+    allocated = _count_allocations(monkeypatch)
     arena = shm.Arena()
     held = [arena.cut(900_000) for _ in range(8)]  # each fills a 1 MiB segment's rest
     assert allocated[:4] == [1 << 20, 2 << 20, 4 << 20, 4 << 20]
