@@ -1,8 +1,8 @@
 """The gs:// reader (``gcs_ranges.py`` under the scheduler of ``ranged.py``) against a small
-fake GCS of this module: the JSON API's media download and object metadata, behaving as real
-GCS does where gcp-storage-emulator (``tests/sources/test_gcs_ranged.py``) does not: every download says its
-generation, ``ifGenerationMatch`` answers 412, gzip-encoded objects, empty objects, expired
-tokens, hostile names.
+fake GCS of this module: the JSON API's media download, object metadata and listing, behaving
+as real GCS does where gcp-storage-emulator (``tests/sources/test_gcs_ranged.py``) does not:
+every download says its generation, ``ifGenerationMatch`` answers 412, gzip-encoded objects,
+empty objects, expired tokens, hostile names, listings in pages.
 
 The reader counts any ``STORAGE_EMULATOR_HOST`` as an emulator (no credentials, metadata
 asked before and after the read); the ``fake_gcs`` fixture also makes the fake server the
@@ -73,6 +73,7 @@ class FakeGcs:
     range_on_416: bool = True  # a 416 says ``Content-Range: bytes */SIZE``
     failure: tuple[int, bytes] | None = None  # every download answered: status, body's start
     failure_sent: int = 0  # bytes of those bodies written, of 64 MiB each
+    listing_body: bytes | None = None  # every listing answered with this body
 
 
     def put(self, name: str, data: bytes, encoding: str = "identity") -> str:
@@ -113,6 +114,8 @@ class Handler(BaseHTTPRequestHandler):
         else:
             return self._error(seen, 404, "Not Found")
         segments = seen.path[len(prefix):].split("/")
+        if prefix == METADATA and len(segments) == 2 and segments[1] == "o":
+            return self._list(fake, seen, urllib.parse.unquote(segments[0]))
         if len(segments) != 3 or segments[1] != "o":
             return self._error(seen, 404, "Not Found")
         key = (urllib.parse.unquote(segments[0]), urllib.parse.unquote(segments[2]))
@@ -136,6 +139,36 @@ class Handler(BaseHTTPRequestHandler):
         if match is not None and match != str(now.generation):
             return self._error(seen, 412, "Precondition Failed")
         self._media(fake, seen, stored)
+
+    def _list(self, fake: FakeGcs, seen: Seen, bucket: str) -> None:
+        """A page of the objects under ``prefix`` (a bucket with no object is missing): at
+        most ``maxResults`` objects from the offset ``pageToken``, the subfolders a
+        ``delimiter`` makes on the first page."""
+        if fake.listing_body is not None:
+            return self._send(seen, 200, fake.listing_body, {"Content-Type": "application/json"})
+        with fake.lock:
+            stored = {name: value for (where, name), value in fake.objects.items()
+                      if where == bucket}
+        if not stored:
+            return self._error(seen, 404, "The specified bucket does not exist.")
+        prefix, delimiter = seen.query.get("prefix", ""), seen.query.get("delimiter")
+        names, folders = [], []
+        for name in sorted(n for n in stored if n.startswith(prefix)):
+            rest = name[len(prefix):]
+            if delimiter and delimiter in rest:
+                folder = prefix + rest.split(delimiter)[0] + delimiter
+                folders += [] if folder in folders else [folder]
+            else:
+                names.append(name)
+        start, size = int(seen.query.get("pageToken", "0")), int(seen.query["maxResults"])
+        page: dict = {"kind": "storage#objects", "items": [
+            {"name": name, "size": str(len(stored[name].data)),
+             "generation": str(stored[name].generation)} for name in names[start:start + size]]}
+        if start == 0 and folders:
+            page["prefixes"] = folders
+        if start + size < len(names):
+            page["nextPageToken"] = str(start + size)
+        self._send(seen, 200, json.dumps(page).encode(), {"Content-Type": "application/json"})
 
     def _media(self, fake: FakeGcs, seen: Seen, stored: Stored) -> None:
         data, size = stored.data, len(stored.data)

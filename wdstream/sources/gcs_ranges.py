@@ -177,12 +177,7 @@ class GcsRanges(Fetcher):
         self._client = gcs_client(self.timeout)
 
     def _fail(self, response) -> HttpStatusError:
-        message = _error_message(response)
-        client = self._client
-        if response.status in (401, 403) and client.credentials is None \
-                and not client.emulator:
-            message += f" (sent without credentials: {client.anonymous_reason})"
-        return HttpStatusError(response.status, message)
+        return status_error(self._client, response)
 
     def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
         client = self._client
@@ -244,6 +239,15 @@ class GcsRanges(Fetcher):
         if now != self._asked_generation:
             return f"generation {self._asked_generation}, then {now}"
         return None
+
+
+def status_error(client: _Client, response) -> HttpStatusError:
+    """The error a response that is not a success stands for, with GCS's message (and why no
+    credentials were sent, when the store refused a request without them)."""
+    message = _error_message(response)
+    if response.status in (401, 403) and client.credentials is None and not client.emulator:
+        message += f" (sent without credentials: {client.anonymous_reason})"
+    return HttpStatusError(response.status, message)
 
 
 def _not_as_stored(headers) -> str | None:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from wdstream.errors import InputError, StreamError, WdstreamError
 from wdstream.limits import size_limit, size_variable
 from wdstream.printable import printable
-from wdstream.sources import s3_objects, urls
+from wdstream.sources import gcs_objects, s3_objects, urls
 from wdstream.sources.clients import filesystem
 from wdstream.sources.failures import command_failed, stream_error
 from wdstream.sources.openers import open_read
@@ -384,12 +384,14 @@ def folder_path(prefix: str) -> str:
 def folder_entries(prefix: str, on_page: Callable[[list[dict]], None] | None = None
                    ) -> list[dict]:
     """fsspec's entries (``name``, ``type``, ``size`` and the store's fields) of what lies
-    directly in the remote folder ``prefix`` (S3's through botocore, ``s3_objects``); empty
-    under an s3/gs prefix without objects (a missing bucket raises StreamError).
-    ``on_page``: called with S3's pages of entries as they come, other stores' whole listing
-    once."""
+    directly in the remote folder ``prefix`` (S3's through botocore, ``s3_objects``; GCS's
+    through its JSON API, ``gcs_objects``); empty under an s3/gs prefix without objects (a
+    missing bucket raises StreamError). ``on_page``: called with S3's and GCS's pages of
+    entries as they come, other stores' whole listing once."""
     if urls.scheme(prefix) == "s3":
         return s3_objects.list_folder(prefix, on_page=on_page)
+    if urls.scheme(prefix) == "gs":
+        return gcs_objects.list_folder(prefix, on_page=on_page)
     fs, path = filesystem(prefix)
     try:
         entries = fs.ls(path.rstrip("/"), detail=True)

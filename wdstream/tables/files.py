@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError
 from wdstream.printable import printable
-from wdstream.sources import s3_objects
+from wdstream.sources import gcs_objects, s3_objects
 from wdstream.sources import urls as urlmod
 from wdstream.sources.objects import folder_path
 
@@ -136,10 +136,12 @@ def listed_files(folder: str, entries: list[dict]) -> list[RawFile]:
 
 def _everything_under(folder: str, on_page: Callable[[list[dict]], None] | None) -> list[dict]:
     """The listing of every object below the remote ``folder``: S3's through botocore
-    (``s3_objects``, ``on_page`` called with each page), the others' through fsspec's
-    ``find`` (``on_page`` called once)."""
+    (``s3_objects``) and GCS's through its JSON API (``gcs_objects``), ``on_page`` called
+    with each page; the others' through fsspec's ``find`` (``on_page`` called once)."""
     if urlmod.scheme(folder) == "s3":
         return s3_objects.list_folder(folder, recursive=True, on_page=on_page)
+    if urlmod.scheme(folder) == "gs":
+        return gcs_objects.list_folder(folder, recursive=True, on_page=on_page)
     fs, _ = _filesystem(folder)
     try:
         entries = list(fs.find(folder_path(folder), detail=True).values())
