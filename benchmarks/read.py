@@ -25,6 +25,7 @@ memory
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -261,7 +262,7 @@ SMALL_RUNS_FACTOR = 2
 T_SMALL = "small records: ~1 KiB JSON samples, local shards, 2 workers, batch 32"
 T_LARGE = "large samples: ~1 MiB samples, local shards"
 T_MEMORY = "memory: peak RSS of the whole process tree (main + 2 workers)"
-T_S3 = "S3 (moto on 127.0.0.1): ~1 MiB samples, 2 workers, batch 32"
+T_S3 = "S3 on 127.0.0.1 (data plane: see the note): ~1 MiB samples, 2 workers, batch 32"
 T_GOALS = "goals (issues 3, 7 and 18)"
 DEFAULTS = "wdstream, every default (shuffle on, JSON parsed), ShardWriter's shards"
 DEFAULTS_OWN = "wdstream, every default, wdstream's shards"
@@ -512,42 +513,46 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     rows = []
     # moto keeping each value whole: a ranged GET costs it its range, as it costs S3 (stock
     # moto reads the whole object for each one, which ranged readers pay many times over)
-    with common.LocalS3(whole_once=True) as s3:
+    with common.LocalS3(whole_once=True) as s3, _s3_plane(data["dir"], root, s3) as env:
         common.log(f"read: uploading {data['bytes'] / common.MB:,.0f} MB to moto")
         url = s3.upload(data["dir"], "bench", "big")
         keys = [f"big/{Path(p).name}" for p in data["shards"]]
         urls = [f"s3://bench/{k}" for k in keys]
         cases = {
             "boto3 get_object + iter_chunks loop (1 process)": (
-                here + "case_boto3", {"bucket": "bench", "keys": keys}, s3.env),
+                here + "case_boto3", {"bucket": "bench", "keys": keys}, env),
             'wdstream, opener "sdk" (default)': (
                 here + "case_wdstream", {"source": url, "opener": "sdk", "decode": False,
-                                         "expected": samples}, s3.env),
+                                         "expected": samples}, env),
             S3_TENSOR: (
                 here + "case_wdstream", {"source": url, "opener": "sdk", "decode": False,
-                                         "bytes_as": "tensor", "expected": samples}, s3.env),
+                                         "bytes_as": "tensor", "expected": samples}, env),
             'wdstream, opener "fsspec"': (
                 here + "case_wdstream", {"source": url, "opener": "fsspec", "decode": False,
-                                         "expected": samples}, s3.env),
+                                         "expected": samples}, env),
             'wdstream, opener "cli" (aws s3 cp)': (
                 here + "case_wdstream", {"source": url, "opener": "cli", "decode": False,
-                                         "expected": samples}, s3.env),
+                                         "expected": samples}, env),
             "webdataset, pipe:aws s3 cp": (
-                here + "case_webdataset_s3", {"urls": urls, "expected": samples}, s3.env),
+                here + "case_webdataset_s3", {"urls": urls, "expected": samples}, env),
         }
         results = common.repeat(cases, progress=common.log)
+        plane = "moto itself" if env is s3.env else "nginx in front of moto (data_plane.py)"
     names = list(cases)
     base = _mbps(results[names[0]], data["bytes"])
     rows += _mbps_rows(T_S3, results, names, data["bytes"], "÷ boto3", base)
     rows.append(_note(T_S3, f"{samples} samples of 1 MiB in {len(keys)} shards "
                       f"({data['bytes'] / common.MB:,.0f} MB). Times run from creating the "
                       "dataset (or the boto3 client) to the last byte, so client set-up and the "
-                      "manifest fetch count; moto is much slower than S3 and shares the 2 cores. "
-                      "moto keeps each object's value whole (as the link suite's does), so that "
-                      "a ranged GET costs it its range, as on S3: until 2026-12-03 these rows "
-                      "read through moto as installed, which reads a whole object for every GET "
-                      "whatever its range, and the ranged readers' first batch took 2.1-2.7 s "
-                      "for that (0.6-0.8 s with the values kept whole, same code)."))
+                      f"manifest fetch count. Data plane: {plane}. Since 2026-12-04 nginx "
+                      "serves the shards' GETs and HEADs from files, at almost no CPU per byte, "
+                      "where nginx is installed (as in the link suite); until then moto served "
+                      "every byte, on the same 2 cores as the readers, and these ratios were "
+                      "mostly moto's (0.34-0.43 for the default opener). moto keeps each "
+                      "object's value whole, so that a ranged GET it serves costs it its "
+                      "range, as on S3 (until 2026-12-03 it read a whole object for every GET: "
+                      "the ranged readers' first batch took 2.1-2.7 s for that, 0.6-0.8 s "
+                      "with the values kept whole)."))
     summary = {
         "vs_boto3": ratio(_mbps(results[names[1]], data["bytes"]), base),
         "ttfb": results[names[1]].get("ttfb_s"),
@@ -555,6 +560,24 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
         "peer_ttfb": results["webdataset, pipe:aws s3 cp"].get("ttfb_s"),
     }
     return rows, summary
+
+
+@contextlib.contextmanager
+def _s3_plane(folder: Path, root: Path, s3):
+    """The environment the S3 cases read with: nginx serving ``folder`` as ``bench/big`` in
+    front of moto (``data_plane.NginxPlane``, unshaped), or moto itself where nginx cannot
+    run (the log says why)."""
+    from .data_plane import NginxPlane, missing
+
+    why = missing(delays=False)
+    if why is not None:
+        common.log(f"read: {why}: the S3 cases read from moto itself")
+        yield s3.env
+        return
+    plane = NginxPlane(root / "plane", s3.port)
+    plane.mirror(folder, "bench", "big")
+    with plane:
+        yield dict(s3.env, AWS_ENDPOINT_URL=plane.endpoint("s3", None))
 
 
 def run(quick: bool) -> list[dict]:
