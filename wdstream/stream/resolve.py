@@ -52,7 +52,7 @@ def resolve_source(source, allow_external_shards: bool = False,
         if source.url is not None:  # read from storage (load_manifest): its names are data
             check_shard_names(source, allow_external=allow_external_shards)
         return from_manifest(source)
-    name = ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
+    name = _name(source)
     with NodePlans(name, raw.index, share_manifest) as node:
         if names_raw_files(source):
             return from_raw_files(source, raw, access, node=node)
@@ -88,9 +88,14 @@ def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] 
     ``entries``: the listing of the folder ``source``, everything under it, when made;
     ``ahead``: planning the folder's files as they are listed; ``node``: the plans the
     node's ranks share."""
-    name = ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
     files = find_files(source, entries, None if ahead is None else ahead.on_page)
-    return ResolvedSource(plan_units(name, files, raw, access, ahead, node), None, UnitReader)
+    return ResolvedSource(plan_units(_name(source), files, raw, access, ahead, node), None,
+                          UnitReader)
+
+
+def _name(source) -> str:
+    """A source as messages and the node's plans name it: a list's items joined."""
+    return ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
 
 
 def from_manifest(manifest: Manifest) -> ResolvedSource:
