@@ -32,7 +32,9 @@ def test_a_folder_is_listed_page_by_page(fake_gcs, monkeypatch):  # noqa: F811
     pages: list[list[dict]] = []
     entries = gcs_objects.list_folder(f"gs://{BUCKET}/data", on_page=pages.append)
     assert [len(page) for page in pages] == [3, 2, 1]  # the subfolder on the first page
-    assert [q.get("pageToken") for q in _listings(fake_gcs)] == [None, "2", "4"]
+    asked = _listings(fake_gcs)
+    assert [q.get("pageToken") for q in asked] == [None, "2", "4"]
+    assert {q["fields"] for q in asked} == {gcs_objects.LIST_FIELDS}
     files = [e for e in entries if e["type"] == "file"]
     assert [e["name"] for e in files] == [f"{BUCKET}/data/part-{n}.bin" for n in range(5)]
     assert [e["size"] for e in files] == list(range(5)) and files[0]["generation"] == "1"

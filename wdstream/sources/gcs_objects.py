@@ -16,6 +16,8 @@ from wdstream.sources.gcs_ranges import GcsRanges, gcs_client, status_error
 TIMEOUT = 60.0  # seconds, for these requests made outside a stream
 LIST_PAGE_SIZE = 1000  # objects per page of a listing (GCS's most)
 LIST_PAGE_LIMIT = 64 << 20  # bytes of one page of a listing: 1,000 objects' metadata is ~1 MB
+# what a listing's objects are asked for (a tenth of their whole metadata)
+LIST_FIELDS = "items(name,size,generation,updated),prefixes,nextPageToken"
 
 
 def describe(url: str, timeout: float = TIMEOUT) -> dict:
@@ -62,7 +64,7 @@ def list_folder(url: str, recursive: bool = False, timeout: float = TIMEOUT,
     bucket, key = urls.bucket_key(url)
     prefix = key if not key or key.endswith("/") else key + "/"
     client = gcs_client(timeout)
-    query = {"prefix": prefix, "maxResults": str(LIST_PAGE_SIZE),
+    query = {"prefix": prefix, "maxResults": str(LIST_PAGE_SIZE), "fields": LIST_FIELDS,
              **({} if recursive else {"delimiter": "/"})}
     entries: list[dict] = []
     token = None
