@@ -1,6 +1,7 @@
 """GCS listings through the JSON API (``gcs_objects.list_folder``): page by page against the
 fake GCS of ``test_gcs_ranges.py`` (gcp-storage-emulator answers a listing in one page), as
-one page against the emulator, and pages written by a stranger."""
+one page against the emulator, and pages written by a stranger (a page that is not a
+listing, or a token handed out twice, which would list forever)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def test_a_folder_is_listed_page_by_page(fake_gcs, monkeypatch):  # noqa: F811
     (b'{"items": [{"name": "data/a", "size": true}]}', "no name or size"),
     (b'{"items": [], "prefixes": [{"x": 1}]}', "subfolder of the listing is not a name"),
     (b'{"items": [], "nextPageToken": 17}', "page token is not a string"),
+    (b'{"items": [], "nextPageToken": "again"}', "same page token twice"),
     (b'{"items": []}' + b" " * 300, "over 200 bytes"),
     (b"[" * 100_000, "not JSON"),  # nesting past the parser's bound
 ])

@@ -68,6 +68,7 @@ def list_folder(url: str, recursive: bool = False, timeout: float = TIMEOUT,
              **({} if recursive else {"delimiter": "/"})}
     entries: list[dict] = []
     token = None
+    tokens: set[str] = set()  # a server handing out a token twice would list forever
     while True:
         page = _list_page(url, client, bucket, query if token is None
                           else {**query, "pageToken": token})
@@ -80,6 +81,9 @@ def list_folder(url: str, recursive: bool = False, timeout: float = TIMEOUT,
             return entries
         if not isinstance(token, str):
             raise StreamError(url, "the listing's page token is not a string")
+        if token in tokens:
+            raise StreamError(url, "the listing gave the same page token twice")
+        tokens.add(token)
 
 
 def _list_page(url: str, client, bucket: str, query: dict[str, str]) -> dict:
