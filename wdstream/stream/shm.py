@@ -200,11 +200,11 @@ class Arena:
     ``SEGMENT`` and ``KEEP`` trade memory for speed: a segment holds what is in flight, and the
     fewer bytes it leaves unused the less is allocated (each new page costs more than a copy;
     the figures behind ``SEGMENT``: docs/benchmarks-results.md). The first segment is
-    ``FIRST`` bytes and each new one twice the last, up to ``SEGMENT``: a worker whose spans
-    in flight are small (batches of token rows) maps a few MiB rather than two segments of
-    ``SEGMENT``, and its first batch waits for one small segment to be mapped."""
+    ``FIRST`` bytes and each new one twice the last, up to ``SEGMENT``: a worker's first batch
+    waits for a small segment to be mapped, and a worker with little in flight maps less;
+    each new segment crosses to the main process once, as a file descriptor."""
 
-    FIRST = 1 << 20  # bytes of the first new segment
+    FIRST = 4 << 20  # bytes of the first new segment
     SEGMENT = 16 << 20  # bytes of a new segment once grown (more when one span needs more)
     KEEP = 32 << 20  # bytes of idle segments kept mapped beyond those in use
     ALIGN = 64  # spans start on a cache line
