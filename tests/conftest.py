@@ -17,6 +17,10 @@ from tests.support.servers import GcsEmulator, MotoServer, environ
 
 _bucket_numbers = itertools.count()
 
+# gcsfs reads this once, when a test first imports it: its experimental bucket-type lookup
+# (gRPC) cannot reach an emulator and waits 60 s a call
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 
 
 def _installed(distribution: str) -> bool:

@@ -101,3 +101,11 @@ def test_the_emulator_lists_a_folder_in_one_page(gcs):
         (f"{gcs.bucket}/list/a.bin", "file", 10), (f"{gcs.bucket}/list/b.bin", "file", 10),
         (f"{gcs.bucket}/list/sub", "directory", 0)]
     assert all(e["generation"] for e in entries if e["type"] == "file")
+
+
+def test_whether_an_object_exists_is_asked_without_gcsfs(fake_gcs):  # noqa: F811
+    url = fake_gcs.put("here.bin", b"x")
+    assert gcs_objects.exists(url) and not gcs_objects.exists(f"gs://{BUCKET}/absent.bin")
+    fake_gcs.tokens = {"a token this process does not have"}  # every request refused: 401
+    with pytest.raises(StreamError, match="here.bin"):
+        gcs_objects.exists(url)

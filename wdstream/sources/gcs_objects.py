@@ -1,6 +1,7 @@
 """GCS objects through the ranged reader's JSON API client (``gcs_ranges.py``) rather than
-gcsfs: what the store says of an object (its size and generation), alone or with its first
-bytes, and a folder's listing, page by page. The S3 counterpart is ``s3_objects.py``."""
+gcsfs: what the store says of an object (its size and generation, whether it exists), alone
+or with its first bytes, and a folder's listing, page by page. The S3 counterpart is
+``s3_objects.py``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from wdstream.limits import json_loads
 from wdstream.sources import urls
 from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import GcsRanges, gcs_client, status_error
+from wdstream.sources.range_fetchers import HttpStatusError
 
 TIMEOUT = 60.0  # seconds, for these requests made outside a stream
 LIST_PAGE_SIZE = 1000  # objects per page of a listing (GCS's most)
@@ -28,6 +30,22 @@ def describe(url: str, timeout: float = TIMEOUT) -> dict:
     fetcher.connect()
     metadata = fetcher.metadata()
     return {"size": int(metadata["size"]), "generation": metadata["generation"]}
+
+
+def exists(url: str, timeout: float = TIMEOUT) -> bool:
+    """Whether the GCS object at ``url`` exists (its metadata asked with the reader's client,
+    without loading gcsfs); failures other than "not found" raise StreamError naming it."""
+    try:
+        describe(url, timeout)
+    except HttpStatusError as exc:
+        if exc.code == 404:
+            return False
+        raise stream_error(url, exc) from exc
+    except StreamError:
+        raise
+    except Exception as exc:
+        raise stream_error(url, exc) from exc
+    return True
 
 
 def head_and_start(url: str, nbytes: int, timeout: float = TIMEOUT) -> tuple[dict, bytes]:

@@ -294,6 +294,8 @@ def exists(url: str) -> bool:
     """Whether an object (or a local file or folder) exists at ``url``."""
     if s3_objects.is_object_url(url):  # botocore: no fsspec I/O thread in a packer
         return s3_objects.head_size(url) is not None
+    if urls.scheme(url) == "gs" and urls.object_key(url) is not None:  # the reader's client
+        return gcs_objects.exists(url)
     fs, path = _target(url)
     if fs is None:
         return os.path.exists(path)
