@@ -6,6 +6,10 @@ listing, or a token handed out twice, which would list forever)."""
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -109,3 +113,17 @@ def test_whether_an_object_exists_is_asked_without_gcsfs(fake_gcs):  # noqa: F81
     fake_gcs.tokens = {"a token this process does not have"}  # every request refused: 401
     with pytest.raises(StreamError, match="here.bin"):
         gcs_objects.exists(url)
+
+
+def test_a_parquet_folder_on_gcs_is_read_without_gcsfs(gcs, tmp_path):
+    for number in range(2):
+        upload(gcs, f"nogcsfs/part-{number}.parquet", _parquet(10 * number, 10))
+    code = ("import json, sys, wdstream\n"
+            f"dataset = wdstream.StreamingDataset('gs://{gcs.bucket}/nogcsfs/', shuffle=False,\n"
+            "                                     share_manifest=False)\n"
+            "rows = sorted(int(row['n']) for row in dataset)\n"
+            "print(json.dumps([rows, [m for m in sys.modules if m.split('.')[0] == 'gcsfs']]))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [list(range(20)), []]

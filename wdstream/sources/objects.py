@@ -377,8 +377,8 @@ def list_files(prefix: str, suffix: str = ".tar",
 
 def folder_path(prefix: str) -> str:
     """The remote folder ``prefix``'s path as its listing names what lies in it: "bucket/key"
-    on S3 (no s3fs needed), else as its fsspec filesystem has it."""
-    if urls.scheme(prefix) == "s3":
+    on S3 and GCS (no s3fs nor gcsfs needed), else as its fsspec filesystem has it."""
+    if urls.scheme(prefix) in ("s3", "gs"):
         return prefix.split("://", 1)[1].rstrip("/")
     return _target(prefix)[1].rstrip("/")
 
