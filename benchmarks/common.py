@@ -347,6 +347,24 @@ def consume(loader, started: float, expected: int | None = None, touch: bool = F
             "ttfb_s": (first - started) if first is not None else None, **result}
 
 
+def bytes_after_first_batch(result: dict, nbytes: int, batch: int) -> float | None:
+    """Of the ``nbytes`` a DataLoader case read in ``result["samples"]`` samples, those after
+    its first batch of ``batch``; None for a failed case or one that does not say."""
+    samples = result.get("samples")
+    if not nbytes or not samples or "error" in result:
+        return None
+    return nbytes * (1 - batch / max(samples, batch))
+
+
+def steady_mbps(result: dict, nbytes: int, batch: int) -> float | None:
+    """MB/s of a DataLoader case from its first batch to its end, that batch left out."""
+    seconds, first = result.get("seconds"), result.get("ttfb_s")
+    after = bytes_after_first_batch(result, nbytes, batch)
+    if after is None or not seconds or first is None or seconds <= first:
+        return None
+    return after / MB / (seconds - first)
+
+
 def tree_cpu() -> float:
     """CPU seconds of this process, of its children that ended, and of those still running."""
     import psutil

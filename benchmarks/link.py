@@ -353,11 +353,12 @@ def run(quick: bool) -> list[dict]:
                 cpu_ratio = ratio(cpu.get("reader CPU s/GB"), bare_per_gb)
                 steady_per_gb = _steady_cpu_per_gb(result, data[name]["bytes"])
                 steady_ratio = ratio(steady_per_gb, bare_per_gb)
+                steady_mbps = common.steady_mbps(result, data[name]["bytes"], BATCH)
                 rows.append({"table": table, "link": link,
                              "reader": f"wdstream default loader, {name} samples, 2 workers",
                              "MB/s": mbps, "÷ limit": ratio(mbps, limit_mbps),
                              "÷ loopback": ratio(mbps, _mbps(loopback, data[name]["bytes"])),
-                             "MB/s after first batch": _steady_mbps(result, data[name]["bytes"]),
+                             "MB/s after first batch": steady_mbps,
                              "first batch s": result.get("ttfb_s"),
                              "loopback first batch s": loopback.get("ttfb_s"),
                              "first batch budget s": budget,
@@ -392,8 +393,7 @@ def run(quick: bool) -> list[dict]:
                 goals.append(goal(f"{link}, {name} samples: MB/s ÷ the link's limit",
                                   ratio(mbps, limit_mbps), 0.8, table=T_GOALS))
                 goals.append(goal(f"{link}, {name} samples, after the first batch: MB/s ÷ the "
-                                  "link's limit", ratio(_steady_mbps(
-                                      result, data[name]["bytes"]), limit_mbps), 0.8,
+                                  "link's limit", ratio(steady_mbps, limit_mbps), 0.8,
                                   table=T_GOALS))
                 goals.append(goal(f"{link}, {name} samples, the defaults (shuffle on): first "
                                   "batch ÷ budget (their loopback first batch + 2 round trips + "
@@ -775,17 +775,8 @@ def _mbps(result: dict, nbytes) -> float | None:
 
 
 def _steady_cpu_per_gb(result: dict, nbytes) -> float | None:
-    """The reader's CPU seconds per GB from its first batch on (the bytes of that batch left
-    out, as in ``_steady_mbps``)."""
+    """The reader's CPU seconds per GB from its first batch on (that batch's bytes left out,
+    as in ``common.steady_mbps``)."""
     cpu = result.get("cpu_after_first_s")
-    if cpu is None or not nbytes or "error" in result:
-        return None
-    return cpu / (nbytes * (1 - BATCH / max(result.get("samples") or BATCH, BATCH)) / 1e9)
-
-
-def _steady_mbps(result: dict, nbytes) -> float | None:
-    seconds, first = result.get("seconds"), result.get("ttfb_s")
-    if not seconds or first is None or seconds <= first or "error" in result:
-        return None
-    return nbytes * (1 - BATCH / max(result.get("samples") or BATCH, BATCH)) / common.MB \
-        / (seconds - first)
+    after = common.bytes_after_first_batch(result, nbytes, BATCH)
+    return None if cpu is None or not after else cpu / (after / 1e9)

@@ -305,14 +305,6 @@ def _mbps_rows(table: str, results: dict, names, nbytes: int, against: str, base
     return rows
 
 
-def _steady_mbps(result: dict, nbytes: int) -> float | None:
-    """MB/s from the first batch to the end, that batch's bytes left out."""
-    seconds, first, samples = result.get("seconds"), result.get("ttfb_s"), result.get("samples")
-    if not seconds or first is None or not samples or seconds <= first or "error" in result:
-        return None
-    return nbytes * (1 - BATCH / max(samples, BATCH)) / common.MB / (seconds - first)
-
-
 def _note(table: str, text: str) -> dict:
     return {"table": table, "note": text}
 
@@ -551,8 +543,8 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     rows += _mbps_rows(T_S3, results, names, data["bytes"], "÷ boto3", base)
     steady = {}  # the DataLoader rows from their first batch on (a boto3 loop has no start)
     for row in rows[1:]:
-        steady[row["reader"]] = row["MB/s after first batch"] = _steady_mbps(
-            results[row["reader"]], data["bytes"])
+        steady[row["reader"]] = row["MB/s after first batch"] = common.steady_mbps(
+            results[row["reader"]], data["bytes"], BATCH)
         row["after first batch ÷ boto3"] = ratio(steady[row["reader"]], base)
     rows.append(_note(T_S3, f"{samples} samples of 1 MiB in {len(keys)} shards "
                       f"({data['bytes'] / common.MB:,.0f} MB). Times run from creating the "
