@@ -68,7 +68,8 @@ def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.Comp
     """Run ``cmd``; its exit status must be ``expect`` (None: any failure). A run still going
     after ``timeout`` seconds is a failure that shows where each of its processes (the
     launcher, the ranks, their loader workers) was: they get SIGABRT, which Python's fault
-    handler answers with every thread's stack, then SIGKILL."""
+    handler answers with every thread's stack, then SIGKILL, all of them, so that none
+    holds the output pipes open."""
     env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -76,11 +77,11 @@ def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.Comp
         stdout, stderr = process.communicate(timeout=timeout)
         hung = False
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGABRT)
+        tree = descendants(process.pid)  # the ranks may have sessions of their own
+        signal_all(tree, signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.communicate(timeout=20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        signal_all(tree, signal.SIGKILL)
         stdout, stderr = process.communicate()
         hung = True
     result = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
@@ -91,6 +92,27 @@ def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.Comp
     assert ok, (f"still running after {timeout} s" if hung else result.returncode,
                 result.stderr[-8000:])
     return result
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process started under it, from /proc's parent ids."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
+
+
+def signal_all(pids: list[int], number: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, number)
 
 
 def config(work, out: str, **changes) -> dict:

@@ -6,6 +6,7 @@ its own entry (``rank_position``)."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
 
 from wdstream.errors import StateError
@@ -34,12 +35,42 @@ def gather_positions(positions: Sequence, rank: int, world: int) -> list:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, local)
+        gathered = all_gather_json(local, world)
     else:
         gathered = [local if r == rank else None for r in range(world)]
     return [{RANKS: pack_positions([g[k] if g is not None else None for g in gathered])}
             for k in range(len(local))]
+
+
+# The tensors of the last gather, kept until the next: a gloo process group's thread lets go of
+# a collective's tensors after the call has returned, and when it holds the last reference,
+# freeing them takes the interpreter lock. A process that destroys the group meanwhile (a
+# gc.collect after training, with the lock held) waits for that thread: a deadlock, which
+# ``dist.all_gather_object``'s own tensors could cause.
+_last_gather: list = []
+
+
+def all_gather_json(value, world: int) -> list:
+    """Every rank's ``value`` (JSON: nested lists, numbers, strings, None), in rank order."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":  # a collective of NCCL's takes tensors on the GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    data = json.dumps(value).encode()
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(n.item()) for n in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    mine = mine.to(device)
+    gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    _last_gather[:] = [size, sizes, mine, gathered]
+    return [json.loads(bytes(t[:int(n.item())].cpu().numpy())) for t, n in
+            zip(gathered, sizes, strict=True)]
 
 
 # Gathered positions are stored packed: every rank's position of a stream (nested lists of
