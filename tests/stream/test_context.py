@@ -93,8 +93,10 @@ def test_two_iterations_of_one_loader_keep_their_own_positions(tmp_path):
 
 # The runtime's process-wide registries, each by nature one per process: the shared-memory
 # arenas of a worker and the segments the main process keeps mapped (keyed by process id),
-# and the iterators to close before the interpreter exits.
-PROCESS_WIDE = {("shm.py", "_arenas"), ("shm.py", "_kept"), ("lifetime.py", "_open")}
+# the iterators to close before the interpreter exits, and the tensors of the process's last
+# collective (kept past any loader: the process group's thread must never free them).
+PROCESS_WIDE = {("shm.py", "_arenas"), ("shm.py", "_kept"), ("lifetime.py", "_open"),
+                ("ranks.py", "_last_gather")}
 
 
 IMMUTABLE_CALLS = {"object", "logging.getLogger", "frozenset", "tuple", "field"}

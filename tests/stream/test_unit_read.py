@@ -1,11 +1,13 @@
 """Reading raw files' units: small units of remote files are read several at once (a link's
-first byte is not paid once per unit), large ones and local files' one ahead; the rows come
-in the plan's order either way, each once."""
+first byte is not paid once per unit), large ones one ahead, local files' one ahead where a
+CPU is free for the thread and in the reading thread where none is; the rows come in the
+plan's order either way, each once."""
 
 from __future__ import annotations
 
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -27,8 +29,9 @@ def small_units(tmp_path):
     return str(tmp_path)
 
 
-def _concurrent_reads(monkeypatch) -> list[int]:
-    """Reads of units made slow (a long first byte); the most in flight at once."""
+def _concurrent_reads(monkeypatch, threads: set | None = None) -> list[int]:
+    """Reads of units made slow (a long first byte); the most in flight at once, and the
+    names of the threads that read them put in ``threads``."""
     lock, now, most = threading.Lock(), [0], [0]
     read = ParquetFormat.read
 
@@ -36,6 +39,8 @@ def _concurrent_reads(monkeypatch) -> list[int]:
         with lock:
             now[0] += 1
             most[0] = max(most[0], now[0])
+            if threads is not None:
+                threads.add(threading.current_thread().name)
         time.sleep(0.02)
         try:
             return read(self, *args)
@@ -66,6 +71,31 @@ def test_local_files_and_large_units_are_read_one_ahead(small_units, monkeypatch
     if where != "local":
         source = upload_tree(s3.client(), s3_bucket, Path(small_units), "large")
         monkeypatch.setattr(unit_read, "AHEAD_BYTES", 1)  # every unit is "large"
-    most = _concurrent_reads(monkeypatch)
+    monkeypatch.setattr(unit_read, "rank_cpus", lambda: 2)
+    threads: set[str] = set()
+    most = _concurrent_reads(monkeypatch, threads)
     ids = [s["id"] for s in wdstream.StreamingDataset(source, shuffle=False)]
     assert ids == list(range(200)) and most[0] == 1
+    assert any(name.startswith("wdstream-units") for name in threads)
+
+
+def test_without_a_free_cpu_local_units_are_read_in_the_reading_thread(small_units,
+                                                                     monkeypatch):
+    monkeypatch.setattr(unit_read, "rank_cpus", lambda: 1)
+    threads: set[str] = set()
+    _concurrent_reads(monkeypatch, threads)
+    ids = [s["id"] for s in wdstream.StreamingDataset(small_units, shuffle=False)]
+    assert ids == list(range(200)) and threads == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize(("cpus", "workers", "ahead"), [
+    (2, None, 1), (1, None, 0), (4, 2, 1), (3, 2, 0), (16, 8, 1), (8, 8, 0)])
+def test_a_local_unit_is_read_ahead_when_each_reader_has_two_cpus(monkeypatch, cpus, workers,
+                                                                   ahead):
+    import torch.utils.data
+
+    info = None if workers is None else types.SimpleNamespace(num_workers=workers)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
+    monkeypatch.setattr(unit_read, "rank_cpus", lambda: cpus)
+    assert unit_read.local_ahead() == ahead
+

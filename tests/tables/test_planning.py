@@ -254,10 +254,12 @@ def test_a_folder_of_shards_beside_parquet_files_stops_their_planning(
 def test_the_ranks_of_a_node_share_its_cpus(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert plan_processes.rank_cpus() == 4
     assert plan_processes.processes_for(1_000_000) == 4
     assert plan_processes.processes_for(plan_processes.MIN_FILES - 1) == 1
     assert plan_processes.processes_for(plan_processes.MIN_FILES) == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert plan_processes.rank_cpus() == 1
     assert plan_processes.processes_for(1_000_000) == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert plan_processes.processes_for(1_000_000) == plan_processes.MAX_PROCESSES

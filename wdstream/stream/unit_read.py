@@ -1,12 +1,14 @@
 """The reading stage for raw files: spans of units (Parquet row groups, Arrow record
 batches, JSON Lines ranges) in, samples out, as ``SpanReader`` does for shards.
 
-A unit is read whole (its chosen columns only), its file checked unchanged since the plan;
-the next units are read in background threads meanwhile: one, and for remote files one more
-each time the next unit was not there yet when its turn came, as many as fit in
-``AHEAD_BYTES`` at the mean size of the units read (at most ``UNITS_AHEAD``), so that small
-units on a link with a long first byte are not read one round trip at a time (local files:
-one ahead; more would only contend for the interpreter). A transient
+A unit is read whole (its chosen columns only), its file checked unchanged since the plan.
+Remote units are read ahead in background threads: one, and one more each time the next unit
+was not there yet when its turn came, as many as fit in ``AHEAD_BYTES`` at the mean size of
+the units read (at most ``UNITS_AHEAD``), so that small units on a link with a long first
+byte are not read one round trip at a time. A local file has no first byte to wait for: its
+next unit is read ahead in a thread only where each reading process of the node (the
+DataLoader workers, or this process without them) has a second CPU for that thread
+(``local_ahead``); without one, the thread only takes turns with the process's own. A transient
 failure is retried with backoff before any of the unit's samples are handed out, so nothing
 is lost or repeated; when retries run out ``on_error`` decides, as for shards.
 """
@@ -30,6 +32,7 @@ from wdstream.stream.read import (
     wait_to_retry,
 )
 from wdstream.stream.spans import SpanArray
+from wdstream.tables.plan_processes import rank_cpus
 from wdstream.tables.reads import Access
 from wdstream.tables.units import UnitTable
 
@@ -38,6 +41,16 @@ log = logging.getLogger(__name__)
 ROWS_PER_LIST = 256  # samples made from a unit's columns at a time
 UNITS_AHEAD = 8  # units read ahead at most: small ones, on a link with a long first byte
 AHEAD_BYTES = 16 << 20  # what the units read ahead may hold, at the mean size so far
+
+
+def local_ahead() -> int:
+    """Units of local files to read ahead in a thread: 1 where the node's CPUs (this rank's
+    share, ``rank_cpus``) give each reading process two, else 0."""
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    readers = info.num_workers if info is not None else 1
+    return int(rank_cpus() >= 2 * readers)
 
 
 class UnitReader:
@@ -54,8 +67,8 @@ class UnitReader:
         self.stats = stats if stats is not None else ReadStats()
         self._read_units = self._read_bytes = 0  # the units read, measured (``_ahead``)
         self._waited = 0  # times a unit read ahead was not there yet when its turn came
-        self._most_ahead = 1 if all(urls.to_local_path(f.url) is not None
-                                    for f in units.files) else UNITS_AHEAD
+        self._most_ahead = local_ahead() if all(urls.to_local_path(f.url) is not None
+                                                for f in units.files) else UNITS_AHEAD
 
     def __iter__(self) -> Iterator[dict]:
         return chain.from_iterable(self.chunks())
@@ -90,11 +103,10 @@ class UnitReader:
 
     def _ahead(self) -> int:
         """Units to have read ahead: one, and one more each time a unit was not there yet
-        when its turn came, for remote files (a local one has no first byte to wait for),
-        as many as fit in ``AHEAD_BYTES`` at the mean size of the units read, at most
-        ``UNITS_AHEAD``."""
-        if not self._read_units:
-            return 1
+        when its turn came, as many as fit in ``AHEAD_BYTES`` at the mean size of the units
+        read, at most ``_most_ahead`` (see the module docstring)."""
+        if not self._read_units or self._most_ahead <= 1:
+            return min(1, self._most_ahead)
         mean = max(1, self._read_bytes // self._read_units)
         return max(1, min(1 + self._waited, self._most_ahead, AHEAD_BYTES // mean))
 

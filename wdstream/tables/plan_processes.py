@@ -54,12 +54,18 @@ log = logging.getLogger(__name__)
 
 
 def cpu_share() -> int:
-    """The planners this process may run: its CPUs over the ranks of its node, at most
-    ``MAX_PROCESSES`` (1 where no interpreter can be started: ``sys.executable`` empty)."""
+    """The planners this process may run: ``rank_cpus()``, at most ``MAX_PROCESSES`` (1 where
+    no interpreter can be started: ``sys.executable`` empty)."""
     if not sys.executable:
         return 1
+    return min(MAX_PROCESSES, rank_cpus())
+
+
+def rank_cpus() -> int:
+    """This rank's share of the CPUs it may run on: those over the ranks of its node, at
+    least 1."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_PROCESSES, (cpus or 1) // _local_ranks()))
+    return max(1, (cpus or 1) // _local_ranks())
 
 
 def processes_for(count: int) -> int:
