@@ -98,4 +98,3 @@ def test_a_local_unit_is_read_ahead_when_each_reader_has_two_cpus(monkeypatch, c
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
     monkeypatch.setattr(unit_read, "rank_cpus", lambda: cpus)
     assert unit_read.local_ahead() == ahead
-
