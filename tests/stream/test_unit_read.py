@@ -98,3 +98,11 @@ def test_a_local_unit_is_read_ahead_when_each_reader_has_two_cpus(monkeypatch, c
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
     monkeypatch.setattr(unit_read, "rank_cpus", lambda: cpus)
     assert unit_read.local_ahead() == ahead
+
+
+def test_without_torch_the_reading_process_is_the_only_reader(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # no torch: no DataLoader workers either
+    monkeypatch.setattr(unit_read, "rank_cpus", lambda: 2)
+    assert unit_read.local_ahead() == 1

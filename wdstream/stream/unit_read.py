@@ -46,9 +46,12 @@ AHEAD_BYTES = 16 << 20  # what the units read ahead may hold, at the mean size s
 def local_ahead() -> int:
     """Units of local files to read ahead in a thread: 1 where the node's CPUs (this rank's
     share, ``rank_cpus``) give each reading process two, else 0."""
-    import torch.utils.data
-
-    info = torch.utils.data.get_worker_info()
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:  # no DataLoader, so no workers
+        info = None
+    else:
+        info = get_worker_info()
     readers = info.num_workers if info is not None else 1
     return int(rank_cpus() >= 2 * readers)
 
