@@ -62,15 +62,16 @@ def all_gather_json(value, world: int) -> list:
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(size) for _ in range(world)]
     dist.all_gather(sizes, size)
-    longest = max(int(n.item()) for n in sizes)
+    lengths = [int(n.item()) for n in sizes]
+    longest = max(lengths)
     mine = torch.zeros(longest, dtype=torch.uint8)
     mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     mine = mine.to(device)
     gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
     dist.all_gather(gathered, mine)
     _last_gather[:] = [size, sizes, mine, gathered]
-    return [json.loads(bytes(t[:int(n.item())].cpu().numpy())) for t, n in
-            zip(gathered, sizes, strict=True)]
+    return [json.loads(bytes(t[:n].cpu().numpy())) for t, n in
+            zip(gathered, lengths, strict=True)]
 
 
 # Gathered positions are stored packed: every rank's position of a stream (nested lists of
