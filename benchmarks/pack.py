@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from . import common
+from .read import goal
 
 TITLE = "Packing throughput"
 ONE, TWO, PEER = "wdstream, 1 worker", "wdstream, 2 workers", "ShardWriter loop"
@@ -293,30 +294,26 @@ def run(quick: bool) -> list[dict]:
             f"{two['main_cpu_s']:.2f} s of it reading. On 2 idle cores that bounds the 2-worker "
             f"speed-up at {one['cpu_s'] / bound:.2f}x.")})
 
-    def goal(name: str, faster: str, slower: str, target: float) -> dict:
-        measured = common.ratio(results[slower].get("seconds"), results[faster].get("seconds"))
-        met = "n/a" if measured is None else ("yes" if measured >= target else "no")
-        return {"table": "Goals", "goal": name, "measured": measured, "target": f"≥ {target:g}",
-                "met": met}
+    def speed_goal(name: str, faster: str, slower: str, target: float) -> dict:
+        return goal(name, common.ratio(results[slower].get("seconds"),
+                                       results[faster].get("seconds")), target, table="Goals")
 
     big, small = results[S3_BIG].get("peak_rss_mb"), results[S3_ZST].get("peak_rss_mb")
     memory = common.ratio(big, small)
     # no S3 server here takes the shards without CPU of its own per byte on the packer's 2
     # cores (moto and s3rver both compute every shard's MD5): wdstream's own CPU compared too
     cpu = common.ratio(results[S3_ZST].get("cpu_s"), results[LOCAL_ZST].get("cpu_s"))
-    lighter_goal = [goal(".zst S3 → S3 ÷ local → local speed, 2 workers, on s3rver", S3RVER_ZST,
-                         LOCAL_ZST, 0.8)] if S3RVER_ZST in results else []
+    lighter_goal = [speed_goal(".zst S3 → S3 ÷ local → local speed, 2 workers, on s3rver",
+                               S3RVER_ZST, LOCAL_ZST, 0.8)] if S3RVER_ZST in results else []
     return [
-        goal("wdstream (1 worker) speed ÷ ShardWriter loop", ONE, PEER, 1.0),
-        goal("wdstream 2 workers ÷ 1 worker", TWO, ONE, 1.6),
-        goal(".zst S3 → S3 ÷ local → local speed, 2 workers", S3_ZST, LOCAL_ZST, 0.8),
+        speed_goal("wdstream (1 worker) speed ÷ ShardWriter loop", ONE, PEER, 1.0),
+        speed_goal("wdstream 2 workers ÷ 1 worker", TWO, ONE, 1.6),
+        speed_goal(".zst S3 → S3 ÷ local → local speed, 2 workers", S3_ZST, LOCAL_ZST, 0.8),
         *lighter_goal,
-        {"table": "Goals", "goal": ".zst S3 → S3 ÷ local → local, wdstream's CPU (its "
-         "processes, the same records and shards), 2 workers", "measured": cpu,
-         "target": "≤ 1.2", "met": "n/a" if cpu is None else ("yes" if cpu <= 1.2 else "no")},
-        {"table": "Goals", "goal": f"peak RSS, {sizes['times']}× input ÷ 1× (S3 → S3)",
-         "measured": memory, "target": "≤ 1.1",
-         "met": "n/a" if memory is None else ("yes" if memory <= 1.1 else "no")},
+        goal(".zst S3 → S3 ÷ local → local, wdstream's CPU (its processes, the same records "
+             "and shards), 2 workers", cpu, 1.2, higher_is_better=False, table="Goals"),
+        goal(f"peak RSS, {sizes['times']}× input ÷ 1× (S3 → S3)", memory, 1.1,
+             higher_is_better=False, table="Goals"),
         *rows,
     ]
 
