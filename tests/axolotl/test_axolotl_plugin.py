@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -77,7 +78,9 @@ def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.Comp
         stdout, stderr = process.communicate(timeout=timeout)
         hung = False
     except subprocess.TimeoutExpired:
-        tree = descendants(process.pid)  # the ranks may have sessions of their own
+        # the ranks may have sessions of their own: every process under the launcher
+        tree = [process.pid] + [child.pid for child in
+                                psutil.Process(process.pid).children(recursive=True)]
         signal_all(tree, signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.communicate(timeout=20)
@@ -92,21 +95,6 @@ def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.Comp
     assert ok, (f"still running after {timeout} s" if hung else result.returncode,
                 result.stderr[-8000:])
     return result
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process started under it, from /proc's parent ids."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo.extend(children.get(found[-1], []))
-    return found
 
 
 def signal_all(pids: list[int], number: int) -> None:
