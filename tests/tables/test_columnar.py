@@ -92,6 +92,23 @@ def test_a_unit_is_one_copy_its_rows_views_of_it(tmp_path):
     assert samples[599]["ids"].tolist() == [599, 600]
 
 
+def test_a_column_of_several_sliced_chunks_is_one_copy():
+    import pyarrow as pa
+
+    from wdstream.tables.formats import Rows
+
+    ragged = pa.chunked_array([pa.array([[1, 2], [3]], pa.list_(pa.int32())),
+                               pa.array([[4, 5, 6], [], [7]], pa.list_(pa.int32())).slice(1)])
+    fixed = pa.chunked_array([pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int64(), 2)).slice(1),
+                              pa.array([[7, 8], [9, 10]], pa.list_(pa.int64(), 2))])
+    rows = Rows(pa.table({"ragged": ragged, "fixed": fixed})).rows(0, 4)
+    assert [r["ragged"].tolist() for r in rows] == [[1, 2], [3], [], [7]]
+    assert [r["fixed"].tolist() for r in rows] == [[3, 4], [5, 6], [7, 8], [9, 10]]
+    assert len({id(r["ragged"].base) for r in rows}) == 1
+    assert all(r["ragged"].flags.writeable for r in rows)
+    assert rows[3]["ragged"].base.size == 4  # the chunks' values in the rows, not around them
+
+
 def test_a_unit_with_a_null_list_gives_python_values(folder):
     samples = list(wdstream.StreamingDataset(str(folder), columns=["labels"], shuffle=False))
     labels = [s["labels"] for s in samples]

@@ -74,15 +74,28 @@ def _numeric_lists(kind) -> bool:
 
 
 def _flat_values(column):
-    """A list column's values as one writable numpy array (one copy) and the rows' bounds
-    in it (``len + 1`` of them); None when a row or a value is null (the rows are then
-    Python lists, or None). Read from Arrow's buffers: pyarrow's ``flatten`` and
-    ``to_numpy`` import ``pyarrow.compute`` and pandas, most of a DataLoader worker's
-    start."""
+    """A list column's values as one writable numpy array (one copy, whatever the number of
+    chunks) and the rows' bounds in it (``len + 1`` of them); None when a row or a value is
+    null (the rows are then Python lists, or None). Read from Arrow's buffers: pyarrow's
+    ``flatten`` and ``to_numpy`` import ``pyarrow.compute`` and pandas, most of a DataLoader
+    worker's start."""
+    import numpy as np
+
+    pieces = [_chunk_values(chunk) for chunk in column.chunks]
+    if not pieces or any(piece is None for piece in pieces):
+        return None
+    shifts = np.cumsum([0] + [len(values) for values, _ in pieces[:-1]])
+    bounds = np.concatenate([pieces[0][1][:1]] + [ends[1:] + shift for (_, ends), shift
+                                                  in zip(pieces, shifts, strict=True)])
+    return np.concatenate([values for values, _ in pieces]), bounds
+
+
+def _chunk_values(array):
+    """One chunk's values as a read-only numpy view and its rows' bounds in it, from 0;
+    None when a row or a value is null."""
     import numpy as np
     import pyarrow as pa
 
-    array = column.combine_chunks()
     child = array.values
     if array.null_count or child.null_count:
         return None
@@ -94,9 +107,9 @@ def _flat_values(column):
         offsets = _buffer_array(array.buffers()[1], array.offsets.type,
                                 array.offset, len(array) + 1)
         first = int(offsets[0])
-        bounds = offsets - first
-    data = _buffer_array(child.buffers()[1], child.type, child.offset + first, int(bounds[-1]))
-    return data.copy(), bounds
+        bounds = offsets.astype(np.int64) - first
+    return _buffer_array(child.buffers()[1], child.type, child.offset + first,
+                         int(bounds[-1])), bounds
 
 
 _FLOATS = {"halffloat": "float16", "float": "float32", "double": "float64"}
