@@ -85,8 +85,8 @@ def _flat_values(column):
     if not pieces or any(piece is None for piece in pieces):
         return None
     shifts = np.cumsum([0] + [len(values) for values, _ in pieces[:-1]])
-    bounds = np.concatenate([pieces[0][1][:1]] + [ends[1:] + shift for (_, ends), shift
-                                                  in zip(pieces, shifts, strict=True)])
+    bounds = np.concatenate([np.zeros(1, np.int64)] + [
+        ends[1:] + shift for (_, ends), shift in zip(pieces, shifts, strict=True)])
     return np.concatenate([values for values, _ in pieces]), bounds
 
 
