@@ -205,9 +205,10 @@ def test_large_binary_members_cross_workers_intact(tmp_path, single_rank, monkey
     import wdstream.stream.shm as shm
 
     monkeypatch.setattr(wdstream.stream.dataset, "CAN_MAP_FILES", map_files)  # workers inherit it
-    mapped = []  # files the main process maps
-    monkeypatch.setattr(wdstream.stream.batching, "map_file",
-                        lambda *args: mapped.append(args[0]) or shm.map_file(*args))
+    opened = []  # files the main process reads payloads from
+    read = shm.WorkerFile.read
+    monkeypatch.setattr(shm.WorkerFile, "read",
+                        lambda self, bounds: opened.append(self.path) or read(self, bounds))
     shared = []  # payloads the main process copied out of shared memory or a mapped file
     unpack = wdstream.stream.batching._SharedBytes.unpack
     monkeypatch.setattr(wdstream.stream.batching._SharedBytes, "unpack",
@@ -225,7 +226,7 @@ def test_large_binary_members_cross_workers_intact(tmp_path, single_rank, monkey
             assert all(type(v) is bytes for v in batch["bin"])
             got.update(zip(batch["__key__"], batch["bin"], strict=True))
         assert got == payloads and not shm._kept
-    assert bool(mapped) == map_files
+    assert bool(opened) == map_files
     large = sorted(len(v) for v in payloads.values() if len(v) >= 32 << 10)
     assert sorted(len(v) for v in shared if len(v) >= 32 << 10) == sorted(large * 2)
 
@@ -444,25 +445,31 @@ def test_bytes_as_tensor_maps_large_payloads_of_local_files(tmp_path, single_ran
     assert isinstance(values[0], torch.Tensor) and bytes(values[0][:10].numpy()) == b"\xff" * 10
 
 
-def test_a_mapped_file_must_be_the_one_the_worker_read(tmp_path):
+def test_a_file_read_or_mapped_must_be_the_one_the_worker_read(tmp_path):
     from wdstream.errors import StreamError
-    from wdstream.stream.shm import map_file
+    from wdstream.stream.shm import WorkerFile
 
     path = tmp_path / "shard.tar"
     path.write_bytes(b"x" * 4096)
     status = os.stat(path)
     identity = (status.st_dev, status.st_ino)
-    assert bytes(map_file(str(path), identity, 4096)[:3].numpy()) == b"xxx"
-    with pytest.raises(StreamError, match="shard.tar: replaced or truncated"):
-        map_file(str(path), identity, 8192)
+    assert bytes(WorkerFile(str(path), identity, 4096).map()[:3].numpy()) == b"xxx"
+    assert WorkerFile(str(path), identity, 4096).read([(1, 4), (4090, 4096)]) == [
+        b"xxx", b"x" * 6]
+    too_long = WorkerFile(str(path), identity, 8192)
+    for use in (too_long.map, lambda: too_long.read([(0, 3)])):
+        with pytest.raises(StreamError, match="shard.tar: replaced or truncated"):
+            use()
+    with pytest.raises(StreamError, match="shard.tar: truncated while being read"):
+        WorkerFile(str(path), identity, 4096).read([(4000, 4100)])
     replacement = tmp_path / "new.tar"
     replacement.write_bytes(b"y" * 4096)
     os.replace(replacement, path)
     with pytest.raises(StreamError, match="shard.tar: replaced or truncated"):
-        map_file(str(path), identity, 4096)
+        WorkerFile(str(path), identity, 4096).map()
     path.unlink()
-    with pytest.raises(StreamError, match="shard.tar: cannot map"):
-        map_file(str(path), identity, 4096)
+    with pytest.raises(StreamError, match="shard.tar: cannot open"):
+        WorkerFile(str(path), identity, 4096).read([(0, 3)])
 
 
 def test_payload_target_only_for_members_nothing_decodes(tmp_path, monkeypatch):

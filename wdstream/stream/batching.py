@@ -22,11 +22,11 @@ from wdstream.stream.shm import (
     FileSpan,
     MemorySegment,
     SharedSpan,
+    WorkerFile,
     allocate,
     arena,
     keep_mapped,
     linux_libc,
-    map_file,
     mapped,
     release,
     unmap,
@@ -194,14 +194,14 @@ class _SharedBytes:
     ``bytes`` in the main process, or (``bytes_as="tensor"``) into views of the buffers.
 
     Payloads the reader put in the worker's arena stay where they are, payloads left in local
-    files are mapped by the main process, and a flag in each arena segment used tells the
-    worker when the main process no longer holds the batch (``pooled``; the other ``bytes``
-    of the batch are then packed into the arena too). A batch of only ``bytes`` copied out
-    into ``bytes`` at once (the default ``bytes_as``) is packed into a fresh segment, which
-    keeps peak memory at its lowest (pooling trades a little memory for speed:
-    docs/benchmarks.md). The pages of a file a batch reads come in as its payloads are read
-    (the kernel maps the neighbours of each faulting page that the page cache holds: fewer
-    faults than pages, and no page the batch does not read)."""
+    files are read from the page cache by the main process (mapped, for views), and a flag in
+    each arena segment used tells the worker when the main process no longer holds the batch
+    (``pooled``; the other ``bytes`` of the batch are then packed into the arena too). A batch
+    of only ``bytes`` copied out into ``bytes`` at once (the default ``bytes_as``) is packed
+    into a fresh segment, which keeps peak memory at its lowest (pooling trades a little
+    memory for speed: docs/benchmarks.md). A mapped file's pages come in as its views are
+    read (the kernel maps the neighbours of each faulting page that the page cache holds:
+    fewer faults than pages, and no page the batch does not read)."""
 
     single = False  # one value (a sample's member) rather than a batch's list
 
@@ -288,9 +288,18 @@ class _SharedBytes:
         return sum(end - start for _buffer, start, end in self.parts)
 
     def unpack(self) -> list[bytes]:
-        arrays = [memoryview(buffer.numpy()) for buffer in self.buffers]
-        values = [bytes(arrays[b][start:end]) for b, start, end in self.parts]
-        del arrays
+        values: list = [None] * len(self.parts)
+        for number, buffer in enumerate(self.buffers):
+            numbers = [i for i, part in enumerate(self.parts) if part[0] == number]
+            bounds = [self.parts[i][1:] for i in numbers]
+            if type(buffer) is WorkerFile:
+                copies = buffer.read(bounds)
+            else:
+                array = memoryview(buffer.numpy())
+                copies = [bytes(array[start:end]) for start, end in bounds]
+                del array
+            for i, value in zip(numbers, copies, strict=True):
+                values[i] = value
         if self.holds is not None:  # copied out: the worker may use the memory again
             for buffer, flag in zip(self.buffers, self.holds, strict=True):
                 if flag is not None:
@@ -309,7 +318,7 @@ class _SharedBytes:
             bases = []
             for buffer, flag in zip(buffers, self.holds, strict=True):
                 if flag is None:  # a file mapped for this batch alone
-                    bases.append(buffer)
+                    bases.append(buffer.map())
                     continue
                 owner = buffer.numpy()
                 weakref.finalize(owner, release, buffer, flag)
@@ -356,15 +365,15 @@ def _describe(source) -> tuple:
     return "file", source.path, source.identity, source.file_size
 
 
-def _buffer(worker: int, source: tuple) -> torch.Tensor:
-    """In the main process: the tensor a described buffer is."""
+def _buffer(worker: int, source: tuple) -> torch.Tensor | WorkerFile:
+    """In the main process: the tensor a described buffer is, or the file."""
     if source[0] == "segment":
         _kind, uid, tensor = source
         if tensor is not None:
             keep_mapped(worker, uid, tensor)
         return mapped(worker, uid)
     _kind, path, identity, file_size = source
-    return map_file(path, identity, file_size)
+    return WorkerFile(path, identity, file_size)
 
 
 # glibc's malloc where large payloads pass: blocks under 4 MiB (a payload, a read chunk) come

@@ -5,8 +5,8 @@ A fresh segment costs more than the copy into it (docs/benchmarks-results.md), s
 worker keeps an ``Arena`` of segments mapped once, cut in order into payloads and packed
 batches, and reused once nothing cut from them is alive in the worker or the main process
 (which clears the flag a batch raised in its segment's first bytes, ``holds``). Large
-payloads of local files stay where they lie (``FileSpan``): the main process maps the file,
-copy-on-write, from the page cache."""
+payloads of local files stay where they lie (``FileSpan``): the main process reads them from
+the page cache, or maps the file copy-on-write for views (``WorkerFile``)."""
 
 from __future__ import annotations
 
@@ -151,8 +151,9 @@ CAN_MAP_FILES = hasattr(mmap, "MAP_PRIVATE")  # POSIX
 
 class FileSpan:
     """``size`` bytes of a local file at ``offset``: a payload the worker leaves where it is,
-    which the main process maps from the page cache rather than anyone copying it. The file's
-    device and inode tell the main process that it opens the file the worker read."""
+    which the main process reads or maps from the page cache rather than a worker copying it
+    into shared memory first. The file's device and inode tell the main process that it opens
+    the file the worker read."""
 
     __slots__ = ("path", "offset", "size", "file_size", "identity")
 
@@ -172,24 +173,53 @@ class FileSpan:
         return f"FileSpan({self.path!r}, {self.offset}, {self.size})"
 
 
-def map_file(path: str, identity: tuple[int, int], file_size: int) -> torch.Tensor:
-    """In the main process: a uint8 tensor over the first ``file_size`` bytes of the file a
-    worker read, mapped copy-on-write (the tensors are writable; the file never changes).
-    Raises StreamError if the file was removed, replaced or truncated since."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as error:
-        raise StreamError(f"{path}: cannot map the shard read by a worker ({error.strerror})") \
-            from None
-    try:
+class WorkerFile:
+    """In the main process: the local file a worker left a batch's payloads in, checked to be
+    the file the worker read (its device and inode, and at least ``file_size`` bytes). Payloads
+    copied out into ``bytes`` are read from it (one copy from the page cache, as ``cat``
+    does); views of them (``bytes_as="tensor"``) map it."""
+
+    __slots__ = ("path", "identity", "file_size")
+
+    def __init__(self, path: str, identity: tuple[int, int], file_size: int):
+        self.path, self.identity, self.file_size = path, tuple(identity), file_size
+
+    def _open(self) -> int:
+        """A descriptor of the file. Raises StreamError if the file was removed, replaced or
+        truncated since the worker read it."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as error:
+            raise StreamError(f"{self.path}: cannot open the shard read by a worker "
+                              f"({error.strerror})") from None
         status = os.fstat(fd)
-        if (status.st_dev, status.st_ino) != tuple(identity) or status.st_size < file_size:
-            raise StreamError(f"{path}: replaced or truncated while being read")
-        memory = mmap.mmap(fd, file_size, flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    return torch.frombuffer(memory, dtype=torch.uint8)
+        if (status.st_dev, status.st_ino) != self.identity or status.st_size < self.file_size:
+            os.close(fd)
+            raise StreamError(f"{self.path}: replaced or truncated while being read")
+        return fd
+
+    def map(self) -> torch.Tensor:
+        """A uint8 tensor over the first ``file_size`` bytes, mapped copy-on-write (the tensors
+        are writable; the file never changes)."""
+        fd = self._open()
+        try:
+            memory = mmap.mmap(fd, self.file_size, flags=mmap.MAP_PRIVATE,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return torch.frombuffer(memory, dtype=torch.uint8)
+
+    def read(self, bounds: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes from each ``(start, end)`` of ``bounds``."""
+        fd = self._open()
+        try:
+            values = [os.pread(fd, end - start, start) for start, end in bounds]
+        finally:
+            os.close(fd)
+        if any(len(value) != end - start for value, (start, end) in zip(values, bounds,
+                                                                          strict=True)):
+            raise StreamError(f"{self.path}: truncated while being read")
+        return values
 
 
 class Arena:
