@@ -183,6 +183,7 @@ def machine_lines(info: dict) -> list[str]:
         f"- Date: {info['date']}",
         f"- Machine: {info['cpus']} CPUs ({info['cpu']}), {info['memory']} RAM, {info['os']}",
         f"- Load average when the run started: {info['load']}",
+        f"- Memory: {info['memory_settings']}",
         f"- Python {info['python']}; {versions}",
         f"- wdstream source: {info['source']}",
     ]
@@ -275,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in (n for n in wanted if n in present):
         started = time.monotonic()
         when = (f"{common.machine_date()}, load average "
-                f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at its start")
+                f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at its start, "
+                f"{common.memory_settings()}")
         common.log(f"benchmark {name}: starting ({'quick' if args.quick else 'full'} sizes)")
         module = importlib.import_module(f"{__package__}.{name}")
         title = getattr(module, "TITLE", name)
