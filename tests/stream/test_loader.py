@@ -445,7 +445,7 @@ def test_bytes_as_tensor_maps_large_payloads_of_local_files(tmp_path, single_ran
     assert isinstance(values[0], torch.Tensor) and bytes(values[0][:10].numpy()) == b"\xff" * 10
 
 
-def test_a_file_read_or_mapped_must_be_the_one_the_worker_read(tmp_path):
+def test_a_file_read_or_mapped_must_be_the_one_the_worker_read(tmp_path, monkeypatch):
     from wdstream.errors import StreamError
     from wdstream.stream.shm import WorkerFile
 
@@ -462,6 +462,10 @@ def test_a_file_read_or_mapped_must_be_the_one_the_worker_read(tmp_path):
             use()
     with pytest.raises(StreamError, match="shard.tar: truncated while being read"):
         WorkerFile(str(path), identity, 4096).read([(4000, 4100)])
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "pread", lambda *args: (_ for _ in ()).throw(OSError(5, "I/O error")))
+        with pytest.raises(StreamError, match=r"shard.tar: cannot read .*\(I/O error\)"):
+            WorkerFile(str(path), identity, 4096).read([(0, 3)])
     replacement = tmp_path / "new.tar"
     replacement.write_bytes(b"y" * 4096)
     os.replace(replacement, path)

@@ -214,6 +214,9 @@ class WorkerFile:
         fd = self._open()
         try:
             values = [os.pread(fd, end - start, start) for start, end in bounds]
+        except OSError as error:
+            raise StreamError(f"{self.path}: cannot read the shard read by a worker "
+                              f"({error.strerror})") from None
         finally:
             os.close(fd)
         if any(len(value) != end - start for value, (start, end) in zip(values, bounds,
