@@ -18,13 +18,14 @@ def test_a_rewrite_keeps_other_sections_and_notes(tmp_path):
                     "kept by hand\n<!-- /note:relayout -->\n\n<!-- benchmark:read -->\nold read\n"
                     "<!-- /benchmark:read -->\n")
     info = {"date": "d", "cpus": 2, "cpu": "c", "memory": "m", "os": "o", "load": "l",
-            "python": "p", "source": "s", **{k: "v" for k in (
+            "memory_settings": "free page reporting off", "python": "p", "source": "s", **{k: "v" for k in (
                 "torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
                 "datasets", "litdata", "mosaicml-streaming", "psutil")}}
     new_read = "<!-- benchmark:read -->\nnew read\n<!-- /benchmark:read -->"
     write_results(path, info, {"read": new_read}, quick=True, ran=["read"])
     text = path.read_text()
     assert "new read" in text and "old read" not in text
+    assert "- Memory: free page reporting off" in text
     assert "old resume" in text
     assert text.count("kept by hand") == 1
     assert text.index("<!-- /benchmark:resume -->") < text.index("<!-- note:relayout -->")
