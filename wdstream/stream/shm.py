@@ -1,5 +1,6 @@
 """Memory that DataLoader workers fill (or leave in place) and the main process reads without
-a copy: shared-memory segments, and regions of local files mapped from the page cache.
+a copy through the worker: shared-memory segments, and regions of local files in the page
+cache.
 
 A fresh segment costs more than the copy into it (docs/benchmarks-results.md), so each
 worker keeps an ``Arena`` of segments mapped once, cut in order into payloads and packed
