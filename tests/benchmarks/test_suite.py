@@ -18,7 +18,8 @@ def test_a_rewrite_keeps_other_sections_and_notes(tmp_path):
                     "kept by hand\n<!-- /note:relayout -->\n\n<!-- benchmark:read -->\nold read\n"
                     "<!-- /benchmark:read -->\n")
     info = {"date": "d", "cpus": 2, "cpu": "c", "memory": "m", "os": "o", "load": "l",
-            "memory_settings": "free page reporting off", "python": "p", "source": "s", **{k: "v" for k in (
+            "memory_settings": "free page reporting off", "python": "p", "source": "s",
+            **{k: "v" for k in (
                 "torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
                 "datasets", "litdata", "mosaicml-streaming", "psutil")}}
     new_read = "<!-- benchmark:read -->\nnew read\n<!-- /benchmark:read -->"

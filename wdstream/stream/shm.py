@@ -167,8 +167,8 @@ class FileSpan:
         return self.size
 
     def __bytes__(self) -> bytes:
-        with open(self.path, "rb") as file:
-            return os.pread(file.fileno(), self.size, self.offset)
+        file = WorkerFile(self.path, self.identity, self.file_size)
+        return file.read([(self.offset, self.offset + self.size)])[0]
 
     def __repr__(self) -> str:
         return f"FileSpan({self.path!r}, {self.offset}, {self.size})"
