@@ -520,7 +520,7 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     # moto keeping each value whole: a ranged GET costs it its range, as it costs S3 (stock
     # moto reads the whole object for each one, which ranged readers pay many times over)
     with common.LocalS3(whole_once=True) as s3, \
-            _s3_plane(data["dir"], root, s3, long and long["dir"]) as env:
+            _s3_plane(data["dir"], root, s3, long["dir"] if long else None) as env:
         common.log(f"read: uploading {data['bytes'] / common.MB:,.0f} MB to moto")
         url = s3.upload(data["dir"], "bench", "big")
         keys = [f"big/{Path(p).name}" for p in data["shards"]]
