@@ -549,11 +549,7 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     names = list(cases)
     base = _mbps(results[names[0]], data["bytes"])
     rows += _mbps_rows(T_S3, results, names, data["bytes"], "÷ boto3", base)
-    steady = {}  # the DataLoader rows from their first batch on (a boto3 loop has no start)
-    for row in rows[1:]:
-        steady[row["reader"]] = row["MB/s after first batch"] = common.steady_mbps(
-            results[row["reader"]], data["bytes"], BATCH)
-        row["after first batch ÷ boto3"] = ratio(steady[row["reader"]], base)
+    steady = _steady_columns(rows[1:], results, data["bytes"], base)
     long_vs_boto3 = None
     if long_results is not None:
         long_rows, long_vs_boto3 = _s3_long_rows(long, long_results)
@@ -608,10 +604,19 @@ def _s3_long_rows(long: dict, results: dict) -> tuple[list[dict], float | None]:
     """The long read's rows of the S3 table, and the loader's MB/s ÷ the boto3 loop's."""
     base = _mbps(results[S3_LONG[0]], long["bytes"])
     rows = _mbps_rows(T_S3, results, S3_LONG, long["bytes"], "÷ boto3", base)
-    steady = common.steady_mbps(results[S3_LONG[1]], long["bytes"], BATCH)
-    rows[1]["MB/s after first batch"] = steady
-    rows[1]["after first batch ÷ boto3"] = ratio(steady, base)
+    _steady_columns(rows[1:], results, long["bytes"], base)
     return rows, rows[1]["÷ boto3"]
+
+
+def _steady_columns(rows: list[dict], results: dict, nbytes: int, base) -> dict:
+    """The DataLoader rows' MB/s from their first batch on (a boto3 loop has no start), and
+    that ÷ ``base``, added to each row; returned by reader."""
+    steady = {}
+    for row in rows:
+        steady[row["reader"]] = row["MB/s after first batch"] = common.steady_mbps(
+            results[row["reader"]], nbytes, BATCH)
+        row["after first batch ÷ boto3"] = ratio(steady[row["reader"]], base)
+    return steady
 
 
 @contextlib.contextmanager
