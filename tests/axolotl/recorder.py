@@ -15,6 +15,16 @@ import signal
 import transformers
 from axolotl.integrations.base import BasePlugin
 
+# This process's trainers, kept until it exits. axolotl 0.19 ends a run with
+# destroy_process_group(), `del trainer` and gc.collect(): the collection frees the DDP
+# model's reducer, and with it the gloo process group, which waits for its threads while the
+# collection holds the interpreter lock. One of those threads may still be letting go of the
+# run's last collective (transformers' store_flos gathers about 8 ms before), and freeing
+# that collective's tensors takes the lock: both wait for good (seen in about one
+# two-process run in 80 on 2 CPUs). Kept here, the group is freed as the interpreter exits,
+# long after its threads went idle.
+_trainers: list = []
+
 
 class Recorder(BasePlugin):
     def post_model_load(self, cfg, model):
@@ -33,6 +43,7 @@ class Recorder(BasePlugin):
         model.register_forward_pre_hook(record, with_kwargs=True)
 
     def add_callbacks_post_trainer(self, cfg, trainer):
+        _trainers.append(trainer)
         kill_at = int(os.environ.get("WDSTREAM_TEST_KILL_AT", "0"))
         return [KillAt(kill_at)] if kill_at else []
 

@@ -90,11 +90,19 @@ def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.Comp
     result = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
     ok = not hung and (result.returncode != 0 if expect is None
                        else result.returncode == expect)
-    if not ok:  # the whole log beside the run, its end in the failure
+    if not ok:  # the whole log beside the run, its end (or the stacks) in the failure
         Path(cwd, "failed-run.log").write_text(result.stdout + result.stderr)
-    assert ok, (f"still running after {timeout} s" if hung else result.returncode,
-                result.stderr[-8000:])
+        pytest.fail(f"still running after {timeout} s; the stacks:\n{stacks(result.stderr)}"
+                    if hung else f"exit {result.returncode}:\n{result.stderr[-8000:]}")
     return result
+
+
+def stacks(stderr: str, limit: int = 12000) -> str:
+    """The fault handler's report of each process in ``stderr``: its threads' stacks, without
+    the list of extension modules each process prints after them."""
+    lines = [line for line in stderr.splitlines()
+             if line.startswith(("Fatal Python", "Thread 0x", "Current thread", "  File"))]
+    return "\n".join(lines)[-limit:]
 
 
 def signal_all(pids: list[int], number: int) -> None:
