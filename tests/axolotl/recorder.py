@@ -4,7 +4,8 @@ the run with SIGKILL at a step.
 Each forward pass of the model appends its ``input_ids`` and ``labels`` as one line to
 ``{output_dir}/batches-{RUN}-rank{R}.jsonl`` (``WDSTREAM_TEST_RUN`` names the run); with
 ``WDSTREAM_TEST_KILL_AT=N`` the process kills itself with SIGKILL at the end of step N, before
-the Trainer would save that step's checkpoint (it saves after the step-end callbacks)."""
+the Trainer would save that step's checkpoint (it saves after the step-end callbacks). It
+also keeps each trainer until the process exits (``_trainers``)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ from axolotl.integrations.base import BasePlugin
 # destroy_process_group(), `del trainer` and gc.collect(): the collection frees the DDP
 # model's reducer, and with it the gloo process group, which waits for its threads while the
 # collection holds the interpreter lock. One of those threads may still be letting go of the
-# run's last collective (transformers' store_flos gathers about 8 ms before), and freeing
-# that collective's tensors takes the lock: both wait for good (seen in about one
-# two-process run in 80 on 2 CPUs). Kept here, the group is freed as the interpreter exits,
-# long after its threads went idle.
+# run's last collective (transformers' store_flos gathers just before), and freeing
+# that collective's tensors takes the lock: both wait for good. Kept here, the group is
+# freed as the interpreter exits, long after its threads went idle.
 _trainers: list = []
 
 
