@@ -513,14 +513,15 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     data = common.blob_dataset(root / "s3", samples, samples // 4, MiB)  # 4 shards, 2 workers
     # the long read's shards are served by nginx alone: moto holds no copy of them, which on
     # this machine would take about twice their bytes of its memory
-    long = None if missing(delays=False) else common.blob_dataset(
+    no_plane = missing(delays=False)
+    long = None if no_plane else common.blob_dataset(
         root / "s3-long", sizes["s3_long_samples"], sizes["s3_long_samples"] // 32, MiB)
     here = f"{__name__}:"
     rows = []
     # moto keeping each value whole: a ranged GET costs it its range, as it costs S3 (stock
     # moto reads the whole object for each one, which ranged readers pay many times over)
     with common.LocalS3(whole_once=True) as s3, \
-            _s3_plane(data["dir"], root, s3, long["dir"] if long else None) as env:
+            _s3_plane(data["dir"], root, s3, no_plane, long["dir"] if long else None) as env:
         common.log(f"read: uploading {data['bytes'] / common.MB:,.0f} MB to moto")
         url = s3.upload(data["dir"], "bench", "big")
         keys = [f"big/{Path(p).name}" for p in data["shards"]]
@@ -620,13 +621,13 @@ def _steady_columns(rows: list[dict], results: dict, nbytes: int, base) -> dict:
 
 
 @contextlib.contextmanager
-def _s3_plane(folder: Path, root: Path, s3, long: str | None = None):
+def _s3_plane(folder: Path, root: Path, s3, why: str | None, long: str | None = None):
     """The environment the S3 cases read with: nginx serving ``folder`` as ``bench/big`` (and
     ``long``, if given, as ``bench/long``) in front of moto (``data_plane.NginxPlane``,
-    unshaped), or moto itself where nginx cannot run (the log says why)."""
-    from .data_plane import NginxPlane, missing
+    unshaped), or moto itself where nginx cannot run (``why``, ``data_plane.missing``'s
+    answer, which the log gives)."""
+    from .data_plane import NginxPlane
 
-    why = missing(delays=False)
     if why is not None:
         common.log(f"read: {why}: the S3 cases read from moto itself")
         yield s3.env
