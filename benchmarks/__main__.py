@@ -9,7 +9,8 @@ row; the keys are the columns, in order of first appearance). Optional conventio
 - a module's ``TITLE`` is the benchmark's heading and its docstring's first line its summary.
 
 Rewriting the results file keeps the sections of benchmarks that were not run this time
-(``--only``), so that one benchmark can be refreshed alone.
+(``--only``), so that one benchmark can be refreshed alone; nothing else of the old file is
+kept (what a run was compared with belongs in its commit, decisions in docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -160,21 +161,6 @@ def existing_sections(text: str) -> dict[str, str]:
     return sections
 
 
-def kept_notes(text: str) -> list[str]:
-    """Hand-written blocks (``<!-- note:NAME -->`` ... ``<!-- /note:NAME -->``, e.g. a one-off
-    comparison of two versions): a rewrite keeps them, after the sections."""
-    notes, start = [], text.find("<!-- note:")
-    while start >= 0:
-        name = text[start + len("<!-- note:"): text.find(" -->", start)]
-        end = text.find(f"<!-- /note:{name} -->", start)
-        if end < 0:
-            break
-        end += len(f"<!-- /note:{name} -->")
-        notes.append(text[start:end])
-        start = text.find("<!-- note:", end)
-    return notes
-
-
 def machine_lines(info: dict) -> list[str]:
     versions = ", ".join(f"{k} {info[k]}" for k in (
         "torch", "webdataset", "wdstream", "numpy", "boto3", "s3fs", "moto", "orjson",
@@ -231,8 +217,6 @@ def write_results(path: Path, info: dict, sections: dict[str, str], quick: bool,
     for name in BENCHMARKS:
         if name in merged:
             lines += [merged[name], ""]
-    for note in kept_notes(text):
-        lines += [note, ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")
 

@@ -70,8 +70,8 @@ QUICK = {"mib_samples": 128, "kib_samples": 1280, "shards": 4}
 T_LINK = ("shaped link: S3, each connection capped and each response delayed (data plane: "
           "see the note)")
 T_GCS = "shaped link: GCS, through the same links"
-T_GOALS = "goals (issue 18)"
-T_CPU_GOALS = "goals (issue 36): CPU per delivered byte"
+T_GOALS = "goals"
+T_CPU_GOALS = "goals: CPU per delivered byte"
 CPU_PER_BYTE_GOAL = 1.3  # the loader's CPU per byte ÷ a bare client's of ranged GETs
 # where the simulated cloud (moto, the GCS emulator, the proxy) runs apart from the loader
 LINK_CPUS_VARIABLE = "WDSTREAM_BENCH_LINK_CPUS"

@@ -47,7 +47,7 @@ T_PACK = f"tokenize + pack into {SEQ_LEN}-token sequences, {WORKERS} workers, ba
 T_MIX = f"mixing overhead, ~1 KiB JSON samples, {WORKERS} workers, batch {MIX_BATCH}"
 T_STAGE = f"packing stage alone, {SEQ_LEN}-token sequences, batch {PACK_BATCH}, one worker's work"
 T_STATE = "loader state size (JSON)"
-T_GOALS = "goals (issues 5 and 19)"
+T_GOALS = "goals"
 
 
 # =========================================================================== data

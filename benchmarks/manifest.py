@@ -44,7 +44,7 @@ T_WORKERS = "DataLoader workers on a 1,000,000-shard manifest: memory per worker
 T_WORKER_PLAN = ("a DataLoader worker's epoch on a 1,000,000-shard manifest: its plan, spans and "
                  "reader (1 rank x 2 workers)")
 T_NODE = "ranks of one node on a 1,000,000-shard manifest (share_manifest=True, the default)"
-T_GOALS = "goals (issue 18)"
+T_GOALS = "goals"
 
 
 def _rss_mb() -> float:

@@ -45,7 +45,7 @@ QUICK = {"text_rows": 40_000, "token_rows": 4_000, "files": 4, "token_files": 4,
 
 T_ROWS = "rows/s, 2 workers, batch 32, shuffle on (medians)"
 T_PLAN = "building a dataset over many small Parquet files on the S3 server (footers only)"
-T_GOALS = "goals (issue 34)"
+T_GOALS = "goals"
 PLANE = "nginx: GETs from files, listing from moto"
 SHARED = "nginx, the plan published by another rank of the node"
 PLAN_GOAL_S = 10  # "a 10,000-file dataset plans in seconds"

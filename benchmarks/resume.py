@@ -34,7 +34,7 @@ QUICK = {"samples": 10_000, "per_shard": 250, "plan_shards": 100_000, "plan_per_
 
 T_RESUME = "time to first batch after load_state_dict, 2 workers, batch 32, shuffled"
 T_PLAN = "epoch plan: 100,000 shards × 1,000 samples (100 M samples)"
-T_GOALS = "goals (issue 4)"
+T_GOALS = "goals"
 T_FIRST = "time to the first batch of an epoch, ~1 MiB samples, 2 workers, batch 32"
 
 BLOBS = {"samples": 1024, "per_shard": 64, "bytes": 1 << 20}

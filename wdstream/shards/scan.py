@@ -21,7 +21,7 @@ below reads the manifests whose lines vary too much for that.
 
 The goal these scanners serve: a ``StreamingDataset`` built on a 1,000,000-shard manifest in
 under 2 s (docs/benchmarks.md, "Large manifests"). ``json.loads`` feeding the same arrays
-takes several times that (docs/benchmarks-results.md, "The shard format's fast paths").
+takes several times that (docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def _botocore_session():
     Unlike clients, sessions are kept across a fork: a session holds no connection, only the
     loaded service models and the resolved configuration, so a DataLoader worker makes its
     client from the session the main process already loaded (the manifest read) rather than
-    parse the S3 model again (docs/benchmarks-results.md, "Behind the sources' settings")."""
+    parse the S3 model again (docs/decisions.md)."""
     import botocore.session
 
     key = tuple(os.environ.get(n) for n in _CLIENT_SETTINGS["s3"])

@@ -49,7 +49,7 @@ from wdstream.sources.failures import stream_error
 
 CHUNK_SIZE = 1 << 20  # largest piece the reader thread hands over
 READ_AHEAD = 8 << 20  # bytes the reader thread may get ahead of the consumer (its figures:
-# docs/benchmarks-results.md, "Behind the sources' settings")
+# docs/decisions.md)
 RECYCLED_PER_READ = 4  # lent chunks one read(n) gives back; more (a whole object, a
 # manifest) go to the allocator rather than fill a pool that a stream's reads would not use
 DRAIN_BYTES = 64 << 10  # unread bytes a close may drop to reach a command's end (tar padding

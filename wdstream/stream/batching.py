@@ -401,7 +401,7 @@ def tune_worker_process() -> None:
     (torch's modules, the dataset...) moved out of the garbage collector's sight. A worker
     holds a shuffle window of samples, whose dicts outlive the young generations; each full
     collection they set off would walk every inherited object (the cost on small samples:
-    docs/benchmarks-results.md). What the worker allocates later is collected as usual."""
+    docs/decisions.md). What the worker allocates later is collected as usual."""
     tune_allocator()
     gc.freeze()
 

@@ -29,7 +29,7 @@ GUNZIP_PIECE = 64 << 20  # gunzipped at a time (zlib joins a call's output once 
 # msgpack: a one-byte empty map becomes a dict of 64 bytes and its pointer.
 MSGPACK_GROWTH = 72
 
-try:  # a core dependency, for small records (docs/benchmarks-results.md)
+try:  # a core dependency, for small records (docs/decisions.md)
     from orjson import JSONDecodeError as _FastJSONError
     from orjson import loads as _fast_loads
 except ImportError:  # a platform without an orjson wheel: the standard library
@@ -86,7 +86,7 @@ def _npy(data: bytes):
 def _npy_within(data: bytes, budget: int):
     import numpy as np
 
-    # A 1-d array is read without np.load's header parser (docs/benchmarks-results.md);
+    # A 1-d array is read without np.load's header parser (docs/decisions.md);
     # anything else goes through np.load.
     if data[:8] == b"\x93NUMPY\x01\x00":
         end = 10 + int.from_bytes(data[8:10], "little")

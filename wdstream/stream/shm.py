@@ -2,7 +2,7 @@
 a copy through the worker: shared-memory segments, and regions of local files in the page
 cache.
 
-A fresh segment costs more than the copy into it (docs/benchmarks-results.md), so each
+A fresh segment costs more than the copy into it (docs/decisions.md), so each
 worker keeps an ``Arena`` of segments mapped once, cut in order into payloads and packed
 batches, and reused once nothing cut from them is alive in the worker or the main process
 (which clears the flag a batch raised in its segment's first bytes, ``holds``). Large
@@ -233,7 +233,7 @@ class Arena:
 
     ``SEGMENT`` and ``KEEP`` trade memory for speed: a segment holds what is in flight, and the
     fewer bytes it leaves unused the less is allocated (each new page costs more than a copy;
-    the figures behind ``SEGMENT``: docs/benchmarks-results.md). The first segment is
+    the figures behind ``SEGMENT``: docs/decisions.md). The first segment is
     ``FIRST`` bytes and each new one twice the last, up to ``SEGMENT``: a worker's first batch
     waits for a small segment to be mapped, and a worker with little in flight maps less;
     each new segment crosses to the main process once, as a file descriptor."""

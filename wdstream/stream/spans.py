@@ -1,6 +1,6 @@
 """Sample ranges of shards, one by one (``Span``) or as arrays (``SpanArray``: three int64
 arrays, a ``Span`` made when one is asked for), so the plan hands a worker its stream of a
-million-shard epoch without a Python object per shard (docs/benchmarks-results.md), and the
+million-shard epoch without a Python object per shard (docs/decisions.md), and the
 reader walks its runs of one shard (``visits``)."""
 
 from __future__ import annotations

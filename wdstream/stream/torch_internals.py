@@ -34,7 +34,7 @@ class LoaderInternals:
     def _get_iterator(self):
         if self.num_workers:
             # torch seeds numpy.random in every worker it starts: imported once here, forked
-            # workers inherit it rather than import it (docs/benchmarks-results.md)
+            # workers inherit it rather than import it (docs/decisions.md)
             import numpy.random  # noqa: F401
         self._starting_workers = True
         try:
