@@ -47,9 +47,11 @@ class Trackable(Protocol):
     is a JSON value (a sample count for ``StreamingDataset``, lists of ints for stages), never
     mutated once yielded (with ``num_workers=0`` the loader keeps the very object); a fresh
     stream starts at ``0``. The loader stores each stream's position in ``state_dict()`` and
-    hands it back as ``spec.start[stream]``; it sets ``spec`` (an ``IterationSpec``) on the
-    dataset before iterating and clears it once its workers have their copy. The dataset counts
-    what its readers retried or skipped in ``spec.context.stats``.
+    hands it back as ``spec.start[stream]``. Each iteration of the loader reads an
+    ``IterationView`` of the dataset, which its workers receive: the view's iteration is
+    ``dataset.iterate(spec)`` (an ``IterationSpec``, with a ``context``), the items of the
+    stream of the worker iterating it. The dataset counts what its readers retried or skipped
+    in ``spec.context.stats``.
 
     Sizes: ``plan(epoch, world, workers, history)`` gives per-stream sizes of an epoch
     (``stream_samples``, ``rank_samples``, ``remainder_samples``) when ``has_counts``, and raises
@@ -74,17 +76,30 @@ class Trackable(Protocol):
     its sizes, named when a resume on another layout needs them; by default "a manifest").
     """
 
-    spec: IterationSpec | None
     source: object
     options: object
     has_counts: bool
 
     def positioned(self, spec: IterationSpec, stream: int, start): ...
+    def iterate(self, spec: IterationSpec): ...
     def plan(self, epoch: int, world: int, workers: int, history=()): ...
     def begin_epoch(self) -> int: ...
     def next_epoch(self) -> int: ...
     def set_epoch(self, epoch: int) -> None: ...
     def fingerprint(self) -> str: ...
+
+
+class IterationView:
+    """One iteration of ``wdstream.DataLoader`` over ``dataset``: what torch hands its
+    workers in place of the dataset, so that each reads the stream ``spec`` gives it. The
+    user's dataset is left as it was."""
+
+    def __init__(self, dataset: Trackable, spec: IterationSpec):
+        self.dataset = dataset
+        self.spec = spec
+
+    def __iter__(self):
+        return self.dataset.iterate(self.spec)
 
 
 def world_info() -> tuple[int, int]:

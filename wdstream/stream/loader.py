@@ -28,7 +28,7 @@ from wdstream.stream.batching import (
     unpack_shared,
 )
 from wdstream.stream.context import StreamContext
-from wdstream.stream.contract import IterationSpec, Trackable, world_info
+from wdstream.stream.contract import IterationSpec, IterationView, Trackable, world_info
 from wdstream.stream.lifetime import closed_at_exit
 from wdstream.stream.loader_state import (
     check_loadable,
@@ -261,11 +261,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     def _iterate(self):
         dataset: Trackable = self.dataset
         resumed = self._pending is not None
-        dataset.spec = self._begin()
-        try:
-            iterator = super().__iter__()
-        finally:
-            dataset.spec = None  # the workers have their copy; direct use stays unaffected
+        iterator = self._get_iterator(IterationView(dataset, self._begin()))
         workers = worker_pids(iterator)
         delivered = 0
         accounting = getattr(dataset, "accounting", None)  # stages: per-source counts

@@ -26,7 +26,6 @@ class PositionedDataset(torch.utils.data.IterableDataset):
     epoch rules, ``len()`` and iteration, under ``wdstream.DataLoader`` or on its own.
     """
 
-    spec: IterationSpec | None = None  # set by wdstream.DataLoader before iterating
     _epoch = 0
     _epoch_explicit = False
     _started = False
@@ -97,31 +96,37 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         return None if self._live is None else self._live[0].context
 
     def __iter__(self) -> Iterator:
-        # Resolve the spec now, not in the generator body: the loader clears it right after
-        # creating its iterator.
-        spec, worker = self._current_spec()
+        """Iterated directly: a plain loop or a plain torch ``DataLoader``."""
+        spec, worker = self._direct_spec()
+        return self.iterate(spec, worker)
+
+    def iterate(self, spec: IterationSpec, worker: int | None = None) -> Iterator:
+        """The items of the stream ``worker`` reads in the iteration ``spec`` describes
+        (``worker``: this DataLoader worker's id, by default), as ``wdstream.DataLoader`` asks
+        for them through its ``IterationView``; without a context in ``spec`` (iterated
+        directly), the items alone."""
+        if worker is None:
+            info = torch.utils.data.get_worker_info()
+            worker = info.id if info is not None else 0
         stream = (spec.rotation + worker) % spec.workers
         start = spec.start[stream] if spec.start else 0
-        context = spec.context
-        if context is None:  # iterated directly
-            context = StreamContext()
-            spec = replace(spec, context=context)
-        context.position = start
+        by_loader = spec.context is not None
+        if not by_loader:
+            spec = replace(spec, context=StreamContext())
+        spec.context.position = start
         self._live = (spec, stream)
         chunks = self.positioned_chunks(spec, stream, start)
-        if self.spec is not None:  # iterated by wdstream.DataLoader
+        if by_loader:
             if torch.utils.data.get_worker_info() is not None:
                 tune_worker_process()
-            return closed_at_exit(context.with_trail(chunks))
-        return closed_at_exit(context.with_positions(chunks))
+            return closed_at_exit(spec.context.with_trail(chunks))
+        return closed_at_exit(spec.context.with_positions(chunks))
 
-    def _current_spec(self) -> tuple[IterationSpec, int]:
+    def _direct_spec(self) -> tuple[IterationSpec, int]:
+        """The spec of an iteration without ``wdstream.DataLoader``. Only the main process
+        can advance the epoch; in workers call set_epoch() each epoch."""
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
-        if self.spec is not None:
-            return self.spec, worker
-        # Used without wdstream.DataLoader: a plain loop or a plain torch DataLoader. Only
-        # the main process can advance the epoch; in workers call set_epoch() each epoch.
         if info is not None and info.dataset is not self:
             _check_outer_dataset(info)
         rank, world = world_info()

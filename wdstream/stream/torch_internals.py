@@ -31,14 +31,20 @@ class LoaderInternals:
     def drop_last(self, value: bool) -> None:  # set once, by torch's __init__
         self._drop_last = bool(value)
 
-    def _get_iterator(self):
+    def _get_iterator(self, dataset=None):
+        """torch's iterator of this loader's batches; with ``dataset`` (one iteration's
+        ``IterationView``) in the place of ``self.dataset``, which torch reads once, as the
+        iterator starts: that is how each iteration hands its workers their spec."""
+        import torch.utils.data
+
         if self.num_workers:
             # torch seeds numpy.random in every worker it starts: imported once here, forked
             # workers inherit it rather than import it (docs/decisions.md)
             import numpy.random  # noqa: F401
+        loader = self if dataset is None else _WithDataset(self, dataset)
         self._starting_workers = True
         try:
-            iterator = super()._get_iterator()
+            iterator = torch.utils.data.DataLoader._get_iterator(loader)
         finally:
             self._starting_workers = False
         widen_result_pipe(iterator)
@@ -49,6 +55,18 @@ class LoaderInternals:
         if self.batch_size is None:
             return self.sampler
         return self._fetch_sizes()
+
+
+class _WithDataset:
+    """A loader as torch's iterator reads it, with another dataset: every other attribute
+    is the loader's."""
+
+    def __init__(self, loader, dataset):
+        self.dataset = dataset
+        self._loader = loader
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
 
 
 def widen_result_pipe(iterator) -> None:
