@@ -87,8 +87,10 @@ def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] 
     """Raw files streamed where they lie: their units planned from their metadata.
     ``entries``: the listing of the folder ``source``, everything under it, when made;
     ``ahead``: planning the folder's files as they are listed; ``node``: the plans the
-    node's ranks share."""
-    files = find_files(source, entries, None if ahead is None else ahead.on_page)
+    node's ranks share. A source of several splits or formats is refused
+    (``find_files``'s ``one_dataset``)."""
+    files = find_files(source, entries, None if ahead is None else ahead.on_page,
+                       one_dataset=True)
     return ResolvedSource(plan_units(_name(source), files, raw, access, ahead, node), None,
                           UnitReader)
 

@@ -26,6 +26,12 @@ SUFFIXES = {
     ".json": "jsonl", ".json.gz": "jsonl", ".json.zst": "jsonl",
 }
 _NAMED_ONLY = (".json", ".json.gz", ".json.zst")
+FORMAT_NAMES = {"parquet": "Parquet", "jsonl": "JSON Lines", "arrow": "Arrow"}
+# what a folder saved by datasets.DatasetDict.save_to_disk holds at its root
+DATASET_DICT = "dataset_dict.json"
+# the words the Hugging Face Hub and datasets take for splits in folder and file names
+SPLIT_WORDS = frozenset({"train", "training", "test", "testing", "validation", "valid", "val",
+                         "dev", "eval", "evaluation"})
 GLOB_CHARACTERS = "*?["
 LOOKUPS_IN_FLIGHT = 32  # metadata requests at once when files are named one by one
 
@@ -72,14 +78,16 @@ def names_raw_files(source) -> bool:
 
 
 def find_files(source, entries: list[dict] | None = None,
-               on_page: Callable[[list[dict]], None] | None = None) -> list[RawFile]:
+               on_page: Callable[[list[dict]], None] | None = None,
+               one_dataset: bool = False) -> list[RawFile]:
     """The raw files of ``source``: a folder (every Parquet, JSON Lines and Arrow file under
     it, at any depth, as the Hugging Face Hub lays out ``<name>/<split>-*.parquet``), a
     pattern (``*``, ``?``, ``[...]``; ``**`` for any depth), a file, or a list of those.
     Sorted by URL within each item, items in the order given. ``entries``: fsspec's listing
     of everything under the remote folder ``source`` when the caller made it (for a single
     folder only: the folders of a list are listed each); ``on_page``: called with each page
-    of a remote folder's listing as it comes (``s3_objects.list_folder``)."""
+    of a remote folder's listing as it comes (``s3_objects.list_folder``). ``one_dataset``:
+    what a ``StreamingDataset`` reads, refused where it would guess (``check_one_dataset``)."""
     items = list(source) if isinstance(source, list | tuple) else [source]
     found: list[RawFile] = []
     named: list[str] = []
@@ -90,18 +98,23 @@ def find_files(source, entries: list[dict] | None = None,
         elif file_format(item) is not None:
             named.append(item)
         else:
-            found.extend(_under(item, None if len(items) > 1 else entries, on_page))
+            found.extend(_under(item, None if len(items) > 1 else entries, on_page,
+                                one_dataset))
     found.extend(_described(named))
     if not found:
         raise NoFilesError(f"{printable(', '.join(map(os.fspath, items)))}: no Parquet, "
                            "JSON Lines or Arrow files there")
+    if one_dataset:
+        check_one_format(items, found)
     return found
 
 
 def _under(folder: str, entries: list[dict] | None = None,
-           on_page: Callable[[list[dict]], None] | None = None) -> list[RawFile]:
+           on_page: Callable[[list[dict]], None] | None = None,
+           one_dataset: bool = False) -> list[RawFile]:
     """Every raw file below ``folder`` (links on a local disk are not followed); a remote
-    one is listed unless ``entries`` holds its listing."""
+    one is listed unless ``entries`` holds its listing. ``one_dataset``: a folder of splits
+    refused (``check_one_split``)."""
     base = folder if folder.endswith("/") else folder + "/"
     path = urlmod.to_local_path(folder)
     if path is not None:
@@ -112,10 +125,17 @@ def _under(folder: str, entries: list[dict] | None = None,
                 relative = os.path.relpath(full, path or ".").replace(os.sep, "/")
                 if not os.path.islink(full) and _listed_kind(relative):
                     found.append(_local_file(urlmod.child(base, relative), full, relative))
-        return sorted(found, key=_by_url)
-    if entries is None:
-        entries = _everything_under(folder, on_page)
-    return sorted(listed_files(folder, entries), key=_by_url)
+        saved_splits = os.path.isfile(os.path.join(path or ".", DATASET_DICT))
+    else:
+        if entries is None:
+            entries = _everything_under(folder, on_page)
+        found = listed_files(folder, entries)
+        root_file = folder_path(folder) + "/" + DATASET_DICT
+        saved_splits = any(info["name"] == root_file for info in entries)
+    found.sort(key=_by_url)
+    if one_dataset:
+        check_one_split(folder, found, saved_splits)
+    return found
 
 
 def listed_files(folder: str, entries: list[dict]) -> list[RawFile]:
@@ -132,6 +152,82 @@ def listed_files(folder: str, entries: list[dict]) -> list[RawFile]:
         if _listed_kind(name):
             files.append(_remote_file(_child(base, name), name, info))
     return files
+
+
+def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -> None:
+    """Refuse a folder that holds the splits of a dataset rather than one: a ``DatasetDict``
+    saved by ``save_to_disk`` (``saved_splits``: a ``dataset_dict.json`` at its root, each
+    split a subfolder), or files of two or more splits told apart by a folder or a name's
+    first word (``train/``, ``test/``; ``train-00000-of-00002.parquet``)."""
+    if saved_splits:
+        splits = sorted({f.name.split("/", 1)[0] for f in files if "/" in f.name})
+        example = urlmod.join(_slashed(folder), _preferred(splits) or "train") + "/"
+        raise InputError(
+            f"{printable(folder)}: a Hugging Face DatasetDict ({DATASET_DICT}) with the splits "
+            f"{', '.join(map(repr, splits)) or 'none'}; a dataset streams one split: pass its "
+            f"folder, e.g. {printable(example)}")
+    splits: dict[str, str] = {}
+    for file in files:
+        split = _split_of(file.name)
+        if split is not None:
+            splits.setdefault(split, file.name)
+    if len(splits) > 1:
+        named = ", ".join(f"{split!r} ({printable(name)})" for split, name in
+                          sorted(splits.items()))
+        first = splits[_preferred(sorted(splits))]
+        folder_of = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
+        if folder_of.rstrip("/").rsplit("/", 1)[-1] in SPLIT_WORDS:
+            example = urlmod.join(_slashed(folder), folder_of)
+        else:
+            example = urlmod.join(_slashed(folder), f"{folder_of}{_split_of(first)}-*")
+        raise InputError(
+            f"{printable(folder)}: holds the files of several splits: {named}; a dataset "
+            f"streams one split: pass its folder or a pattern of its files, e.g. "
+            f"{printable(example)} (a list names files to read together)")
+
+
+def _preferred(splits: list[str]) -> str | None:
+    """The split a message shows as the one to pass: train when there is one."""
+    return "train" if "train" in splits else next(iter(splits), None)
+
+
+def _split_of(name: str) -> str | None:
+    """The split a file's path names: a folder called ``train``, ``test``, ``validation``...
+    on its way, or else the first word of its name (``train-00000-of-00002.parquet``)."""
+    *folders, base = name.split("/")
+    for part in folders:
+        if part.lower() in SPLIT_WORDS:
+            return part.lower()
+    word = base.lower().replace("_", "-").replace(".", "-").split("-", 1)[0]
+    return word if word in SPLIT_WORDS else None
+
+
+def check_one_format(items: Sequence, files: Sequence[RawFile]) -> None:
+    """Refuse files of more than one format (Parquet and JSON Lines, say) in one source,
+    naming one file of each."""
+    first: dict[str, RawFile] = {}
+    for file in files:
+        first.setdefault(file.format, file)
+    if len(first) < 2:
+        return
+    named = ", ".join(f"{FORMAT_NAMES[kind]} ({printable(file.url)})"
+                      for kind, file in first.items())
+    file = next(iter(first.values()))
+    pattern = ("**/*" if "/" in file.name else "*") + _ending(file.name)
+    if len(items) == 1 and not names_raw_files(items):  # one folder
+        pattern = urlmod.join(_slashed(os.fspath(items[0])), pattern)
+    raise InputError(f"{printable(', '.join(map(os.fspath, items)))}: files of several "
+                     f"formats: {named}; a dataset streams one format: pass a pattern such "
+                     f"as {printable(pattern)}, or a list of one format's files")
+
+
+def _ending(name: str) -> str:
+    lower = name.lower()
+    return next(suffix for suffix in SUFFIXES if lower.endswith(suffix))
+
+
+def _slashed(folder: str) -> str:
+    return folder if folder.endswith("/") else folder + "/"
 
 
 def _everything_under(folder: str, on_page: Callable[[list[dict]], None] | None) -> list[dict]:
