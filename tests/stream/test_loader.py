@@ -192,6 +192,29 @@ def test_without_manifest_still_streams(tmp_path, single_rank):
     assert len(list(brace)) == 15
 
 
+def test_without_manifest_resume_is_exact_on_the_same_layout_and_refused_on_another(
+        tmp_path, single_rank):
+    """docs/resume.md's table: shards without a manifest resume exactly on the same workers
+    (skipping by reading) and refuse a state saved with other workers."""
+    write_dataset(tmp_path, [6, 4, 5, 7], manifest=False)
+
+    def loader(workers):
+        return wdstream.DataLoader(wdstream.StreamingDataset(str(tmp_path), seed=4),
+                                   batch_size=2, num_workers=workers)
+
+    whole = batch_keys(loader(2))
+    first = loader(2)
+    head = take(first, 3)
+    state = json.loads(json.dumps(first.state_dict()))
+    same = loader(2)
+    same.load_state_dict(state)
+    assert head + batch_keys(same) == whole
+    other = loader(1)
+    with pytest.raises(StateError, match="another layout needs a manifest"):
+        other.load_state_dict(state)
+        list(other)
+
+
 @pytest.mark.parametrize("size", [300_000, 40_000])
 @pytest.mark.parametrize("map_files", [True, False], ids=["mapped", "read"])
 def test_large_binary_members_cross_workers_intact(tmp_path, single_rank, monkeypatch,

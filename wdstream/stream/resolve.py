@@ -73,7 +73,7 @@ def resolve_source(source, allow_external_shards: bool = False,
         return from_manifest(found.manifest)
     if found.how == "listing":
         log.warning("%s: no index.json; streaming %d shards found there without sample counts "
-                    "(run `wdstream index %s` for equal batches per rank and exact resume)",
+                    "(run `wdstream index %s` for equal batches per rank and elastic resume)",
                     found.source, len(found.urls), found.source)
         if found.not_shards:
             log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
