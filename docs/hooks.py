@@ -2,8 +2,9 @@
 
 - pages named in ``nav`` that do not exist yet are dropped from the navigation (with a note),
   so a page still being written elsewhere does not fail ``mkdocs build --strict``;
-- ``cli.md`` must equal what ``docs/gen_cli.py`` renders from the click commands: a stale page
-  is a warning, which fails a strict build;
+- ``cli.md`` must equal what ``docs/gen_cli.py`` renders from the click commands, and
+  ``api.md`` what ``docs/gen_api.py`` renders from the public entry points' docstrings (each
+  parameter in its ``Args:``): a stale page is a warning, which fails a strict build;
 - ``benchmarks.md`` gets the figures of the last ``tox -e bench`` run
   (``docs/benchmarks-results.md``, written by the benchmark suite) at its
   ``<!-- benchmark-results -->`` marker.
@@ -58,6 +59,21 @@ def on_pre_build(config):
     current = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
     if current != gen_cli.render():
         log.warning("docs/cli.md is not what the click commands say: run `python docs/gen_cli.py`")
+    _check_api(docs_dir)
+
+
+def _check_api(docs_dir: str) -> None:
+    sys.path.insert(0, docs_dir)
+    try:
+        import gen_api
+    finally:
+        sys.path.remove(docs_dir)
+    path = os.path.join(docs_dir, "api.md")
+    current = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+    for problem in gen_api.problems():
+        log.warning("docstring Args: %s", problem)
+    if current != gen_api.render():
+        log.warning("docs/api.md is not what the docstrings say: run `python docs/gen_api.py`")
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -242,6 +242,44 @@ def test_cli_reference_is_generated_from_the_commands():
         "docs/cli.md is stale: run python docs/gen_cli.py"
 
 
+def test_api_reference_is_generated_from_the_docstrings():
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_api
+    finally:
+        sys.path.remove(str(DOCS))
+    assert gen_api.problems() == [], "an entry point's Args: misses or invents a parameter"
+    assert (DOCS / "api.md").read_text(encoding="utf-8") == gen_api.render(), \
+        "docs/api.md is stale: run python docs/gen_api.py"
+
+
+def test_an_args_entry_for_each_parameter_is_checked(tmp_path, monkeypatch):
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_api
+    finally:
+        sys.path.remove(str(DOCS))
+    module = tmp_path / "m.py"
+    module.write_text('''
+def f(a, b=1, *, c=None, **kwargs):
+    """Does f.
+
+    Args:
+        a (int): the first, which
+            goes on.
+        b (int, default 1): the second.
+        d: not a parameter.
+    """
+''')
+    monkeypatch.setattr(gen_api, "ROOT", str(tmp_path))
+    monkeypatch.setattr(gen_api, "ENTRY_POINTS", (("m.f", "m.py", "f"),))
+    assert gen_api.problems() == ["m.f: no Args entry for c", "m.f: no Args entry for **kwargs",
+                                  "m.f: Args names d, not a parameter"]
+    page = gen_api.render()
+    assert "f(a, b=1, *, c=None, **kwargs)" in page
+    assert "| `a` | int | the first, which goes on. |" in page
+
+
 def test_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",

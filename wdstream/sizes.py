@@ -17,7 +17,12 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str | int) -> int:
-    """Return a size in bytes; raise InputError naming the text when it is not a size."""
+    """A size in bytes; an ``InputError`` naming the text when it is not a size.
+
+    Args:
+        text (str | int): ``1000000``, ``500kB``, ``256MB``, ``1GB`` (powers of 1000) or
+            ``512KiB``, ``256MiB``, ``1GiB`` (powers of 1024), the unit in any case.
+    """
     if isinstance(text, int):
         if text < 0:
             raise InputError(f"size must not be negative: {text}")
@@ -32,7 +37,11 @@ def parse_size(text: str | int) -> int:
 
 
 def format_size(nbytes: float) -> str:
-    """Format bytes with powers of 1000, as shown in tables: ``12.3 MB``."""
+    """Bytes with powers of 1000, as tables show them: ``12.3 MB``.
+
+    Args:
+        nbytes (float): the size in bytes.
+    """
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if abs(nbytes) < 1000 or unit == "TB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"

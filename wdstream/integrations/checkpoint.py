@@ -22,7 +22,12 @@ def state_path(folder, rank: int) -> str:
 
 
 def save_loader_state(loader, folder) -> str:
-    """Write this rank's loader state into ``folder`` (atomically); returns the path."""
+    """Write this rank's loader state into ``folder`` (atomically); returns the path.
+
+    Args:
+        loader (wdstream.DataLoader): the loader whose ``state_dict()`` is written.
+        folder (path): the checkpoint folder; the file is ``wdstream_loader-rank{R}.json``.
+    """
     rank, _world = world_info()
     path = state_path(folder, rank)
     temporary = f"{path}.tmp"
@@ -34,7 +39,12 @@ def save_loader_state(loader, folder) -> str:
 
 def load_loader_state(loader, folder) -> None:
     """Load into ``loader`` this rank's state from ``folder``, or rank 0's on another world
-    size."""
+    size.
+
+    Args:
+        loader (wdstream.DataLoader): the loader to resume.
+        folder (path): the checkpoint folder ``save_loader_state`` wrote into.
+    """
     rank, world = world_info()
     own = _read(state_path(folder, rank), required=False)
     if own is not None and own.get("world") == world:

@@ -14,12 +14,17 @@ from wdstream.stream.contract import IterationSpec, world_info
 
 def to_iterable_dataset(dataset, *, num_workers: int = 1, world: int | None = None,
                         features=None, split=None):
-    """A ``datasets.IterableDataset`` reading ``dataset`` (a ``StreamingDataset``, ``Mix`` or
-    ``PackedSequences``) with ``world * num_workers`` shards, one per wdstream stream.
+    """A ``datasets.IterableDataset`` reading ``dataset`` with ``world * num_workers``
+    shards, one per wdstream stream.
 
-    ``num_workers``: the DataLoader workers each rank will use (at least 1); ``world``: the
-    ranks the shards are laid out for (default: the current world size). ``features``: the
-    ``datasets.Features`` of the examples, if known."""
+    Args:
+        dataset (StreamingDataset | Mix | PackedSequences): what to read.
+        num_workers (int, default 1): the DataLoader workers each rank will use (at least 1).
+        world (int | None): the ranks the shards are laid out for; default the current world
+            size.
+        features (datasets.Features | None): the examples' features, if known.
+        split (datasets.Split | str | None): the split the dataset says it is.
+    """
     import datasets
 
     if num_workers < 1:

@@ -14,7 +14,13 @@ from wdstream.stream.loader import DataLoader
 
 def use_loader(trainer, loader):
     """Make ``trainer`` train from ``loader`` and checkpoint and resume its state; returns
-    ``trainer``."""
+    ``trainer``.
+
+    Args:
+        trainer (transformers.Trainer): a Hugging Face ``Trainer`` (or a TRL trainer).
+        loader (wdstream.DataLoader | dataset): the loader to train from; a dataset gets a
+            ``wdstream.DataLoader`` with the trainer's batch size, workers and collator.
+    """
     import transformers
 
     args = trainer.args

@@ -60,6 +60,19 @@ class ManifestNotFoundError(ManifestError):
 
 @dataclass
 class Manifest:
+    """A dataset's ``index.json``: its shards with their sample counts, bytes and digests.
+    ``Manifest.from_json(text)`` reads one (every claim checked: docs/integrity.md),
+    ``to_json()`` writes the stable text ``wdstream pack`` publishes.
+
+    Args:
+        shards (list[ShardInfo]): per shard: its URL (relative to ``base``), samples, bytes
+            and sha256.
+        extensions (list[str]): the member extensions the shards hold.
+        extra (dict): keys beside the required ones (how it was packed, options).
+        base (str | None): the prefix relative shard URLs resolve against.
+        url (str | None): where it was read from; not written.
+    """
+
     shards: list[ShardInfo]
     extensions: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)

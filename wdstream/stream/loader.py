@@ -378,7 +378,12 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next iteration, exactly where ``state`` was taken. Refuses a state
-        of another dataset or seed, or a malformed one."""
+        of another dataset or seed, or a malformed one (``StateError``).
+
+        Args:
+            state (dict): what ``state_dict()`` returned, on this rank or (elastic resume)
+                rank 0's, on the same or another number of ranks and workers.
+        """
         rank, world = world_info()
         check_loadable(state, self.dataset, world=world, rank=rank, workers=self.streams,
                        batch_size=self._batch)

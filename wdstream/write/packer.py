@@ -350,21 +350,37 @@ def pack(
 ) -> Manifest:
     """Pack records from ``inputs`` into tar shards under ``output`` and write the manifest.
 
-    ``inputs``: paths of JSON Lines (also .gz/.zst), Parquet, CSV/TSV files, folders, or "-"
-    for JSON Lines on stdin, read in order; each may also be an s3://, gs://, https:// or
-    other fsspec URL or a glob pattern (matches in sorted order), streamed (``remote``). ``fields``: {column: extension} to store columns as
-    members (default: the whole record as ``.json``). ``key``: the column keys come from
-    (default: generated, unique across the dataset). ``max_count``/``max_size``: shard limits;
-    ``max_size`` bounds the real tar bytes and defaults to 256 MB when neither is given.
-    ``via``: "auto", "cli" or "fsspec" for s3:// and gs:// uploads. ``workers``: processes
-    writing shards (same bytes as 1). ``part``: (i, n) to write only every n-th shard from i
-    (see the module docstring). ``tokenize``: {column: extension ending in ``npy``} to store
-    text columns as token ids (see below), with ``tokenizer``, the path of a Hugging Face
-    ``tokenizer.json``. ``progress``: called with a PackProgress now and then.
-    ``compress``: ``"zstd"`` or ``"gzip"`` writes ``.tar.zst``/``.tar.gz`` shards at
-    ``level`` (default 3 and 6); the manifest's ``bytes`` and ``sha256`` are then the stored
-    bytes', and ``max_size`` bounds them by bounding each tar to the most that can never
-    compress to more than ``max_size`` (so text shards come out a few times smaller).
+    Args:
+        inputs (path | URL | list): JSON Lines (also .gz/.zst), Parquet, CSV/TSV files,
+            folders, or "-" for JSON Lines on stdin, read in order; each may also be an
+            s3://, gs://, https:// or other fsspec URL or a glob pattern (matches in sorted
+            order), streamed.
+        output (path | URL): the folder or prefix the shards and ``index.json`` go to.
+        fields (dict | None): ``{column: extension}`` to store columns as members; default
+            the whole record as ``.json``.
+        key (str | None): the column keys come from; default generated, unique across the
+            dataset.
+        max_count (int | None): samples per shard at most.
+        max_size (int | str | None): the real tar bytes of a shard at most; 256 MB when
+            neither limit is given.
+        name (str, default "shard"): shards are ``NAME-000000.tar``...
+        via (str, default "auto"): ``"auto"``, ``"cli"`` or ``"fsspec"`` for s3:// and gs://
+            uploads.
+        workers (int, default 1): processes writing shards (the same bytes as 1).
+        part (tuple[int, int] | None): ``(i, n)`` writes only every n-th shard from i, and a
+            part manifest (see the module docstring).
+        overwrite (bool, default False): replace a dataset already at ``output``.
+        tokenize (dict | None): ``{column: extension ending in npy}`` stores text columns as
+            token ids (see below), with ``tokenizer``.
+        tokenizer (path | None): the Hugging Face ``tokenizer.json`` ``tokenize`` uses.
+        progress (callable | None): called with a ``PackProgress`` now and then.
+        compress (str | None): ``"zstd"`` or ``"gzip"`` writes ``.tar.zst``/``.tar.gz``
+            shards; the manifest's ``bytes`` and ``sha256`` are then the stored bytes', and
+            ``max_size`` bounds them by bounding each tar to the most that can never compress
+            to more than ``max_size`` (so text shards come out a few times smaller).
+        level (int | None): the compression level; default 3 for zstd, 6 for gzip.
+        follow_links (bool, default False): follow symbolic links in folder inputs wherever
+            they point (FIFOs and devices are still refused).
 
     Records larger than 256 MiB, or than ``max_size`` when it is given and smaller (a JSON
     line, a CSV/TSV record, a Parquet row, a folder's file), are refused with an InputError
