@@ -51,6 +51,10 @@ class Limits:
             window (zstd's window, xz's dictionary; gzip and bzip2 need a few MiB at most).
         image_pixels (int, default 100 million): width x height of one image, checked from
             its header before its pixels are decoded.
+        unit_bytes (int | str, default 2 GiB): what one unit of a raw file (a Parquet row
+            group's columns, the Arrow record batches read together, a JSON Lines range or a
+            compressed JSON Lines file's lines) may take decoded, from what its page or
+            message headers declare, checked before anything is decoded or decompressed.
         image_formats (tuple[str, ...]): the Pillow formats images are read as (JPEG, PNG,
             WebP, GIF, BMP, TIFF, PPM; add others by name, such as ``"JPEG2000"``); EPS, PS
             and PDF are refused.
@@ -61,6 +65,7 @@ class Limits:
     decoder_memory: int | str = 128 << 20
     image_pixels: int = 100_000_000
     image_formats: tuple[str, ...] = IMAGE_FORMATS
+    unit_bytes: int | str = 2 << 30
 
     def __post_init__(self):
         for field in fields(self):

@@ -219,7 +219,7 @@ class StreamingDataset(PositionedDataset):
         self.source = source
         resolved = resolve_source(source, bool(allow_external_shards), share_manifest,
                                   checked["raw"], Access(None if opener == "auto" else opener,
-                                                         checked["timeout"]))
+                                                         checked["timeout"], limits))
         self.shards = resolved.table
         self.manifest = resolved.manifest
         self.totals = resolved.totals  # samples and bytes, when known

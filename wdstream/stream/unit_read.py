@@ -66,7 +66,7 @@ class UnitReader:
         self.visits = SpanArray.of(spans).visits()
         self.units = units
         self.options = options
-        self.access = Access(options.opener, options.timeout)
+        self.access = Access(options.opener, options.timeout, options.limits)
         self.stats = stats if stats is not None else ReadStats()
         self._read_units = self._read_bytes = 0  # the units read, measured (``_ahead``)
         self._waited = 0  # times a unit read ahead was not there yet when its turn came

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wdstream.errors import ShardError
+from wdstream.limits import Limits
 from wdstream.tables.files import RawFile
 from wdstream.tables.reads import Access
 
@@ -141,6 +143,19 @@ class TableFormat:
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns: tuple[str, ...] | None,
              access: Access) -> Rows:
         raise NotImplementedError
+
+
+def invalid(message: str) -> ShardError:
+    """A ShardError for a raw file's bytes that were read whole and are not what they
+    claim: never retried (the same bytes fail the same way)."""
+    error = ShardError(message)
+    error.transient = False
+    return error
+
+
+def limits_of(access: Access) -> Limits:
+    """The ``wdstream.Limits`` reads through ``access`` honour."""
+    return access.limits if access.limits is not None else Limits()
 
 
 def units_from_counts(counts: list[int]) -> list[Unit]:

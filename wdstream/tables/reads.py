@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wdstream.errors import ShardError, ShardMismatchError
+from wdstream.limits import Limits
 from wdstream.printable import printable
 from wdstream.sources import urls
 from wdstream.sources.openers import open_read
@@ -20,10 +21,12 @@ _VERSIONS = {"s3": ("ETag", "etag"), "gs": ("generation",)}  # the tags a store 
 
 @dataclass(frozen=True)
 class Access:
-    """How files are read: the opener (None: the default for each URL) and the timeout."""
+    """How files are read: the opener (None: the default for each URL), the timeout, and
+    the ``wdstream.Limits`` of what they may expand to (None: the defaults)."""
 
     opener: str | None = None
     timeout: float = 60.0
+    limits: Limits | None = None
 
 
 def read_range(file: RawFile, start: int, length: int, access: Access) -> bytes:

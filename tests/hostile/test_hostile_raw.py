@@ -1,0 +1,194 @@
+"""Hostile raw files (Arrow IPC, Parquet, JSON Lines and their unit index): bytes patched so
+that an array points outside its buffers, buffers and pages that expand enormously, headers
+and footers that claim rows no bytes hold, and files whose cost grows with their size more
+than linearly. Each attack runs in a subprocess under a memory limit and a timeout
+(``run_limited``) and must end in wdstream's own error naming the file and where in it, or
+in the documented skip, with bounded memory and time and no row dropped, invented or holding
+bytes from outside the file.
+
+A unit that fails is skipped whole under ``on_error="skip"`` (its rows are not handed out;
+the others are): a file's unit here is the file (small files are one unit each)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from tests.hostile.test_hostile_bombs import HEADROOM, run_limited
+from wdstream.tables.arrow import _field, _message, _message_at, _offset, _table, batch_header
+
+pytestmark = pytest.mark.usefixtures("single_rank")
+MiB = 1 << 20
+
+
+def read_all(limits: str = "None", on_error: str = "raise", expect=None) -> str:
+    """Code iterating a StreamingDataset over ``paths[0]``; with ``expect``, asserting its
+    ``(rows, characters of their text)`` (an AssertionError ends the runner: a failure)."""
+    check = "" if expect is None else f"assert (rows, text) == {tuple(expect)}, (rows, text)"
+    return f"""
+        rows = text = 0
+        for sample in StreamingDataset(paths[0], shuffle=False, share_manifest=False,
+                                       limits={limits}, on_error={on_error!r}):
+            rows += 1
+            if sample is not None and isinstance(sample.get("text"), str):
+                text += len(sample["text"])
+        {check}
+    """
+
+
+def assert_refused(outcome: dict, kind: str, *words: str, seconds: float = 60) -> None:
+    assert outcome["error"] == kind, outcome
+    for word in words:
+        assert word in outcome["message"], (word, outcome["message"])
+    assert outcome["grown"] < HEADROOM, outcome
+    assert outcome["seconds"] < seconds, outcome
+
+
+# ---- Arrow IPC -------------------------------------------------------------------------------
+
+
+def messages(data: bytes) -> list[tuple[int, int, int]]:
+    """``(start, body start, body end)`` of each message of an IPC stream's bytes."""
+    view, pos, found = memoryview(data), 0, []
+    while pos < len(data) and data[pos:pos + 8] != b"\xff\xff\xff\xff\x00\x00\x00\x00":
+        _, body, end = _message_at(view, pos)
+        found.append((pos, body, end))
+        pos = end
+    return found
+
+
+def saved_arrow(folder: Path, rows: int = 3000) -> Path:
+    """The one ``.arrow`` file datasets' save_to_disk writes for id and text columns."""
+    import datasets
+
+    datasets.Dataset.from_dict({"id": list(range(rows)),
+                                "text": [f"row {i} " * 5 for i in range(rows)]}
+                               ).save_to_disk(str(folder), num_shards=1)
+    [path] = folder.glob("*.arrow")
+    return path
+
+
+def patched_offset(path: Path, out: Path, value: int, batch: int = 1, slot: int = 10) -> Path:
+    """``path`` with offset ``slot`` of the text column's offsets in record batch ``batch``
+    set to ``value``."""
+    data = bytearray(path.read_bytes())
+    start = 8 if data[:6] == b"ARROW1" else 0
+    found = messages(bytes(data[start:]))
+    _, body, _ = found[batch]
+    header = bytes(data[start + found[batch][0]:start + body])
+    _, buffers, _ = batch_header(header[8:])
+    at = start + body + buffers[3][0] + 4 * slot  # id: validity, values; text: validity, offsets
+    data[at:at + 4] = value.to_bytes(4, "little", signed=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(bytes(data))
+    return out
+
+
+@pytest.mark.slow
+def test_arrow_offsets_outside_their_buffers_are_refused(tmp_path):
+    """Offsets of a saved dataset's text column patched to point past the data buffer, far
+    past it, backwards: a ShardError naming the file and the batch, never a sample of
+    foreign bytes or a crash (the runner would exit with SIGSEGV); the IPC file format too;
+    under on_error="skip" the batch's rows are skipped, the others read as they are."""
+    import pyarrow as pa
+
+    saved = saved_arrow(tmp_path / "saved")
+    cases = {name: patched_offset(saved, tmp_path / name / "data.arrow", value)
+             for name, value in [("past", 1 << 20), ("huge", 1 << 30), ("back", -5),
+                                 ("negative", -(1 << 30))]}
+    table = pa.ipc.open_stream(saved.read_bytes()).read_all()
+    file_format = tmp_path / "ipc-file" / "whole.arrow"
+    file_format.parent.mkdir()
+    with pa.ipc.new_file(file_format, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1000)
+    cases["file"] = patched_offset(file_format, tmp_path / "file" / "data.arrow", 1 << 20)
+    text = sum(len(f"row {i} " * 5) for i in range(3000))
+    outcomes = run_limited(*[(read_all(), [path.parent]) for path in cases.values()],
+                           (read_all(on_error="skip", expect=(0, 0)), [cases["past"].parent]),
+                           (read_all(expect=(3000, text)), [saved.parent]))
+    for path, outcome in zip(cases.values(), outcomes, strict=False):
+        assert_refused(outcome, "ShardError", str(path), "the record batch at byte",
+                       "not valid Arrow")
+    assert outcomes[-1]["error"] is None and outcomes[-2]["error"] is None, outcomes
+
+
+def duplicated_batch(schema, batch, times: int, compression: str | None) -> bytes:
+    """An IPC stream of ``batch`` ``times`` over: its message written once, its bytes
+    repeated (a bomb costs what one batch costs to compress)."""
+    import pyarrow as pa
+
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, schema,
+                           options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write_batch(batch)
+    data = sink.getvalue()
+    schema_end = messages(data)[0][2]
+    body = data[schema_end:-8]
+    return data[:schema_end] + body * times + data[-8:]
+
+
+def claimed_rows(data: bytes, rows: int) -> bytes:
+    """The stream ``data`` with each record batch's header claiming ``rows`` rows (each
+    must have a length written: not 0, a flatbuffer's default)."""
+    out = bytearray(data)
+    for start, body, _ in messages(data)[1:]:
+        header = bytes(data[start + 8:body])
+        message = _message(header)
+        batch = _table(header, _offset(header, message, 2))
+        at = start + 8 + _field(header, batch, 0)
+        out[at:at + 8] = rows.to_bytes(8, "little")
+    return bytes(out)
+
+
+@pytest.mark.slow
+def test_arrow_compression_bombs_and_claimed_rows(tmp_path):
+    """A 32-batch stream of zstd (and lz4) buffers that decompresses to 8 GiB is planned
+    without decompressing (its rows counted from the headers), and refused from its
+    declared sizes past unit_bytes; a prefix claiming 1 TiB is refused; 1,000 empty batches
+    claiming 2^31-1 rows each (with a column, and without any) are a ShardError while the
+    dataset is built, not an epoch of 2x10^12 rows."""
+    import numpy as np
+    import pyarrow as pa
+
+    zeros = pa.record_batch([pa.array(np.zeros(256 * MiB, np.int8))], names=["x"])
+    files = {}
+    for codec in ("zstd", "lz4"):
+        files[codec] = tmp_path / codec / "bomb.arrow"
+        files[codec].parent.mkdir()
+        files[codec].write_bytes(duplicated_batch(zeros.schema, zeros, 32, codec))
+    assert files["zstd"].stat().st_size < 600_000
+    small = pa.record_batch([pa.array(np.zeros(4096, np.int8))], names=["x"])
+    data = bytearray(duplicated_batch(small.schema, small, 1, "zstd"))
+    _, body, _ = messages(bytes(data))[1]
+    data[body:body + 8] = (1 << 40).to_bytes(8, "little")  # the buffer's uncompressed length
+    files["prefix"] = tmp_path / "prefix" / "claim.arrow"
+    files["prefix"].parent.mkdir()
+    files["prefix"].write_bytes(bytes(data))
+    empty = pa.record_batch([pa.array([0], pa.int8())], names=["x"])  # one row, patched
+    none = pa.RecordBatch.from_struct_array(pa.array([{}], pa.struct([])))
+    for name, batch in (("claims", empty), ("no-columns", none)):
+        files[name] = tmp_path / name / "claims.arrow"
+        files[name].parent.mkdir()
+        files[name].write_bytes(claimed_rows(
+            duplicated_batch(batch.schema, batch, 1000, None), 2**31 - 1))
+    count = """
+        ds = StreamingDataset(paths[0], shuffle=False, share_manifest=False)
+        assert len(ds) == 32 * 256 * 2**20, len(ds)
+    """
+    outcomes = run_limited(
+        (count, [files["zstd"].parent]), (count, [files["lz4"].parent]),
+        *[(read_all("Limits(unit_bytes='64MiB')"), [files[c].parent]) for c in ("zstd", "lz4")],
+        (read_all(), [files["prefix"].parent]),
+        (read_all(), [files["claims"].parent]), (read_all(), [files["no-columns"].parent]))
+    assert outcomes[0]["error"] is None and outcomes[1]["error"] is None, outcomes[:2]
+    assert outcomes[0]["seconds"] < 30 and outcomes[0]["grown"] < 200 * MiB, outcomes[0]
+    for codec, outcome in zip(("zstd", "lz4"), outcomes[2:4], strict=True):
+        assert_refused(outcome, "LimitError", str(files[codec]), "the record batch at byte",
+                       "268,435,456 bytes decoded", "unit_bytes")
+    assert_refused(outcomes[4], "LimitError", str(files["prefix"]), "1,099,511,627,776",
+                   "unit_bytes")
+    for name, outcome in zip(("claims", "no-columns"), outcomes[5:], strict=True):
+        assert_refused(outcome, "ShardError", str(files[name]), "claims 2147483647 rows",
+                       "a row takes at least a bit", seconds=10)
