@@ -192,3 +192,85 @@ def test_arrow_compression_bombs_and_claimed_rows(tmp_path):
     for name, outcome in zip(("claims", "no-columns"), outcomes[5:], strict=True):
         assert_refused(outcome, "ShardError", str(files[name]), "claims 2147483647 rows",
                        "a row takes at least a bit", seconds=10)
+
+
+# ---- Parquet -------------------------------------------------------------------------------
+
+
+def dictionary_bomb(path: Path, value_bytes: int, rows: int) -> Path:
+    """A Parquet file of one column: a dictionary of one ``value_bytes`` value and ``rows``
+    indices to it (run-length encoded: a few bytes), without the Arrow schema that would
+    have it read as a dictionary."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)),
+                                            pa.array(["x" * value_bytes]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": column}), path, compression="zstd", store_schema=False,
+                   row_group_size=rows)
+    return path
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def overstated(source: Path, out: Path, rows: int, claim: int) -> Path:
+    """``source`` (one row group of ``rows``) with its footer claiming ``claim`` rows, in
+    the row group and the file, and as many values in each column chunk (i64 fields that
+    follow the field before: the bytes 0x16 and the varint)."""
+    data = source.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - length:-8]
+    old, new = b"\x16" + varint(2 * rows), b"\x16" + varint(2 * claim)
+    assert footer.count(old) == 4, footer.count(old)  # the file, the group, 2 columns
+    footer = footer.replace(old, new)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data[:-8 - length] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    return out
+
+
+@pytest.mark.slow
+def test_parquet_dictionary_bombs_and_overstated_rows(tmp_path):
+    """A file of a few KB whose one dictionary entry (1 MiB) is repeated by a million
+    indices (a TiB decoded) is refused from its page headers before pyarrow decodes it; so
+    is one within the default limit but past a lower unit_bytes; a footer that claims more
+    rows than the pages hold (2^31-1, and 8 x the truth) is a ShardError; the same file as
+    written reads every row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bomb = dictionary_bomb(tmp_path / "bomb" / "bomb.parquet", MiB, 1 << 20)
+    assert bomb.stat().st_size < 20_000
+    small = dictionary_bomb(tmp_path / "small" / "small.parquet", 1024, 64 * 1024)
+    rows = [{"id": i, "text": f"row {i}"} for i in range(100)]
+    plain = tmp_path / "plain" / "plain.parquet"
+    plain.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), plain)
+    claims = [overstated(plain, tmp_path / f"claim{claim}" / "c.parquet", 100, claim)
+              for claim in (2**31 - 1, 800)]
+    text = sum(len(row["text"]) for row in rows)
+    outcomes = run_limited(
+        (read_all(), [bomb.parent]),
+        (read_all("Limits(unit_bytes='32MiB')"), [small.parent]),
+        (read_all(expect=(64 * 1024, 64 * 1024 * 1024)), [small.parent]),
+        *[(read_all(), [claim.parent]) for claim in claims],
+        (read_all(expect=(100, text)), [plain.parent]),
+        ("wdstream.pack([paths[0]], paths[1])", [bomb, tmp_path / "packed"]))
+    assert_refused(outcomes[0], "LimitError", str(bomb), "row group 0, column 'text'",
+                   "unit_bytes")
+    assert_refused(outcomes[1], "LimitError", str(small), "unit_bytes")
+    assert outcomes[2]["error"] is None, outcomes[2]
+    for claim, outcome in zip(claims, outcomes[3:5], strict=True):
+        assert_refused(outcome, "ShardError", str(claim), "row group 0",
+                       "its pages hold 100 values; the footer claims", seconds=10)
+    assert outcomes[5]["error"] is None, outcomes[5]
+    assert_refused(outcomes[6], "InputError", str(bomb), "rows 1-1048576", "65536 MiB",
+                   "the most pack decodes from one row group")

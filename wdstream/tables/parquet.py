@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from wdstream.errors import InputError, ShardError
+from wdstream.errors import InputError, LimitError, ShardError
 from wdstream.printable import printable
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import (
@@ -17,9 +17,12 @@ from wdstream.tables.formats import (
     Rows,
     TableFormat,
     Unit,
+    invalid,
+    limits_of,
     units_from_counts,
 )
 from wdstream.tables.reads import Access, read_range
+from wdstream.write.parquet_pages import BadHeader, chunk_pages, chunk_start, decoded_pages
 
 MAGIC = b"PAR1"
 TAIL_BYTES = 64 * 1024  # the first read of a footer
@@ -52,6 +55,8 @@ class ParquetFormat(TableFormat):
         spans = chunk_spans(file, parsed, unit.part, columns, len(metadata))
         pieces = [(start, read_range(file, start, stop - start, access)) for start, stop in spans]
         pieces.append((file.size - len(metadata), metadata))
+        check_pages(file, parsed, unit.part, columns, PiecesFile(pieces, file.size),
+                    limits_of(access).unit_bytes)
         try:
             reader = pq.ParquetFile(PiecesFile(pieces, file.size), metadata=parsed,
                                     pre_buffer=False)
@@ -127,6 +132,35 @@ def chunk_spans(file: RawFile, metadata, group: int, columns, footer_bytes: int
                          f"the columns read (at most {MAX_UNIT_BYTES} at once); choose fewer "
                          "columns or write smaller row groups")
     return _joined(sorted(spans))
+
+
+def check_pages(file: RawFile, metadata, group: int, columns, source, most: int) -> None:
+    """Row group ``group``'s chunks of ``columns`` checked from their pages' headers (read
+    from ``source``, the chunks' bytes) before pyarrow decodes them: what they take decoded
+    (``parquet_pages.decoded_pages``: a dictionary's entries repeated by their indices
+    included) at most ``most``, and the rows the footer claims held by values of each."""
+    row_group = metadata.row_group(group)
+    rows, total = row_group.num_rows, 0
+    for index in range(row_group.num_columns):
+        chunk = row_group.column(index)
+        if columns and chunk.path_in_schema.split(".", 1)[0] not in columns:
+            continue
+        where = f"{printable(file.url)}: row group {group}, column {chunk.path_in_schema!r}"
+        try:
+            pages = chunk_pages(source, chunk_start(chunk), chunk.total_compressed_size)
+        except (BadHeader, OSError) as exc:
+            raise invalid(f"{where}: a page header that cannot be read ({exc})") from None
+        values = sum(page.values for page in pages if page.data)
+        if values < rows:
+            raise invalid(f"{where}: its pages hold {values} values; the footer claims "
+                          f"{rows} rows")
+        pages = decoded_pages(source, pages, chunk, metadata.schema.column(index).length or 0,
+                              most - total)
+        total += sum(page.size for page in pages)
+        if total > most:
+            raise LimitError(f"{where}: the row group's columns read take more than {most:,} "
+                             f"bytes decoded, from their pages' headers (the limit unit_bytes "
+                             "of wdstream.Limits)")
 
 
 def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

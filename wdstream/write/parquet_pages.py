@@ -11,6 +11,7 @@ start with the number of values; v2's (8) also holds the number of rows (field 3
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -19,22 +20,36 @@ from wdstream.write.record_batches import limit_text
 
 BATCH_BYTES = 64 << 20  # about the most a batch of rows decodes to, when pages allow it
 PAGE_FLOOR = 64 << 20  # a page may hold this much even when the record limit is lower
+GROUP_BYTES = 64 << 30  # the most a row group's pages may decode to, a batch at a time
 _HEADER_READ = 1 << 16  # bytes read for a page header, more only if it is longer
 _HEADER_MAX = 16 << 20  # the longest page header read (its statistics included)
 _STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = \
     range(13)
 _DATA_PAGES = (5, 8)  # the fields of DataPageHeader and DataPageHeaderV2
+_DICTIONARY_PAGE = 7  # the field of DictionaryPageHeader
 _DATA_KINDS = (0, 3)  # PageType DATA_PAGE, DATA_PAGE_V2
+_DICTIONARY_KIND = 2  # PageType DICTIONARY_PAGE
+_DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY: indices into the dictionary
+_DELTA_BYTE_ARRAY = 7  # each value a prefix of the one before and a suffix
+_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+_VALUE_OVERHEAD = 8  # decoded bytes a value takes besides its own: offsets, levels
+_LENGTH = struct.Struct("<I")  # a PLAIN byte array's length
 
 
 class Page(NamedTuple):
     """One page: whether it holds data (not a dictionary or an index), its uncompressed
-    size, the values (levels) it holds, and its rows (v2 pages; None for others)."""
+    size, the values (levels) it holds (a dictionary page: its entries), its rows (v2 pages;
+    None for others), its values' encoding, whether it is a dictionary, and where its
+    (compressed) bytes lie after its header."""
 
     data: bool
     size: int
     values: int
     rows: int | None
+    encoding: int = 0
+    dictionary: bool = False
+    start: int = 0
+    compressed: int = 0
 
 
 class BadHeader(ValueError):
@@ -114,7 +129,7 @@ class _Reader:
 def parse_header(data: bytes) -> tuple[Page, int, int]:
     """``(page, compressed size, header length)`` of the header at the start of ``data``."""
     reader = _Reader(data)
-    kind = size = compressed = values = 0
+    kind = size = compressed = values = encoding = 0
     rows = None
     for field, field_kind in reader.fields():
         if field == 1 and field_kind == _I32:
@@ -123,26 +138,30 @@ def parse_header(data: bytes) -> tuple[Page, int, int]:
             size = reader.integer()
         elif field == 3 and field_kind == _I32:
             compressed = reader.integer()
-        elif field in _DATA_PAGES and field_kind == _STRUCT:
-            values, rows = _data_header(reader, v2=field == 8)
+        elif field in (*_DATA_PAGES, _DICTIONARY_PAGE) and field_kind == _STRUCT:
+            values, rows, encoding = _data_header(reader, v2=field == 8)
         else:
             reader.skip(field_kind)
     if size < 0 or compressed < 0 or values < 0 or (rows is not None and rows < 0):
         raise BadHeader("a negative size or count")
-    return Page(kind in _DATA_KINDS, size, values, rows), compressed, reader.pos
+    return Page(kind in _DATA_KINDS, size, values, rows, encoding, kind == _DICTIONARY_KIND,
+                0, compressed), compressed, reader.pos
 
 
-def _data_header(reader: _Reader, v2: bool) -> tuple[int, int | None]:
-    """``(values, rows)`` of a data page's header (rows: v2's, None for v1)."""
-    values, rows = 0, None
+def _data_header(reader: _Reader, v2: bool) -> tuple[int, int | None, int]:
+    """``(values, rows, encoding)`` of a data (or dictionary) page's header (rows: v2's,
+    None for others)."""
+    values, rows, encoding = 0, None, 0
     for field, kind in reader.fields():
         if field == 1 and kind == _I32:
             values = reader.integer()
         elif v2 and field == 3 and kind == _I32:
             rows = reader.integer()
+        elif field == (4 if v2 else 2) and kind == _I32:
+            encoding = reader.integer()
         else:
             reader.skip(kind, 1)
-    return values, rows
+    return values, rows, encoding
 
 
 def chunk_pages(file, start: int, length: int) -> list[Page]:
@@ -163,9 +182,67 @@ def chunk_pages(file, start: int, length: int) -> list[Page]:
                         or want >= end - position:
                     raise
                 want *= 4
-        pages.append(page)
+        pages.append(page._replace(start=position + header))
         position += header + compressed
     return pages
+
+
+def decoded_pages(file, pages: list[Page], column, type_length: int, budget: int
+                  ) -> list[Page]:
+    """``pages`` of ``column`` (a ColumnChunkMetaData) with each size what the page takes
+    decoded at most: indices into a dictionary (which a few bytes of run lengths repeat
+    millions of times) as values x the largest entry, fixed widths as values x width, and
+    the offsets and levels of each value. The largest entry of a dictionary of byte arrays
+    is taken as the dictionary's size, or read from it (decompressed: its size is bounded
+    by the caller's check of page sizes) when that bound comes to more than ``budget``."""
+    physical = column.physical_type
+    width = type_length if physical == "FIXED_LEN_BYTE_ARRAY" else _WIDTHS.get(physical)
+    dictionary = next((page for page in pages if page.dictionary), None)
+    largest = dictionary.size if dictionary is not None else 0
+    sized = [page._replace(size=_decoded(page, width, largest)) for page in pages]
+    if width is None and dictionary is not None and sum(p.size for p in sized) > budget:
+        largest = largest_entry(file, dictionary, column.compression)
+        sized = [page._replace(size=_decoded(page, width, largest)) for page in pages]
+    return sized
+
+
+def _decoded(page: Page, width: int | None, largest: int) -> int:
+    if not page.data:
+        return page.size
+    values = page.values
+    if page.encoding in _DICTIONARY_ENCODINGS:
+        each = width if width is not None else largest
+        return values * (each + _VALUE_OVERHEAD)
+    if width is not None:
+        return max(page.size, values * width) + values * _VALUE_OVERHEAD
+    if page.encoding == _DELTA_BYTE_ARRAY:  # a value is at most the page's suffixes
+        return values * (page.size + _VALUE_OVERHEAD)
+    return page.size + values * _VALUE_OVERHEAD
+
+
+def largest_entry(file, page: Page, codec: str) -> int:
+    """The longest entry of a dictionary page of byte arrays (PLAIN: each a 4-byte length
+    and its bytes); the page's size where its bytes cannot be decompressed or walked (no
+    entry is longer)."""
+    import pyarrow as pa
+
+    file.seek(page.start)
+    stored = file.read(page.compressed)
+    try:
+        data = stored if codec == "UNCOMPRESSED" else pa.Codec(codec.lower()).decompress(
+            stored, decompressed_size=page.size)
+    except (ValueError, OSError, NotImplementedError, TypeError):
+        return page.size
+    at, largest, end = 0, 0, len(data) - 4
+    unpack = _LENGTH.unpack_from
+    for _ in range(page.values):
+        if at > end:
+            return page.size
+        (length,) = unpack(data, at)
+        at += 4 + length
+        if length > largest:
+            largest = length
+    return largest if at <= len(data) else page.size
 
 
 class _Column(NamedTuple):
@@ -175,6 +252,15 @@ class _Column(NamedTuple):
     dictionary: int
     largest: int
     fewest: int
+    entry: int = 0  # what a value indexing a dictionary takes decoded
+
+
+def _entry(pages: list[Page], sized: list[Page]) -> int:
+    """What one value of the pages that index a dictionary takes decoded (``sized``: the
+    pages as ``decoded_pages`` sizes them); 0 without such pages."""
+    return max((size.size // page.values for page, size in zip(pages, sized, strict=True)
+                if page.data and page.values and page.encoding in _DICTIONARY_ENCODINGS),
+               default=0)
 
 
 def batch_rows(file, parquet, group: int, first_row: int, path: str, max_record: int,
@@ -186,19 +272,24 @@ def batch_rows(file, parquet, group: int, first_row: int, path: str, max_record:
     InputError, before anything is decoded, for a page larger than ``max_record`` (or
     ``PAGE_FLOOR`` if larger: pages hold many records), for a row whose own pages (a page
     with that row alone) hold more than ``max_record``, and for a row group whose rows hold
-    more than ``max_record`` on average (a row group of one row: that row)."""
+    more than ``max_record`` on average (a row group of one row: that row), and for one whose
+    pages decode to more than ``GROUP_BYTES`` (``decoded_pages``: a dictionary's entries
+    repeated by the indices)."""
     chunks = parquet.metadata.row_group(group)
-    rows, total = chunks.num_rows, 0
+    rows, total, decoded = chunks.num_rows, 0, 0
     alone: dict[int, int] = {}  # a row of the group -> bytes of the pages it has to itself
     columns = []
     for i in range(chunks.num_columns):
         column = chunks.column(i)
         try:
-            pages = chunk_pages(file, _chunk_start(column), column.total_compressed_size)
+            pages = chunk_pages(file, chunk_start(column), column.total_compressed_size)
         except BadHeader as error:
             raise InputError(f"{path}: row group {group}, column {column.path_in_schema}: a "
                              f"page header that cannot be read ({error})") from None
-        flat = parquet.schema.column(i).max_repetition_level == 0
+        schema = parquet.schema.column(i)
+        flat = schema.max_repetition_level == 0
+        sized = decoded_pages(file, pages, column, schema.length or 0, BATCH_BYTES)
+        decoded += sum(page.size for page in sized)
 
         def where(row: int, count: int | None, name=column.path_in_schema) -> str:
             row, count = (row, count) if count is not None else (0, rows)  # the whole group
@@ -207,8 +298,13 @@ def batch_rows(file, parquet, group: int, first_row: int, path: str, max_record:
             return f"{path} {rows_at} (column {name})"
 
         columns.append(_column_pages(pages, flat, rows, alone, max(max_record, PAGE_FLOOR),
-                                     where))
+                                     where)._replace(entry=_entry(pages, sized)))
         total += sum(page.size for page in pages)
+    if decoded > GROUP_BYTES:
+        raise InputError(f"{path} rows {first_row + 1}-{first_row + rows}: their pages decode "
+                         f"to {decoded:,} bytes, more than {limit_text(GROUP_BYTES)} (a "
+                         "dictionary's entries repeated by their indices), the most pack "
+                         "decodes from one row group")
     limit = limit_text(max_record)
     if rows == 1 and total > max_record:
         raise InputError(f"{path} row {first_row + 1}: {total:,} bytes, more than {limit}, "
@@ -224,12 +320,12 @@ def batch_rows(file, parquet, group: int, first_row: int, path: str, max_record:
                          f"{limit}, the largest record pack accepts")
     count = most
     while count > 1 and sum(c.dictionary + (-(-count // c.fewest) + 1) * c.largest
-                            for c in columns) > BATCH_BYTES:
+                            + count * c.entry for c in columns) > BATCH_BYTES:
         count //= 2
     return count
 
 
-def _chunk_start(column) -> int:
+def chunk_start(column) -> int:
     """Where a column chunk's first page starts (its dictionary's, if it has one)."""
     offsets = [column.data_page_offset]
     if column.has_dictionary_page and column.dictionary_page_offset:
@@ -277,7 +373,7 @@ class HeldChunks(io.RawIOBase):
         self._held = []
         for i in range(group.num_columns):
             column = group.column(i)
-            start = _chunk_start(column)
+            start = chunk_start(column)
             self._file.seek(start)
             self._held.append((start, self._file.read(column.total_compressed_size)))
 
