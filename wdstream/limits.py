@@ -43,7 +43,8 @@ class Limits:
 
     Args:
         shard_bytes (int | str, default 64 GiB): the tar bytes one compressed shard may
-            decompress to.
+            decompress to, and the lines (blank ones included) of a compressed JSON Lines
+            file.
         sample_bytes (int | str, default 1 GiB): one sample's members as read (a member's
             size from its tar header, before it is read) plus what decoding makes of them
             (gunzipped bytes, an image's pixels, a JSON member's objects).
@@ -52,9 +53,9 @@ class Limits:
         image_pixels (int, default 100 million): width x height of one image, checked from
             its header before its pixels are decoded.
         unit_bytes (int | str, default 2 GiB): what one unit of a raw file (a Parquet row
-            group's columns, the Arrow record batches read together, a JSON Lines range or a
-            compressed JSON Lines file's lines) may take decoded, from what its page or
-            message headers declare, checked before anything is decoded or decompressed.
+            group's columns, the Arrow record batches read together, a plain JSON Lines file's
+            byte range) may take decoded, from what its page or message headers (or its
+            plan) declare, checked before anything is read, decoded or decompressed.
         image_formats (tuple[str, ...]): the Pillow formats images are read as (JPEG, PNG,
             WebP, GIF, BMP, TIFF, PPM; add others by name, such as ``"JPEG2000"``); EPS, PS
             and PDF are refused.

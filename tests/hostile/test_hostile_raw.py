@@ -12,6 +12,7 @@ the others are): a file's unit here is the file (small files are one unit each).
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,70 @@ def test_parquet_dictionary_bombs_and_overstated_rows(tmp_path):
     assert outcomes[5]["error"] is None, outcomes[5]
     assert_refused(outcomes[6], "InputError", str(bomb), "rows 1-1048576", "65536 MiB",
                    "the most pack decodes from one row group")
+
+
+def test_a_footer_is_parsed_once_per_file_not_per_row_group(tmp_path, monkeypatch):
+    """A file of 20,000 one-row groups (a footer of 3 MB): reading every row parses its
+    footer a few times (planning, the columns, the reader), not once per row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import wdstream
+    from wdstream.tables import parquet
+
+    folder = tmp_path / "groups"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": [f"r{i}" for i in range(20_000)]}),
+                   folder / "g.parquet", row_group_size=1)
+    calls = []
+    real = parquet.parse_footer
+    monkeypatch.setattr(parquet, "parse_footer", lambda *a: calls.append(1) or real(*a))
+    texts = [s["text"] for s in wdstream.StreamingDataset(str(folder), shuffle=False,
+                                                          share_manifest=False)]
+    assert texts == [f"r{i}" for i in range(20_000)]
+    assert len(calls) <= 3, len(calls)
+
+
+# ---- JSON Lines ------------------------------------------------------------------------------
+
+
+def zstd_of(piece: bytes, times: int) -> bytes:
+    """``piece`` ``times`` over, as that many zstd frames of it (compressed once)."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3).compress(piece) * times
+
+
+@pytest.mark.slow
+def test_json_lines_blank_line_bombs_and_deep_rows(tmp_path):
+    """A .jsonl.zst of 4 GiB of blank lines (a few hundred KB) is refused while planning in
+    seconds, past 2^31-1 lines, or past a lower shard_bytes; rows among 256 MiB of blank
+    lines plan and read in seconds, none dropped or invented; the user's limits reach JSON
+    Lines (a line past sample_bytes); a row nested 100,000 deep is a ShardError, skipped
+    under on_error="skip" with the other file's rows read."""
+    folders = {name: tmp_path / name for name in ("blank", "sparse", "deep", "long")}
+    for folder in folders.values():
+        folder.mkdir()
+    (folders["blank"] / "b.jsonl.zst").write_bytes(zstd_of(b"\n" * (16 * MiB), 256))
+    assert (folders["blank"] / "b.jsonl.zst").stat().st_size < 1 * MiB
+    row = json.dumps({"text": "x" * 10}).encode() + b"\n"
+    (folders["sparse"] / "s.jsonl.zst").write_bytes(zstd_of(row + b"\n" * MiB, 256))
+    (folders["sparse"] / "s.jsonl").write_bytes((row + b" \n\t\n" * (256 * 1024)) * 64)
+    deep = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    (folders["deep"] / "a.jsonl").write_bytes(deep)
+    (folders["deep"] / "b.jsonl").write_bytes(row * 7)
+    (folders["long"] / "l.jsonl").write_bytes(row + json.dumps({"text": "y" * 4096}).encode())
+    outcomes = run_limited(
+        (read_all(), [folders["blank"]]),
+        (read_all("Limits(shard_bytes='64MiB')"), [folders["blank"]]),
+        (read_all(expect=(256 + 64, 320 * 10)), [folders["sparse"]]),
+        (read_all(), [folders["deep"]]),
+        (read_all(on_error="skip", expect=(7, 70)), [folders["deep"]]),
+        (read_all("Limits(sample_bytes='1KiB')"), [folders["long"]]))
+    assert_refused(outcomes[0], "ShardError", "b.jsonl.zst", "more than 2147483647 lines",
+                   "blank ones included", seconds=45)
+    assert_refused(outcomes[1], "LimitError", "b.jsonl.zst", "shard_bytes", seconds=10)
+    assert outcomes[2]["error"] is None and outcomes[2]["seconds"] < 20, outcomes[2]
+    assert_refused(outcomes[3], "ShardError", "a.jsonl: row 0", "nested deeper than 100")
+    assert outcomes[4]["error"] is None, outcomes[4]
+    assert_refused(outcomes[5], "ShardError", "l.jsonl", "longer than 1024 bytes")

@@ -114,14 +114,35 @@ class UnitReader:
         return max(1, min(1 + self._waited, self._most_ahead, AHEAD_BYTES // mean))
 
     def _samples(self, visit: list[Span], rows) -> Iterator[list]:
+        """The visit's samples; a row that cannot be made (a JSON Lines row that is not
+        JSON, or nests too deeply) under ``on_error="skip"`` skips the rest of the visit."""
         unit = visit[0].shard
-        for span in visit:
-            stop = span.stop if span.stop is not None else int(self.units.samples[unit])
+        for number, span in enumerate(visit):
+            stop = self._stop(span)
             if rows is None:  # skipped by on_error="skip"
                 yield [None] * (stop - span.start)
                 continue
             for start in range(span.start, stop, ROWS_PER_LIST):
-                yield self.units.samples_of(unit, rows, start, min(stop, start + ROWS_PER_LIST))
+                try:
+                    samples = self.units.samples_of(unit, rows, start,
+                                                    min(stop, start + ROWS_PER_LIST))
+                except WdstreamError as error:
+                    if self.options.on_error == "raise" or not is_data_failure(error):
+                        raise
+                    lost = [stop - start] + [self._stop(s) - s.start for s in visit[number + 1:]]
+                    self._skipped(unit, sum(lost), error)
+                    yield from ([None] * count for count in lost)
+                    return
+                yield samples
+
+    def _stop(self, span: Span) -> int:
+        return span.stop if span.stop is not None else int(self.units.samples[span.shard])
+
+    def _skipped(self, unit: int, missing: int, error: WdstreamError) -> None:
+        url = self.units.unit(unit)[0].url
+        log.error("%s: skipped (%d samples lost): %s", url, missing, error)
+        self.stats.skipped_shards.append(url)
+        self.stats.skipped_samples += missing
 
     def _fetch(self, visit: list[Span]):
         """The visit's unit read (retried), or None when ``on_error="skip"`` gives it up."""
@@ -137,9 +158,5 @@ class UnitReader:
                     continue
                 if self.options.on_error == "raise" or not is_data_failure(error):
                     raise
-                missing = sum(span.length for span in visit)
-                url = self.units.unit(unit)[0].url
-                log.error("%s: skipped (%d samples lost): %s", url, missing, error)
-                self.stats.skipped_shards.append(url)
-                self.stats.skipped_samples += missing
+                self._skipped(unit, sum(span.length for span in visit), error)
                 return None

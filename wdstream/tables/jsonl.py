@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 
-from wdstream.errors import ShardError
+from wdstream.errors import LimitError, ShardError
+from wdstream.limits import json_loads
 from wdstream.printable import printable
 from wdstream.shards.compression import DecompressingStream
 from wdstream.tables.files import RawFile
-from wdstream.tables.formats import MAX_UNIT_ROWS, FilePlan, TableFormat, Unit
+from wdstream.tables.formats import (
+    MAX_UNIT_ROWS,
+    FilePlan,
+    TableFormat,
+    Unit,
+    invalid,
+    limits_of,
+)
 from wdstream.tables.reads import Access, open_file, read_range
 
 RANGE_BYTES = 32 * 1024**2  # a plain file's units: line-aligned ranges of about this size
-MAX_LINE_BYTES = 256 * 1024**2  # the longest line read
+MAX_LINE_BYTES = 256 * 1024**2  # the longest line read (or Limits.sample_bytes if less)
+MAX_ROW_DEPTH = 100  # how deep a row's arrays and objects may nest
 READ_BYTES = 1024**2
+SHORT_LINE = 64  # bytes: a read of lines shorter on average is searched for non-blank ones
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 
 
@@ -37,13 +48,11 @@ class JsonLinesFormat(TableFormat):
         """One scan of the file: its rows, cut into line-aligned ranges when plain."""
         plain = compression(file.name) is None
         units: list[Unit] = []
-        start, rows, first, end = 0, 0, 0, 0
+        start, rows, first = 0, 0, 0
         stream = _open(file, access)
         try:
-            for offset, line in lines(stream, file, 0):
-                end = offset + len(line) + 1
-                if not line.strip():
-                    continue
+            for offset, _ in lines(stream, file, 0, None if plain else MAX_UNIT_ROWS,
+                                      _longest(access)):
                 if plain and rows and offset - start >= RANGE_BYTES:
                     units.append(Unit(start, rows, first, offset))
                     start, first, rows = offset, first + rows, 0
@@ -54,7 +63,7 @@ class JsonLinesFormat(TableFormat):
         finally:
             stream.close()
         if rows:
-            units.append(Unit(start, rows, first, min(end, file.size) if plain else file.size))
+            units.append(Unit(start, rows, first, file.size))
         return FilePlan(units)
 
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns, access: Access):
@@ -62,6 +71,12 @@ class JsonLinesFormat(TableFormat):
         row is handed out); a compressed file is decompressed as its rows are asked for."""
         data = None
         if compression(file.name) is None:
+            most = limits_of(access).unit_bytes
+            if unit.end - unit.part > most:
+                raise LimitError(f"{printable(file.url)}: bytes {unit.part}..{unit.end} (rows "
+                                 f"{unit.first_row}..{unit.first_row + unit.rows - 1}) are "
+                                 f"more than {most:,} bytes read at once (the limit unit_bytes "
+                                 "of wdstream.Limits)")
             data = read_range(file, unit.part, unit.end - unit.part, access)
         return LineRows(file, unit, columns, access, data)
 
@@ -88,9 +103,8 @@ class LineRows:
             self.close()
             plain = self.data is not None
             self._stream = io.BytesIO(self.data) if plain else _open(self.file, self.access)
-            self._lines = (item for item in lines(self._stream, self.file,
-                                                  self.unit.part if plain else 0)
-                           if item[1].strip())
+            self._lines = lines(self._stream, self.file, self.unit.part if plain else 0,
+                                None if plain else MAX_UNIT_ROWS, _longest(self.access))
             self._next = 0
         out = []
         for offset, line in self._lines:
@@ -108,7 +122,8 @@ class LineRows:
         where = f"byte {offset}" if compression(self.file.name) is None else "decompressed byte " \
             f"{offset}"
         try:
-            value = json.loads(line)
+            deep = line.count(b"[") + line.count(b"{") > MAX_ROW_DEPTH
+            value = json_loads(line, MAX_ROW_DEPTH) if deep else json.loads(line)
         except ValueError as exc:
             raise ShardError(f"{printable(self.file.url)}: row {row} ({where}) is not JSON: "
                              f"{exc}") from None
@@ -128,32 +143,83 @@ class LineRows:
 
 
 def _open(file: RawFile, access: Access):
-    """The file's bytes, decompressed when it is compressed."""
+    """The file's bytes, decompressed when it is compressed (at most ``Limits.shard_bytes``
+    of them, with a decompressor of at most ``Limits.decoder_memory``)."""
     stream = open_file(file, access)
     kind = compression(file.name)
     if kind is not None:
-        return DecompressingStream(stream, file.url, kind, stored_limit=file.size)
+        return DecompressingStream(stream, file.url, kind, stored_limit=file.size,
+                                   limits=limits_of(access))
     return stream
 
 
-def lines(stream, file: RawFile, offset: int) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` for each line of ``stream`` (without its newline), ``offset``
-    counting from the given one; a line longer than ``MAX_LINE_BYTES`` is a ShardError."""
+def _longest(access: Access) -> int:
+    """The longest line read: ``MAX_LINE_BYTES``, or ``Limits.sample_bytes`` if less."""
+    return min(MAX_LINE_BYTES, limits_of(access).sample_bytes)
+
+
+def lines(stream, file: RawFile, offset: int, most: int | None = None,
+          longest: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` for each non-blank line of ``stream`` (without its newline),
+    ``offset`` counting from the given one. Blank lines are skipped without a Python step
+    each, but count toward ``most`` lines (None: no bound) with the others; more, or a line
+    longer than ``longest`` bytes, is a ShardError."""
     pending: list[bytes] = []
-    held = 0
+    held = counted = 0
     while chunk := stream.read(READ_BYTES):
         if b"\n" not in chunk:
             pending.append(chunk)
             held += len(chunk)
-            if held > MAX_LINE_BYTES:
-                raise ShardError(f"{printable(file.url)}: a line at byte {offset} is longer "
-                                 f"than {MAX_LINE_BYTES} bytes")
+            if held > longest:
+                raise _too_long(file, offset, longest)
             continue
-        parts = (b"".join(pending) + chunk if pending else chunk).split(b"\n")
-        pending, held = [parts[-1]], len(parts[-1])
-        for line in parts[:-1]:
-            yield offset, line
-            offset += len(line) + 1
+        here = chunk.count(b"\n")  # C: a third of a millisecond a MiB
+        counted += here
+        if most is not None and counted > most:
+            raise invalid(f"{printable(file.url)}: more than {most} lines, blank ones "
+                          "included (the most one unit holds)")
+        data = b"".join(pending) + chunk if pending else chunk
+        if here * SHORT_LINE > len(data):  # many short lines, perhaps blank: skipped in C
+            end = data.rfind(b"\n") + 1
+            yield from _nonblank(data, end, offset, file, longest)
+            offset += end
+            rest = data[end:]
+        else:
+            parts = data.split(b"\n")
+            del data  # freed before the next read: its memory is reused, not mapped again
+            rest = parts.pop()
+            for line in parts:
+                if len(line) > longest:
+                    raise _too_long(file, offset, longest)
+                if line and not line.isspace():
+                    yield offset, line
+                offset += len(line) + 1
+        pending, held = [rest], len(rest)
     tail = b"".join(pending)
-    if tail:
+    if tail.strip():
+        if len(tail) > longest:
+            raise _too_long(file, offset, longest)
         yield offset, tail
+
+
+_NONBLANK = re.compile(rb"[^ \t\n\r\f\v]")  # what bytes.strip() keeps
+
+
+def _nonblank(data: bytes, end: int, offset: int, file: RawFile, longest: int
+              ) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines of ``data[:end]`` (whole lines) with their offsets from
+    ``offset``: the regular expression skips blank ones in C."""
+    pos = 0
+    while (found := _NONBLANK.search(data, pos, end)) is not None:
+        first = data.rfind(b"\n", 0, found.start()) + 1
+        stop = data.find(b"\n", found.start(), end)
+        if stop - first > longest:
+            raise _too_long(file, offset + first, longest)
+        yield offset + first, data[first:stop]
+        pos = stop + 1
+
+
+def _too_long(file: RawFile, offset: int, longest: int) -> ShardError:
+    return invalid(f"{printable(file.url)}: a line at byte {offset} is longer than {longest} "
+                   "bytes (the longest read: 256 MiB, or the limit sample_bytes of "
+                   "wdstream.Limits)")

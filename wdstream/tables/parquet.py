@@ -5,6 +5,7 @@ read as the byte ranges of its chosen columns' chunks, nothing else of the file.
 from __future__ import annotations
 
 import io
+import threading
 
 from wdstream.errors import InputError, LimitError, ShardError
 from wdstream.printable import printable
@@ -51,7 +52,7 @@ class ParquetFormat(TableFormat):
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns, access: Access) -> Rows:
         import pyarrow.parquet as pq
 
-        parsed = parse_footer(file, metadata)
+        parsed = FOOTERS.parsed(file, metadata)
         spans = chunk_spans(file, parsed, unit.part, columns, len(metadata))
         pieces = [(start, read_range(file, start, stop - start, access)) for start, stop in spans]
         pieces.append((file.size - len(metadata), metadata))
@@ -69,6 +70,34 @@ class ParquetFormat(TableFormat):
             raise ShardError(f"{printable(file.url)}: row group {unit.part} holds "
                              f"{table.num_rows} rows; its footer says {unit.rows}")
         return Rows(table)
+
+
+class ParsedFooters:
+    """The footers this process parsed, the last ``size`` files': a file's units are read
+    one after the other, and parsing a footer costs as much as the footer is long (a file of
+    100,000 row groups has a footer of megabytes), so each is parsed once. An entry is used
+    for the very metadata (the same bytes object, from the plan) it was parsed from."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._entries: dict[RawFile, tuple[bytes, object]] = {}
+        self._lock = threading.Lock()
+
+    def parsed(self, file: RawFile, metadata: bytes):
+        with self._lock:
+            entry = self._entries.get(file)
+        if entry is not None and entry[0] is metadata:
+            return entry[1]
+        parsed = parse_footer(file, metadata)
+        with self._lock:
+            self._entries.pop(file, None)
+            self._entries[file] = (metadata, parsed)
+            while len(self._entries) > self.size:
+                del self._entries[next(iter(self._entries))]
+        return parsed
+
+
+FOOTERS = ParsedFooters()
 
 
 def read_footer(file: RawFile, access: Access) -> bytes:
