@@ -342,3 +342,81 @@ def test_json_lines_blank_line_bombs_and_deep_rows(tmp_path):
     assert_refused(outcomes[3], "ShardError", "a.jsonl: row 0", "nested deeper than 100")
     assert outcomes[4]["error"] is None, outcomes[4]
     assert_refused(outcomes[5], "ShardError", "l.jsonl", "longer than 1024 bytes")
+
+
+# ---- the unit index of JSON Lines files ---------------------------------------------------
+
+
+def write_index(folder: Path, index: Path, units: dict[str, list[list[int]]]) -> None:
+    """An index of the JSON Lines files under ``folder`` (their real sizes and tags) whose
+    units are ``units[name]``, as ``[start, end, rows]``."""
+    from wdstream.tables.files import find_files
+    from wdstream.tables.formats import FilePlan, Unit
+    from wdstream.tables.index import index_document
+
+    files = find_files(str(folder))
+    plans = [FilePlan([Unit(s, r, 0, e) for s, e, r in units[f.name]]) for f in files]
+    index.write_text(json.dumps(index_document(files, plans)))
+
+
+def test_an_index_cannot_make_one_read_cover_a_huge_file(tmp_path):
+    """A unit of 3 GB (a sparse file) is refused when the index is read, as is one past a
+    lower unit_bytes, rows more than its bytes could hold, and a compressed file cut in
+    two: before any byte of the files is read."""
+    import wdstream
+    from wdstream.errors import ManifestError
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    with open(folder / "huge.jsonl", "wb") as out:
+        out.truncate(3 << 30)
+    index = tmp_path / "index.json"
+    cases = [({"huge.jsonl": [[0, 3 << 30, 1]]}, None, "at most 2,147,483,648 bytes a unit"),
+             ({"huge.jsonl": [[0, 4 * MiB, 10], [4 * MiB, 3 << 30, 1]]}, "1MiB",
+              "at most 1,048,576 bytes"),
+             ({"huge.jsonl": [[0, 30, 11]]}, None, "11 rows in 30 bytes")]
+    for units, limit, words in cases:
+        write_index(folder, index, units)
+        limits = wdstream.Limits(unit_bytes=limit) if limit else None
+        with pytest.raises(ManifestError, match="huge.jsonl") as error:
+            wdstream.StreamingDataset(str(folder), index=str(index), limits=limits,
+                                      share_manifest=False)
+        assert words in str(error.value)
+    (folder / "huge.jsonl").unlink()
+    (folder / "c.jsonl.gz").write_bytes(__import__("gzip").compress(b'{"a": 1}\n' * 10))
+    size = (folder / "c.jsonl.gz").stat().st_size
+    write_index(folder, index, {"c.jsonl.gz": [[0, 10, 5], [10, size, 5]]})
+    with pytest.raises(ManifestError, match="a compressed file is one unit, not 2"):
+        wdstream.StreamingDataset(str(folder), index=str(index), share_manifest=False)
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz"])
+def test_an_index_that_miscounts_rows_is_an_error_and_its_fix_is_used(tmp_path, name):
+    """An index that counts 5 or 9 rows where 7 are is an error naming the file when the
+    unit is read (not 5 rows silently); the node's shared plan made from it is not used
+    once the index is corrected in place: the corrected counts are."""
+    import gzip
+
+    import wdstream
+    from wdstream.errors import ShardError
+
+    folder, index, share = tmp_path / "data", tmp_path / "index.json", tmp_path / "shared"
+    folder.mkdir()
+    data = b"".join(json.dumps({"text": f"r{i}"}).encode() + b"\n" for i in range(7))
+    (folder / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    size = (folder / name).stat().st_size
+
+    def stream(count: int) -> wdstream.StreamingDataset:
+        write_index(folder, index, {name: [[0, size, count]]})
+        return wdstream.StreamingDataset(str(folder), index=str(index), shuffle=False,
+                                         share_manifest=str(share))
+
+    for count, words in ((5, "hold more rows, not the 5"), (9, "hold 7 rows, not the 9")):
+        ds = stream(count)
+        assert len(ds) == count
+        with pytest.raises(ShardError, match=name) as error:
+            list(ds)
+        assert words in str(error.value)
+    fixed = stream(7)
+    assert len(fixed) == 7
+    assert [s["text"] for s in fixed] == [f"r{i}" for i in range(7)]

@@ -112,11 +112,20 @@ class LineRows:
             if self._next > start:
                 out.append(self._row(offset, line, self.unit.first_row + self._next - 1))
                 if self._next == stop:
+                    if stop == self.unit.rows and next(self._lines, None) is not None:
+                        raise self._miscounted("more")
                     return out
         self.close()
-        raise ShardError(f"{printable(self.file.url)}: ended after row "
-                         f"{self.unit.first_row + self._next - 1}; the plan counted "
-                         f"{self.unit.first_row + self.unit.rows} rows (changed since)")
+        raise self._miscounted(f"{self._next}")
+
+    def _miscounted(self, held: str) -> ShardError:
+        """The unit holds ``held`` rows, not the count its plan (or the index) gives."""
+        unit = self.unit
+        where = f"bytes {unit.part}..{unit.end}" if self.data is not None else "the file"
+        return invalid(f"{printable(self.file.url)}: {where} (rows {unit.first_row}.."
+                       f"{unit.first_row + unit.rows - 1}) hold {held} rows, not the "
+                       f"{unit.rows} the plan or the index counts (changed since, or a wrong "
+                       "index)")
 
     def _row(self, offset: int, line: bytes, row: int) -> dict:
         where = f"byte {offset}" if compression(self.file.name) is None else "decompressed byte " \

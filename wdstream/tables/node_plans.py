@@ -13,7 +13,8 @@ place). A job started again on the same node (after a crash) finds its entry too
 file changed. A source of shards takes no lock and writes no file.
 
 Entry files: a 16-byte magic, the header's length (8 bytes, little-endian), the header
-(JSON: the files as ``[name, size, tag]``, and each file's units as ``[part, rows,
+(JSON: the files as ``[name, size, tag]``, the digest of the JSON Lines unit index the plans
+came from (an index corrected in place is a new one), and each file's units as ``[part, rows,
 first_row, end]`` and its metadata's length), then the metadata bytes in the files' order.
 The folder is the user's alone (made 0700, checked as for manifests), nothing is opened
 through a link, and an entry is read only if it is a regular file of the user that no one
@@ -69,17 +70,18 @@ class NodePlans:
             self._ahead = not shared or (self.leader and not os.path.exists(self.path))
         return self._ahead
 
-    def plans(self, files: Sequence[RawFile], plan: Callable[[], list[FilePlan]]
-              ) -> list[FilePlan]:
-        """The plans of ``files``: the entry's when it describes them, else ``plan()``'s,
-        published for the others."""
+    def plans(self, files: Sequence[RawFile], plan: Callable[[], list[FilePlan]],
+              version: str | None = None) -> list[FilePlan]:
+        """The plans of ``files``: the entry's when it describes them and was made from the
+        same ``version`` of the index (its digest), else ``plan()``'s, published for the
+        others."""
         if not self._lock(wait=True):  # the leader is done (or gone), or nothing is shared
             return plan()
-        found = read_entry(self.path, files)
+        found = read_entry(self.path, files, version)
         if found is not None:
             return found
         plans = plan()
-        write_entry(self.path, files, plans)
+        write_entry(self.path, files, plans, version)
         return plans
 
     def _lock(self, wait: bool) -> bool:
@@ -127,10 +129,12 @@ class NodePlans:
         self.close()
 
 
-def write_entry(path: str, files: Sequence[RawFile], plans: Sequence[FilePlan]) -> None:
-    """Publish the entry of ``files``' ``plans`` at ``path``; a failure is only logged."""
+def write_entry(path: str, files: Sequence[RawFile], plans: Sequence[FilePlan],
+                version: str | None = None) -> None:
+    """Publish the entry of ``files``' ``plans`` (made from the index of digest
+    ``version``) at ``path``; a failure is only logged."""
     header = json.dumps({
-        "files": [[f.name, f.size, f.tag] for f in files],
+        "files": [[f.name, f.size, f.tag] for f in files], "index": version,
         "plans": [[[[u.part, u.rows, u.first_row, u.end] for u in p.units], len(p.metadata)]
                   for p in plans]}, separators=(",", ":")).encode()
     out = None
@@ -148,9 +152,11 @@ def write_entry(path: str, files: Sequence[RawFile], plans: Sequence[FilePlan]) 
                 os.unlink(out.name)
 
 
-def read_entry(path: str, files: Sequence[RawFile]) -> list[FilePlan] | None:
-    """The plans the entry at ``path`` holds when it is well formed and describes exactly
-    ``files``; None otherwise (missing, stale, damaged)."""
+def read_entry(path: str, files: Sequence[RawFile], version: str | None = None
+               ) -> list[FilePlan] | None:
+    """The plans the entry at ``path`` holds when it is well formed, describes exactly
+    ``files`` and was made from the index of digest ``version``; None otherwise (missing,
+    stale, damaged)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -163,20 +169,22 @@ def read_entry(path: str, files: Sequence[RawFile]) -> list[FilePlan] | None:
             return None
         data = entry.read()
     try:
-        return _parsed(data, files)
+        return _parsed(data, files, version)
     except (ValueError, TypeError, KeyError, IndexError) as error:
         log.warning("%s: a damaged entry, planned again (%s)", path, error)
         return None
 
 
-def _parsed(data: bytes, files: Sequence[RawFile]) -> list[FilePlan] | None:
+def _parsed(data: bytes, files: Sequence[RawFile], version: str | None
+            ) -> list[FilePlan] | None:
     start = len(MAGIC) + _LENGTH
     if data[:len(MAGIC)] != MAGIC:
         raise ValueError("no magic")
     length = int.from_bytes(data[len(MAGIC):start], "little")
     header = json.loads(data[start:start + length])
-    if header["files"] != [[f.name, f.size, f.tag] for f in files]:
-        return None  # other files, or changed ones: planned again
+    if header["files"] != [[f.name, f.size, f.tag] for f in files] or \
+            header.get("index") != version:
+        return None  # other files, changed ones, or another index: planned again
     if len(header["plans"]) != len(files):
         raise ValueError("not a plan per file")
     plans, at = [], start + length

@@ -18,7 +18,7 @@ from wdstream.errors import InputError, ShardError, WdstreamError
 from wdstream.printable import printable
 from wdstream.tables.arrow import ArrowFormat
 from wdstream.tables.files import RawFile, listed_files
-from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit
+from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit, limits_of
 from wdstream.tables.index import indexed_plans, read_index
 from wdstream.tables.jsonl import JsonLinesFormat
 from wdstream.tables.node_plans import NodePlans
@@ -186,8 +186,10 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
     Lines files from ``options.index``, or else from one scan of each. ``ahead``: the
     planners some of the files were added to as they were listed (``PlanAhead``); ``node``:
     the plans the ranks of the node share (``node_plans``)."""
-    plans = node.plans(files, lambda: _plans(source, files, options, access, ahead)) \
-        if node is not None else _plans(source, files, options, access, ahead)
+    index = read_index(options.index) if options.index is not None else None
+    plans = node.plans(files, lambda: _plans(source, files, options, access, ahead, index),
+                       index[1] if index is not None else None) \
+        if node is not None else _plans(source, files, options, access, ahead, index)
     named = options.read_columns or ((options.key_column,) if options.key_column else ())
     for file, plan in zip(files, plans, strict=True):
         available = FORMATS[file.format].columns(plan) if named else None
@@ -197,11 +199,11 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
 
 
 def _plans(source: str, files: Sequence[RawFile], options: RawOptions, access: Access,
-           ahead: Planners | None) -> list[FilePlan]:
+           ahead: Planners | None, index: tuple[dict, str] | None) -> list[FilePlan]:
     lines = [f for f in files if f.format == "jsonl"]
-    if options.index is not None:
-        indexed = dict(zip(lines, indexed_plans(options.index, read_index(options.index), lines),
-                           strict=True))
+    if index is not None:
+        indexed = dict(zip(lines, indexed_plans(options.index, index[0], lines,
+                                                limits_of(access).unit_bytes), strict=True))
     else:
         indexed = {}
         if lines:
