@@ -8,13 +8,12 @@ fails the test instead of hanging or swapping."""
 from __future__ import annotations
 
 import copy
-import multiprocessing
 import random
-import resource
 
 import pytest
 
 import wdstream
+from tests.support.hostile import in_child
 from tests.support.llm_data import sources, write_sources, write_token_sources
 from tests.support.shard_data import write_dataset
 from wdstream.errors import StateError, WdstreamError
@@ -23,8 +22,6 @@ from wdstream.stream.loader_state import MAX_DEPTH, MAX_STREAMS
 pytestmark = pytest.mark.usefixtures("single_rank")
 
 COUNTS = [6, 5, 7, 4]  # 22 samples
-TIME_LIMIT = 20.0
-MEMORY_LIMIT = 1 << 30  # bytes the child may map beyond what the test process had
 
 
 @pytest.fixture(scope="module")
@@ -53,30 +50,6 @@ def saved_state(kind: str, root) -> dict:
     next(batches)
     next(batches)
     return loader.state_dict()
-
-
-def in_child(function) -> tuple[str, str]:
-    """``function()`` in a forked child with a time and memory limit: ("ok", what it
-    returned) or (the exception's class name, its message)."""
-    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
-
-    def child():
-        with open("/proc/self/status") as status:
-            vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
-        resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_LIMIT, vm + MEMORY_LIMIT))
-        try:
-            send.send(("ok", function()))
-        except BaseException as error:  # handed to the test
-            send.send((type(error).__name__, str(error)[:500]))
-
-    process = multiprocessing.get_context("fork").Process(target=child, daemon=True)
-    process.start()
-    try:
-        assert receive.poll(TIME_LIMIT), f"still running after {TIME_LIMIT} s"
-        return receive.recv()
-    finally:
-        process.kill()
-        process.join()
 
 
 def load_in_child(loader, state) -> tuple[str, str]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import multiprocessing
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,8 @@ from tests.support.shard_data import write_dataset
 from wdstream.shards.tar_writer import TarWriter
 
 SECRET = "TOP-SECRET-4242"
+TIME_LIMIT = 20.0  # seconds a call of ``in_child`` may take
+MEMORY_LIMIT = 1 << 30  # bytes its child may map beyond what the test process had
 COUNTS = [3, 3]
 
 
@@ -112,3 +116,37 @@ def wdstream(*args, code=0, cwd=None, env=None, timeout=60):
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
     return result
+
+
+def commands(marker) -> dict[str, str]:
+    """A command creating ``marker``, as a value names it: plainly, as one name of a brace
+    pattern, or cut by braces so that only the expansion spells ``pipe:``."""
+    return {"plain": f"pipe:touch {marker}",
+            "braces": f"{{pipe:touch {marker},shard-000000.tar}}",
+            "spelled": f"{{p,x}}ipe:touch {marker}"}
+
+
+def in_child(function, time_limit: float = TIME_LIMIT, memory: int = MEMORY_LIMIT
+             ) -> tuple[str, str]:
+    """``function()`` in a forked child with a time limit and a memory limit (``memory``
+    bytes beyond what the process maps): ("ok", what it returned) or (the exception's class
+    name, its message); a child still running after ``time_limit`` seconds fails the test."""
+    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+
+    def child():
+        with open("/proc/self/status") as status:
+            vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+        resource.setrlimit(resource.RLIMIT_AS, (vm + memory, vm + memory))
+        try:
+            send.send(("ok", function()))
+        except BaseException as error:  # handed to the test
+            send.send((type(error).__name__, str(error)[:500]))
+
+    process = multiprocessing.get_context("fork").Process(target=child, daemon=True)
+    process.start()
+    try:
+        assert receive.poll(time_limit), f"still running after {time_limit} s"
+        return receive.recv()
+    finally:
+        process.kill()
+        process.join()

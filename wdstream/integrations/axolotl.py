@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from wdstream.errors import InputError
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
-from wdstream.stages.config.build import from_config
+from wdstream.stages.config.build import from_file_values
 from wdstream.stages.config.keys import DATASET_KEYS
 from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.contract import world_info
@@ -162,9 +162,10 @@ def check_settings(cfg, config: dict) -> None:
 
 
 def mixture(config: dict):
-    """``from_config``'s ``Mix`` of the entries (the packing is ``packed``'s)."""
-    return from_config({key: value for key, value in config.items()
-                        if key not in PACKING_KEYS})
+    """``from_config``'s ``Mix`` of the entries (the packing is ``packed``'s), their paths
+    with the trust of the file they were written in."""
+    return from_file_values({key: value for key, value in config.items()
+                             if key not in PACKING_KEYS}, "the axolotl config")
 
 
 def packed(mix, config: dict, tokenizer, cfg):

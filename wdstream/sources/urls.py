@@ -10,6 +10,8 @@ Pure string functions: nothing here touches the network or the disk.
 from __future__ import annotations
 
 import os
+import re
+import string
 
 from wdstream.errors import InputError
 
@@ -140,3 +142,66 @@ def expand(source: str | os.PathLike | list | tuple) -> list[str]:
     if not urls:
         raise InputError("no URLs given")
     return urls
+
+
+# How deeply braces may nest in a pattern whose names are counted (braceexpand recurses once
+# per level); far deeper than any real pattern.
+MAX_BRACE_DEPTH = 32
+_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
+_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+_ALPHABET = string.ascii_uppercase + string.ascii_lowercase  # braceexpand's letters
+
+
+def expansion_count(pattern: str, most: int) -> int:
+    """How many names ``expand(pattern)`` gives, counted without making them, by the rules of
+    ``braceexpand`` (0.1.x, which ``expand`` uses): ``most + 1`` when more (or braces nested
+    deeper than ``MAX_BRACE_DEPTH``), so a pattern such as ``{1..10000000000000}`` can be
+    refused before ``braceexpand`` makes every name of it."""
+    return min(_pattern_count(pattern, most, 0), most + 1)
+
+
+def _pattern_count(pattern: str, most: int, depth: int) -> int:
+    """braceexpand's ``parse_pattern``, counting: the product of its parts."""
+    if depth > MAX_BRACE_DEPTH:
+        return most + 1
+    total, start, level, pos = 1, 0, 0, 0
+    while pos < len(pattern):
+        if pattern[pos] == "\\":
+            pos += 2
+            continue
+        if pattern[pos] == "{":
+            start = pos if level == 0 else start
+            level += 1
+        elif pattern[pos] == "}":
+            level -= 1
+            if level == 0:
+                inner = _expression_count(pattern[start + 1:pos], most, depth + 1)
+                total = min(total * inner, most + 1)
+        pos += 1
+    return total if level == 0 else 1  # unbalanced: braceexpand raises before any name
+
+
+def _expression_count(expr: str, most: int, depth: int) -> int:
+    """braceexpand's ``parse_expression``: a range, a sequence, or braces kept as text."""
+    numbers = _INT_RANGE.match(expr)
+    if numbers:
+        first, last, step = int(numbers[1]), int(numbers[2]), int(numbers[3] or 1) or 1
+        return abs(last - first) // step + 1
+    letters = _CHAR_RANGE.match(expr)
+    if letters:
+        step = int(letters[3] or 1) or 1
+        first, last = _ALPHABET.index(letters[1]), _ALPHABET.index(letters[2])
+        return min(abs(last - first) // step + 1, len(_ALPHABET))
+    counts, start, level, pos = [], 0, 0, 0
+    while pos < len(expr):
+        if expr[pos] == "\\":
+            pos += 2
+            continue
+        level += {"{": 1, "}": -1}.get(expr[pos], 0)
+        if expr[pos] == "," and level == 0:
+            counts.append(_pattern_count(expr[start:pos], most, depth))
+            start = pos + 1
+        pos += 1
+    if level != 0 or not counts:
+        return _pattern_count(expr, most, depth)  # not a sequence: "{" + its text + "}"
+    return min(sum(counts) + _pattern_count(expr[start:], most, depth), most + 1)

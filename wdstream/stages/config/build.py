@@ -1,8 +1,10 @@
 """A trainer's config (axolotl's keys; the keys wdstream does not use are ignored with one
 warning) or a declarative dataset list, turned into a ``Mix`` of ``StreamingDataset``s, in a
 ``PackedSequences`` when ``sequence_len`` is given; every mistake reported at once. A config
-file's ``path:``, ``tokenizer:``, ``name``, ``split`` and ``data_files`` are data: no
-``pipe:`` command, and names under a remote file's prefix (docs/security.md). Each key is
+file's ``path:``, ``tokenizer:``, ``name``, ``split`` and ``data_files`` are data: never a
+``pipe:`` command, whatever the options, and names under a remote file's prefix; a config a
+plugin read from a trainer's file is treated as a file's (``from_file_values``;
+docs/security.md). Each key is
 one row of ``keys.TOP_KEYS`` or ``keys.DATASET_KEYS``; what it does is read in ``_build``
 and ``_source``. See docs/llm.md."""
 
@@ -32,6 +34,12 @@ from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.dataset import StreamingDataset
 from wdstream.stream.window import DEFAULT_SHUFFLE_START
 
+# Schemes whose URL is a command the shell runs: never read from a config file.
+COMMAND_SCHEMES = ("pipe",)
+# The names a data path of a config file may expand to (``{000000..999999}``): a pattern of
+# more is refused before braceexpand makes them all (it holds every number of a range).
+MAX_EXPANDED = 1_000_000
+
 
 def from_config(config, *, allow_external_paths: bool = False,
                 allow_external_shards: bool = False):
@@ -54,6 +62,14 @@ def from_config(config, *, allow_external_paths: bool = False,
     else:
         where = "config"
     return _build(config, where, origin, bool(allow_external_shards))
+
+
+def from_file_values(config: Mapping, where: str):
+    """``from_config`` of ``config`` as read from a trainer's file by a plugin (``where`` names
+    it): its paths have that file's trust, not code's: no command (``check_data_path``),
+    ``name``/``split``/``data_files`` below the dataset's path, relative paths from the
+    current folder (as the trainer reads them)."""
+    return _build(config, where, _Origin(where, os.getcwd(), False, False))
 
 
 @dataclass(frozen=True)
@@ -79,13 +95,12 @@ class _Origin:
 def _resolve(path: str, origin: _Origin | None, where: str) -> str:
     """A path read from a config file (``where`` names the key): a relative local path is
     relative to the file's folder; in a file read from a URL, a name under its prefix. A
-    ``pipe:`` command from a file is refused. A dict from code is taken as it is."""
+    command from a file is refused (``check_data_path``). A dict from code is taken as it
+    is."""
     if origin is None:
         return path
+    check_data_path(path, where)
     shown = printable(repr(path))
-    if urls.scheme(path) == "pipe":
-        raise InputError(f"{where} {shown}: a pipe: command; commands are never taken from a "
-                         "config file (pass the config as a dict from code to use one)")
     if not origin.remote:
         if urls.scheme(path) != "file" or os.path.isabs(urls.to_local_path(path)):
             return path
@@ -101,12 +116,36 @@ def _resolve(path: str, origin: _Origin | None, where: str) -> str:
 
 def _below(name: str, origin: _Origin | None, where: str) -> str:
     """A ``name``/``split``/``data_files`` value from a config file: joined to a dataset's
-    path, so it must stay below it (unless the user opted in)."""
+    path, so it must stay below it (unless the user opted in); never a command."""
+    if origin is not None:
+        check_data_path(name, where)
     if origin is not None and not origin.allow_external:
         problem = outside_prefix(name, "the dataset's path")
         if problem is not None:
             raise InputError(f"{where} {printable(repr(name))}: {problem}")
     return name
+
+
+def check_data_path(value: str, where: str) -> None:
+    """InputError, ``where`` naming the entry and key, when ``value``, a data path from a
+    config file or a trainer's file handed over by a plugin (``path``, ``name``, ``split``,
+    each of ``data_files``, ``tokenizer``, and the sources they are joined into), names a
+    command: it, or a name its braces expand to (``{pipe:cmd,x}``), has a scheme of
+    ``COMMAND_SCHEMES``. No opt-in lets one through. A pattern of more than
+    ``MAX_EXPANDED`` names is refused before it is expanded."""
+    from braceexpand import UnbalancedBracesError, braceexpand
+
+    shown = printable(repr(value))
+    if urls.expansion_count(value, MAX_EXPANDED) > MAX_EXPANDED:
+        raise InputError(f"{where} {shown}: a pattern of more than {MAX_EXPANDED:,} names")
+    try:
+        names = braceexpand(value)
+    except UnbalancedBracesError:
+        names = [value]
+    if any(urls.scheme(name) in COMMAND_SCHEMES for name in names):
+        raise InputError(f"{where} {shown}: a pipe: command; commands are never taken from a "
+                         "config file, whatever the options (pass the config as a dict from "
+                         "code to use one)")
 
 
 def _subfolder(prefix: str, name: str) -> str:
@@ -135,11 +174,12 @@ def _source(entry: dict, origin: _Origin | None, label: str):
     or its data files; and the source's default name. Without ``data_files`` a split is
     also looked for as the Hugging Face Hub names its files (``<name>/<split>-*.parquet``):
     the third value is those patterns, read when the split's folder holds nothing."""
-    path = _resolve(entry["path"], origin, f"{label}: 'path'")
+    where = label
+    path = _resolve(entry["path"], origin, f"{where}: 'path'")
     hub = None
     for key in ("name", "split"):
         if key in entry:
-            below = _below(entry[key], origin, f"{label}: {key!r}")
+            below = _below(entry[key], origin, f"{where}: {key!r}")
             if key == "split":
                 folder = path.rstrip("/") + "/"
                 hub = [urls.join(folder, f"{below}-*"), urls.join(folder, f"{below}.*")]
@@ -148,13 +188,22 @@ def _source(entry: dict, origin: _Origin | None, label: str):
                                    else entry["path"])
     files = entry.get("data_files")
     if files is None:
-        return path, label, hub
-    files = [_below(f, origin, f"{label}: 'data_files'")
+        return _checked(path, hub, origin, where), label, hub
+    files = [_below(f, origin, f"{where}: 'data_files'")
              for f in ([files] if isinstance(files, str) else files)]
     joined = [urls.join(path.rstrip("/") + "/", f) for f in files]
     if len(joined) == 1 and joined[0].endswith(".json"):
-        return joined[0], label, None  # a manifest
-    return joined, label, None
+        return _checked(joined[0], None, origin, where), label, None  # a manifest
+    return _checked(joined, None, origin, where), label, None
+
+
+def _checked(source, hub, origin: _Origin | None, where: str):
+    """``source``, once it and the ``hub`` patterns, as joined from a config file's keys, were
+    checked as each key was (``check_data_path``)."""
+    if origin is not None:
+        for item in ([source] if isinstance(source, str) else source) + (hub or []):
+            check_data_path(item, where)
+    return source
 
 
 def _dataset(source, hub, **options):
