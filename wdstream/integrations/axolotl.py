@@ -17,7 +17,7 @@ from wdstream.errors import InputError
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
 from wdstream.stages.config.build import from_file_values
-from wdstream.stages.config.keys import DATASET_KEYS
+from wdstream.stages.config.keys import DATASET_KEYS, TRAINER_KEYS, check_values
 from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.contract import world_info
 from wdstream.stream.loader import DataLoader
@@ -58,6 +58,7 @@ class WdstreamPlugin(BasePlugin):
         self.written = wdstream_config(cfg)
         if self.written is not None:
             check_settings(cfg, self.written)
+            trainer_numbers(cfg, self.written)
             self.mix = mixture(self.written)  # every mistake of the entries, at once
 
     def load_datasets(self, cfg, preprocess: bool = False):
@@ -173,16 +174,31 @@ def packed(mix, config: dict, tokenizer, cfg):
     ``sequence_len`` sequences; by default as many as ``max_steps`` trains on."""
     fields = [entry.get("text_column") or entry.get("text_field") or entry.get("field")
               or "text" for entry in config["pretraining_dataset"]]
-    options = {key: config[key] for key in PACKING_KEYS if key in config}
-    if "sequences_per_epoch" not in options and "tokens_per_epoch" not in options \
-            and cfg.max_steps:
-        options["sequences_per_epoch"] = (cfg.max_steps * cfg.micro_batch_size
-                                          * (cfg.gradient_accumulation_steps or 1) * _world())
+    numbers = trainer_numbers(cfg, config)
+    options = {key: numbers[key] for key in PACKING_KEYS if key in numbers}
+    if "long_documents" in config:
+        options["long_documents"] = config["long_documents"]
     return PackedSequences(
-        mix, tokenizer.backend_tokenizer, cfg.sequence_len, eos=tokenizer.eos_token_id,
+        mix, tokenizer.backend_tokenizer, numbers["seq_len"], eos=tokenizer.eos_token_id,
         text_field=fields[0] if len(set(fields)) == 1 else dict(zip(mix.names, fields,
                                                                      strict=True)),
         **options)
+
+
+def trainer_numbers(cfg, config: dict) -> dict:
+    """The numbers the plugin passes on (``sequence_len``, ``micro_batch_size``, the
+    packing's...; by default the sequences ``max_steps`` trains on), checked by
+    ``from_config``'s rows (``keys.TRAINER_KEYS``), under ``from_config``'s names."""
+    given = {key: cfg.get(key) for key in TRAINER_KEYS}
+    given.update({key: config[key] for key in PACKING_KEYS if key in config})
+    numbers = check_values(given, TRAINER_KEYS, "the axolotl config")
+    if not {"sequences_per_epoch", "tokens_per_epoch"} & set(numbers) \
+            and numbers.get("max_steps"):
+        numbers["sequences_per_epoch"] = (numbers["max_steps"] * numbers.get("micro_batch_size", 1)
+                                          * numbers.get("gradient_accumulation_steps", 1)
+                                          * _world())
+        check_values(numbers, TRAINER_KEYS, "the axolotl config (max_steps' sequences)")
+    return numbers
 
 
 def make_loader(cfg, config: dict, mix, tokenizer):

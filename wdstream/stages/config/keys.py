@@ -107,6 +107,19 @@ DATASET_KEYS: dict[str, Key] = {
     "remainder": _str(REMAINDER_POLICIES),
 }
 
+# A trainer's numbers that a plugin passes on to wdstream (axolotl's names), as ``TOP_KEYS``'
+# rows: the batch and the workers a ``DataLoader`` starts (one process each), the steps.
+TRAINER_KEYS: dict[str, Key] = {
+    "sequence_len": TOP_KEYS["sequence_len"],
+    "sequences_per_epoch": TOP_KEYS["sequences_per_epoch"],
+    "tokens_per_epoch": TOP_KEYS["tokens_per_epoch"],
+    "micro_batch_size": _int(1, maximum=1 << 20),
+    "gradient_accumulation_steps": _int(1, maximum=1 << 20),
+    "dataloader_num_workers": _int(0, maximum=1024),
+    "max_steps": _int(0),
+    "num_epochs": Key((int, float), "a number", 0, maximum=1 << 20),
+}
+
 TEXT_TYPES = ("pretrain", "completion")  # raw documents of text (or token ids), packed as is
 _PACKING_KEYS = ("tokenizer", "eos", "sequences_per_epoch", "long_documents", "tokens_per_epoch")
 
@@ -164,6 +177,16 @@ def read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str,
             continue
         values[name], given[name] = value, key
     return values
+
+
+def check_values(values: Mapping, known: Mapping[str, Key], where: str) -> dict:
+    """``values`` checked against the rows of ``known`` (those it has), as a config's keys
+    are: an ``InputError`` naming each wrong one; the values under their canonical names."""
+    report = Report(where)
+    checked = read_keys({key: value for key, value in values.items() if key in known},
+                        known, where, "", report)
+    report.raise_errors()
+    return checked
 
 
 def type_problem(kind) -> str | None:
