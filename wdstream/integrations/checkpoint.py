@@ -12,6 +12,8 @@ import json
 import os
 
 from wdstream.errors import StateError
+from wdstream.limits import json_loads, size_limit, size_variable
+from wdstream.sources.local_files import read_regular
 from wdstream.stream.contract import world_info
 
 STATE_NAME = "wdstream_loader-rank{rank}.json"
@@ -39,28 +41,41 @@ def save_loader_state(loader, folder) -> str:
 
 def load_loader_state(loader, folder) -> None:
     """Load into ``loader`` this rank's state from ``folder``, or rank 0's on another world
-    size.
+    size. A state file is read as data (``_read``); a state the loader refuses is a
+    ``StateError`` naming the file.
 
     Args:
         loader (wdstream.DataLoader): the loader to resume.
         folder (path): the checkpoint folder ``save_loader_state`` wrote into.
     """
     rank, world = world_info()
-    own = _read(state_path(folder, rank), required=False)
-    if own is not None and own.get("world") == world:
+    path = state_path(folder, rank)
+    own = _read(path, required=False)
+    if own is None or own.get("world") != world:
+        path = state_path(folder, 0)
+        own = _read(path, required=True)
+    try:
         loader.load_state_dict(own)
-        return
-    first = _read(state_path(folder, 0), required=True)
-    loader.load_state_dict(first)
+    except StateError as error:
+        raise StateError(f"{path}: {error}") from error
 
 
 def _read(path: str, required: bool) -> dict | None:
+    """The JSON object in the state file at ``path``, read within bounds: a regular file only
+    (opened without blocking: a FIFO there cannot hang the resume), of at most the "object"
+    size limit (checked before it is read), nested at most ``limits.MAX_DEPTH`` levels; a
+    ``StateError`` naming the file for anything else."""
+    if not required and not os.path.lexists(path):
+        return None
+    if not os.path.lexists(path):
+        raise StateError(f"{path}: no wdstream loader state in this checkpoint")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        if not required:
-            return None
-        raise StateError(f"{path}: no wdstream loader state in this checkpoint") from None
-    except (OSError, ValueError) as error:
+        data = read_regular(path, size_limit("object"), error=StateError,
+                            reader="a loader state", setting=size_variable("object"))
+        state = json_loads(data)
+    except (ValueError, RecursionError) as error:  # not UTF-8 or JSON, nested too deep
         raise StateError(f"{path}: cannot read the loader state: {error}") from error
+    if not isinstance(state, dict):
+        raise StateError(f"{path}: a loader state is a JSON object, not "
+                         f"{type(state).__name__}")
+    return state

@@ -7,25 +7,23 @@ resolved to its real path and followed only if that lies inside the folder (or
 ``follow_links``); a FIFO, a device, a socket, a link to nothing or a link that loops is an
 ``InputError`` naming it. Hidden entries (a name starting with ".") are skipped unread.
 
-A file is opened without blocking (``O_NONBLOCK``: a FIFO put there later cannot hang the
-read), checked to be a regular file, and for a folder's file checked to be the one listed
+A file is opened by ``sources.local_files.open_regular``: without blocking (``O_NONBLOCK``:
+a FIFO put there later cannot hang the read), checked to be a regular file, and for a folder's file checked to be the one listed
 (its identity), so that swapping an entry or a folder for a link after the listing is
 refused rather than read.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import stat
 from typing import NamedTuple
 
 from wdstream.errors import InputError
+from wdstream.sources.local_files import kind
+from wdstream.sources.local_files import open_regular as open_regular  # what pack opens
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"))
 
 
 class FolderFile(NamedTuple):
@@ -36,37 +34,6 @@ class FolderFile(NamedTuple):
     path: str
     size: int
     identity: tuple[int, int]
-
-
-def kind(mode: int) -> str:
-    """``"a FIFO"``, ``"a character device"``, ... for what is not a regular file."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def open_regular(path: str, identity: tuple[int, int] | None = None,
-                 nofollow: bool = False) -> io.FileIO:
-    """``path`` opened for reading if it is a regular file (and, given ``identity``, the file
-    read or listed there before; ``nofollow``: a folder's file, whose last component is not
-    followed if it is a link now); InputError otherwise. Opening never blocks, whatever is
-    there."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    if nofollow:
-        flags |= os.O_NOFOLLOW
-    try:
-        fd = os.open(path, flags)
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror or error}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"{path}: {kind(info.st_mode)}; pack reads only regular files")
-        if identity is not None and (info.st_dev, info.st_ino) != identity:
-            raise InputError(f"{path}: changed while packing (another file is there now)")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return io.FileIO(fd, "rb")
 
 
 def identity_of(file) -> tuple[int, int]:
