@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import wdstream as wds
-from tests.support.hostile import commands, in_child
+from tests.support.hostile import SECRET, commands, in_child
 from tests.support.shard_data import write_dataset
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state, state_path
 from wdstream.stages.config.build import MAX_EXPANDED
@@ -145,3 +145,131 @@ def test_a_sound_loader_state_file_still_resumes(checkpoint):
     assert status == "ok"
     load_loader_state(loader, folder)
     assert loader.state_dict() == saved
+
+
+# ------------------------------------------------------------- local raw files stay inside
+
+FORMATS = ["jsonl", "parquet", "arrow"]
+
+
+def write_raw(path: Path, fmt: str, text: str = "row", count: int = 20) -> Path:
+    """A raw file of ``count`` rows whose text holds ``text``, stored uncompressed so that the
+    text can be found, and replaced, in its bytes."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": i, "text": f"{text} {i:04d}"} for i in range(count)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path, compression="none",
+                       use_dictionary=False)
+    else:
+        table = pa.Table.from_pylist(rows)
+        with pa.ipc.new_file(str(path), table.schema) as writer:
+            writer.write_table(table)
+    return path
+
+
+def read_all(source, **options) -> list:
+    return [{k: v for k, v in sample.items() if not k.startswith("__")}
+            for sample in wds.StreamingDataset(source, shuffle=False, **options)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_fifo_named_as_a_raw_file_never_blocks(tmp_path, fmt):
+    folder = tmp_path / "ds"
+    write_raw(folder / f"a.{fmt}", fmt)
+    os.mkfifo(folder / f"x.{fmt}")
+    status, message = in_child(lambda: read_all(str(folder)), time_limit=15)
+    assert status == "InputError" and f"x.{fmt}: a FIFO" in message, (status, message)
+    status, message = in_child(lambda: read_all(str(folder / f"x.{fmt}")), time_limit=15)
+    assert status == "InputError" and "a FIFO" in message, (status, message)
+    status, rows = in_child(lambda: len(read_all(str(folder / f"*.{fmt}"))), time_limit=15)
+    assert (status, rows) == ("ok", 20)  # a pattern matches regular files only
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A folder outside the dataset holding raw files of SECRET rows."""
+    for fmt in FORMATS:
+        write_raw(tmp_path / "outside" / f"secret.{fmt}", fmt, text=SECRET)
+    return tmp_path / "outside"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_patterns_and_listings_go_through_no_link_out_of_the_folder(tmp_path, outside, fmt):
+    folder = tmp_path / "ds"
+    write_raw(folder / "sub" / f"a.{fmt}", fmt)
+    (folder / "linked").symlink_to(outside, target_is_directory=True)  # a link to a folder
+    (folder / "sub" / f"leak.{fmt}").symlink_to(outside / f"secret.{fmt}")  # to a file
+    for source in (str(folder), str(folder / f"**/*.{fmt}"), str(folder / f"*/*.{fmt}"),
+                   str(folder / f"*/leak.{fmt}"), [str(folder / f"sub/*.{fmt}")]):
+        status, rows = in_child(lambda source=source: read_all(source), time_limit=20)
+        assert status in ("ok", "NoFilesError"), (source, status, rows)
+        assert SECRET not in repr(rows), source
+    status, rows = in_child(lambda: len(read_all(str(folder / f"**/*.{fmt}"))))
+    assert (status, rows) == ("ok", 20)
+
+
+def test_a_config_files_names_and_patterns_stay_inside(tmp_path, outside):
+    folder = tmp_path / "ds"
+    write_raw(folder / "a.jsonl", "jsonl")
+    (folder / "linked").symlink_to(outside, target_is_directory=True)
+    (folder / "leak.jsonl").symlink_to(outside / "secret.jsonl")
+    path = tmp_path / "mix.yaml"
+
+    def read(**keys):
+        path.write_text(yaml.safe_dump({"datasets": [{"path": str(folder), **keys}]}))
+        return in_child(lambda: [dict(s) for s in wds.from_config(path).datasets[0]])
+
+    for keys in ({"data_files": "**/*.jsonl"}, {"data_files": "*.jsonl"}, {}):
+        status, rows = read(**keys)
+        assert status == "ok" and len(rows) == 20 and SECRET not in repr(rows), keys
+    for key, value in (("data_files", "linked/*.jsonl"), ("data_files", "leak.jsonl"),
+                       ("data_files", ["a.jsonl", "linked/secret.jsonl"]), ("name", "linked"),
+                       ("split", "linked")):
+        status, message = read(**{key: value})
+        assert status == "InputError" and "leads out of the dataset's path" in message, \
+            (key, value, status, message)
+
+
+def swap(path: Path, how: str, outside: Path, fmt: str) -> None:
+    """Put another file at ``path`` with its size and modification time, as planned."""
+    info = path.stat()
+    content = path.read_bytes().replace(b"row ", SECRET[:4].encode())
+    assert len(content) == info.st_size and content != path.read_bytes()
+    if how == "link":
+        target = outside / f"swapped.{fmt}"
+        target.write_bytes(content)
+        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+        path.with_name("tmp-link").symlink_to(target)
+        os.replace(path.with_name("tmp-link"), path)
+    elif how == "file":
+        path.with_name("tmp-file").write_bytes(content)
+        os.utime(path.with_name("tmp-file"), ns=(info.st_atime_ns, info.st_mtime_ns))
+        os.replace(path.with_name("tmp-file"), path)
+    else:  # the same file rewritten in place
+        path.write_bytes(content)
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    now = path.stat()
+    assert (now.st_size, now.st_mtime_ns) == (info.st_size, info.st_mtime_ns)
+
+
+@pytest.mark.parametrize("how", ["link", "file", "in-place"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_local_file_swapped_after_the_plan_is_refused(tmp_path, outside, fmt, how):
+    folder = tmp_path / "ds"
+    path = write_raw(folder / f"a.{fmt}", fmt)
+    dataset = wds.StreamingDataset(str(folder), shuffle=False)
+    swap(path, how, outside, fmt)
+
+    def read():
+        return [dict(sample) for sample in dataset]
+
+    status, message = in_child(read)
+    assert status == "ShardMismatchError", (status, message)
+    assert SECRET[:4] not in repr(message)

@@ -140,7 +140,7 @@ def in_child(function, time_limit: float = TIME_LIMIT, memory: int = MEMORY_LIMI
         try:
             send.send(("ok", function()))
         except BaseException as error:  # handed to the test
-            send.send((type(error).__name__, str(error)[:500]))
+            send.send((type(error).__name__, str(error)[:4000]))
 
     process = multiprocessing.get_context("fork").Process(target=child, daemon=True)
     process.start()

@@ -1,19 +1,25 @@
 """Finding the raw files of a source (Parquet, JSON Lines, Arrow IPC) and what each is now:
 its size and a tag that changes with its content (S3's ETag, GCS's generation, a local
-file's modification time), so that a file changed since the plan is noticed."""
+file's modification time), and a local file's identity (device, inode, change time), so that
+a file changed or replaced since the plan is noticed. Locally only regular files are taken,
+and neither a folder's listing nor a pattern's matches go through a link below the folder
+(or the pattern's fixed part): nothing outside it is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob as globmod
 import os
+import stat
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError
 from wdstream.printable import printable
-from wdstream.sources import gcs_objects, s3_objects
+from wdstream.sources import gcs_objects, local_files, s3_objects
 from wdstream.sources import urls as urlmod
+from wdstream.sources.local_files import Identity
 from wdstream.sources.objects import folder_path
 
 # name ending -> format; a folder listing takes every ending but ".json" (folders beside
@@ -49,6 +55,9 @@ class RawFile:
     name: str
     size: int
     tag: str
+    # a local file's device, inode and change time (``sources.local_files.Identity``): what a
+    # read checks it still is; not part of what identifies the content (a copy has others)
+    identity: Identity | None = dataclasses.field(default=None, compare=False)
 
     @property
     def format(self) -> str:
@@ -275,7 +284,7 @@ def _matching(pattern: str) -> list[RawFile]:
     if path is not None:
         root = urlmod.to_local_path(base) or "."
         matches = [m for m in sorted(globmod.glob(path, recursive=True))
-                   if file_format(m) and os.path.isfile(m) and not os.path.islink(m)]
+                   if file_format(m) and os.path.isfile(m) and _no_link_below(root, m)]
         return [_local_file(m, m, os.path.relpath(m, root).replace(os.sep, "/"))
                 for m in matches]
     fs, stripped = _filesystem(pattern)
@@ -290,6 +299,15 @@ def _matching(pattern: str) -> list[RawFile]:
             name = key[len(prefix):]
             files.append(_remote_file(_child(base, name), name, info))
     return files
+
+
+def _no_link_below(root: str, match: str) -> bool:
+    """Whether the local ``match`` of a pattern is reached from ``root`` through no link (a
+    link to a folder followed by ``**`` or ``*``, a link to a file): its real path is ``root``'s
+    real path joined with the path below it."""
+    inside = os.path.relpath(match, root)
+    return not inside.startswith("..") and \
+        os.path.realpath(match) == os.path.join(os.path.realpath(root), inside)
 
 
 def _described(named: Sequence[str]) -> list[RawFile]:
@@ -334,8 +352,13 @@ def _short_names(named: Sequence[str]) -> list[str]:
 
 
 def _local_file(url: str, path: str, name: str) -> RawFile:
+    """A local file as it is now (a link named by the user followed); InputError for
+    anything but a regular file, which could hold a reader waiting (a FIFO) or be endless."""
     info = os.stat(path)
-    return RawFile(url, name, info.st_size, f"mtime:{info.st_mtime_ns}")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{printable(url)}: {local_files.kind(info.st_mode)}; raw files are read only "
+                         "from regular files")
+    return RawFile(url, name, info.st_size, f"mtime:{info.st_mtime_ns}", Identity.of(info))
 
 
 def _remote_file(url: str, name: str, info: dict) -> RawFile:

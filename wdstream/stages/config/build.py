@@ -175,7 +175,7 @@ def _source(entry: dict, origin: _Origin | None, label: str):
     also looked for as the Hugging Face Hub names its files (``<name>/<split>-*.parquet``):
     the third value is those patterns, read when the split's folder holds nothing."""
     where = label
-    path = _resolve(entry["path"], origin, f"{where}: 'path'")
+    path = root = _resolve(entry["path"], origin, f"{where}: 'path'")
     hub = None
     for key in ("name", "split"):
         if key in entry:
@@ -188,22 +188,40 @@ def _source(entry: dict, origin: _Origin | None, label: str):
                                    else entry["path"])
     files = entry.get("data_files")
     if files is None:
-        return _checked(path, hub, origin, where), label, hub
+        return _checked(path, hub, origin, where, root), label, hub
     files = [_below(f, origin, f"{where}: 'data_files'")
              for f in ([files] if isinstance(files, str) else files)]
     joined = [urls.join(path.rstrip("/") + "/", f) for f in files]
     if len(joined) == 1 and joined[0].endswith(".json"):
-        return _checked(joined[0], None, origin, where), label, None  # a manifest
-    return _checked(joined, None, origin, where), label, None
+        return _checked(joined[0], None, origin, where, root), label, None  # a manifest
+    return _checked(joined, None, origin, where, root), label, None
 
 
-def _checked(source, hub, origin: _Origin | None, where: str):
-    """``source``, once it and the ``hub`` patterns, as joined from a config file's keys, were
-    checked as each key was (``check_data_path``)."""
+def _checked(source, hub, origin: _Origin | None, where: str, root: str):
+    """``source``, once it and the ``hub`` patterns, as joined from a config file's keys below
+    the dataset's path ``root``, were checked as each key was (``check_data_path``) and, on
+    a local disk, found to stay inside ``root`` through links (``_inside``)."""
     if origin is not None:
         for item in ([source] if isinstance(source, str) else source) + (hub or []):
             check_data_path(item, where)
+            if item != root and not origin.allow_external:
+                _inside(item, root, where)
     return source
+
+
+def _inside(item: str, root: str, where: str) -> None:
+    """InputError when the local ``item`` (a folder, file or pattern joined below ``root``)
+    lies outside ``root``'s real path once links are followed: a link in the dataset's folder
+    (``name: linked``, ``data_files: linked/*.jsonl``) does not lead out of it."""
+    local, top = urls.to_local_path(item), urls.to_local_path(root)
+    if local is None or top is None:
+        return
+    fixed = local[:min([local.find(c) for c in "*?[{" if c in local] or [len(local)])]
+    real, inside = os.path.realpath(fixed), os.path.realpath(top)
+    if real != inside and not real.startswith(inside.rstrip(os.sep) + os.sep):
+        raise InputError(f"{where} {printable(repr(item))}: leads out of the dataset's path "
+                         f"through a link (to {printable(real)}); pass "
+                         "allow_external_paths=True to from_config to allow it")
 
 
 def _dataset(source, hub, **options):
