@@ -22,6 +22,7 @@ import psutil
 import pytest
 import yaml
 
+from tests.support.raw_data import upload_tree
 from tests.support.servers import environ, free_port
 
 # each axolotl run takes 30-90 s to start; a test runs three
@@ -57,12 +58,27 @@ def work(tmp_path_factory, moto_server):
         {"instruction": sentence(rng, 3, 8), "input": sentence(rng, 0, 4),
          "output": sentence(rng, 2, 10)} for _ in range(60)])
     run([sys.executable, str(HERE / "tiny_model.py"), str(root / "model"), str(web)], root)
+    raw = write_alpaca_parquet(root / "alpaca-raw", alpaca)
     with environ(moto_server.env):
         bucket = moto_server.create_bucket("axolotl-data")
         for name, path in (("web", web), ("code", code), ("alpaca", alpaca)):
             run([os.path.join(BIN, "wdstream"), "pack", str(path), "-o",
                  f"s3://{bucket}/{name}/", "--max-count", "10"], root)
+        upload_tree(moto_server.client(), bucket, raw, "alpaca-raw")
     return root, bucket, moto_server.env
+
+
+def write_alpaca_parquet(folder: Path, records_path: Path) -> Path:
+    """The alpaca records as two raw Parquet files (row groups of 8 rows)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [json.loads(line) for line in records_path.read_text().splitlines()]
+    folder.mkdir()
+    half = len(records) // 2
+    for name, part in (("part-0.parquet", records[:half]), ("part-1.parquet", records[half:])):
+        pq.write_table(pa.Table.from_pylist(part), folder / name, row_group_size=8)
+    return folder
 
 
 def run(cmd: list[str], cwd, env=None, expect=0, timeout=600) -> subprocess.CompletedProcess:
@@ -234,32 +250,34 @@ def test_a_mistake_in_a_wdstream_entry_fails_at_start_naming_the_key(work):
     assert result.returncode != 0
     assert "pretraining_dataset[0] (s3://" in result.stderr
     assert "'weight' must be a number, not str 'heavy'" in result.stderr
+    assert "Traceback" not in result.stderr
     assert not (root / "mistake").exists() or not any((root / "mistake").glob("checkpoint-*"))
 
 
 CHECKS = """
 import json, sys
-from wdstream.errors import InputError
-from wdstream.integrations.axolotl import check_settings, wdstream_config
+from axolotl.utils.dict import DictDefault
+from wdstream.integrations.axolotl import WdstreamPlugin
 
 out = []
 for cfg in json.loads(sys.argv[1]):
+    plugin = WdstreamPlugin()
     try:
-        config = wdstream_config(cfg)
-        if config is not None:
-            check_settings(cfg, config)
-        out.append(None if config is None else sorted(config))
-    except InputError as error:
-        out.append(str(error))
+        plugin.register(DictDefault(cfg))
+        out.append(None if plugin.written is None else sorted(plugin.written))
+    except SystemExit as error:  # a mistake: the message, without a traceback
+        out.append(str(error.code))
 print(json.dumps(out))
 """
 
 
 def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
-    """The plugin's checks of a config as written, each naming the key (one interpreter)."""
-    root, bucket, _env = work
+    """The plugin's checks of a config as written (its ``register``), each naming the entry
+    and key, the file and column (one interpreter)."""
+    root, bucket, s3_env = work
     web = {"path": f"s3://{bucket}/web/", "type": "pretrain"}
     alpaca = {"path": f"s3://{bucket}/alpaca/", "type": "alpaca"}
+    raw = {"path": f"s3://{bucket}/alpaca-raw/", "type": "alpaca"}
     cases = [
         ({"datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}]}, None),
         ({"datasets": [alpaca, {"path": "tatsu-lab/alpaca", "type": "alpaca"}]},
@@ -271,11 +289,25 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
          "wdstream.sequence_len: axolotl's own settings"),
         ({"pretraining_dataset": [web], "datasets": [alpaca], "sequence_len": 32},
          "datasets and pretraining_dataset"),
-        ({"datasets": [dict(alpaca, weight=2, field_instruction="q")], "seed": 3,
+        ({"datasets": [dict(alpaca, weight=2, field_messages="q")], "seed": 3,
           "wdstream": {"shuffle_window": 50}},
          ["datasets", "seed", "shuffle_window"]),
+        # misspelled keys: an error at start, naming the entry, the key and the known one
+        ({"datasets": [alpaca, dict(raw, wieght=2)], "wdstream": {"shuffle_windw": 50}},
+         f"2 mistakes in the config:\n  - datasets[1] (s3://{bucket}/alpaca-raw/): unknown "
+         "key 'wieght' (did you mean 'weight'?)\n  - wdstream: unknown key 'shuffle_windw' "
+         "(did you mean 'shuffle_window'?)"),
+        # the columns the prompt format reads, from the Parquet schema
+        ({"datasets": [raw, dict(raw, type="chat_template", label="chats")]},
+         f"datasets[1] (s3://{bucket}/alpaca-raw/): s3://{bucket}/alpaca-raw/part-0.parquet "
+         "has no column 'messages', which type 'chat_template' reads"),
+        # a local folder of raw Parquet streams as a bucket does
+        ({"datasets": [{"path": str(root / "alpaca-raw"), "type": "alpaca"}]}, ["datasets"]),
+        ({"datasets": [{"path": str(root / "alpaca-raw" / "part-1.parquet"),
+                        "type": "completion"}]},
+         "part-1.parquet has no column 'text', which type 'completion' reads"),
     ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
+    env = dict(os.environ, **s3_env, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
                AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
     result = run([sys.executable, "-c", CHECKS, json.dumps([c for c, _ in cases])], root, env)
     for (_cfg, expected), got in zip(cases, json.loads(result.stdout.splitlines()[-1]),

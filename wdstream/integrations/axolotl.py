@@ -14,6 +14,7 @@ from axolotl.integrations.base import BasePlugin
 from pydantic import BaseModel
 
 from wdstream.errors import InputError
+from wdstream.integrations.axolotl_checks import check_columns, check_keys
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
 from wdstream.stages.config.build import from_file_values
@@ -21,6 +22,7 @@ from wdstream.stages.config.keys import DATASET_KEYS, TRAINER_KEYS, check_values
 from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.contract import world_info
 from wdstream.stream.loader import DataLoader
+from wdstream.tables.files import file_format
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +56,21 @@ class WdstreamPlugin(BasePlugin):
 
     def register(self, cfg) -> None:
         """Take the entries as written (axolotl's schema drops ``weight`` and the other keys
-        it does not know) and check them now: a mistake fails before anything is loaded."""
+        it does not know) and check them now: a mistake fails before anything is loaded,
+        said in one message without a traceback (``SystemExit``)."""
+        try:
+            self.take(cfg)
+        except InputError as error:
+            raise SystemExit(f"InputError: {error}") from None
+
+    def take(self, cfg) -> None:
+        """``register``'s work: the wdstream config of ``cfg``, checked, and its mixture."""
         self.written = wdstream_config(cfg)
         if self.written is not None:
             check_settings(cfg, self.written)
             trainer_numbers(cfg, self.written)
             self.mix = mixture(self.written)  # every mistake of the entries, at once
+            check_columns(self.mix, _plain(cfg))
 
     def load_datasets(self, cfg, preprocess: bool = False):
         from axolotl.common.datasets import TrainDatasetMeta
@@ -86,8 +97,9 @@ class WdstreamPlugin(BasePlugin):
 
 
 def is_streamed(path) -> bool:
-    """Whether wdstream reads the dataset at ``path``: a bucket (``s3://``, ``gs://``), or
-    a local folder of shards with or without a manifest, a shard or a manifest file."""
+    """Whether wdstream reads the dataset at ``path``: a bucket (``s3://``, ``gs://``), a
+    local folder of shards (with or without a manifest) or of raw Parquet, JSON Lines or Arrow
+    files (at any depth), a shard, a manifest or a raw file."""
     if not isinstance(path, str) or not path:
         return False
     scheme = urls.scheme(path)
@@ -97,9 +109,18 @@ def is_streamed(path) -> bool:
     if local is None:
         return False
     if os.path.isdir(local):
-        return any(name == "index.json" or name.endswith(".tar")
-                   for name in os.listdir(local))
-    return local.endswith((".tar", "index.json"))
+        return _holds_data(local)
+    return local.endswith((".tar", "index.json")) or file_format(local) is not None
+
+
+def _holds_data(folder: str) -> bool:
+    """Whether a local folder holds shards, a manifest or raw files (at any depth)."""
+    for _root, _dirs, names in os.walk(folder):
+        if any(name == "index.json" or name.endswith(".tar") or (
+                file_format(name) is not None and not name.endswith(".json"))
+               for name in names):
+            return True
+    return False
 
 
 def wdstream_config(cfg) -> dict | None:
@@ -109,6 +130,7 @@ def wdstream_config(cfg) -> dict | None:
     entries = {key: _listed(plain.get(key)) for key in ENTRY_KEYS}
     if not _all_streamed(entries):
         return None
+    check_keys(plain)
     config = {key: plain[key] for key in SHARED_KEYS if plain.get(key) is not None}
     config.update(_own_settings(plain.get("wdstream")))
     if entries["pretraining_dataset"]:
