@@ -1,7 +1,8 @@
 """A second axolotl plugin for the tests: records the batches the model trains on, and kills
 the run with SIGKILL at a step.
 
-Each forward pass of the model appends its ``input_ids`` and ``labels`` as one line to
+Each forward pass of the model appends its ``input_ids``, ``labels`` and ``position_ids`` (when
+given) as one line to
 ``{output_dir}/batches-{RUN}-rank{R}.jsonl`` (``WDSTREAM_TEST_RUN`` names the run); with
 ``WDSTREAM_TEST_KILL_AT=N`` the process kills itself with SIGKILL at the end of step N, before
 the Trainer would save that step's checkpoint (it saves after the step-end callbacks). It
@@ -35,7 +36,7 @@ class Recorder(BasePlugin):
         def record(_module, args, kwargs):
             if not model.training:
                 return
-            line = {key: kwargs[key].tolist() for key in ("input_ids", "labels")
+            line = {key: kwargs[key].tolist() for key in ("input_ids", "labels", "position_ids")
                     if kwargs.get(key) is not None}
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")

@@ -58,7 +58,9 @@ def work(tmp_path_factory, moto_server):
         {"instruction": sentence(rng, 3, 8), "input": sentence(rng, 0, 4),
          "output": sentence(rng, 2, 10)} for _ in range(60)])
     run([sys.executable, str(HERE / "tiny_model.py"), str(root / "model"), str(web)], root)
-    raw = write_alpaca_parquet(root / "alpaca-raw", alpaca)
+    raw = write_alpaca_parquet(root / "alpaca-raw", [
+        {"instruction": sentence(rng, 3, 8), "input": sentence(rng, 0, 4),
+         "output": sentence(rng, 2, 10)} for _ in range(200)])
     with environ(moto_server.env):
         bucket = moto_server.create_bucket("axolotl-data")
         for name, path in (("web", web), ("code", code), ("alpaca", alpaca)):
@@ -68,12 +70,11 @@ def work(tmp_path_factory, moto_server):
     return root, bucket, moto_server.env
 
 
-def write_alpaca_parquet(folder: Path, records_path: Path) -> Path:
-    """The alpaca records as two raw Parquet files (row groups of 8 rows)."""
+def write_alpaca_parquet(folder: Path, records: list[dict]) -> Path:
+    """Alpaca records as two raw Parquet files (row groups of 8 rows)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    records = [json.loads(line) for line in records_path.read_text().splitlines()]
     folder.mkdir()
     half = len(records) // 2
     for name, part in (("part-0.parquet", records[:half]), ("part-1.parquet", records[half:])):
@@ -156,6 +157,15 @@ def sft(work, out: str) -> dict:
                   datasets=[{"path": f"s3://{bucket}/alpaca/", "type": "alpaca"}])
 
 
+def sft_packed(work, out: str) -> dict:
+    """alpaca from raw Parquet, its examples (some 100 to 120 tokens: the tiny tokenizer
+    spells most of alpaca's preamble letter by letter) packed into sequence_len rows."""
+    _root, bucket, _env = work
+    return config(work, out, pretraining_dataset=None, sample_packing=True, sequence_len=512,
+                  datasets=[{"path": f"s3://{bucket}/alpaca-raw/", "type": "alpaca"}],
+                  wdstream={"packing_buffer": 16})
+
+
 def train(work, cfg: dict, name: str, nproc: int = 1, kill_at: int = 0, expect: int = 0):
     """``axolotl train`` (under ``accelerate launch`` on ``nproc`` CPU processes) as run
     ``name``; returns its batches per rank."""
@@ -192,9 +202,9 @@ def check_resumed(reference, killed, resumed, accumulation: int = 2):
     assert resumed == reference[saved:]
 
 
-@pytest.mark.parametrize("kind", ["pretrain", "sft"])
+@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft-packed"])
 def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(work, kind):
-    make = config if kind == "pretrain" else sft
+    make = {"pretrain": config, "sft": sft, "sft-packed": sft_packed}[kind]
     [reference] = train(work, make(work, f"{kind}-reference"), f"{kind}-reference")
     interrupted = make(work, f"{kind}-interrupted")
     [killed] = train(work, interrupted, f"{kind}-killed", kill_at=KILL_AT,
@@ -208,11 +218,27 @@ def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(
     assert len(set(map(tuple, ids))) == len(ids)  # no example twice
     if kind == "pretrain":  # packed: every row is sequence_len tokens, no padding
         assert {len(row) for row in ids} == {32} and 3 not in {t for r in ids for t in r}
+    elif kind == "sft-packed":  # rows of whole examples, each's positions from 0
+        check_packed(reference)
     else:  # alpaca: the prompt's tokens are masked (padding is on the right), the
         # response's trained on
         labels = [row for batch in reference for row in batch["labels"]]
         assert all(row[0] == -100 and any(t >= 0 for t in row) for row in labels)
         assert all(row[0] != 3 for row in ids)
+
+
+def check_packed(batches: list[dict]) -> None:
+    """Rows of at most sequence_len tokens, most holding several examples (position ids
+    restarting at 0), each example's prompt masked and its response trained on."""
+    rows = [(ids, labels, positions) for batch in batches for ids, labels, positions in
+            zip(batch["input_ids"], batch["labels"], batch["position_ids"], strict=True)]
+    assert all(len(ids) <= 512 for ids, _, _ in rows)
+    starts = [[i for i, p in enumerate(positions) if p == 0 and ids[i] != 3]  # 3: <pad>
+              for ids, _, positions in rows]
+    assert sum(len(s) > 1 for s in starts) > len(rows) // 2
+    for (_ids, labels, _positions), first in zip(rows, starts, strict=True):
+        assert all(labels[i] == -100 for i in first)  # each example starts in its prompt
+        assert any(t >= 0 for t in labels)
 
 
 def test_two_processes_share_the_data_and_resume_exactly(work):
@@ -282,7 +308,7 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
         ({"datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}]}, None),
         ({"datasets": [alpaca, {"path": "tatsu-lab/alpaca", "type": "alpaca"}]},
          "datasets[1]: not a wdstream dataset"),
-        ({"datasets": [alpaca], "sample_packing": True}, "sample_packing: packing"),
+        ({"datasets": [alpaca], "sample_packing": True}, "max_steps: packed examples"),
         ({"pretraining_dataset": [web], "sequence_len": 32, "val_set_size": 0.1},
          "val_set_size: a streamed dataset"),
         ({"pretraining_dataset": [web], "sequence_len": 32, "wdstream": {"sequence_len": 8}},

@@ -28,7 +28,7 @@ def main(folder: str, texts_path: str) -> None:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
         bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
 

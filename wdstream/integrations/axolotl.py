@@ -14,7 +14,12 @@ from axolotl.integrations.base import BasePlugin
 from pydantic import BaseModel
 
 from wdstream.errors import InputError
-from wdstream.integrations.axolotl_checks import check_columns, check_keys
+from wdstream.integrations.axolotl_checks import PLUGIN_KEYS, check_columns, check_keys
+from wdstream.integrations.axolotl_packing import (
+    PackedExamples,
+    PackedRows,
+    packed_examples,
+)
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
 from wdstream.stages.config.build import from_file_values
@@ -174,9 +179,9 @@ def _own_settings(own) -> dict:
 
 def check_settings(cfg, config: dict) -> None:
     """The axolotl settings a streamed run cannot honour, refused by name."""
-    if config.get("datasets") and cfg.get("sample_packing"):
-        raise InputError("sample_packing: packing prompt-formatted examples is not streamed; "
-                         "set sample_packing: false (pretraining_dataset entries are packed)")
+    if config.get("datasets") and cfg.get("sample_packing") and not cfg.get("max_steps"):
+        raise InputError("max_steps: packed examples (sample_packing: true) make as many "
+                         "rows as their lengths allow, unknown before they are read: set it")
     if (cfg.get("val_set_size") or 0) > 0:
         raise InputError("val_set_size: a streamed dataset has no held-out part; set "
                          "val_set_size: 0")
@@ -188,7 +193,8 @@ def mixture(config: dict):
     """``from_config``'s ``Mix`` of the entries (the packing is ``packed``'s), their paths
     with the trust of the file they were written in."""
     return from_file_values({key: value for key, value in config.items()
-                             if key not in PACKING_KEYS}, "the axolotl config")
+                             if key not in PACKING_KEYS and key not in PLUGIN_KEYS},
+                            "the axolotl config")
 
 
 def packed(mix, config: dict, tokenizer, cfg):
@@ -231,11 +237,16 @@ def make_loader(cfg, config: dict, mix, tokenizer):
         dataset = mix
         formats = {name: PromptFormat(entry, tokenizer, cfg)
                    for name, entry in zip(mix.names, cfg.datasets, strict=True)}
+        if cfg.sample_packing:
+            dataset = packed_examples(mix, config, formats, cfg)
+            formats = None
     else:
         dataset = packed(mix, config, tokenizer, cfg)
+    collate = Batches(tokenizer, formats, bool(cfg.sample_packing))
+    if isinstance(dataset, PackedExamples):
+        collate = PackedRows(tokenizer, cfg)
     return DataLoader(dataset, batch_size=cfg.micro_batch_size,
-                      num_workers=cfg.dataloader_num_workers or 0,
-                      collate_fn=Batches(tokenizer, formats, bool(cfg.sample_packing)))
+                      num_workers=cfg.dataloader_num_workers or 0, collate_fn=collate)
 
 
 class PromptFormat:

@@ -17,7 +17,7 @@ from wdstream.tables.reads import Access
 from wdstream.tables.units import FORMATS, UnitTable
 
 # the plugin's own keys under wdstream: (beside from_config's)
-PLUGIN_KEYS: tuple[str, ...] = ()
+PLUGIN_KEYS = ("packing_buffer",)  # records packed together (sample_packing with datasets:)
 # axolotl's schema of each kind of entry (a pydantic model in axolotl.utils.schemas.datasets)
 SCHEMAS = {"datasets": "SFTDataset", "pretraining_dataset": "PretrainingDataset"}
 

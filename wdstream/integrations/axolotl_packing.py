@@ -1,0 +1,231 @@
+"""SFT sample packing, streamed (``sample_packing: true`` with ``datasets:``): prompt-formatted
+examples packed into rows of at most ``sequence_len`` tokens, as axolotl's multipack does, by
+first-fit decreasing over a buffer of records read in a row. A position is ``[rows, inner
+position before the buffer, rows of the buffer delivered]``: a resume reads the buffer again
+from its start and packs it again (a pure function of the records), then skips the rows
+delivered, so it goes on token for token. The rows of a pass depend on the examples' lengths
+(no counts): it resumes on the layout it was saved with."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from wdstream.errors import InputError, StateError, UnsizedError
+from wdstream.stages.base import Stage, StageOptions
+from wdstream.stream.contract import IterationSpec
+from wdstream.stream.plan import HistorySegment
+from wdstream.stream.ranks import rank_position
+
+EXCESS = ("drop", "truncate")
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of indices of ``lengths`` (each at most ``capacity``): the longest first, each
+    into the first bin with room, ties in index order; bins in the order they were opened,
+    each's indices in the order placed."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    room: list[int] = []
+    bins: list[list[int]] = []
+    for index in order:
+        size = lengths[index]
+        for b, left in enumerate(room):
+            if left >= size:
+                room[b] -= size
+                bins[b].append(index)
+                break
+        else:
+            room.append(capacity - size)
+            bins.append([index])
+    return bins
+
+
+class PackedExamples(Stage):
+    """Rows packed from the records of ``dataset``, each formatted by ``make_example(record)``
+    into a dict of token lists (``input_ids``, ``labels``...; None: the record gives no
+    example). Each item is a row: the list of its examples, each with ``position_ids``
+    restarting at 0 (axolotl's packed collator joins them).
+
+    Args:
+        dataset: a ``StreamingDataset`` or ``Mix``.
+        make_example: ``record -> dict | None``, run in the DataLoader workers.
+        seq_len (int): tokens per row, at most.
+        buffer (int): records packed together (first-fit decreasing over their examples).
+        excess (str): an example longer than ``seq_len`` is ``"drop"``ped or
+            ``"truncate"``d to ``seq_len`` tokens.
+    """
+
+    positions_per_rank = True
+    counts_setting = "counts (the rows a pass packs depend on the examples' lengths)"
+
+    def __init__(self, dataset, make_example: Callable, seq_len: int, *, buffer: int = 1000,
+                 excess: str = "drop", identity: str = ""):
+        super().__init__()
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+            raise InputError(f"sequence_len must be an integer >= 2, not {seq_len!r}")
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+            raise InputError(f"the packing buffer must be a positive integer, not {buffer!r}")
+        if excess not in EXCESS:
+            raise InputError(f"excess_length_strategy must be one of {', '.join(EXCESS)}, "
+                             f"not {excess!r}")
+        self.dataset, self.make_example = dataset, make_example
+        self.seq_len, self.buffer, self.excess = seq_len, buffer, excess
+        self.identity = identity  # what else shapes the examples (the formats, tokenizer)
+        self.options = StageOptions(seed=dataset.options.seed)
+        self.source = f"PackedExamples({dataset.source})"
+
+    @property
+    def has_counts(self) -> bool:
+        return False
+
+    @property
+    def elastic(self) -> bool:
+        return False
+
+    def inner(self) -> list:
+        return [self.dataset]
+
+    def plan(self, epoch: int, world: int, workers: int,
+             history: Sequence[HistorySegment] = ()):
+        raise UnsizedError(f"{self.source}: the rows of a pass depend on the examples' "
+                           "lengths; set max_steps")
+
+    def fingerprint(self) -> str:
+        text = json.dumps([self.dataset.fingerprint(), self.dataset.options.seed,
+                           self.seq_len, self.buffer, self.excess, self.identity])
+        return "packed-examples-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def check_own(self, position) -> None:
+        _parse(position)
+
+    # ---- iteration ------------------------------------------------------------------------
+    def example(self, record) -> dict | None:
+        """A record's example, with position ids, after the excess-length rule."""
+        return fitted(self.make_example(record), self.seq_len, self.excess)
+
+    def positioned(self, spec: IterationSpec, stream: int, start
+                   ) -> Iterator[tuple[list, list]]:
+        """Stream ``stream``'s rows from position ``start``, each with the position after it."""
+        rows, before, skip = _parse(rank_position(start, spec.rank))
+        records = self.dataset.positioned(spec, stream, before)
+        while True:
+            examples, after, read = [], before, 0
+            for record, position in records:
+                read, after = read + 1, position
+                example = self.example(record)
+                if example is not None:
+                    examples.append(example)
+                if read == self.buffer:
+                    break
+            if not read:
+                return  # the stream ended
+            bins = first_fit_decreasing([len(e["input_ids"]) for e in examples], self.seq_len)
+            for k in range(skip, len(bins)):
+                rows += 1
+                done = k + 1 == len(bins)
+                yield ([examples[i] for i in bins[k]],
+                       [rows, after, 0] if done else [rows, before, k + 1])
+            before, skip = after, 0
+
+
+def fitted(example: dict | None, seq_len: int, excess: str) -> dict | None:
+    """An example (None: none) with ``position_ids``, longer than ``seq_len`` dropped or
+    truncated (``excess``); an empty one dropped."""
+    if example is None:
+        return None
+    example = {key: list(value) for key, value in example.items()}
+    length = len(example["input_ids"])
+    if length == 0 or length > seq_len and excess == "drop":
+        return None
+    if length > seq_len:
+        example = {key: value[:seq_len] for key, value in example.items()}
+        length = seq_len
+    example["position_ids"] = list(range(length))
+    return example
+
+
+def _parse(position) -> tuple[int, object, int]:
+    if position == 0:
+        return 0, 0, 0
+    if not (isinstance(position, list) and len(position) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                    for v in (position[0], position[2]))):
+        raise StateError(f"not a position of packed examples: {position!r:.200}")
+    return position[0], position[1], position[2]
+
+
+DEFAULT_BUFFER = 1000  # records packed together by default (wdstream: {packing_buffer: N})
+
+
+def packed_examples(mix, config: dict, formats: dict, cfg) -> PackedExamples:
+    """The ``datasets:`` mixture's records formatted by their entries' prompt formats, the
+    rows ``val_set_size`` holds out left out, packed into ``sequence_len`` rows
+    (``sample_packing: true``; else one example a row)."""
+    return PackedExamples(mix, SourceFormats(formats, held_out_share(cfg), cfg.seed or 0),
+                          cfg.sequence_len,
+                          buffer=config.get("packing_buffer", DEFAULT_BUFFER)
+                          if cfg.sample_packing else 1,
+                          excess=(cfg.excess_length_strategy or "drop").lower(),
+                          identity=json.dumps([held_out_share(cfg), cfg.seed or 0]))
+
+
+class SourceFormats:
+    """A sample of a mixture formatted by its source's prompt format (``__source__``); with
+    ``share`` (``val_set_size``), only the samples ``held_out`` says are ``held`` (the eval
+    split) or not (training) give an example."""
+
+    def __init__(self, formats: dict, share: float = 0.0, seed: int = 0, held: bool = False):
+        self.formats, self.share, self.seed, self.held = formats, share, seed, held
+
+    def __call__(self, sample: dict) -> dict | None:
+        from wdstream.integrations.axolotl import record_of
+
+        if self.share and held_out(sample, self.share, self.seed) != self.held:
+            return None
+        example = self.formats[sample["__source__"]](record_of(sample))
+        return {key: example[key] for key in ("input_ids", "attention_mask", "labels")
+                if key in example}
+
+
+def held_out_share(cfg) -> float:
+    return float(cfg.get("val_set_size") or 0.0)
+
+
+def held_out(sample: dict, share: float, seed: int = 0) -> bool:
+    """Whether ``val_set_size`` holds the sample out of training: a hash of its source and
+    ``__key__`` (a file's name and row, a shard sample's key), read as a number in [0, 1),
+    below ``share``. The same on every run, resume and layout."""
+    text = f"{seed}\0{sample.get('__source__', '')}\0{sample['__key__']}"
+    number = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    return number / 2**64 < share
+
+
+class PackedRows:
+    """The collate function of packed rows, as axolotl's multipack collator
+    (``V2BatchSamplerDataCollatorForSeq2Seq``) makes a batch: each row's examples joined
+    (``attention_mask`` numbering them 1, 2...), padded to the longest row, rounded up as
+    axolotl's trainer builder rounds it (to ``sequence_len`` with ``pad_to_sequence_len``)."""
+
+    def __init__(self, tokenizer, cfg):
+        from axolotl.utils.collators import V2BatchSamplerDataCollatorForSeq2Seq
+
+        self.collator = V2BatchSamplerDataCollatorForSeq2Seq(
+            tokenizer, padding=True, return_tensors="pt", **padding_of(cfg))
+
+    def __call__(self, rows: list) -> dict:
+        return self.collator([[{key: np.asarray(value) for key, value in example.items()}
+                               for example in row] for row in rows])
+
+
+def padding_of(cfg) -> dict:
+    """The collator's ``pad_to_multiple_of`` as axolotl's trainer builder sets it."""
+    multiple = cfg.get("pad_to_multiple_of") or 64
+    if cfg.get("pad_to_sequence_len"):
+        return {"pad_to_multiple_of": multiple * math.ceil(cfg.sequence_len / multiple)}
+    if cfg.get("pad_to_sequence_len") is None:
+        return {"pad_to_multiple_of": multiple}
+    return {}
