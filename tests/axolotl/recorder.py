@@ -3,7 +3,8 @@ the run with SIGKILL at a step.
 
 Each forward pass of the model appends its ``input_ids``, ``labels`` and ``position_ids`` (when
 given) as one line to
-``{output_dir}/batches-{RUN}-rank{R}.jsonl`` (``WDSTREAM_TEST_RUN`` names the run); with
+``{output_dir}/batches-{RUN}-rank{R}.jsonl`` (``WDSTREAM_TEST_RUN`` names the run; evaluation's
+to ``evals-{RUN}-rank{R}.jsonl``); with
 ``WDSTREAM_TEST_KILL_AT=N`` the process kills itself with SIGKILL at the end of step N, before
 the Trainer would save that step's checkpoint (it saves after the step-end callbacks). It
 also keeps each trainer until the process exits (``_trainers``)."""
@@ -34,11 +35,10 @@ class Recorder(BasePlugin):
         os.makedirs(cfg.output_dir, exist_ok=True)
 
         def record(_module, args, kwargs):
-            if not model.training:
-                return
             line = {key: kwargs[key].tolist() for key in ("input_ids", "labels", "position_ids")
                     if kwargs.get(key) is not None}
-            with open(path, "a", encoding="utf-8") as f:
+            target = path if model.training else path.replace("/batches-", "/evals-")
+            with open(target, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")
 
         model.register_forward_pre_hook(record, with_kwargs=True)

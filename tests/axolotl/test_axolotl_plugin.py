@@ -241,6 +241,33 @@ def check_packed(batches: list[dict]) -> None:
         assert any(t >= 0 for t in labels)
 
 
+def examples_of(batches: list[dict]) -> list[tuple]:
+    """The examples of packed rows: their tokens, cut where the position ids restart."""
+    found = []
+    for batch in batches:
+        for ids, positions in zip(batch["input_ids"], batch["position_ids"], strict=True):
+            starts = [i for i, p in enumerate(positions) if p == 0 and ids[i] != 3]
+            ends = starts[1:] + [len(ids)]
+            found += [tuple(t for t in ids[a:b] if t != 3) for a, b in zip(starts, ends,
+                                                                            strict=True)]
+    return found
+
+
+def test_an_eval_split_is_evaluated_and_never_trained_on(work):
+    """val_set_size: 0.25 holds out a quarter of the rows (by a hash of their keys); the run
+    evaluates them at eval_steps, packed, and trains on none of them."""
+    cfg = sft_packed(work, "held-out")
+    cfg.update(val_set_size=0.25, eval_steps=3, max_steps=3, save_steps=3)
+    [trained] = train(work, cfg, "held-out")
+    evaluated = [json.loads(line) for line in
+                 (Path(cfg["output_dir"]) / "evals-held-out-rank0.jsonl").read_text().splitlines()]
+    train_examples, eval_examples = examples_of(trained), examples_of(evaluated)
+    assert len(eval_examples) > 20 and len(train_examples) > 20
+    assert not set(train_examples) & set(eval_examples)
+    # every held-out example is evaluated: about a quarter of the 200 records
+    assert 30 <= len(set(eval_examples)) <= 70
+
+
 def test_two_processes_share_the_data_and_resume_exactly(work):
     # save_only_model: on CPU under several processes, transformers 5.16's Trainer loads the
     # optimizer's checkpoint with map_location=args.device, "cpu:0", which torch.load

@@ -18,6 +18,8 @@ from wdstream.integrations.axolotl_checks import PLUGIN_KEYS, check_columns, che
 from wdstream.integrations.axolotl_packing import (
     PackedExamples,
     PackedRows,
+    eval_split,
+    held_out_share,
     packed_examples,
 )
 from wdstream.integrations.hf_trainer import steps, use_loader
@@ -90,8 +92,12 @@ class WdstreamPlugin(BasePlugin):
         self.loader = make_loader(cfg, self.written, self.mix, tokenizer)
         total = cfg.max_steps or steps(self.loader, cfg.num_epochs or 1,
                                        cfg.gradient_accumulation_steps or 1)
+        evaluated = None
+        if held_out_share(cfg):
+            evaluated = eval_split(mixture(self.written), self.written,
+                                   prompt_formats(self.mix, tokenizer, cfg), cfg)
         return TrainDatasetMeta(train_dataset=StreamColumns(self.loader.dataset),
-                                total_num_steps=total)
+                                eval_dataset=evaluated, total_num_steps=total)
 
     def get_training_args(self, cfg) -> dict:
         return {"ignore_data_skip": True} if self.written is not None else {}
@@ -179,12 +185,18 @@ def _own_settings(own) -> dict:
 
 def check_settings(cfg, config: dict) -> None:
     """The axolotl settings a streamed run cannot honour, refused by name."""
-    if config.get("datasets") and cfg.get("sample_packing") and not cfg.get("max_steps"):
-        raise InputError("max_steps: packed examples (sample_packing: true) make as many "
-                         "rows as their lengths allow, unknown before they are read: set it")
-    if (cfg.get("val_set_size") or 0) > 0:
-        raise InputError("val_set_size: a streamed dataset has no held-out part; set "
-                         "val_set_size: 0")
+    share = cfg.get("val_set_size") or 0
+    if config.get("datasets") and (cfg.get("sample_packing") or share) \
+            and not cfg.get("max_steps"):
+        raise InputError("max_steps: packed examples (sample_packing: true) and a held-out "
+                         "share (val_set_size) make as many batches as the examples' lengths "
+                         "and keys allow, unknown before they are read: set it")
+    if share and config.get("pretraining_dataset"):
+        raise InputError("val_set_size: held out of datasets: entries; a streamed "
+                         "pretraining_dataset has no held-out part (set val_set_size: 0)")
+    if not 0 <= share < 1:
+        raise InputError(f"val_set_size: a streamed dataset holds out a share of its rows "
+                         f"(0 < val_set_size < 1), not a count ({share!r})")
     if config.get("pretraining_dataset") and not cfg.get("sequence_len"):
         raise InputError("sequence_len: packing pretraining_dataset entries needs it")
 
@@ -235,9 +247,8 @@ def make_loader(cfg, config: dict, mix, tokenizer):
     formats = None
     if config.get("datasets"):
         dataset = mix
-        formats = {name: PromptFormat(entry, tokenizer, cfg)
-                   for name, entry in zip(mix.names, cfg.datasets, strict=True)}
-        if cfg.sample_packing:
+        formats = prompt_formats(mix, tokenizer, cfg)
+        if cfg.sample_packing or held_out_share(cfg):
             dataset = packed_examples(mix, config, formats, cfg)
             formats = None
     else:
@@ -247,6 +258,12 @@ def make_loader(cfg, config: dict, mix, tokenizer):
         collate = PackedRows(tokenizer, cfg)
     return DataLoader(dataset, batch_size=cfg.micro_batch_size,
                       num_workers=cfg.dataloader_num_workers or 0, collate_fn=collate)
+
+
+def prompt_formats(mix, tokenizer, cfg) -> dict:
+    """Each ``datasets:`` entry's ``PromptFormat``, by its name in the mixture."""
+    return {name: PromptFormat(entry, tokenizer, cfg)
+            for name, entry in zip(mix.names, cfg.datasets, strict=True)}
 
 
 class PromptFormat:

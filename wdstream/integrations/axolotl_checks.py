@@ -17,7 +17,8 @@ from wdstream.tables.reads import Access
 from wdstream.tables.units import FORMATS, UnitTable
 
 # the plugin's own keys under wdstream: (beside from_config's)
-PLUGIN_KEYS = ("packing_buffer",)  # records packed together (sample_packing with datasets:)
+# records packed together (sample_packing with datasets:); held-out examples evaluated
+PLUGIN_KEYS = ("packing_buffer", "eval_examples")
 # axolotl's schema of each kind of entry (a pydantic model in axolotl.utils.schemas.datasets)
 SCHEMAS = {"datasets": "SFTDataset", "pretraining_dataset": "PretrainingDataset"}
 

@@ -204,6 +204,35 @@ def held_out(sample: dict, share: float, seed: int = 0) -> bool:
     return number / 2**64 < share
 
 
+DEFAULT_EVAL_EXAMPLES = 1000  # held-out examples evaluated (wdstream: {eval_examples: N})
+
+
+def eval_split(mix, config: dict, formats: dict, cfg):
+    """The eval dataset of ``val_set_size``: the first ``eval_examples`` examples of the
+    rows ``held_out`` sets apart, in the order of the mixture's first pass as one process
+    reads it (the same on every rank), as a ``datasets.Dataset`` axolotl evaluates as its own
+    (packed with ``eval_sample_packing``)."""
+    import datasets
+
+    from wdstream.stream.context import StreamContext
+
+    make = SourceFormats(formats, held_out_share(cfg), cfg.seed or 0, held=True)
+    limit = config.get("eval_examples", DEFAULT_EVAL_EXAMPLES)
+    excess = (cfg.excess_length_strategy or "drop").lower()
+    spec = IterationSpec(0, 0, 1, 1, context=StreamContext())
+    examples = []
+    for sample, _position in mix.positioned(spec, 0, 0):
+        example = fitted(make(sample), cfg.sequence_len, excess)
+        if example is not None:
+            examples.append(example)
+            if len(examples) == limit:
+                break
+    if not examples:
+        raise InputError(f"val_set_size: {cfg.val_set_size} holds out no example of the "
+                         "datasets (too few rows): raise it, or set it to 0")
+    return datasets.Dataset.from_list(examples)
+
+
 class PackedRows:
     """The collate function of packed rows, as axolotl's multipack collator
     (``V2BatchSamplerDataCollatorForSeq2Seq``) makes a batch: each row's examples joined
