@@ -273,7 +273,7 @@ def test_json_depth_counts_brackets_outside_strings():
     ("deep-block.yaml", "".join(" " * i + "-\n" for i in range(0, 4000, 2))),
     ("deep.json", '{"datasets": ' + "[" * 50_000 + "]" * 50_000 + "}"),
     ("deep-map.json", '{"a": ' * 50_000 + "1" + "}" * 50_000),
-])
+], ids=["deep.yaml", "deep-block.yaml", "deep.json", "deep-map.json"])
 def test_deep_configs_are_refused_by_depth(tmp_path, name, text):
     """(libyaml refuses flow collections 1,000 deep itself, as it scans)"""
     (tmp_path / name).write_text(text)
