@@ -198,7 +198,7 @@ class Run:
         path = os.path.join(workdir, name)
         self.checkpoint = path + ".checkpoint.json"
         self.logs = {"killed": path + ".killed.log", "resumed": path + ".resumed.log"}
-        self.errors = open(path + ".stderr", "w+")  # noqa: SIM115 (closed by finish)
+        self.errors = open(path + ".stderr", "w+")  # the processes' output, shown if one fails
         self.process: subprocess.Popen | None = None
 
     def start(self, run: str, workers: int) -> None:
@@ -228,7 +228,6 @@ class Run:
         """Wait for the resumed process; what it and the killed one delivered."""
         if self.process.wait(timeout=300) != 0:
             self.fail(f"the resumed process failed (exit {self.process.returncode})")
-        self.errors.close()
         resumed = read_log(self.logs["resumed"])
         console.print(f"  {self.name}: pid {self.process.pid} ({workers(RESUMED_WORKERS)}) "
                       f"resumed from batch {self.saved}, delivered {len(resumed)} more")
@@ -243,15 +242,22 @@ class Run:
 def crash_and_resume(runs: list[Run]) -> list[dict]:
     """Every run's training process started at once, each killed mid-epoch, then each
     resumed in a fresh process."""
-    for run in runs:
-        run.start("killed", WORKERS)
-    waiting = list(runs)
-    while waiting:
-        waiting = [run for run in waiting if not run.kill_when_due()]
-        time.sleep(0.01)
-    for run in runs:
-        run.start("resumed", RESUMED_WORKERS)
-    return [run.finish() for run in runs]
+    try:
+        for run in runs:
+            run.start("killed", WORKERS)
+        waiting = list(runs)
+        while waiting:
+            waiting = [run for run in waiting if not run.kill_when_due()]
+            time.sleep(0.01)
+        for run in runs:
+            run.start("resumed", RESUMED_WORKERS)
+        return [run.finish() for run in runs]
+    finally:  # a run that failed leaves no other training process behind
+        for run in runs:
+            if run.process is not None and run.process.poll() is None:
+                run.process.kill()
+                run.process.wait()
+            run.errors.close()
 
 
 def tally(keys: set[str], before: list[list[str]], after: list[list[str]]) -> dict:
