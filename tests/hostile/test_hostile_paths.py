@@ -64,6 +64,7 @@ def test_a_brace_bomb_in_a_config_file_is_refused_before_it_is_expanded(scene, k
     assert f"more than {MAX_EXPANDED:,} names" in message and repr(key) in message
 
 
+@pytest.mark.slow
 def test_a_command_in_a_config_read_from_a_url_never_runs(s3, s3_bucket, scene):
     client = s3.client()
     url = f"s3://{s3_bucket}/cfg/mix.yaml"
