@@ -71,7 +71,7 @@ def _read(path: str, required: bool) -> dict | None:
         raise StateError(f"{path}: no wdstream loader state in this checkpoint")
     try:
         data = read_regular(path, size_limit("object"), error=StateError,
-                            reader="a loader state", setting=size_variable("object"))
+                            what="a loader state", setting=size_variable("object"))
         state = json_loads(data)
     except (ValueError, RecursionError) as error:  # not UTF-8 or JSON, nested too deep
         raise StateError(f"{path}: cannot read the loader state: {error}") from error

@@ -72,12 +72,12 @@ def open_regular(path: str, identity: tuple[int, int] | None = None, nofollow: b
 
 
 def read_regular(path: str, most: int, *, error: type[WdstreamError] = InputError,
-                 reader: str = "wdstream", setting: str = "") -> bytes:
+                 what: str = "a file", setting: str = "") -> bytes:
     """The whole regular file at ``path`` if it holds at most ``most`` bytes: its size
     checked on the open file before a byte is read, and the read stopped one byte past
-    ``most`` (a file growing meanwhile); ``error`` naming the path otherwise (``setting``:
-    the variable that changes the limit)."""
-    with open_regular(path, error=error, reader=reader) as file:
+    ``most`` (a file growing meanwhile); ``error`` naming the path otherwise (``what`` the
+    file is, ``setting``: the variable that changes the limit)."""
+    with open_regular(path, error=error, reader="wdstream") as file:
         size = os.fstat(file.fileno()).st_size
         chunks, total = [], 0
         while size <= most and (chunk := file.read(min(_CHUNK, most + 1 - total))):
@@ -87,6 +87,6 @@ def read_regular(path: str, most: int, *, error: type[WdstreamError] = InputErro
                 break
     if max(size, total) > most:
         how = f" (set {setting} to change it)" if setting else ""
-        raise error(f"{path}: {max(size, total):,} bytes, more than the {most:,} "
-                    f"{reader} reads{how}")
+        raise error(f"{path}: {max(size, total):,} bytes, more than the {most:,} bytes "
+                    f"{what} may have{how}")
     return b"".join(chunks)
