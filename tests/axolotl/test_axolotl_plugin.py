@@ -58,20 +58,25 @@ def work(tmp_path_factory, moto_server):
         {"instruction": sentence(rng, 3, 8), "input": sentence(rng, 0, 4),
          "output": sentence(rng, 2, 10)} for _ in range(60)])
     run([sys.executable, str(HERE / "tiny_model.py"), str(root / "model"), str(web)], root)
-    raw = write_alpaca_parquet(root / "alpaca-raw", [
+    raw = write_parquet_records(root / "alpaca-raw", [
         {"instruction": sentence(rng, 3, 8), "input": sentence(rng, 0, 4),
          "output": sentence(rng, 2, 10)} for _ in range(200)])
+    chats = write_parquet_records(root / "chats-raw", [
+        {"messages": [{"role": "user", "content": sentence(rng, 3, 8)},
+                      {"role": "assistant", "content": sentence(rng, 2, 10)}]}
+        for _ in range(100)])
     with environ(moto_server.env):
         bucket = moto_server.create_bucket("axolotl-data")
         for name, path in (("web", web), ("code", code), ("alpaca", alpaca)):
             run([os.path.join(BIN, "wdstream"), "pack", str(path), "-o",
                  f"s3://{bucket}/{name}/", "--max-count", "10"], root)
         upload_tree(moto_server.client(), bucket, raw, "alpaca-raw")
+        upload_tree(moto_server.client(), bucket, chats, "chats-raw")
     return root, bucket, moto_server.env
 
 
-def write_alpaca_parquet(folder: Path, records: list[dict]) -> Path:
-    """Alpaca records as two raw Parquet files (row groups of 8 rows)."""
+def write_parquet_records(folder: Path, records: list[dict]) -> Path:
+    """Records as two raw Parquet files (row groups of 8 rows)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -158,11 +163,15 @@ def sft(work, out: str) -> dict:
 
 
 def sft_packed(work, out: str) -> dict:
-    """alpaca from raw Parquet, its examples (some 100 to 120 tokens: the tiny tokenizer
-    spells most of alpaca's preamble letter by letter) packed into sequence_len rows."""
+    """alpaca and chats (chat_template) from raw Parquet, mixed, their examples (some 100 to
+    120 tokens: the tiny tokenizer spells most of alpaca's preamble and chatml's markers
+    letter by letter) packed into sequence_len rows."""
     _root, bucket, _env = work
     return config(work, out, pretraining_dataset=None, sample_packing=True, sequence_len=512,
-                  datasets=[{"path": f"s3://{bucket}/alpaca-raw/", "type": "alpaca"}],
+                  datasets=[{"path": f"s3://{bucket}/alpaca-raw/", "type": "alpaca"},
+                            {"path": f"s3://{bucket}/chats-raw/", "type": "chat_template",
+                             "chat_template": "chatml", "field_messages": "messages",
+                             "weight": 0.5}],
                   wdstream={"packing_buffer": 16})
 
 
@@ -202,7 +211,7 @@ def check_resumed(reference, killed, resumed, accumulation: int = 2):
     assert resumed == reference[saved:]
 
 
-@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft-packed"])
+@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft-packed"])  # packed: alpaca + chats
 def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(work, kind):
     make = {"pretrain": config, "sft": sft, "sft-packed": sft_packed}[kind]
     [reference] = train(work, make(work, f"{kind}-reference"), f"{kind}-reference")
@@ -220,6 +229,8 @@ def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(
         assert {len(row) for row in ids} == {32} and 3 not in {t for r in ids for t in r}
     elif kind == "sft-packed":  # rows of whole examples, each's positions from 0
         check_packed(reference)
+        # both formats' examples (alpaca's preamble, chatml's marker start them)
+        assert len({example[:3] for example in examples_of(reference)}) == 2
     else:  # alpaca: the prompt's tokens are masked (padding is on the right), the
         # response's trained on
         labels = [row for batch in reference for row in batch["labels"]]
@@ -264,8 +275,8 @@ def test_an_eval_split_is_evaluated_and_never_trained_on(work):
     train_examples, eval_examples = examples_of(trained), examples_of(evaluated)
     assert len(eval_examples) > 20 and len(train_examples) > 20
     assert not set(train_examples) & set(eval_examples)
-    # every held-out example is evaluated: about a quarter of the 200 records
-    assert 30 <= len(set(eval_examples)) <= 70
+    # every held-out example is evaluated: about a quarter of the 300 records
+    assert 50 <= len(set(eval_examples)) <= 100
 
 
 def test_two_processes_share_the_data_and_resume_exactly(work):
