@@ -372,6 +372,10 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
         ({"datasets": [{"path": str(root / "alpaca-raw" / "part-1.parquet"),
                         "type": "completion"}]},
          "part-1.parquet has no column 'text', which type 'completion' reads"),
+        # a JSON Lines file's columns: its first row's
+        ({"datasets": [{"path": str(root / "alpaca.jsonl"), "type": "chat_template"}]},
+         "alpaca.jsonl has no column 'messages', which type 'chat_template' reads (its "
+         "columns: instruction, input, output)"),
     ]
     env = dict(os.environ, **s3_env, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
                AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
