@@ -279,21 +279,22 @@ def test_an_eval_split_is_evaluated_and_never_trained_on(work):
     assert 50 <= len(set(eval_examples)) <= 100
 
 
-def test_two_processes_share_the_data_and_resume_exactly(work):
+@pytest.mark.parametrize("kind", ["pretrain", "sft-packed"])
+def test_two_processes_share_the_data_and_resume_exactly(work, kind):
     # save_only_model: on CPU under several processes, transformers 5.16's Trainer loads the
     # optimizer's checkpoint with map_location=args.device, "cpu:0", which torch.load
     # refuses ("don't know how to restore data location ... tagged with cpu:0"); without an
     # optimizer file it resumes the model, the steps and the loader
-    only_model = {"save_only_model": True}
-    reference = train(work, config(work, "ddp-reference", **only_model), "ddp-reference",
-                      nproc=2)
-    interrupted = config(work, "ddp-interrupted", **only_model)
-    killed = train(work, interrupted, "ddp-killed", nproc=2, kill_at=KILL_AT,
+    make = config if kind == "pretrain" else sft_packed
+    reference = train(work, dict(make(work, f"ddp-{kind}-reference"), save_only_model=True),
+                      f"ddp-{kind}-reference", nproc=2)
+    interrupted = dict(make(work, f"ddp-{kind}-interrupted"), save_only_model=True)
+    killed = train(work, interrupted, f"ddp-{kind}-killed", nproc=2, kill_at=KILL_AT,
                    expect=None)
     checkpoint = Path(interrupted["output_dir"]) / f"checkpoint-{SAVE_STEPS}"
     assert {p.name for p in checkpoint.glob("wdstream_loader-*")} == {
         "wdstream_loader-rank0.json", "wdstream_loader-rank1.json"}
-    resumed = train(work, interrupted, "ddp-resumed", nproc=2)
+    resumed = train(work, interrupted, f"ddp-{kind}-resumed", nproc=2)
     for rank in range(2):
         check_resumed(reference[rank], killed[rank], resumed[rank])
     rows = [tuple(row) for batches in reference for batch in batches
