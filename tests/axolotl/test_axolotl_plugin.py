@@ -364,6 +364,11 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
          f"2 mistakes in the config:\n  - datasets[1] (s3://{bucket}/alpaca-raw/): unknown "
          "key 'wieght' (did you mean 'weight'?)\n  - wdstream: unknown key 'shuffle_windw' "
          "(did you mean 'shuffle_window'?)"),
+        # axolotl's settings a stream does not honour, named
+        ({"datasets": [alpaca], "dataset_exact_deduplication": True,
+          "excess_length_strategy": "raise", "test_datasets": [raw]},
+         "3 mistakes in the config:\n  - dataset_exact_deduplication: a stream is not "
+         "deduplicated"),
         # the columns the prompt format reads, from the Parquet schema
         ({"datasets": [raw, dict(raw, type="chat_template", label="chats")]},
          f"datasets[1] (s3://{bucket}/alpaca-raw/): s3://{bucket}/alpaca-raw/part-0.parquet "

@@ -1,6 +1,7 @@
 """The axolotl plugin's checks at start (``WdstreamPlugin.register``), before the model
 loads: every key of a streamed entry and of ``wdstream:`` is one wdstream or axolotl knows
-(a misspelling is an error naming the entry, the key and the known key it resembles), and
+(a misspelling is an error naming the entry, the key and the known key it resembles), the
+data settings a stream does not honour are refused by name, and
 each file of an entry has the columns its prompt format reads (from a Parquet or Arrow
 file's schema, a JSON Lines file's first row). Every mistake is reported at once."""
 
@@ -72,8 +73,31 @@ def key_problems(plain: Mapping) -> list[str]:
 
 
 def check_keys(plain: Mapping) -> None:
-    """``InputError`` naming every unknown key of the streamed entries and ``wdstream:``."""
-    raise_all(key_problems(plain))
+    """``InputError`` naming every unknown key of the streamed entries and ``wdstream:``, and
+    every setting of axolotl's a stream does not honour."""
+    raise_all(key_problems(plain) + setting_problems(plain))
+
+
+def setting_problems(plain: Mapping) -> list[str]:
+    """axolotl's data settings a streamed run does not honour, each named."""
+    from wdstream.integrations.axolotl import is_streamed  # the plugin imports this module
+
+    problems = []
+    if plain.get("dataset_exact_deduplication"):
+        problems.append("dataset_exact_deduplication: a stream is not deduplicated (that "
+                        "needs every row at once); deduplicate the files before, and set it "
+                        "to false")
+    if str(plain.get("excess_length_strategy") or "drop").lower() not in ("drop", "truncate"):
+        problems.append("excess_length_strategy: a stream drops or truncates the examples "
+                        "longer than sequence_len ('drop', 'truncate'), it cannot stop at one "
+                        f"({plain.get('excess_length_strategy')!r})")
+    tests = plain.get("test_datasets")
+    entries = [tests] if isinstance(tests, Mapping) else list(tests or [])
+    if any(isinstance(entry, Mapping) and is_streamed(entry.get("path"))
+           for entry in entries):
+        problems.append("test_datasets: streamed test datasets are not evaluated; hold out "
+                        "a share of the datasets with val_set_size instead")
+    return problems
 
 
 def raise_all(problems: list[str]) -> None:
