@@ -34,6 +34,7 @@ def test_first_fit_decreasing_fills_the_first_bin_with_room():
     assert first_fit_decreasing([5, 9, 3, 7, 2], 10) == [[1], [3, 2], [0, 4]]
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_rows_hold_every_example_that_fits_once(tmp_path):
     folder = write_parquet(tmp_path / "data")
     rows = [row for batch in loader(folder) for row in batch]
@@ -49,6 +50,7 @@ def test_rows_hold_every_example_that_fits_once(tmp_path):
     assert max(lengths) == SEQ_LEN and len(lengths) > len(keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_after", [1, 4])
 def test_a_resume_goes_on_with_the_rows_of_an_uninterrupted_run(tmp_path, stop_after):
     folder = write_parquet(tmp_path / "data")
