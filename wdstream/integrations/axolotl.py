@@ -1,7 +1,9 @@
 """axolotl: ``plugins: [wdstream.integrations.axolotl.WdstreamPlugin]`` makes ``axolotl train``
 stream its ``datasets:`` / ``pretraining_dataset:`` entries with wdstream (read as
 ``from_config`` reads them; pretraining text packed by ``PackedSequences``, prompt formats by
-axolotl's strategies in the workers) and checkpoint and resume the stream exactly.
+axolotl's strategies in the workers, their examples packed by ``PackedExamples`` under
+``sample_packing``, ``val_set_size`` held out by key) and checkpoint and resume the stream
+exactly. Its checks at start are ``axolotl_checks``'s.
 ``is_streamed(path)`` decides which entries are wdstream's. See docs/axolotl.md."""
 
 from __future__ import annotations
@@ -186,6 +188,8 @@ def _own_settings(own) -> dict:
 def check_settings(cfg, config: dict) -> None:
     """The axolotl settings a streamed run cannot honour, refused by name."""
     share = cfg.get("val_set_size") or 0
+    if isinstance(share, bool) or not isinstance(share, int | float):
+        raise InputError(f"val_set_size: a number, not {share!r:.60}")
     if config.get("datasets") and (cfg.get("sample_packing") or share) \
             and not cfg.get("max_steps"):
         raise InputError("max_steps: packed examples (sample_packing: true) and a held-out "
