@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -50,30 +51,26 @@ def on_config(config):
 
 def on_pre_build(config):
     docs_dir = config["docs_dir"]
-    sys.path.insert(0, docs_dir)
-    try:
-        import gen_cli
-    finally:
-        sys.path.remove(docs_dir)
-    path = os.path.join(docs_dir, "cli.md")
-    current = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-    if current != gen_cli.render():
-        log.warning("docs/cli.md is not what the click commands say: run `python docs/gen_cli.py`")
-    _check_api(docs_dir)
-
-
-def _check_api(docs_dir: str) -> None:
-    sys.path.insert(0, docs_dir)
-    try:
-        import gen_api
-    finally:
-        sys.path.remove(docs_dir)
-    path = os.path.join(docs_dir, "api.md")
-    current = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+    _check_generated(docs_dir, "gen_cli", "cli.md", "the click commands")
+    gen_api = _check_generated(docs_dir, "gen_api", "api.md", "the docstrings")
     for problem in gen_api.problems():
         log.warning("docstring Args: %s", problem)
-    if current != gen_api.render():
-        log.warning("docs/api.md is not what the docstrings say: run `python docs/gen_api.py`")
+
+
+def _check_generated(docs_dir: str, generator: str, page: str, source: str):
+    """Warn when ``docs/<page>`` is not what ``docs/<generator>.py`` renders from
+    ``source``; the generator module, imported from the docs folder."""
+    sys.path.insert(0, docs_dir)
+    try:
+        module = importlib.import_module(generator)
+    finally:
+        sys.path.remove(docs_dir)
+    path = os.path.join(docs_dir, page)
+    current = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+    if current != module.render():
+        log.warning("docs/%s is not what %s say: run `python docs/%s.py`", page, source,
+                    generator)
+    return module
 
 
 def on_page_markdown(markdown, page, config, files):
