@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -98,6 +99,17 @@ def test_resume_twice(data, single_rank):
     third = make(data)
     third.load_state_dict(second.state_dict())
     assert part1 + part2 + keys_of(third) == reference
+
+
+def test_a_resume_says_what_it_restored(data, single_rank, caplog):
+    first = make(data)
+    take(first, 5)
+    second = make(data)
+    with caplog.at_level(logging.INFO, logger="wdstream.loader"):
+        second.load_state_dict(first.state_dict())
+    said = [r.getMessage() for r in caplog.records if r.name == "wdstream.loader"]
+    assert said == ["resuming epoch 0: 5 batches per rank delivered on 1 ranks x "
+                    f"{first.streams} workers, batch {first.batch_size} (0 earlier layouts)"]
 
 
 def test_drop_last_resume(data, single_rank):

@@ -388,6 +388,11 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         check_loadable(state, self.dataset, world=world, rank=rank, workers=self.streams,
                        batch_size=self._batch)
         self._pending = dict(state)
+        if rank == 0:
+            log.info("resuming epoch %d: %d batches per rank delivered on %d ranks x %d "
+                     "workers, batch %d (%d earlier layouts)", state["epoch"],
+                     sum(state["batches"]), state["world"], state["workers"],
+                     state["batch_size"], len(state["history"]))
 
 
 def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
