@@ -170,7 +170,7 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
     first word (``train/``, ``test/``; ``train-00000-of-00002.parquet``)."""
     if saved_splits:
         splits = sorted({f.name.split("/", 1)[0] for f in files if "/" in f.name})
-        example = urlmod.join(_slashed(folder), _preferred(splits) or "train") + "/"
+        example = urlmod.join(folder, _preferred(splits) or "train") + "/"
         raise InputError(
             f"{printable(folder)}: a Hugging Face DatasetDict ({DATASET_DICT}) with the splits "
             f"{', '.join(map(repr, splits)) or 'none'}; a dataset streams one split: pass its "
@@ -186,9 +186,9 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
         first = splits[_preferred(sorted(splits))]
         folder_of = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
         if folder_of.rstrip("/").rsplit("/", 1)[-1] in SPLIT_WORDS:
-            example = urlmod.join(_slashed(folder), folder_of)
+            example = urlmod.join(folder, folder_of)
         else:
-            example = urlmod.join(_slashed(folder), f"{folder_of}{_split_of(first)}-*")
+            example = urlmod.join(folder, f"{folder_of}{_split_of(first)}-*")
         raise InputError(
             f"{printable(folder)}: holds the files of several splits: {named}; a dataset "
             f"streams one split: pass its folder or a pattern of its files, e.g. "
@@ -224,7 +224,7 @@ def check_one_format(items: Sequence, files: Sequence[RawFile]) -> None:
     file = next(iter(first.values()))
     pattern = ("**/*" if "/" in file.name else "*") + _ending(file.name)
     if len(items) == 1 and not names_raw_files(items):  # one folder
-        pattern = urlmod.join(_slashed(os.fspath(items[0])), pattern)
+        pattern = urlmod.join(os.fspath(items[0]), pattern)
     raise InputError(f"{printable(', '.join(map(os.fspath, items)))}: files of several "
                      f"formats: {named}; a dataset streams one format: pass a pattern such "
                      f"as {printable(pattern)}, or a list of one format's files")
@@ -233,10 +233,6 @@ def check_one_format(items: Sequence, files: Sequence[RawFile]) -> None:
 def _ending(name: str) -> str:
     lower = name.lower()
     return next(suffix for suffix in SUFFIXES if lower.endswith(suffix))
-
-
-def _slashed(folder: str) -> str:
-    return folder if folder.endswith("/") else folder + "/"
 
 
 def _everything_under(folder: str, on_page: Callable[[list[dict]], None] | None) -> list[dict]:
