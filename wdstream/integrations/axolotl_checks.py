@@ -7,12 +7,11 @@ file's schema, a JSON Lines file's first row). Every mistake is reported at once
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 
 from wdstream.errors import InputError
 from wdstream.printable import printable
-from wdstream.stages.config.keys import DATASET_KEYS, TOP_KEYS
+from wdstream.stages.config.keys import DATASET_KEYS, TOP_KEYS, resembled
 from wdstream.tables.formats import FilePlan
 from wdstream.tables.reads import Access
 from wdstream.tables.units import FORMATS, UnitTable
@@ -50,9 +49,8 @@ def unknown_keys(where: str, given: Iterable, known: set[str]) -> list[str]:
     for key in given:
         if key in known:
             continue
-        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        problems.append(f"{where}: unknown key {printable(repr(key))}{hint}")
+        problems.append(f"{where}: unknown key {printable(repr(key))}"
+                        f"{resembled(key, known, cutoff=0.75)}")
     return problems
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError
@@ -150,6 +150,12 @@ class Report:
                         ", ".join(self.ignored))
 
 
+def resembled(key, known: Iterable[str], cutoff: float = 0.8) -> str:
+    """`` (did you mean 'KEY'?)`` with the known key ``key`` most resembles, or ``""``."""
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str,
                report: Report) -> dict:
     """The entry's known keys, under their canonical names, each checked against its row;
@@ -159,9 +165,7 @@ def read_keys(entry: Mapping, known: Mapping[str, Key], label: str, prefix: str,
     for key, value in entry.items():
         row = known.get(key)
         if row is None:
-            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.8)
-            report.ignored.append(f"{prefix}{key}" + (f" (did you mean {close[0]!r}?)"
-                                                      if close else ""))
+            report.ignored.append(f"{prefix}{key}{resembled(key, known)}")
             continue
         if value is None and type(None) not in row.kinds:
             continue  # an empty key (``special_tokens:`` in YAML): not set
