@@ -15,11 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import torch
 
-import wdstream
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ddp_steps import exit_done, leave_group  # noqa: E402
+
+import wdstream  # noqa: E402
 
 
 def features(sample):
@@ -62,8 +67,10 @@ def main() -> None:
     rank = accelerator.process_index
     with open(os.path.join(args.out, f"rank-{rank}.json"), "w") as f:
         json.dump(record, f)
+    leave_group()
     accelerator.end_training()
 
 
 if __name__ == "__main__":
     main()
+    exit_done()
