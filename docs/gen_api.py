@@ -36,6 +36,8 @@ ENTRY_POINTS = (
     ("wdstream.format_size", "wdstream/sizes.py", "format_size"),
     ("wdstream.integrations.hf_trainer.use_loader", "wdstream/integrations/hf_trainer.py",
      "use_loader"),
+    ("wdstream.integrations.accelerate.prepare_loader", "wdstream/integrations/accelerate.py",
+     "prepare_loader"),
     ("wdstream.integrations.hf_datasets.to_iterable_dataset",
      "wdstream/integrations/hf_datasets.py", "to_iterable_dataset"),
     ("wdstream.integrations.checkpoint.save_loader_state",

@@ -1,5 +1,5 @@
 """Accelerate's ``prepare`` with a ``wdstream.DataLoader`` (the real package): on 1 process and
-2 (torchrun, gloo), the loader comes back as it is, batches on the device, every sample once,
+2 (torchrun, gloo), the loader comes back as it is, ``prepare_loader`` puts batches on the device, every sample once,
 equal batches per rank, ``len`` right, and ``save_state``/``load_state`` resume exactly.
 
 The job is tests/support/accelerate_job.py."""
@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.jobs import run_job, script
 from tests.support.shard_data import all_keys, write_dataset
+from wdstream.errors import OptionError
+from wdstream.integrations.accelerate import prepare_loader
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.slow
@@ -60,4 +62,23 @@ def test_split_batches_is_refused_with_a_way_out(tmp_path, monkeypatch):
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
         split_batches=True))
     with pytest.raises(ValueError, match="batch_size=global_batch // num_processes"):
-        accelerator.prepare(loader)
+        prepare_loader(accelerator, loader)
+
+
+def test_a_loader_prepared_by_accelerate_alone_says_what_to_call(tmp_path, monkeypatch):
+    """Without prepare_loader its state would not be checkpointed: the first batch is refused,
+    naming the call, rather than a resume that silently starts over."""
+    from accelerate import Accelerator
+
+    import wdstream
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    write_dataset(tmp_path / "data", COUNTS)
+    loader = wdstream.DataLoader(wdstream.StreamingDataset(str(tmp_path / "data")), batch_size=4)
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.prepare(loader) is loader
+    with pytest.raises(OptionError, match=r"prepare_loader\(accelerator, loader\)"):
+        next(iter(loader))
+    assert prepare_loader(accelerator, loader) is loader
+    assert len(next(iter(loader))["__key__"]) == 4

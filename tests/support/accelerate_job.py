@@ -3,7 +3,7 @@ by tests/integrations/test_accelerate.py directly (one process) or under torchru
 
     python tests/support/accelerate_job.py --data DIR --out OUT [--save-at K] [--resume CKPT]
 
-``accelerator.prepare(model, optimizer, loader)``; one epoch of training steps. Writes
+``accelerator.prepare(model, optimizer, loader)`` then ``prepare_loader(accelerator, loader)``; one epoch of training steps. Writes
 ``OUT/rank-R.json``: whether prepare returned the loader itself, ``len`` of the prepared
 loader, the device of every batch's tensor and each batch's keys. ``--save-at K``:
 ``accelerator.save_state(OUT/ckpt)`` after batch K (the epoch goes on); ``--resume CKPT``:
@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_steps import exit_done, leave_group  # noqa: E402
 
 import wdstream  # noqa: E402
+from wdstream.integrations.accelerate import prepare_loader  # noqa: E402
 
 
 def features(sample):
@@ -51,6 +52,7 @@ def main() -> None:
     dataset = wdstream.StreamingDataset(args.data, seed=5, shuffle_window=8, map=features)
     loader = wdstream.DataLoader(dataset, batch_size=4, num_workers=args.workers)
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
+    prepared = prepare_loader(accelerator, prepared)
     if args.resume:
         accelerator.load_state(args.resume)
     record = {"same": prepared is loader, "len": len(prepared), "devices": [], "keys": [],

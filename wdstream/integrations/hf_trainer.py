@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 
+from wdstream.integrations.accelerate import prepare_loader
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state
 from wdstream.stream.loader import DataLoader
 
@@ -36,7 +37,7 @@ def use_loader(trainer, loader):
                              "training arguments") from None
     args.ignore_data_skip = True
     trainer.wdstream_loader = loader
-    trainer.get_train_dataloader = lambda: trainer.accelerator.prepare(loader)
+    trainer.get_train_dataloader = lambda: prepare_loader(trainer.accelerator, loader)
     trainer.add_callback(_SaveLoaderState(loader, transformers.TrainerCallback))
     train = trainer.train
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import sys
 from collections.abc import Callable
 
 import torch.utils.data
@@ -112,26 +111,32 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         self._batches: list[int] = []  # per stream: batches received
         self._rank = 0
         self._reading = False  # an iteration of the epoch is in progress
-        self._placement: Callable | None = None  # set by Accelerate's prepare(): to its device
+        self._placement: Callable | None = None  # place_batches(): e.g. to a device
+        self._placed = False  # place_batches() was called
+        self._prepared_by_accelerate = False  # returned by Accelerator.prepare
 
     # ---- Accelerate ---------------------------------------------------------------------
     @property
     def _is_accelerate_prepared(self) -> bool:
         """What ``Accelerator.prepare`` asks before rebuilding a loader as a plain torch
         DataLoader (which would lose the plan, the state and the batches' tags): this loader
-        stays as it is, with its batches moved to the accelerator's device and its state
-        checkpointed by ``save_state`` (``wdstream.integrations.accelerate``)."""
-        caller = sys._getframe(1)
-        if caller.f_globals.get("__name__", "").startswith("accelerate."):
-            # only when Accelerate asks: integrations/ sits above stream/
-            from wdstream.integrations.accelerate import adopt
-
-            adopt(self, caller)
+        stays as it is. ``wdstream.integrations.accelerate.prepare_loader`` moves its batches
+        to the accelerator's device and checkpoints its state with ``save_state``."""
         return True
 
     @_is_accelerate_prepared.setter
     def _is_accelerate_prepared(self, value: bool) -> None:
-        pass  # Accelerate marks what it returns; this loader answers for itself
+        self._prepared_by_accelerate = bool(value)  # Accelerate marks what it returns
+
+    def place_batches(self, placement: Callable | None) -> None:
+        """Apply ``placement`` to every batch this loader yields from now on.
+
+        Args:
+            placement (Callable | None): a function of a batch, returning the batch to yield
+                (e.g. its tensors moved to a device); None yields the batches as collated.
+        """
+        self._placement = placement
+        self._placed = True
 
     # ---- fetches: several batches per transfer from a worker -----------------------------
     # A DataLoader's transfers from its workers are few per second whatever their size, so
@@ -259,6 +264,12 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         return closed_at_exit(self._iterate())
 
     def _iterate(self):
+        if self._prepared_by_accelerate and not self._placed:
+            raise OptionError(
+                "accelerator.prepare() keeps a wdstream.DataLoader as it is, but cannot move "
+                "its batches to the device nor checkpoint its state: also call "
+                "wdstream.integrations.accelerate.prepare_loader(accelerator, loader) "
+                "(docs/accelerate.md)")
         dataset: Trackable = self.dataset
         resumed = self._pending is not None
         iterator = self._get_iterator(IterationView(dataset, self._begin()))
