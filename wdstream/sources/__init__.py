@@ -13,6 +13,10 @@ other fsspec URLs.
   the ``Writer`` contract in ``writers``), ``write_bytes``, ``read_bytes``, ``exists``,
   ``delete``, ``size``, ``list_files``; S3's and GCS's own object operations in
   ``s3_objects`` and ``gcs_objects``.
+- ``stores``: ``store_for(url)`` picks the URL's store once from its scheme (local, ``pipe:``,
+  S3, GCS, any other fsspec protocol); the rest of wdstream calls its methods (describe,
+  version, list, open_write, exists, delete, size) and asks its capabilities (``local``,
+  ``runs_command``, ``buckets``, ...) rather than comparing schemes.
 - ``cache``: ``ShardCache(directory, limit)``, the optional local shard cache (a package:
   ``entry``, ``folder``): ``open(url, opener)`` reads a cached copy, or streams from the
   source while storing it.

@@ -1,5 +1,5 @@
 """Writing, listing and small whole-object operations on local paths, s3://, gs:// and other
-fsspec URLs.
+fsspec URLs: each asks the URL's store (``stores.store_for``), which does it.
 
 ``open_write(url)`` gives a writer that either commits (the object appears, complete) or aborts
 (nothing appears; an object already at that URL is left as it was):
@@ -27,41 +27,21 @@ Every failure (missing bucket or credentials, unreachable endpoint, failed comma
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
-import uuid
 from collections.abc import Callable
 
 from wdstream.errors import InputError, StreamError, WdstreamError
 from wdstream.limits import size_limit, size_variable
 from wdstream.printable import printable
-from wdstream.sources import gcs_objects, s3_objects, urls
-from wdstream.sources.clients import filesystem
-from wdstream.sources.failures import command_failed, stream_error
+from wdstream.sources import urls
+from wdstream.sources.failures import stream_error
 from wdstream.sources.openers import open_read
-from wdstream.sources.processes import ChildProcess, cli_url
+from wdstream.sources.stores import store_for
+from wdstream.sources.stores.base import listed_size
 from wdstream.sources.writers import Writer
 
-log = logging.getLogger(__name__)
-
 VIA = ("auto", "cli", "fsspec")
-
-
-def _gcs_write_command(url: str) -> list[str]:
-    if shutil.which("gcloud") or not shutil.which("gsutil"):
-        return ["gcloud", "storage", "cp", "-", cli_url(url)]
-    return ["gsutil", "cp", "-", cli_url(url)]
-
-
-# scheme -> function(url) building the argument list that uploads stdin to the URL
-CLI_WRITE_COMMANDS: dict[str, Callable[[str], list[str]]] = {
-    "s3": lambda url: ["aws", "s3", "cp", "--only-show-errors", "-", cli_url(url)],
-    "gs": _gcs_write_command,
-}
 
 
 def open_write(url: str, *, via: str = "auto") -> Writer:
@@ -71,148 +51,7 @@ def open_write(url: str, *, via: str = "auto") -> Writer:
     """
     if via not in VIA:
         raise InputError(f"via {via!r}: expected one of {', '.join(VIA)}")
-    kind = urls.scheme(url)
-    if kind == "pipe":
-        raise InputError(f"{url}: cannot write to a pipe: source")
-    if kind == "file":
-        return _LocalWriter(url, urls.to_local_path(url))
-    if via == "cli":
-        if kind not in CLI_WRITE_COMMANDS:
-            raise InputError(f"{url}: no command-line uploader for {kind}:// (cli writes s3:// "
-                             "and gs://)")
-        return _CliWriter(url, CLI_WRITE_COMMANDS[kind](url))
-    if kind == "s3" and via == "auto":
-        if s3_objects.is_object_url(url):
-            return s3_objects.S3Writer(url)
-    if kind in ("s3", "gs"):
-        return _CloudWriter(url)
-    return _SpooledWriter(url)
-
-
-class _LocalWriter(Writer):
-    def __init__(self, url: str, path: str):
-        self.path = os.path.abspath(path)
-        folder, name = os.path.split(self.path)
-        # Our own name rather than mkstemp: mkstemp's mode 0600 would stick to the shard.
-        self._temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(self._temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError as exc:
-            raise stream_error(url, exc) from exc
-        self._file = os.fdopen(fd, "wb")
-        super().__init__(url)
-
-    def _write(self, data):
-        self._file.write(data)
-
-    def _commit(self):
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._temp, self.path)
-        _fsync_folder(os.path.dirname(self.path))
-
-    def _abort(self):
-        try:
-            self._file.close()
-        except OSError:
-            pass  # a full disk failing the last flush: the file is deleted anyway
-        try:
-            os.unlink(self._temp)
-        except FileNotFoundError:
-            pass
-
-
-def _fsync_folder(folder: str) -> None:
-    """Make the rename itself durable; not every filesystem allows it, which is fine."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-class _CloudWriter(Writer):
-    """s3fs / gcsfs streaming upload: parts go out as the buffer fills; the object appears when
-    the file is closed. ``discard`` aborts the multipart (s3fs) or resumable (gcsfs) upload."""
-
-    def __init__(self, url: str):
-        fs, path = filesystem(url)
-        try:
-            self._file = fs.open(path, "wb")
-        except Exception as exc:
-            raise stream_error(url, exc) from exc
-        super().__init__(url)
-
-    def _write(self, data):
-        self._file.write(data)
-
-    def _commit(self):
-        self._file.close()
-
-    def _abort(self):
-        try:
-            self._file.discard()
-        except Exception as exc:  # an unfinished upload left behind is harmless
-            log.warning("could not cancel the upload: %s", stream_error(self.url, exc))
-        # Marked closed so that close(), also the one from __del__, never uploads the buffer.
-        self._file.closed = True
-
-
-class _SpooledWriter(Writer):
-    """Other fsspec back-ends: spool locally (in memory up to 64 MiB), upload on commit."""
-
-    def __init__(self, url: str):
-        self._fs, self._path = filesystem(url)
-        self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
-        super().__init__(url)
-
-    def _write(self, data):
-        self._spool.write(data)
-
-    def _commit(self):
-        self._spool.seek(0)
-        with self._fs.open(self._path, "wb") as out:
-            shutil.copyfileobj(self._spool, out, 1 << 20)
-        self._spool.close()
-
-    def _abort(self):
-        self._spool.close()
-
-
-class _CliWriter(Writer):
-    def __init__(self, url: str, argv: list[str]):
-        self._process = ChildProcess(url, argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-        super().__init__(url)
-
-    def _write(self, data):
-        view = memoryview(data)
-        try:
-            while view:  # a raw pipe write may be partial
-                view = view[self._process.popen.stdin.write(view):]
-        except BrokenPipeError:
-            self._fail(self._process.wait(None))
-
-    def _commit(self):
-        self._process.popen.stdin.close()  # end of input: the command completes the upload
-        status = self._process.wait(None)
-        if status != 0:
-            self._fail(status)
-        self._process.release()
-
-    def _fail(self, status: int) -> None:
-        raise command_failed(self.url, f"upload command exited with status {status}",
-                             self._process.stderr_tail())
-
-    def _abort(self):
-        self._process.kill()  # before closing stdin: the command must not see end of input
-        self._process.release()
+    return store_for(url).open_write(url, via)
 
 
 # --------------------------------------------------------------------------- whole objects
@@ -280,7 +119,7 @@ def read_bytes(url: str, *, limit: str | int = "object",
 
 def _check_special_file(url: str, error: type[WdstreamError]) -> None:
     """``error`` for a local path to a device, FIFO or socket (after symbolic links)."""
-    if urls.scheme(url) != "file":
+    if not store_for(url).local:
         return
     try:
         mode = os.stat(urls.to_local_path(url)).st_mode
@@ -292,52 +131,18 @@ def _check_special_file(url: str, error: type[WdstreamError]) -> None:
 
 def exists(url: str) -> bool:
     """Whether an object (or a local file or folder) exists at ``url``."""
-    if s3_objects.is_object_url(url):  # botocore: no fsspec I/O thread in a packer
-        return s3_objects.head_size(url) is not None
-    if urls.scheme(url) == "gs" and urls.object_key(url) is not None:  # the reader's client
-        return gcs_objects.exists(url)
-    fs, path = _target(url)
-    if fs is None:
-        return os.path.exists(path)
-    try:
-        fs.info(path)
-    except FileNotFoundError:
-        return False
-    except Exception as exc:
-        raise stream_error(url, exc) from exc
-    return True
+    return store_for(url).exists(url)
 
 
 def delete(url: str) -> None:
     """Delete the object at ``url``; a missing one is fine."""
-    if s3_objects.is_object_url(url):
-        s3_objects.delete_object(url)
-        return
-    fs, path = _target(url)
-    try:
-        if fs is None:
-            os.unlink(path)
-        else:
-            fs.rm_file(path)
-    except FileNotFoundError:
-        pass
-    except Exception as exc:
-        raise stream_error(url, exc) from exc
+    store_for(url).delete(url)
 
 
 def size(url: str) -> int | None:
     """The object's size in bytes, None when the store does not tell (an HTTP server that
     sends no Content-Length); StreamError (not transient) if it does not exist."""
-    fs, path = _target(url)
-    try:
-        if fs is None:
-            return os.stat(path).st_size
-        found = fs.info(path).get("size")
-    except Exception as exc:
-        raise stream_error(url, exc) from exc
-    if isinstance(found, bool) or not isinstance(found, int | float) or found < 0:
-        return None
-    return int(found)
+    return store_for(url).size(url)
 
 
 def list_files(prefix: str, suffix: str = ".tar",
@@ -351,76 +156,41 @@ def list_files(prefix: str, suffix: str = ".tar",
     A missing local folder or bucket raises StreamError; on s3/gs a prefix without objects is
     simply empty.
     """
-    path = urls.to_local_path(prefix)
-    if path is not None:
-        try:
-            with os.scandir(path or ".") as listing:
-                found = [(urls.child(prefix, entry.name), entry.stat().st_size)
-                         for entry in listing
-                         if entry.name.endswith(suffix) and entry.is_file()]
-        except OSError as exc:
-            raise stream_error(prefix, exc) from exc
-        return sorted(found)
-
-    folder = folder_path(prefix)
+    store = store_for(prefix)
+    folder = store.folder_path(prefix)
     found = []
-    for entry in folder_entries(prefix) if entries is None else entries:
+    for entry in store.list(prefix) if entries is None else entries:
         parent, _, name = entry["name"].rstrip("/").rpartition("/")
         if entry.get("type") == "file" and parent == folder and name.endswith(suffix):
-            if "::" in name and urls.scheme(prefix) not in ("s3", "gs"):
+            if "::" in name and store.chains_names:
                 # generic fsspec URLs chain at "::": the name would become another URL
                 raise InputError(f"{prefix}: object {printable(repr(name))} cannot be read "
                                  "by name through fsspec ('::' chains URLs); rename it")
-            found.append((urls.child(prefix, name), _listed_size(entry)))
+            found.append((urls.child(prefix, name), listed_size(entry.get("size"))))
     return sorted(found)
 
 
 def folder_path(prefix: str) -> str:
-    """The remote folder ``prefix``'s path as its listing names what lies in it: "bucket/key"
-    on S3 and GCS (no s3fs nor gcsfs needed), else as its fsspec filesystem has it."""
-    if urls.scheme(prefix) in ("s3", "gs"):
-        return prefix.split("://", 1)[1].rstrip("/")
-    return _target(prefix)[1].rstrip("/")
+    """The folder ``prefix``'s path as its listing names what lies in it: "bucket/key" on S3
+    and GCS (no s3fs nor gcsfs needed), else as its store (its fsspec filesystem) has it."""
+    return store_for(prefix).folder_path(prefix)
 
 
 def folder_entries(prefix: str, on_page: Callable[[list[dict]], None] | None = None
                    ) -> list[dict]:
     """fsspec's entries (``name``, ``type``, ``size`` and the store's fields) of what lies
-    directly in the remote folder ``prefix`` (S3's through botocore, ``s3_objects``; GCS's
+    directly in the folder ``prefix`` (S3's through botocore, ``s3_objects``; GCS's
     through its JSON API, ``gcs_objects``); empty under an s3/gs prefix without objects (a
     missing bucket raises StreamError). ``on_page``: called with S3's and GCS's pages of
     entries as they come, other stores' whole listing once."""
-    if urls.scheme(prefix) == "s3":
-        return s3_objects.list_folder(prefix, on_page=on_page)
-    if urls.scheme(prefix) == "gs":
-        return gcs_objects.list_folder(prefix, on_page=on_page)
-    fs, path = filesystem(prefix)
-    try:
-        entries = fs.ls(path.rstrip("/"), detail=True)
-    except FileNotFoundError as exc:
-        if urls.scheme(prefix) not in ("s3", "gs"):
-            raise stream_error(prefix, exc) from exc
-        check_bucket(prefix, fs)
-        entries = []  # object stores have no folders: no objects under the prefix
-    except Exception as exc:
-        raise stream_error(prefix, exc) from exc
-    if on_page is not None:
-        on_page(entries)
-    return entries
-
-
-def _listed_size(entry: dict) -> int | None:
-    found = entry.get("size")
-    if isinstance(found, bool) or not isinstance(found, int | float) or found < 0:
-        return None
-    return int(found)
+    return store_for(prefix).list(prefix, on_page=on_page)
 
 
 def check_bucket(url: str, fs) -> None:
     """For an s3:// or gs:// URL under which nothing was found: a StreamError (AccessError for
     refused credentials) when the bucket itself is missing or cannot be reached, which says
     more than "not found"; nothing for other URLs or an existing bucket."""
-    if urls.scheme(url) not in ("s3", "gs"):
+    if not store_for(url).buckets:
         return
     bucket, _ = urls.bucket_key(url)
     try:
@@ -429,11 +199,3 @@ def check_bucket(url: str, fs) -> None:
         raise stream_error(url, exc) from exc
     if not found:
         raise StreamError(url, f"bucket {bucket!r} not found (or not accessible)")
-
-
-def _target(url: str):
-    """``(None, local path)`` or ``(fsspec filesystem, path)`` for a stored object's URL."""
-    if urls.scheme(url) == "pipe":
-        raise InputError(f"{url}: a pipe: source is not a stored object")
-    path = urls.to_local_path(url)
-    return (None, path) if path is not None else filesystem(url)
