@@ -11,6 +11,7 @@ from wdstream.shards.compression import is_shard_name, not_shard_kinds
 from wdstream.shards.manifest import Manifest, ManifestNotFoundError, load_manifest
 from wdstream.sources import urls as urlmod
 from wdstream.sources.objects import folder_entries, list_files
+from wdstream.sources.stores import store_for
 
 
 class NoShardsError(ManifestError):
@@ -68,7 +69,7 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
     source = str(source)
     if not source:
         raise InputError("no source given")
-    if "{" in source or is_shard_name(source) or urlmod.scheme(source) == "pipe":
+    if "{" in source or is_shard_name(source) or store_for(source).runs_command:
         found = urlmod.expand(source)
         return Shards(source, found, _short_names(found), [None] * len(found), how="pattern")
     try:
@@ -114,7 +115,7 @@ def _listed(source: str, on_page: Callable[[list[dict]], None] | None = None) ->
 
 def _short_names(found: list[str]) -> list[str]:
     """File names when all URLs share one folder, else the URLs as they are."""
-    if any(urlmod.scheme(url) == "pipe" for url in found):
+    if any(store_for(url).runs_command for url in found):
         return list(found)
     parents = {urlmod.parent(url) for url in found}
     if len(parents) != 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from wdstream.sources import urls
+from wdstream.sources.stores import store_for
 
 # "pipe:", "s3:", "file:", "http:", "C:" ...: the start of a URL, a command or a drive
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
@@ -23,7 +23,7 @@ _ENCODED_DOT_OR_SLASH = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
 
 def outside_prefix(name: str, prefix: str = "the manifest's prefix") -> str | None:
     """Why ``name`` is not a relative name under a prefix, or None if it is one."""
-    if name.startswith("pipe:"):
+    if store_for(name).runs_command:
         return "a pipe: command"
     if "://" in name or _SCHEME.match(name):
         return f"a URL, not a name under {prefix}"
@@ -43,7 +43,7 @@ def shard_name_problem(name: str, *, allow_external: bool = False) -> str | None
 
     ``allow_external`` lets through URLs and paths outside the manifest's prefix; a ``pipe:``
     command is refused whatever it says."""
-    if urls.scheme(name) == "pipe":
+    if store_for(name).runs_command:
         return "a pipe: command; commands are never taken from a manifest"
     if allow_external:
         return None
@@ -57,6 +57,6 @@ def shard_name_problem(name: str, *, allow_external: bool = False) -> str | None
 def same_shard_key(name: str) -> str:
     """A spelling of a shard name under which two names for the same object compare equal
     (``a.tar`` and ``./a.tar``)."""
-    if "/" not in name or "://" in name or name.startswith("pipe:"):
+    if "/" not in name or "://" in name or store_for(name).runs_command:
         return name
     return posixpath.normpath(name)

@@ -50,7 +50,7 @@ from wdstream.limits import MAX_DEPTH, json_loads
 from wdstream.shards import compact
 from wdstream.shards.compact import COLUMNS, ShardArrays
 from wdstream.shards.manifest import Manifest
-from wdstream.sources import clients, gcs_objects, s3_objects, urls
+from wdstream.sources.stores import store_for, strong_version
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,6 @@ _PREFIX = len(MAGIC) + 8 + 32  # the magic, the header's length and its sha256
 _MAX_HEADER = 64 << 20  # the head's extra keys: far below this in any manifest
 _OFF = ("0", "false", "no", "off")
 _MIN_LINE = 50  # bytes: no shard line of to_json is shorter
-_STRONG_VERSION = ("ETag", "etag", "generation", "md5Hash", "crc32c", "VersionId")
 
 
 def shared_manifest(url: str, base: str, read: Callable[[], bytes],
@@ -155,60 +154,28 @@ def _private_dir(path: str, strict: bool) -> str | None:
 
 def _version_and_text(url: str, small: int) -> tuple[dict | None, bytes | None]:
     """``object_version(url)``, and the object's bytes when it is shorter than ``small``
-    and one request tells both: on S3 and GCS, one ranged GET of its first ``small`` bytes
-    rather than asking its version and then reading it (the bytes are dropped when the
-    object is longer)."""
+    and one request tells both (the store's ``head_and_start``: on S3 and GCS, one ranged
+    GET of its first ``small`` bytes rather than asking its version and then reading it; the
+    bytes are dropped when the object is longer)."""
+    store = store_for(url)
     try:
-        if s3_objects.is_object_url(url):
-            described, start = s3_objects.head_and_start(url, small)
-        elif _is_gcs_object(url):
-            described, start = gcs_objects.head_and_start(url, small)
-        else:
-            return object_version(url), None
+        found = store.head_and_start(url, small)
     except Exception:  # noqa: BLE001 - no version: the caller's read reports the failure
         return None, None
+    if found is None:
+        return store.version(url), None
+    described, start = found
     size = described.get("size")
     whole = start if isinstance(size, int) and len(start) == size < small else None
-    return _strong_version(described), whole
+    return strong_version(described), whole
 
 
 def object_version(url: str) -> dict | None:
     """What changes whenever the object at ``url`` does, asked of the store without reading
-    it; None when the store tells nothing that reliable (or the request fails)."""
-    if urls.scheme(url) == "pipe":
-        return None
-    path = urls.to_local_path(url)
-    try:
-        if path is not None:
-            info = os.stat(path)
-            if not stat.S_ISREG(info.st_mode):
-                return None
-            return {"size": info.st_size, "mtime_ns": info.st_mtime_ns,
-                    "ctime_ns": info.st_ctime_ns, "inode": info.st_ino, "device": info.st_dev}
-        if urls.scheme(url) == "s3":  # the reader's botocore client: no second SDK to load
-            described = s3_objects.head(url)
-        elif _is_gcs_object(url):  # the reader's JSON API client: gcsfs is not loaded
-            described = gcs_objects.describe(url)
-        else:
-            fs, key = clients.filesystem(url)
-            described = fs.info(key)
-    except Exception:  # noqa: BLE001 - no version: the caller reads the manifest itself
-        return None
-    return _strong_version(described)
-
-
-def _is_gcs_object(url: str) -> bool:
-    return urls.scheme(url) == "gs" and urls.object_key(url) is not None
-
-
-def _strong_version(described: dict) -> dict | None:
-    """The size and the strong version fields of a store's description of an object; None
-    without them."""
-    version = {name: str(described[name]) for name in _STRONG_VERSION if described.get(name)}
-    size = described.get("size")
-    if not version or not isinstance(size, int) or isinstance(size, bool):
-        return None
-    return {"size": size, **version}
+    it (``Store.version``: S3 through the reader's botocore client, GCS through its JSON API
+    client, a local file's size, times, inode and device); None when the store tells nothing
+    that reliable (or the request fails)."""
+    return store_for(url).version(url)
 
 
 def entry_name(url: str, version: dict) -> str:
