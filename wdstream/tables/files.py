@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError
 from wdstream.printable import printable
-from wdstream.sources import gcs_objects, local_files, s3_objects
+from wdstream.sources import local_files
 from wdstream.sources import urls as urlmod
 from wdstream.sources.local_files import Identity
 from wdstream.sources.objects import folder_path
+from wdstream.sources.stores import store_for
 
 # name ending -> format; a folder listing takes every ending but ".json" (folders beside
 # Arrow files hold ``dataset_info.json``, shard folders ``index.json``), which counts as
@@ -236,27 +237,16 @@ def _ending(name: str) -> str:
 
 
 def _everything_under(folder: str, on_page: Callable[[list[dict]], None] | None) -> list[dict]:
-    """The listing of every object below the remote ``folder``: S3's through botocore
-    (``s3_objects``) and GCS's through its JSON API (``gcs_objects``), ``on_page`` called
-    with each page; the others' through fsspec's ``find`` (``on_page`` called once)."""
-    if urlmod.scheme(folder) == "s3":
-        return s3_objects.list_folder(folder, recursive=True, on_page=on_page)
-    if urlmod.scheme(folder) == "gs":
-        return gcs_objects.list_folder(folder, recursive=True, on_page=on_page)
-    fs, _ = _filesystem(folder)
-    try:
-        entries = list(fs.find(folder_path(folder), detail=True).values())
-    except Exception as exc:
-        raise _failure(folder, exc) from exc
-    if on_page is not None:
-        on_page(entries)
-    return entries
+    """The listing of every object below the remote ``folder``, its store's (``Store.list``:
+    S3's through botocore and GCS's through its JSON API, ``on_page`` called with each page;
+    the others' through fsspec's ``find``, ``on_page`` called once)."""
+    return store_for(folder).list(folder, recursive=True, on_page=on_page)
 
 
 def _child(base: str, name: str) -> str:
     """The URL of a listed name under ``base``: a name, never a URL of its own (fsspec chains
-    URLs at "::" but for s3:// and gs://)."""
-    if "::" in name and urlmod.scheme(base) not in ("s3", "gs"):
+    URLs at "::" but for s3:// and gs://: ``Store.chains_names``)."""
+    if "::" in name and store_for(base).chains_names:
         raise InputError(f"{printable(base)}: object {printable(repr(name))} cannot be read by "
                          "name through fsspec ('::' chains URLs); rename it")
     return urlmod.child(base, name)
@@ -324,12 +314,8 @@ def describe(url: str, name: str | None = None) -> RawFile:
             return _local_file(url, path, name)
         except OSError as exc:
             raise _failure(url, exc) from exc
-    try:
-        if s3_objects.is_object_url(url):  # the reader's own client: no s3fs in a worker
-            info = s3_objects.head(url)
-        else:
-            fs, key = _filesystem(url)
-            info = fs.info(key)
+    try:  # S3 and GCS objects through the reader's own clients: no s3fs nor gcsfs in a worker
+        info = store_for(url).describe(url)
     except Exception as exc:
         raise _failure(url, exc) from exc
     return _remote_file(url, name, info)

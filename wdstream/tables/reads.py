@@ -18,10 +18,9 @@ from wdstream.sources import urls
 from wdstream.sources.local_files import Identity, open_regular
 from wdstream.sources.openers import open_read
 from wdstream.sources.range_reads import checks_version, read_at
+from wdstream.sources.stores import store_for
 from wdstream.sources.streams import LocalFile
 from wdstream.tables.files import RawFile, describe
-
-_VERSIONS = {"s3": ("ETag", "etag"), "gs": ("generation",)}  # the tags a store checks on GETs
 
 
 @dataclass(frozen=True)
@@ -92,9 +91,10 @@ def _pread(stream, start: int, length: int) -> bytes:
 
 def planned_version(file: RawFile) -> str | None:
     """The version the store checks ``file``'s GETs against: an S3 object's listed ETag, a GCS
-    object's generation; None for other files (or a tag of another kind)."""
+    object's generation (``Store.version_fields``); None for other files (or a tag of
+    another kind)."""
     kind, _, value = file.tag.partition(":")
-    if not value or kind not in _VERSIONS.get(urls.scheme(file.url), ()):
+    if not value or kind not in store_for(file.url).version_fields:
         return None
     return value
 
