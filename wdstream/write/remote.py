@@ -17,11 +17,11 @@ import glob
 from typing import NamedTuple
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.sources import s3_objects, urls
 from wdstream.sources.clients import filesystem
 from wdstream.sources.failures import stream_error
 from wdstream.sources.objects import check_bucket
 from wdstream.sources.openers import open_read
+from wdstream.sources.stores import store_for
 from wdstream.write.local_files import open_regular
 
 _GLOB_CHARS = ("*", "?", "[")
@@ -38,12 +38,14 @@ class Found(NamedTuple):
 
 
 def is_remote(url: str) -> bool:
-    return url != "-" and urls.scheme(url) not in ("file", "pipe")
+    """Whether ``url`` is read from a store over the network (not stdin, a local path or a
+    ``pipe:`` command): ``Store.remote``."""
+    return url != "-" and store_for(url).remote
 
 
 def has_glob(url: str) -> bool:
     """Whether ``url`` is a pattern; in an http(s) URL "?" starts the query, not a pattern."""
-    if urls.scheme(url) in ("http", "https"):
+    if store_for(url).paths_are_urls:
         url = url.split("?", 1)[0]
         return "*" in url or "[" in url
     return any(char in url for char in _GLOB_CHARS)
@@ -66,7 +68,7 @@ def _filesystem(url: str):
 def _spell(url: str, fs, name: str) -> str:
     """The URL of the filesystem path ``name``, spelled with the scheme the user wrote."""
     protocol = url.split("://", 1)[0]
-    if urls.scheme(url) in ("http", "https"):
+    if store_for(url).paths_are_urls:
         return name  # http paths are whole URLs
     return f"{protocol}://{fs._strip_protocol(name)}"
 
@@ -81,11 +83,11 @@ def expand_local(pattern: str) -> list[str]:
 
 def expand_remote(url: str) -> list[Found]:
     """The object(s) ``url`` names: itself, its folder, or every match of a glob, sorted."""
-    if not has_glob(url) and s3_objects.is_object_url(url):
-        # One HEAD with botocore, which starts no fsspec I/O thread: the packer's pool can
-        # then fork (see pool.PoolWriter). Not an object: a folder, or an error, below.
+    if not has_glob(url):
+        # S3: one HEAD with botocore, which starts no fsspec I/O thread: the packer's pool
+        # can then fork (see pool.PoolWriter). Not an object: a folder, or an error, below.
         try:
-            found = s3_objects.head_size(url)
+            found = store_for(url).quick_size(url)
         except WdstreamError as error:
             raise InputError(str(error)) from None
         if found is not None:
