@@ -20,6 +20,7 @@ from wdstream.sources.hashing import HashingReader
 from wdstream.sources.objects import list_files
 from wdstream.sources.objects import size as object_size
 from wdstream.sources.openers import open_read
+from wdstream.sources.stores import store_for
 
 
 @dataclass
@@ -114,7 +115,7 @@ def check_shard(check: ShardCheck, *, deep: bool, opener: str | None = None,
     error raises."""
     url = check.url
     size_wrong = False
-    if urlmod.scheme(url) != "pipe":  # a pipe has no size to ask for: read it
+    if not store_for(url).runs_command:  # a pipe has no size to ask for: read it
         try:
             check.size = object_size(url)
         except StreamError as error:
@@ -210,7 +211,7 @@ def verify(
 def _unlisted_note(manifest: Manifest, listed_urls: list[str]) -> list[str]:
     """A note naming ``*.tar`` files next to the manifest that it does not list."""
     base = manifest.base
-    if not base or urlmod.scheme(base) == "pipe":
+    if not base or store_for(base).runs_command:
         return []
 
     try:

@@ -26,6 +26,7 @@ from wdstream.integrations.axolotl_packing import (
 )
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
+from wdstream.sources.stores import store_for
 from wdstream.stages.config.build import from_file_values
 from wdstream.stages.config.keys import DATASET_KEYS, TRAINER_KEYS, check_values
 from wdstream.stages.sequences import PackedSequences
@@ -115,10 +116,9 @@ def is_streamed(path) -> bool:
     files (at any depth), a shard, a manifest or a raw file."""
     if not isinstance(path, str) or not path:
         return False
-    scheme = urls.scheme(path)
-    if scheme in ("s3", "gs"):
+    if store_for(path).buckets:
         return True
-    local = urls.to_local_path(path) if scheme == "file" else None
+    local = urls.to_local_path(path)
     if local is None:
         return False
     if os.path.isdir(local):

@@ -18,6 +18,7 @@ from wdstream.errors import InputError, ManifestError, StreamError, WdstreamErro
 from wdstream.printable import printable
 from wdstream.shards.names import outside_prefix
 from wdstream.sources import urls
+from wdstream.sources.stores import store_for
 from wdstream.stages.config.files import load_config_file
 from wdstream.stages.config.keys import (
     DATASET_KEYS,
@@ -34,8 +35,6 @@ from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.dataset import StreamingDataset
 from wdstream.stream.window import DEFAULT_SHUFFLE_START
 
-# Schemes whose URL is a command the shell runs: never read from a config file.
-COMMAND_SCHEMES = ("pipe",)
 # The names a data path of a config file may expand to (``{000000..999999}``): a pattern of
 # more is refused before braceexpand makes them all (it holds every number of a range).
 MAX_EXPANDED = 1_000_000
@@ -85,7 +84,7 @@ class _Origin:
     @classmethod
     def of(cls, url: str, allow_external: bool) -> _Origin:
         local = urls.to_local_path(url)
-        if urls.scheme(url) == "pipe":  # a command the user wrote: its paths as a local file's
+        if store_for(url).runs_command:  # a command the user wrote: its paths as a local file's
             return cls(url, os.getcwd(), False, allow_external)
         if local is not None:
             return cls(url, os.path.dirname(os.path.abspath(local)), False, allow_external)
@@ -102,7 +101,7 @@ def _resolve(path: str, origin: _Origin | None, where: str) -> str:
     check_data_path(path, where)
     shown = printable(repr(path))
     if not origin.remote:
-        if urls.scheme(path) != "file" or os.path.isabs(urls.to_local_path(path)):
+        if not store_for(path).local or os.path.isabs(urls.to_local_path(path)):
             return path
         return os.path.join(origin.folder, urls.to_local_path(path))
     problem = outside_prefix(path, f"the config's prefix {origin.folder}")
@@ -130,9 +129,9 @@ def check_data_path(value: str, where: str) -> None:
     """InputError, ``where`` naming the entry and key, when ``value``, a data path from a
     config file or a trainer's file handed over by a plugin (``path``, ``name``, ``split``,
     each of ``data_files``, ``tokenizer``, and the sources they are joined into), names a
-    command: it, or a name its braces expand to (``{pipe:cmd,x}``), has a scheme of
-    ``COMMAND_SCHEMES``. No opt-in lets one through. A pattern of more than
-    ``MAX_EXPANDED`` names is refused before it is expanded."""
+    command: it, or a name its braces expand to (``{pipe:cmd,x}``), is held by a store that
+    runs commands (``Store.runs_command``). No opt-in lets one through. A pattern of more
+    than ``MAX_EXPANDED`` names is refused before it is expanded."""
     from braceexpand import UnbalancedBracesError, braceexpand
 
     shown = printable(repr(value))
@@ -142,7 +141,7 @@ def check_data_path(value: str, where: str) -> None:
         names = braceexpand(value)
     except UnbalancedBracesError:
         names = [value]
-    if any(urls.scheme(name) in COMMAND_SCHEMES for name in names):
+    if any(store_for(name).runs_command for name in names):
         raise InputError(f"{where} {shown}: a pipe: command; commands are never taken from a "
                          "config file, whatever the options (pass the config as a dict from "
                          "code to use one)")
