@@ -272,8 +272,8 @@ class Urls(Sequence):
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
 
-    def one_per_scheme(self) -> list[str]:
-        """A URL of each scheme among these: plain relative names all take the base's."""
+    def one_per_store(self) -> list[str]:
+        """A URL of each store among these: plain relative names all take the base's."""
         return [self[0]] if len(self) else []
 
 

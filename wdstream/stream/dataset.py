@@ -20,9 +20,9 @@ from wdstream.limits import Limits, checked_limits
 from wdstream.shards.samples import split_name
 from wdstream.shards.shared import check_share_option
 from wdstream.sizes import parse_size
-from wdstream.sources import urls
 from wdstream.sources.cache import ShardCache
 from wdstream.sources.openers import resolve_opener
+from wdstream.sources.stores import store_for
 from wdstream.stream.chunks import chunk_size
 from wdstream.stream.contract import IterationSpec, world_info
 from wdstream.stream.decode import SampleDecoder, build_decoders, decode_option, find_decoder
@@ -100,10 +100,10 @@ def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
     typo or an opener that cannot read a scheme fails now, not at the first read (where
     ``on_error="skip"`` would never skip it either)."""
     seen = set()
-    if hasattr(shard_urls, "one_per_scheme"):  # compact.Urls: not a million URLs made here
-        shard_urls = shard_urls.one_per_scheme()
+    if hasattr(shard_urls, "one_per_store"):  # compact.Urls: not a million URLs made here
+        shard_urls = shard_urls.one_per_store()
     for url in shard_urls:
-        kind = urls.scheme(url)
+        kind = store_for(url).scheme
         if kind not in seen:
             seen.add(kind)
             resolve_opener(opener, url)
