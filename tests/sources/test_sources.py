@@ -24,7 +24,7 @@ from wdstream.sources.objects import (
     write_bytes,
 )
 from wdstream.sources.openers import open_read, resolve_opener
-from wdstream.sources.processes import CLI_READ_COMMANDS
+from wdstream.sources.processes import gcs_read_command
 from wdstream.sources.streams import LocalFile
 
 DATA = bytes(range(256)) * 12_000 + b"tail"  # ~3 MB: several 1 MiB chunks
@@ -161,7 +161,7 @@ def test_gs_cli_reader_falls_back_to_gsutil(tmp_path, monkeypatch):
     (tmp_path / "gsutil").chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     url = "gs://bucket/a key; $(x).tar"
-    assert CLI_READ_COMMANDS["gs"](url, 5.0) == ["gsutil", "cat", url]
+    assert gcs_read_command(url, 5.0) == ["gsutil", "cat", url]
     with open_read(url, opener="cli") as stream:
         assert stream.read() == f"cat\n{url}".encode()
 

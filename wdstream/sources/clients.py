@@ -7,8 +7,6 @@ import os
 import threading
 from collections.abc import Callable
 
-from wdstream.errors import InputError, StreamError
-from wdstream.sources import urls
 from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 
 _clients: dict[tuple, object] = {}
@@ -96,31 +94,16 @@ def _botocore_session():
 
 
 def filesystem(url: str, timeout: float = 60.0):
-    """``(fs, path)`` for an fsspec URL.
+    """``(fs, path)`` for an fsspec URL: its store's (``Store.filesystem``).
 
     Listing caches are off: a shard written meanwhile, by us or by another process, must show
     up. s3fs and gcsfs instances are cached here rather than by fsspec so that a changed
     endpoint or identity in the environment gets a new one; s3fs gets botocore timeouts of
     ``timeout``.
     """
-    import fsspec
+    from wdstream.sources.stores import store_for  # the stores make them with this module
 
-    kind = urls.scheme(url)
-    if kind in ("file", "pipe"):
-        raise InputError(f"{url}: not an fsspec URL")
-    try:
-        if kind == "s3":
-            fs = cached_client("s3fs", "s3", timeout, lambda: fsspec.filesystem(
-                "s3", skip_instance_cache=True, use_listings_cache=False,
-                config_kwargs={"connect_timeout": timeout, "read_timeout": timeout}))
-        elif kind == "gs":
-            fs = cached_client("gcsfs", "gs", timeout, lambda: fsspec.filesystem(
-                "gs", skip_instance_cache=True, use_listings_cache=False))
-        else:
-            return fsspec.core.url_to_fs(url, use_listings_cache=False)
-    except ImportError as exc:
-        raise StreamError(url, f"cannot open {kind}:// URLs: {exc}") from exc
-    return fs, fs._strip_protocol(url)
+    return store_for(url).filesystem(url, timeout)
 
 
 

@@ -35,13 +35,12 @@ from wdstream.errors import InputError
 from wdstream.sources import urls
 from wdstream.sources.clients import FsspecSource
 from wdstream.sources.failures import stream_error
-from wdstream.sources.processes import CLI_READ_COMMANDS, ProcessSource
-from wdstream.sources.ranged import RangedGcsSource, RangedS3Source, shared_link
+from wdstream.sources.processes import ProcessSource
+from wdstream.sources.ranged import shared_link
+from wdstream.sources.stores import store_for
 from wdstream.sources.streams import ByteStream, ChunkSource, LocalFile
 
 OPENERS = ("auto", "cli", "fsspec", "sdk")
-
-_DEFAULT_OPENERS = {"s3": "sdk", "gs": "sdk"}  # anything else remote: "fsspec"
 
 
 # --------------------------------------------------------------------------- choosing a reader
@@ -51,7 +50,9 @@ def resolve_opener(opener: str | None, url: str) -> str:
     """The reader ``open_read`` uses for ``url``: "file", "pipe", "cli", "fsspec" or "sdk".
 
     ``None`` or "auto" means ``$WDSTREAM_OPENER`` if set (read now, not at import), else the
-    default for the URL's scheme (see the module docstring).
+    default for the URL's store: "sdk" where it has ranged reads (``Store.ranged_source``),
+    else "fsspec"; a local path and a command have their own reader (see the module
+    docstring).
     """
     if opener in (None, "auto"):
         opener = os.environ.get("WDSTREAM_OPENER") or "auto"
@@ -59,16 +60,17 @@ def resolve_opener(opener: str | None, url: str) -> str:
             raise InputError(f"WDSTREAM_OPENER={opener!r}: expected one of {', '.join(OPENERS)}")
     elif opener not in OPENERS:
         raise InputError(f"opener {opener!r}: expected one of {', '.join(OPENERS)}")
-    kind = urls.scheme(url)
-    if kind in ("file", "pipe"):
-        return kind
+    store = store_for(url)
+    if store.fixed_reader is not None:
+        return store.fixed_reader
     if opener == "auto":
-        return _DEFAULT_OPENERS.get(kind, "fsspec")
-    if opener == "cli" and kind not in CLI_READ_COMMANDS:
-        raise InputError(f"{url}: no command-line reader for {kind}:// (cli reads s3:// and gs://)")
-    if opener == "sdk" and kind not in ("s3", "gs"):
+        return "fsspec" if store.ranged_source is None else "sdk"
+    if opener == "cli" and store.cli_reader is None:
+        raise InputError(f"{url}: no command-line reader for {store.scheme}:// (cli reads s3:// "
+                         "and gs://)")
+    if opener == "sdk" and store.ranged_source is None:
         raise InputError(f"{url}: the sdk opener reads s3:// and gs:// only; use fsspec for "
-                         f"{kind}://")
+                         f"{store.scheme}://")
     return opener
 
 
@@ -110,12 +112,11 @@ def open_read(
         argv = ["/bin/bash", "-o", "pipefail", "-c", url[len("pipe:"):]]
         source = ProcessSource(url, argv, start)
     elif reader == "cli":
-        source = ProcessSource(url, CLI_READ_COMMANDS[urls.scheme(url)](url, timeout), start)
+        source = ProcessSource(url, store_for(url).cli_reader(url, timeout), start)
     elif reader == "sdk":
-        kind = urls.scheme(url)
-        ranged = RangedS3Source if kind == "s3" else RangedGcsSource
-        source = ranged(url, start, timeout, size=size, first_bytes=first_bytes,
-                        link=shared_link(timeout, kind), version=version)
+        store = store_for(url)
+        source = store.ranged_source(url, start, timeout, size=size, first_bytes=first_bytes,
+                                     link=shared_link(timeout, store.scheme), version=version)
     else:
         source = FsspecSource(url, start, timeout)
     return ByteStream(url, source, timeout)

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
 
 from wdstream.errors import StreamError
 from wdstream.sources import urls
@@ -34,24 +33,19 @@ def cli_url(url: str) -> str:
     return f"{urls.scheme(url)}://{bucket}/{key}"
 
 
-def _aws_read_command(url: str, timeout: float) -> list[str]:
+def aws_read_command(url: str, timeout: float) -> list[str]:
+    """The command the cli opener reads an S3 object with: it writes the object to stdout."""
     seconds = _timeout_arg(timeout)
     return ["aws", "s3", "cp", "--only-show-errors", "--cli-connect-timeout", seconds,
             "--cli-read-timeout", seconds, cli_url(url), "-"]
 
 
-def _gcs_read_command(url: str, timeout: float) -> list[str]:
+def gcs_read_command(url: str, timeout: float) -> list[str]:
+    """The command the cli opener reads a GCS object with: it writes the object to stdout."""
     # gcloud has no per-request timeout flag; the stream's own stall timeout stops it.
     if shutil.which("gcloud") or not shutil.which("gsutil"):
         return ["gcloud", "storage", "cat", cli_url(url)]
     return ["gsutil", "cat", cli_url(url)]
-
-
-# scheme -> function(url, timeout) building the argument list that writes the object to stdout
-CLI_READ_COMMANDS: dict[str, Callable[[str, float], list[str]]] = {
-    "s3": _aws_read_command,
-    "gs": _gcs_read_command,
-}
 
 
 class ProcessSource(ChunkSource):

@@ -23,11 +23,10 @@ from wdstream.errors import StreamError
 from wdstream.sources import urls
 from wdstream.sources.clients import filesystem
 from wdstream.sources.failures import stream_error
-from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.openers import open_read, resolve_opener
 from wdstream.sources.range_fetchers import ObjectChanged, PastEnd, not_the_version
 from wdstream.sources.ranged import PART_RETRIES, RETRY_BACKOFF
-from wdstream.sources.s3_ranges import S3Ranges
+from wdstream.sources.stores import store_for
 
 ONE_REQUEST_BYTES = 1 << 20  # at most this many: one request (see above)
 
@@ -96,7 +95,7 @@ def _ranged_get(url: str, start: int, length: int, timeout: float,
     """One GET of the range with the ranged reader's fetcher of the store (``If-Match`` or
     ``ifGenerationMatch`` on ``version``; either refused, or another version in the answer:
     ObjectChanged)."""
-    fetcher = S3Ranges(url, timeout) if urls.scheme(url) == "s3" else GcsRanges(url, timeout)
+    fetcher = store_for(url).range_fetcher(url, timeout)
     fetcher.connect()
     try:
         response = fetcher.get(start, start + length - 1, version)

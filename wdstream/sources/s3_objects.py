@@ -33,10 +33,6 @@ TIMEOUT = 60.0
 LIST_PAGE_SIZE = 1000  # objects a listing's page holds (S3's most)
 
 
-def is_object_url(url: str) -> bool:
-    return urls.scheme(url) == "s3" and urls.object_key(url) is not None
-
-
 def head(url: str, timeout: float = TIMEOUT) -> dict:
     """``{"size": bytes, "ETag": ..., "VersionId": ...}`` of the S3 object at ``url`` (the
     keys s3fs's ``info`` gives; ``VersionId`` only on a versioned bucket), by one HEAD with

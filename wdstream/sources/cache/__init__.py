@@ -66,9 +66,9 @@ from collections.abc import Callable
 
 from wdstream.errors import InputError
 from wdstream.sizes import parse_size
-from wdstream.sources import urls
 from wdstream.sources.cache import folder
 from wdstream.sources.cache.entry import CachedStream, TeeStream, entry_problem
+from wdstream.sources.stores import store_for
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class ShardCache:
     @staticmethod
     def cacheable(url: str) -> bool:
         """Local files are read in place; everything else may be cached."""
-        return urls.scheme(url) != "file"
+        return not store_for(url).local
 
     def path_for(self, url: str, size: int | None = None, sha256: str | None = None) -> str:
         """Where the shard ``url`` (with the manifest's ``size``/``sha256``, if known) is kept."""

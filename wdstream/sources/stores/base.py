@@ -8,8 +8,6 @@ from collections.abc import Callable
 
 from wdstream.errors import InputError
 from wdstream.sources import urls
-from wdstream.sources.openers import open_read
-from wdstream.sources.range_reads import checks_version, read_at
 from wdstream.sources.writers import Writer
 
 # the fields of a store's description that change whenever the object does
@@ -19,8 +17,11 @@ STRONG_VERSION = ("ETag", "etag", "generation", "md5Hash", "crc32c", "VersionId"
 class Store:
     """One kind of storage (``scheme``: "file", "pipe", "s3", "gs" or an fsspec protocol).
 
-    Reads are the same for every store: ``open_read`` and ``read_at`` choose a reader by the
-    opener (``openers.py``). A store implements the rest, failures raised as wdstream's
+    Reads go through ``openers.open_read`` and ``range_reads.read_at``, which choose a reader
+    by the opener and ask the store what it offers: ``fixed_reader`` (the one reader of a
+    local path or a command, whatever the opener), ``ranged_source`` and ``range_fetcher``
+    (the sdk reader's concurrent and one-request ranged GETs), ``cli_reader`` (the command
+    the cli opener runs). A store implements the rest, failures raised as wdstream's
     errors naming the URL: ``describe``, ``list``, ``folder_path``, ``open_write``, ``exists``,
     ``delete``, ``size``; ``version``, ``head_and_start`` and ``quick_size`` have defaults."""
 
@@ -31,6 +32,10 @@ class Store:
     chains_names = False  # fsspec chains URLs at "::": a listed name must not hold one
     paths_are_urls = False  # fsspec's paths are whole URLs ("?" starts a query: http)
     version_fields: tuple[str, ...] = ()  # the tags the store checks on every ranged GET
+    fixed_reader: str | None = None  # "file", "pipe": the reader whatever the opener
+    ranged_source: type | None = None  # the sdk reader's source (``ranged.RangedSource``)
+    range_fetcher: type | None = None  # its one range's GET (``range_fetchers.Fetcher``)
+    cli_reader: Callable[[str, float], list[str]] | None = None  # (url, timeout) -> argv
 
     def __init__(self, scheme: str):
         self.scheme = scheme
@@ -40,15 +45,19 @@ class Store:
 
     def open_read(self, url: str, **options):
         """A read stream of the object (``openers.open_read``'s options)."""
+        from wdstream.sources.openers import open_read  # openers asks the stores
+
         return open_read(url, **options)
 
     def read_at(self, url: str, start: int, length: int, **options) -> bytes:
         """``length`` bytes from ``start`` (``range_reads.read_at``'s options)."""
+        from wdstream.sources.range_reads import read_at  # range_reads asks the stores
+
         return read_at(url, start, length, **options)
 
-    def checks_version(self, url: str, opener: str | None = None) -> bool:
-        """Whether the reads of ``opener`` have the store check a version given to them."""
-        return checks_version(url, opener)
+    def filesystem(self, url: str, timeout: float = 60.0):
+        """``(fs, path)``: the URL's fsspec filesystem and its path there."""
+        raise InputError(f"{url}: not an fsspec URL")
 
     def describe(self, url: str) -> dict:
         """What the store says of the object: ``size`` and its version fields (raises the

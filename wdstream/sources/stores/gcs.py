@@ -9,7 +9,9 @@ from __future__ import annotations
 import shutil
 
 from wdstream.sources import gcs_objects
-from wdstream.sources.processes import cli_url
+from wdstream.sources.gcs_ranges import GcsRanges
+from wdstream.sources.processes import cli_url, gcs_read_command
+from wdstream.sources.ranged import RangedGcsSource
 from wdstream.sources.stores.base import is_object
 from wdstream.sources.stores.generic import FsspecStore
 from wdstream.sources.writers import CliWriter, CloudWriter
@@ -19,6 +21,13 @@ class GcsStore(FsspecStore):
     buckets = True
     chains_names = False
     version_fields = ("generation",)
+    ranged_source = RangedGcsSource
+    range_fetcher = GcsRanges
+    cli_reader = staticmethod(gcs_read_command)
+    client_name = "gcsfs"
+
+    def new_filesystem(self, fsspec, timeout):
+        return fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
 
     def describe(self, url):
         return gcs_objects.describe(url) if is_object(url) else super().describe(url)

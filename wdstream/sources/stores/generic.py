@@ -1,13 +1,13 @@
 """Any other fsspec URL (``memory://``, ``https://``, ``hf://``, ...): its fsspec filesystem
-(``clients.filesystem``) lists, describes, deletes, and writes by spooling to a temporary
+(``FsspecStore.filesystem``) lists, describes, deletes, and writes by spooling to a temporary
 file uploaded on commit (``writers.SpooledWriter``: a generic back-end cannot cancel a
 half-written object). The base of the S3 and GCS stores, which use it for what their own
 clients do not do."""
 
 from __future__ import annotations
 
-from wdstream.errors import InputError
-from wdstream.sources.clients import filesystem
+from wdstream.errors import InputError, StreamError
+from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
 from wdstream.sources.stores.base import Store, listed_size
 from wdstream.sources.writers import SpooledWriter
@@ -15,13 +15,33 @@ from wdstream.sources.writers import SpooledWriter
 
 class FsspecStore(Store):
     chains_names = True
+    client_name: str | None = None  # s3fs, gcsfs: one per process and environment
+
+    def filesystem(self, url, timeout=60.0):
+        """fsspec's filesystem of the URL, its listing cache off (an object written meanwhile
+        must show up); s3fs and gcsfs kept by ``clients.cached_client`` rather than by fsspec,
+        so that a changed endpoint or identity in the environment gets a new one."""
+        import fsspec
+
+        try:
+            if self.client_name is None:
+                return fsspec.core.url_to_fs(url, use_listings_cache=False)
+            fs = cached_client(self.client_name, self.scheme, timeout,
+                               lambda: self.new_filesystem(fsspec, timeout))
+        except ImportError as exc:
+            raise StreamError(url, f"cannot open {self.scheme}:// URLs: {exc}") from exc
+        return fs, fs._strip_protocol(url)
+
+    def new_filesystem(self, fsspec, timeout: float):
+        """A new fsspec filesystem of ``client_name``'s kind (``fsspec``: the module)."""
+        raise NotImplementedError
 
     def describe(self, url):
-        fs, path = filesystem(url)
+        fs, path = self.filesystem(url)
         return fs.info(path)
 
     def list(self, prefix, recursive=False, on_page=None):
-        fs, path = filesystem(prefix)
+        fs, path = self.filesystem(prefix)
         try:
             if recursive:
                 entries = list(fs.find(self.folder_path(prefix), detail=True).values())
@@ -34,7 +54,7 @@ class FsspecStore(Store):
         return entries
 
     def folder_path(self, prefix):
-        return filesystem(prefix)[1].rstrip("/")
+        return self.filesystem(prefix)[1].rstrip("/")
 
     def open_write(self, url, via):
         if via == "cli":
@@ -43,7 +63,7 @@ class FsspecStore(Store):
         return SpooledWriter(url)
 
     def exists(self, url):
-        fs, path = filesystem(url)
+        fs, path = self.filesystem(url)
         try:
             fs.info(path)
         except FileNotFoundError:
@@ -53,7 +73,7 @@ class FsspecStore(Store):
         return True
 
     def delete(self, url):
-        fs, path = filesystem(url)
+        fs, path = self.filesystem(url)
         try:
             fs.rm_file(path)
         except FileNotFoundError:
@@ -62,7 +82,7 @@ class FsspecStore(Store):
             raise stream_error(url, exc) from exc
 
     def size(self, url):
-        fs, path = filesystem(url)
+        fs, path = self.filesystem(url)
         try:
             found = fs.info(path).get("size")
         except Exception as exc:

@@ -16,6 +16,7 @@ from wdstream.sources.writers import LocalWriter
 class LocalStore(Store):
     local = True
     remote = False
+    fixed_reader = "file"
 
     def describe(self, url):
         info = os.stat(urls.to_local_path(url))

@@ -10,6 +10,7 @@ from wdstream.sources.stores.base import Store, not_stored
 class PipeStore(Store):
     runs_command = True
     remote = False
+    fixed_reader = "pipe"
 
     def describe(self, url):
         raise not_stored(url)

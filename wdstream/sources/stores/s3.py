@@ -6,7 +6,9 @@ writes, ``aws s3 cp`` for ``via="cli"``. Ranged GETs carry the listed ETag (``If
 from __future__ import annotations
 
 from wdstream.sources import s3_objects
-from wdstream.sources.processes import cli_url
+from wdstream.sources.processes import aws_read_command, cli_url
+from wdstream.sources.ranged import RangedS3Source
+from wdstream.sources.s3_ranges import S3Ranges
 from wdstream.sources.stores.base import is_object
 from wdstream.sources.stores.generic import FsspecStore
 from wdstream.sources.writers import CliWriter, CloudWriter
@@ -16,6 +18,16 @@ class S3Store(FsspecStore):
     buckets = True
     chains_names = False
     version_fields = ("ETag", "etag")
+    ranged_source = RangedS3Source
+    range_fetcher = S3Ranges
+    cli_reader = staticmethod(aws_read_command)
+    client_name = "s3fs"
+
+    def new_filesystem(self, fsspec, timeout):
+        """s3fs with botocore timeouts of ``timeout``."""
+        return fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False,
+                                 config_kwargs={"connect_timeout": timeout,
+                                                "read_timeout": timeout})
 
     def describe(self, url):
         return s3_objects.head(url) if is_object(url) else super().describe(url)
