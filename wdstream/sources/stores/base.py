@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from wdstream.errors import InputError
 from wdstream.sources import urls
+from wdstream.sources.failures import stream_error
 from wdstream.sources.writers import Writer
 
 # the fields of a store's description that change whenever the object does
@@ -119,6 +120,19 @@ def strong_version(described: dict) -> dict | None:
     if not version or not isinstance(size, int) or isinstance(size, bool):
         return None
     return {"size": size, **version}
+
+
+def listing(prefix: str, entries_of: Callable[[], list[dict]],
+            on_page: Callable[[list[dict]], None] | None) -> list[dict]:
+    """``entries_of()``, a store's listing of ``prefix`` made at once (its failures as
+    wdstream's errors naming ``prefix``), handed to ``on_page`` whole."""
+    try:
+        entries = entries_of()
+    except Exception as exc:
+        raise stream_error(prefix, exc) from exc
+    if on_page is not None:
+        on_page(entries)
+    return entries
 
 
 def listed_size(found) -> int | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from wdstream.errors import InputError, StreamError
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
-from wdstream.sources.stores.base import Store, listed_size
+from wdstream.sources.stores.base import Store, listed_size, listing
 from wdstream.sources.writers import SpooledWriter
 
 
@@ -42,16 +42,10 @@ class FsspecStore(Store):
 
     def list(self, prefix, recursive=False, on_page=None):
         fs, path = self.filesystem(prefix)
-        try:
-            if recursive:
-                entries = list(fs.find(self.folder_path(prefix), detail=True).values())
-            else:
-                entries = fs.ls(path.rstrip("/"), detail=True)
-        except Exception as exc:
-            raise stream_error(prefix, exc) from exc
-        if on_page is not None:
-            on_page(entries)
-        return entries
+        if recursive:
+            return listing(prefix, lambda: list(fs.find(self.folder_path(prefix),
+                                                        detail=True).values()), on_page)
+        return listing(prefix, lambda: fs.ls(path.rstrip("/"), detail=True), on_page)
 
     def folder_path(self, prefix):
         return self.filesystem(prefix)[1].rstrip("/")

@@ -9,7 +9,7 @@ import stat
 
 from wdstream.sources import urls
 from wdstream.sources.failures import stream_error
-from wdstream.sources.stores.base import Store
+from wdstream.sources.stores.base import Store, listing
 from wdstream.sources.writers import LocalWriter
 
 
@@ -36,13 +36,7 @@ class LocalStore(Store):
         """The folder's entries (links followed, as ``os.scandir`` tells), named under
         ``folder_path(prefix)``."""
         root, named = urls.to_local_path(prefix) or ".", self.folder_path(prefix)
-        try:
-            entries = _scanned(root, named, recursive)
-        except OSError as exc:
-            raise stream_error(prefix, exc) from exc
-        if on_page is not None:
-            on_page(entries)
-        return entries
+        return listing(prefix, lambda: _scanned(root, named, recursive), on_page)
 
     def folder_path(self, prefix):
         return (urls.to_local_path(prefix) or ".").rstrip("/")
