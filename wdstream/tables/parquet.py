@@ -22,8 +22,8 @@ from wdstream.tables.formats import (
     limits_of,
     units_from_counts,
 )
+from wdstream.tables.page_headers import BadHeader, chunk_pages, chunk_start, decoded_pages
 from wdstream.tables.reads import Access, read_range
-from wdstream.write.parquet_pages import BadHeader, chunk_pages, chunk_start, decoded_pages
 
 MAGIC = b"PAR1"
 TAIL_BYTES = 64 * 1024  # the first read of a footer
@@ -166,7 +166,7 @@ def chunk_spans(file: RawFile, metadata, group: int, columns, footer_bytes: int
 def check_pages(file: RawFile, metadata, group: int, columns, source, most: int) -> None:
     """Row group ``group``'s chunks of ``columns`` checked from their pages' headers (read
     from ``source``, the chunks' bytes) before pyarrow decodes them: what they take decoded
-    (``parquet_pages.decoded_pages``: a dictionary's entries repeated by their indices
+    (``page_headers.decoded_pages``: a dictionary's entries repeated by their indices
     included) at most ``most``, and the rows the footer claims held by values of each."""
     row_group = metadata.row_group(group)
     rows, total = row_group.num_rows, 0
