@@ -36,8 +36,8 @@ from wdstream.sources import urls
 from wdstream.sources.clients import FsspecSource
 from wdstream.sources.failures import stream_error
 from wdstream.sources.processes import ProcessSource
-from wdstream.sources.ranged import shared_link
 from wdstream.sources.stores import store_for
+from wdstream.sources.stores.base import no_reader
 from wdstream.sources.streams import ByteStream, ChunkSource, LocalFile
 
 OPENERS = ("auto", "cli", "fsspec", "sdk")
@@ -65,12 +65,9 @@ def resolve_opener(opener: str | None, url: str) -> str:
         return store.fixed_reader
     if opener == "auto":
         return "fsspec" if store.ranged_source is None else "sdk"
-    if opener == "cli" and store.cli_reader is None:
-        raise InputError(f"{url}: no command-line reader for {store.scheme}:// (cli reads s3:// "
-                         "and gs://)")
-    if opener == "sdk" and store.ranged_source is None:
-        raise InputError(f"{url}: the sdk opener reads s3:// and gs:// only; use fsspec for "
-                         f"{store.scheme}://")
+    if (opener == "cli" and store.cli_reader is None) or \
+            (opener == "sdk" and store.ranged_source is None):
+        raise no_reader(url, store.scheme, opener)
     return opener
 
 
@@ -112,11 +109,10 @@ def open_read(
         argv = ["/bin/bash", "-o", "pipefail", "-c", url[len("pipe:"):]]
         source = ProcessSource(url, argv, start)
     elif reader == "cli":
-        source = ProcessSource(url, store_for(url).cli_reader(url, timeout), start)
+        source = ProcessSource(url, store_for(url).cli_command(url, timeout), start)
     elif reader == "sdk":
-        store = store_for(url)
-        source = store.ranged_source(url, start, timeout, size=size, first_bytes=first_bytes,
-                                     link=shared_link(timeout, store.scheme), version=version)
+        source = store_for(url).sdk_source(url, start, timeout, size=size,
+                                           first_bytes=first_bytes, version=version)
     else:
         source = FsspecSource(url, start, timeout)
     return ByteStream(url, source, timeout)

@@ -95,7 +95,7 @@ def _ranged_get(url: str, start: int, length: int, timeout: float,
     """One GET of the range with the ranged reader's fetcher of the store (``If-Match`` or
     ``ifGenerationMatch`` on ``version``; either refused, or another version in the answer:
     ObjectChanged)."""
-    fetcher = store_for(url).range_fetcher(url, timeout)
+    fetcher = store_for(url).sdk_fetcher(url, timeout)
     fetcher.connect()
     try:
         response = fetcher.get(start, start + length - 1, version)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from wdstream.errors import InputError
 from wdstream.sources import urls
 from wdstream.sources.failures import stream_error
+from wdstream.sources.ranged import shared_link
 from wdstream.sources.writers import Writer
 
 # the fields of a store's description that change whenever the object does
@@ -43,6 +44,26 @@ class Store:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.scheme!r})"
+
+    def cli_command(self, url: str, timeout: float) -> list[str]:
+        """The command the cli opener runs to read ``url`` (``cli_reader``)."""
+        if self.cli_reader is None:
+            raise no_reader(url, self.scheme, "cli")
+        return self.cli_reader(url, timeout)
+
+    def sdk_source(self, url: str, start: int, timeout: float, **options):
+        """The sdk opener's source of ``url`` from ``start`` (``ranged_source``: concurrent
+        ranged GETs over the process's link to the store)."""
+        if self.ranged_source is None:
+            raise no_reader(url, self.scheme, "sdk")
+        return self.ranged_source(url, start, timeout, link=shared_link(timeout, self.scheme),
+                                  **options)
+
+    def sdk_fetcher(self, url: str, timeout: float):
+        """The sdk opener's GET of one range of ``url`` (``range_fetcher``)."""
+        if self.range_fetcher is None:
+            raise no_reader(url, self.scheme, "sdk")
+        return self.range_fetcher(url, timeout)
 
     def open_read(self, url: str, **options):
         """A read stream of the object (``openers.open_read``'s options)."""
@@ -145,6 +166,15 @@ def listed_size(found) -> int | None:
 def is_object(url: str) -> bool:
     """Whether the bucket URL ``url`` names an object (not the bucket, not a "folder/")."""
     return urls.object_key(url) is not None
+
+
+def no_reader(url: str, scheme: str, opener: str) -> InputError:
+    """The refusal of an opener (``cli``, ``sdk``) that has no reader for the store."""
+    if opener == "cli":
+        return InputError(f"{url}: no command-line reader for {scheme}:// (cli reads s3:// "
+                          "and gs://)")
+    return InputError(f"{url}: the sdk opener reads s3:// and gs:// only; use fsspec for "
+                      f"{scheme}://")
 
 
 def not_stored(url: str) -> InputError:
