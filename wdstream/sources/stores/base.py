@@ -25,7 +25,8 @@ class Store:
     (the sdk reader's concurrent and one-request ranged GETs), ``cli_reader`` (the command
     the cli opener runs). A store implements the rest, failures raised as wdstream's
     errors naming the URL: ``describe``, ``list``, ``folder_path``, ``open_write``, ``exists``,
-    ``delete``, ``size``; ``version``, ``head_and_start`` and ``quick_size`` have defaults."""
+    ``delete``, ``size``, ``filesystem`` (where fsspec reaches it); ``version``,
+    ``head_and_start`` and ``quick_size`` have defaults."""
 
     local = False  # a path on this machine: special files and links are the reader's to check
     runs_command = False  # the URL is a shell command (``pipe:``), never taken from data
