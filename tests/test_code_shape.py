@@ -1,6 +1,6 @@
 """The shape of wdstream's code (tools/code_shape.py, run as a script): no function with a
-cyclomatic complexity over 25, and every module named exactly once in its row of
-docs/architecture.md. The tool itself is checked on small trees of its own here first."""
+cyclomatic complexity over 25, every module named exactly once in its row of
+docs/architecture.md, and no import of a later layer than the module's own. The tool itself is checked on small trees of its own here first."""
 
 from __future__ import annotations
 
@@ -71,6 +71,20 @@ def test_a_module_named_twice_fails(tree):
     result = run_tool(tree)
     assert result.returncode == 1
     assert "wdstream/stream/plan.py  2" in result.stdout
+
+
+def test_an_import_of_a_later_layer_fails(tree):
+    """The basics row comes first: a basics module importing stream/ climbs a layer, at the
+    top of the module or inside a function alike; stream/ importing the basics does not."""
+    (tree / "wdstream" / "sizes.py").write_text("def size():\n    from wdstream.stream.plan "
+                                                "import plan\n    return plan\n")
+    page = tree / "docs" / "architecture.md"
+    page.write_text(page.read_text().replace("exception classes", "exception classes, sizes "
+                                             "(`sizes.py`)"))
+    result = run_tool(tree)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "imports of a later layer: 1" in result.stdout
+    assert "wdstream/sizes.py:2" in result.stdout and "wdstream.stream.plan" in result.stdout
 
 
 def test_wdstream_has_the_shape_asked_for():

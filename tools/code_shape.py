@@ -6,11 +6,14 @@
     `wdstream/<package>/`; top-level modules: the "basics" row) as its file name in backquotes,
     `plan.py` (a subpackage's module as its path in the package, `cache/entry.py`), or as its
     path, `wdstream/stream/plan.py`; `__init__.py` is exempt;
-(c) imports of wdstream's own modules inside functions (counted and listed, not a failure).
+(c) imports of wdstream's own modules inside functions (counted and listed, not a failure);
+(d) imports, at the top of a module or inside a function, of a later layer: the layers are the
+    table's rows in their order (the basics row first), and each may import only its own and
+    earlier ones; the package's ``__init__.py`` (the public names, imported lazily) is exempt.
 
     python tools/code_shape.py [REPOSITORY]
 
-Exits 1 if (a) or (b) lists anything, else 0.
+Exits 1 if (a), (b) or (d) lists anything, else 0.
 """
 
 from __future__ import annotations
@@ -111,6 +114,33 @@ def function_imports(node: ast.AST, function: str = ""):
             yield from function_imports(child, function)
 
 
+def layer_of(path: Path, package_root: Path) -> str:
+    """The layer (package name, "" for the basics) of a module of wdstream/."""
+    parts = path.relative_to(package_root).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+def upward_imports(root: Path, package_root: Path) -> list[tuple[str, str, str]]:
+    """(module:line, its layer, imported module) of each import of a later layer."""
+    order = list(table_rows((root / "docs" / "architecture.md").read_text()))
+    rank = {layer: i for i, layer in enumerate(order)}
+    found = []
+    for path in modules(package_root):
+        if path == package_root / "__init__.py":
+            continue
+        layer = layer_of(path, package_root)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for name in (own_module(node) or "").split(", "):
+                parts = name.split(".")
+                target = parts[1] if len(parts) > 2 else ""
+                if name.startswith("wdstream.") and rank.get(target, -1) > rank.get(layer, 0):
+                    found.append((f"{path.relative_to(root)}:{node.lineno}", layer or BASICS,
+                                  name))
+    return found
+
+
 def table(title: str, header: tuple[str, ...], rows: list[tuple]) -> str:
     """A section of the report: its title with the count, and a plain-text table."""
     lines = [f"{title}: {len(rows)}"]
@@ -128,6 +158,7 @@ def report(root: Path) -> tuple[str, bool]:
     complex_rows = complex_functions(root, package_root)
     naming_rows = naming_counts(root, package_root)
     import_rows = imports_in_functions(root, package_root)
+    upward_rows = upward_imports(root, package_root)
     text = "\n\n".join([
         table(f"(a) functions with a cyclomatic complexity over {LIMIT}",
               ("function at", "name", "complexity"), complex_rows),
@@ -135,8 +166,9 @@ def report(root: Path) -> tuple[str, bool]:
               ("module", "times named"), naming_rows),
         table("(c) imports of wdstream's own modules inside functions",
               ("import at", "function", "module"), import_rows),
+        table("(d) imports of a later layer", ("import at", "layer", "module"), upward_rows),
     ])
-    return text, not complex_rows and not naming_rows
+    return text, not complex_rows and not naming_rows and not upward_rows
 
 
 def main() -> int:

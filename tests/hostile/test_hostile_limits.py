@@ -110,7 +110,7 @@ class _Endless(http.server.BaseHTTPRequestHandler):
 # what reads each kind of small object, its error, a word of its message, the environment
 READERS = {
     "config": ("wdstream.from_config({url!r})", "InputError", "16,777,216", {}),
-    "tokenizer": ("from wdstream.tokenizer import Tokenizer\nTokenizer({url!r})",
+    "tokenizer": ("from wdstream.write.tokenizer import Tokenizer\nTokenizer({url!r})",
                   "InputError", "WDSTREAM_MAX_TOKENIZER_BYTES",
                   {"WDSTREAM_MAX_TOKENIZER_BYTES": "8MiB"}),
     "manifest": ("from wdstream.shards.locate import find_shards\nfind_shards({url!r})",

@@ -30,7 +30,7 @@ from wdstream.stages.schedule import TokenClock
 from wdstream.stream.contract import IterationSpec
 from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
 from wdstream.stream.ranks import rank_entry, rank_position
-from wdstream.tokenizer import Tokenizer
+from wdstream.write.tokenizer import Tokenizer
 
 LONG_DOCUMENTS = CHOICES["long_documents"]
 

@@ -26,7 +26,7 @@ records. Otherwise a record's key is its index among all records of all inputs, 
 run replace old ones of the same name, and old shards beyond the new run's count stay in place,
 unlisted. A failed overwrite therefore leaves no dataset rather than a mixed one.
 
-Tokenizing (``tokenize``, with a ``wdstream.tokenizer.Tokenizer``): the column's texts are checked by the main
+Tokenizing (``tokenize``, with a ``wdstream.write.tokenizer.Tokenizer``): the column's texts are checked by the main
 process and tokenized by the pool workers (or this process, ``workers=1``), so ``workers``
 parallelises tokenizing. With ``max_size`` the members' sizes decide the shard boundaries, so
 batches are tokenized before they are cut into shards (a few batches ahead, in the pool); with
@@ -60,7 +60,6 @@ from wdstream.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, write_m
 from wdstream.sizes import parse_size
 from wdstream.sources import urls
 from wdstream.sources.objects import delete, exists, settle_uploads
-from wdstream.tokenizer import Tokenizer
 from wdstream.write.inputs import Input, check_inputs, iter_batches, read_in_worker
 from wdstream.write.jobs import SampleBatch, ShardJob, part_manifest_name, shard_name
 from wdstream.write.pack_options import DEFAULT_MAX_SIZE, check_options
@@ -68,6 +67,7 @@ from wdstream.write.pool import InlineWriter, PoolWriter
 from wdstream.write.record_batches import MAX_RECORD, ReadCounter
 from wdstream.write.records_to_samples import SampleMaker
 from wdstream.write.sharder import Sharder
+from wdstream.write.tokenizer import Tokenizer
 
 
 @dataclass

@@ -12,11 +12,11 @@ from collections.abc import Iterable, Iterator
 
 from wdstream.shards.manifest import ShardInfo
 from wdstream.sources.objects import settle_uploads
-from wdstream.tokenizer import Tokenizer
 from wdstream.write.jobs import SampleBatch, ShardJob, by_reference
 from wdstream.write.record_batches import Batch, ReadCounter
 from wdstream.write.shard_writer import write_shard
 from wdstream.write.token_members import with_tokens
+from wdstream.write.tokenizer import Tokenizer
 from wdstream.write.worker_reads import receive_batches, send_batches
 
 # A pool worker's tokenizer and the pipe it sends the batches of an input it reads into, set

@@ -11,12 +11,12 @@ from wdstream.shards.compression.writing import ShardCompressor
 from wdstream.shards.identity import HEAD_BYTES, head_digest
 from wdstream.shards.tar_writer import TarWriter
 from wdstream.sources.objects import open_write
-from wdstream.tokenizer import Tokenizer
 from wdstream.write.jobs import FileMember, ShardJob
 from wdstream.write.json_records import check_json_lines
 from wdstream.write.jsonl import read_lines
 from wdstream.write.remote import read_member
 from wdstream.write.token_members import tokenize_columns
+from wdstream.write.tokenizer import Tokenizer
 
 _FLUSH_SIZE = 4 << 20  # bytes buffered before hashing and writing a chunk of a shard
 

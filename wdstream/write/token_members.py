@@ -1,11 +1,11 @@
-"""Tokenizing while packing: the ``.npy`` members of token ids (``wdstream.tokenizer``) put into
+"""Tokenizing while packing: the ``.npy`` members of token ids (``wdstream.write.tokenizer``) put into
 a SampleBatch, whose sizes the sharder then knows, or into a shard's columns."""
 
 from __future__ import annotations
 
-from wdstream.tokenizer import Tokenizer
 from wdstream.write.jobs import SampleBatch
 from wdstream.write.tar_sizes import sample_sizes
+from wdstream.write.tokenizer import Tokenizer
 
 
 def tokenize_columns(columns: tuple[list, ...], tokenize: tuple[int, ...],
