@@ -25,19 +25,24 @@ fails loudly then).
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from http.client import HTTPResponse
 
 LOW_WATER = 512 << 10
 MARGIN = 256 << 10  # more than http.client's buffer holds (8 KiB; larger in newer Pythons)
 
 
-def socket_of(body) -> tuple[object, socket.socket] | None:
+def socket_of(body) -> tuple[HTTPResponse, socket.socket] | None:
     """(the http.client response, its socket) under a urllib3 response or botocore's
     ``StreamingBody`` (which wraps one); None if they cannot be found."""
     raw = getattr(body, "_raw_stream", body)  # botocore's StreamingBody
     http_response = getattr(raw, "_fp", None)  # urllib3's HTTPResponse holds http.client's
     socket_io = getattr(getattr(http_response, "fp", None), "raw", None)
     sock = getattr(socket_io, "_sock", None)
-    if not isinstance(sock, socket.socket) or not hasattr(http_response, "length"):
+    if not isinstance(sock, socket.socket) or http_response is None \
+            or not hasattr(http_response, "length"):
         return None
     return http_response, sock
 
@@ -48,6 +53,8 @@ class LargeReads:
     to come. Use one of ``read`` and ``readinto`` for a body, not both."""
 
     __slots__ = ("_close", "_http", "_mark", "_read", "_sock", "_urllib3")
+    _http: HTTPResponse | None
+    _sock: socket.socket | None
 
     def __init__(self, body):
         self._read = body.read
@@ -70,20 +77,21 @@ class LargeReads:
 
     def readinto(self, buffer: memoryview) -> int:
         """Fill ``buffer`` from the body (less only at its end); 0 at the end."""
-        if self._urllib3 is None:
+        http = self._http
+        if self._urllib3 is None or http is None:
             data = self._read(len(buffer))
             buffer[: len(data)] = data
             return len(data)
         self._mark_for(len(buffer))
-        http = self._http
         count = http.readinto(buffer)
         if http.isclosed() and http.length == 0:  # all of it: the connection can be reused
             self._urllib3.release_conn()
         return count
 
     def _mark_for(self, amount: int) -> None:
-        if self._sock is not None:
-            left = self._http.length  # None: read to the end, or chunked
+        if self._sock is not None and self._http is not None:
+            left = self._http.length
+  # None: read to the end, or chunked
             mark = 1 if not left else max(1, min(LOW_WATER, amount, left - amount - MARGIN))
             if mark != self._mark:
                 self._set(mark)
@@ -94,6 +102,8 @@ class LargeReads:
         self._close()
 
     def _set(self, mark: int) -> None:
+        if self._sock is None:
+            return
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
             self._mark = mark

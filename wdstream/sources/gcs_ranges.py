@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import threading
 import urllib.parse
+from typing import TYPE_CHECKING, Any
 
 from wdstream.errors import StreamError
 from wdstream.limits import json_loads
@@ -59,6 +60,9 @@ from wdstream.sources.range_fetchers import (
     range_response,
     unsatisfied_range_size,
 )
+
+if TYPE_CHECKING:
+    from google.auth.transport.urllib3 import Request
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
@@ -97,13 +101,13 @@ class _Client:
         self.pool = urllib3.PoolManager(
             num_pools=4, maxsize=POOL_SIZE, retries=False,
             timeout=urllib3.Timeout(connect=timeout, read=timeout))
-        self.credentials = None
+        self.credentials: Any = None  # google-auth's credentials (None: anonymous)
         self.emulator = self.endpoint != GCS_ENDPOINT
         self.anonymous_reason = "an emulator" if self.emulator else None
         if not self.emulator:
             self.credentials, self.anonymous_reason = _default_credentials()
         self._lock = threading.Lock()
-        self._auth_request = None
+        self._auth_request: Request | None = None
 
     def headers(self, url: str) -> dict[str, str]:
         """Authorization for a request to ``url`` (refreshing the token when it expired)."""
@@ -177,10 +181,16 @@ class GcsRanges(Fetcher):
         self._client = gcs_client(self.timeout)
 
     def _fail(self, response) -> HttpStatusError:
-        return status_error(self._client, response)
+        return status_error(self._connected(), response)
+
+    def _connected(self) -> _Client:
+        """The client ``connect`` took (the reader connects before any get)."""
+        if self._client is None:
+            raise StreamError(self.url, "read before the client was made")
+        return self._client
 
     def get(self, begin: int, last: int | None, version: str | None) -> RangeResponse:
-        client = self._client
+        client = self._connected()
         if client.emulator:  # which sends no generation with a download, nor checks one
             with self._lock:  # asked before the download: a one-request-at-a-time emulator
                 if self._asked_generation is None:  # would hold it behind an open body
@@ -217,7 +227,7 @@ class GcsRanges(Fetcher):
 
     def metadata(self) -> dict[str, str]:
         """The object's generation and size from its metadata."""
-        client = self._client
+        client = self._connected()
         url = f"{client.endpoint}/storage/v1{self._path}?fields=generation,size"
         response = client.get(url, {}, stream=True)
         try:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from typing import IO, cast
 
 from wdstream.errors import InputError, StreamError, WdstreamError
 from wdstream.limits import size_limit, size_variable
@@ -122,7 +123,7 @@ def _check_special_file(url: str, error: type[WdstreamError]) -> None:
     if not store_for(url).local:
         return
     try:
-        mode = os.stat(urls.to_local_path(url)).st_mode
+        mode = os.stat(urls.local_path(url)).st_mode
     except OSError:
         return  # missing or unreadable: the opener says so
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
@@ -146,8 +147,9 @@ def size(url: str) -> int | None:
 
 
 def list_files(prefix: str, suffix: str = ".tar",
-               entries: list[dict] | None = None) -> list[tuple[str, int]]:
-    """``(url, size)`` of the files directly in the folder ``prefix`` whose names end with
+               entries: list[dict] | None = None) -> list[tuple[str, int | None]]:
+    """``(url, size)`` (None where a remote listing gives none) of
+ the files directly in the folder ``prefix`` whose names end with
     ``suffix``, sorted by URL. URLs are spelled like ``prefix`` (``urls.child(prefix, name)``):
     a listed name is only ever a name under ``prefix``, never a URL, a path or a ``pipe:``
     command of its own. ``entries``: a remote folder's listing (``folder_entries``) when

@@ -93,7 +93,7 @@ def open_read(
         raise InputError(f"{url}: start must be >= 0, got {start}")
     reader = resolve_opener(opener, url)
     if reader == "file":
-        path = urls.to_local_path(url)
+        path = urls.local_path(url)
         try:
             file = open(path, "rb", buffering=0)  # the stream closes it
         except OSError as exc:

@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
+from typing import IO, cast
 
 from wdstream.errors import StreamError
 from wdstream.sources import urls
@@ -60,7 +62,7 @@ class ProcessSource(ChunkSource):
         self._stopped = False
 
     def run(self, put):
-        stdout = self.process.popen.stdout
+        stdout = cast(IO[bytes], self.process.popen.stdout)  # stdout=PIPE: never None
         skip = self.start
         while chunk := stdout.read(CHUNK_SIZE):  # unbuffered: returns what the pipe holds
             if skip:
@@ -115,7 +117,7 @@ class ChildProcess:
         self._stderr_thread.start()
 
     def _collect_stderr(self) -> None:
-        stderr = self.popen.stderr
+        stderr = cast(IO[bytes], self.popen.stderr)  # stderr=PIPE: never None
         while chunk := stderr.read(4096):
             self._tail += chunk
             del self._tail[:-STDERR_TAIL]
@@ -152,5 +154,5 @@ class ChildProcess:
                 except OSError:
                     pass  # e.g. a broken pipe flushing stdin
         self._stderr_thread.join(2.0)
-        self.popen.stderr.close()
+        cast(IO[bytes], self.popen.stderr).close()  # stderr=PIPE: never None
 

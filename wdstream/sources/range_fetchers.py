@@ -38,7 +38,7 @@ class ObjectChanged(Exception):  # noqa: N818 - the reader turns it into its Str
     """The store says the object is not the version the earlier responses read."""
 
 
-def not_the_version(url: str, version: str) -> ShardMismatchError:
+def not_the_version(url: str, version: str | None) -> ShardMismatchError:
     """The error for a read that expected ``version`` (a plan's ETag or generation) of the
     object at ``url``, which the store no longer holds."""
     return ShardMismatchError(f"{url}: changed since the plan (the store no longer holds "

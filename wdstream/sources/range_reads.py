@@ -57,7 +57,7 @@ def read_at(url: str, start: int, length: int, *, opener: str | None = None,
             raise not_the_version(url, version) from None
         except Exception as exc:  # classified: retried when transient, else raised
             error = stream_error(url, exc)
-            if not error.transient or attempt >= PART_RETRIES:
+            if not getattr(error, "transient", False) or attempt >= PART_RETRIES:
                 raise error from error.__cause__
         time.sleep(RETRY_BACKOFF * 2 ** attempt)
         attempt += 1
@@ -83,7 +83,7 @@ def checks_version(url: str, opener: str | None = None) -> bool:
 
 def _pread(url: str, start: int, length: int, timeout: float, version: str | None) -> bytes:
     # O_NONBLOCK: a FIFO named like a data file opens at once, and its pread fails
-    fd = os.open(urls.to_local_path(url), os.O_RDONLY | os.O_NONBLOCK)
+    fd = os.open(urls.local_path(url), os.O_RDONLY | os.O_NONBLOCK)
     try:
         return _filled(lambda n: os.pread(fd, n, start + length - n), length)
     finally:

@@ -321,7 +321,7 @@ class RangedSource(ChunkSource):
                     error = None  # its range shrank to what it has (a smaller object)
             if error is None or stopped:
                 break
-            if not error.transient or attempt >= self.retries:
+            if not getattr(error, "transient", False) or attempt >= self.retries:
                 break
             attempt += 1
             time.sleep(self.backoff * 2 ** (attempt - 1))

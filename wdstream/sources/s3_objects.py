@@ -124,7 +124,10 @@ def head_size(url: str) -> int | None:
 
 def delete_object(url: str) -> None:
     """Delete the object at ``url``; a missing one is fine."""
-    bucket, key = urls.object_key(url)
+    named = urls.object_key(url)
+    if named is None:
+        raise InputError(f"{url}: not an object (a bucket or a folder)")
+    bucket, key = named
     try:
         s3_client(TIMEOUT).delete_object(Bucket=bucket, Key=key)
     except Exception as exc:

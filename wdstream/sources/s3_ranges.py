@@ -33,6 +33,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from typing import Any
 
 from wdstream.printable import printable
 from wdstream.sources import urls
@@ -92,7 +93,7 @@ class S3Ranges(Fetcher):
     def __init__(self, url: str, timeout: float):
         self.url, self.timeout = url, timeout
         self.bucket, self.key = urls.bucket_key(url)
-        self._client = None
+        self._client: Any = None  # botocore's S3 client (botocore ships no types)
         self._pool = None  # None: every GET through botocore
         self._signed: tuple[str, float] | None = None  # (URL, when signed)
         self._lock = threading.Lock()

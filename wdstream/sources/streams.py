@@ -142,14 +142,14 @@ class _ChunkBuffer:
 
     def __init__(self, limit: int):
         self._limit = limit
-        self._chunks: collections.deque[bytes] = collections.deque()
+        self._chunks: collections.deque[bytes | memoryview] = collections.deque()
         self._bytes = 0
         self._cond = threading.Condition()
         self.ended = False  # the producer finished: end of data, or an error
         self.error: BaseException | None = None  # how it finished, if it failed
         self.closed = False  # the consumer is gone
 
-    def put(self, chunk: bytes) -> bool:
+    def put(self, chunk: bytes | memoryview) -> bool:
         """Wait for room and append; False once the consumer has closed."""
         with self._cond:
             while self._bytes >= self._limit and not self.closed:
@@ -166,7 +166,7 @@ class _ChunkBuffer:
             self.ended, self.error = True, error
             self._cond.notify_all()
 
-    def get(self, timeout: float) -> bytes | None:
+    def get(self, timeout: float) -> bytes | memoryview | None:
         """The next chunk; None at the end. Raises the producer's error, or TimeoutError."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -206,7 +206,7 @@ class ByteStream(io.BufferedIOBase):
         self._source = source
         self._timeout = timeout
         self._buffer = _ChunkBuffer(READ_AHEAD)
-        self._chunk = b""  # the chunk being handed out, from self._offset on
+        self._chunk: bytes | memoryview = b""  # the chunk being handed out, from self._offset on
         self._offset = 0
         self._at_end = False
         self._failed: WdstreamError | None = None  # an error already raised to the consumer
@@ -238,7 +238,7 @@ class ByteStream(io.BufferedIOBase):
             self._asked = True
             self._source.reading()
         while self._offset >= len(self._chunk):
-            if type(self._chunk) is not bytes:  # lent by the source, and all taken
+            if isinstance(self._chunk, memoryview):  # lent by the source, and all taken
                 if spent is None:
                     self._source.recycle(self._chunk)
                 else:
@@ -280,7 +280,8 @@ class ByteStream(io.BufferedIOBase):
         self._check_open()
         if n is None or n < 0:
             n = sys.maxsize
-        parts, spent = [], []
+        parts: list[bytes | memoryview] = []
+        spent: list[memoryview] = []
         while n > 0 and self._next_chunk(spent):
             piece = self._take(n)
             parts.append(piece)

@@ -38,6 +38,14 @@ def to_local_path(url: str) -> str | None:
     return url
 
 
+def local_path(url: str) -> str:
+    """The filesystem path of ``url``, which the caller knows is local; InputError if not."""
+    path = to_local_path(url)
+    if path is None:
+        raise InputError(f"{url}: not a local path")
+    return path
+
+
 def is_absolute(name: str) -> bool:
     """True for names that do not resolve against a prefix: URLs, pipes, absolute paths."""
     return "://" in name or name.startswith("pipe:") or os.path.isabs(name)
@@ -134,7 +142,7 @@ def expand(source: str | os.PathLike | list | tuple) -> list[str]:
         items = [os.fspath(item) if isinstance(item, os.PathLike) else item for item in source]
     else:
         raise InputError(f"expected a URL, a brace pattern or a list of URLs, got {source!r}")
-    urls = []
+    urls: list[str] = []
     for item in items:
         if not isinstance(item, str) or not item:
             raise InputError(f"expected a non-empty URL string, got {item!r}")

@@ -13,10 +13,14 @@ import io
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.limits import json_loads
 from wdstream.sources.objects import read_bytes
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
 
 _NPY_HEADERS_MAX = 1 << 16  # .npy headers kept, by array length
 
@@ -62,7 +66,7 @@ class Tokenizer:
         else:
             raise InputError(f"tokenizer: expected a tokenizer.json path, a tokenizers."
                              f"Tokenizer or a callable, not {type(tokenizer).__name__}")
-        self._hf = None
+        self._hf: HFTokenizer | None = None
         self._headers: dict[int, bytes] = {}
         if self._json is not None:
             self._loaded()  # a broken tokenizer.json fails now, not at the first text
@@ -85,8 +89,10 @@ class Tokenizer:
         f = self._callable
         return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(f).__name__)}"
 
-    def _loaded(self):
+    def _loaded(self) -> HFTokenizer:
         if self._hf is None:
+            if self._json is None:  # a callable: no tokenizer.json to load
+                raise InputError(f"{self.label}: not a tokenizer.json")
             try:
                 from tokenizers import Tokenizer as HFTokenizer
             except ImportError:

@@ -11,7 +11,7 @@ import io
 import logging
 import os
 import stat as stat_mode
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from wdstream.sources.cache import folder
 from wdstream.sources.hashing import HEAD_BYTES, HashingReader, head_digest
@@ -54,7 +54,8 @@ class CachedStream(LocalFile):
 
     # payloads are not left in a cached file for the main process to map: the cache may
     # evict the file before the main process opens it
-    region = None
+    def region(self, position: int) -> tuple[str, int, int, int, int] | None:
+        return None
 
     def __init__(self, url: str, file, path: str):
         super().__init__(url, file)
@@ -75,7 +76,7 @@ class TeeStream(io.BufferedIOBase):
         self._cache, self._source = cache, source
         self._size, self._sha256 = size or None, sha256 or None
         self._hash = hashlib.sha256() if self._sha256 else None
-        self._file = None  # the temporary file, made at the first byte
+        self._file: IO[bytes] | None = None  # the temporary file, made at the first byte
         self._temporary: str | None = None
         self._written = 0
         self._tail = b""  # the last len(_TAR_END) bytes
@@ -200,15 +201,16 @@ class TeeStream(io.BufferedIOBase):
 
     def _finish(self) -> None:
         problem = self._complete()
-        if problem is not None:
-            if self._file is not None:
+        file, temporary = self._file, self._temporary
+        if problem is not None or file is None or temporary is None:  # None: "not read"
+            if file is not None:
                 log.debug("%s: not cached: %s", self.url, problem)
             self._discard()
             return
         try:
-            self._file.close()
+            file.close()
             self._file = None
-            os.replace(self._temporary, self.path)
+            os.replace(temporary, self.path)
             self._temporary = None
         except OSError as exc:
             # e.g. ENOSPC on close, or the temporary file removed as abandoned meanwhile

@@ -175,7 +175,10 @@ def remove_abandoned_temporaries(directory: str, result: Eviction) -> None:
     this machine that are gone."""
     this_host, now = host(), time.time()
     for path, stat in _own_files(directory, TEMP_NAME):
-        made_by, pid = TEMP_NAME.fullmatch(os.path.basename(path)).groups()
+        named = TEMP_NAME.fullmatch(os.path.basename(path))
+        if named is None:  # _own_files matched it
+            continue
+        made_by, pid = named.groups()
         abandoned = now - stat.st_mtime > STALE_TEMP_SECONDS or (
             made_by == this_host and not _alive(int(pid)))
         if abandoned:
