@@ -98,6 +98,7 @@ class LimitError(ShardError):
     the limit. Never retried: the same bytes expand the same way again."""
 
     transient = False
+    in_stream = False  # raised by a decompressed stream: the tar reader adds the member
 
 
 class ShardMismatchError(ShardError):

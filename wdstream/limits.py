@@ -24,6 +24,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from wdstream.errors import InputError, OptionError, OptionTypeError
 from wdstream.sizes import parse_size
@@ -61,12 +62,18 @@ class Limits:
             and PDF are refused.
     """
 
-    shard_bytes: int | str = 64 << 30
-    sample_bytes: int | str = 1 << 30
-    decoder_memory: int | str = 128 << 20
+    shard_bytes: int = 64 << 30
+    sample_bytes: int = 1 << 30
+    decoder_memory: int = 128 << 20
     image_pixels: int = 100_000_000
     image_formats: tuple[str, ...] = IMAGE_FORMATS
-    unit_bytes: int | str = 2 << 30
+    unit_bytes: int = 2 << 30
+
+    if TYPE_CHECKING:  # sizes are given as numbers or strings, and read as numbers of bytes
+        def __init__(self, shard_bytes: int | str = ..., sample_bytes: int | str = ...,
+                     decoder_memory: int | str = ..., image_pixels: int = ...,
+                     image_formats: tuple[str, ...] = ...,
+                     unit_bytes: int | str = ...) -> None: ...
 
     def __post_init__(self):
         for field in fields(self):
@@ -159,10 +166,10 @@ def json_depth(text: bytes | str, limit: int = MAX_DEPTH) -> int:
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if b"\\" in data:
         data = _STRING.sub(b"", data)
-    data = np.frombuffer(data, dtype=np.uint8)
+    codes = np.frombuffer(data, dtype=np.uint8)
     depth = deepest = quoted = 0
-    for at in range(0, len(data), _STEP):
-        chunk = data[at:at + _STEP]
+    for at in range(0, len(codes), _STEP):
+        chunk = codes[at:at + _STEP]
         outside = (np.cumsum(chunk == ord('"'), dtype=np.int32) + quoted) % 2 == 0
         opens = ((chunk == ord("[")) | (chunk == ord("{"))) & outside
         brackets = np.flatnonzero(opens | ((chunk == ord("]")) | (chunk == ord("}"))) & outside)

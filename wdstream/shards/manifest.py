@@ -19,6 +19,7 @@ ever is are a ``ManifestError`` naming the manifest and the entry.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import re
@@ -124,7 +125,7 @@ class Manifest:
 
     @classmethod
     def from_json(
-        cls, text: str | bytes, base: str | None = None, where: str = "manifest", *,
+        cls, text: str | builtins.bytes, base: str | None = None, where: str = "manifest", *,
         allow_empty: bool = False,
     ) -> Manifest:
         """Parse and validate; ManifestError names ``where`` and the bad key. ``allow_empty``

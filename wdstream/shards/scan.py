@@ -26,6 +26,8 @@ takes several times that (docs/decisions.md).
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from wdstream.shards.scan_layouts import (
@@ -70,33 +72,33 @@ def scan_shards(text: bytes, start: int, stop: int, min_lines: int = 1
     ``heads`` (N x 16), and the masks ``has_sha256``, ``has_head``, ``has_key``."""
     if text.find(b"\\", start, stop) >= 0:
         return None
-    text = np.frombuffer(text, dtype=np.uint8, count=stop - start, offset=start)
+    codes = np.frombuffer(text, dtype=np.uint8, count=stop - start, offset=start)
     step = 1 << 22  # in pieces: one comparison of the whole text is a temporary as large
-    newlines = np.concatenate([np.flatnonzero(text[at:at + step] == _NEWLINE) + at
-                               for at in range(0, len(text), step)] or [np.zeros(0, np.int64)])
+    newlines = np.concatenate([np.flatnonzero(codes[at:at + step] == _NEWLINE) + at
+                               for at in range(0, len(codes), step)] or [np.zeros(0, np.int64)])
     count = len(newlines) + 1
     if count < min_lines:
         return None
-    if len(newlines) and (newlines[0] < 1 or newlines[-1] + 2 > len(text)):
+    if len(newlines) and (newlines[0] < 1 or newlines[-1] + 2 > len(codes)):
         return None
     # lines are joined by ",\n "
-    if len(newlines) and not ((text[newlines - 1] == ord(",")).all()
-                              and (text[newlines + 1] == ord(" ")).all()):
+    if len(newlines) and not ((codes[newlines - 1] == ord(",")).all()
+                              and (codes[newlines + 1] == ord(" ")).all()):
         return None
     starts = np.concatenate(([0], newlines + 2))
-    ends = np.concatenate((newlines - 1, [len(text)]))
-    found = scan_by_length(text, starts, ends)
+    ends = np.concatenate((newlines - 1, [len(codes)]))
+    found = scan_by_length(codes, starts, ends)
     if found is not VARIED:
         return found
     columns = _Columns(count)
     names, keys = [], []
     for first in range(0, count, LINES):
         last = min(count, first + LINES)
-        if not _scan_block(text, starts[first:last], ends[first:last], columns, first):
+        if not _scan_block(codes, starts[first:last], ends[first:last], columns, first):
             return None
         rows = slice(first, last)
-        names.append(_joined(text, columns.name_at[rows], columns.name_len[rows]))
-        keys.append(_joined(text, columns.key_at[rows], columns.key_len[rows]))
+        names.append(_joined(codes, columns.name_at[rows], columns.name_len[rows]))
+        keys.append(_joined(codes, columns.key_at[rows], columns.key_len[rows]))
     if not (columns.name_len > 0).all():
         return None  # an empty name: the general parser names the entry
     keys_blob = np.concatenate(keys)[:-1]
@@ -142,7 +144,8 @@ def _match(layout: LineLayout, text, quotes, at, starts, ends, columns: _Columns
     """Which of these lines are in ``layout`` (their values stored in ``columns``)."""
     ok = np.ones(len(rows), dtype=bool)
     position = starts
-    ints, digests = [], {}
+    ints: list = []
+    digests: dict[int, np.ndarray] = {}
     for i, piece in enumerate(layout.pieces):
         if isinstance(piece, bytes):
             ok &= _literal(text, position, piece)
@@ -158,7 +161,8 @@ def _match(layout: LineLayout, text, quotes, at, starts, ends, columns: _Columns
         elif piece is KEY:
             key, good = (position, end - position), end >= position
         else:
-            digests[piece], good = _hex(text, position, end, piece)
+            digits = cast(int, piece)  # not INT, NAME nor KEY: a digest's number of digits
+            digests[digits], good = _hex(text, position, end, digits)
         ok &= good
         position = end
     ok &= position == ends

@@ -3,6 +3,8 @@ and the columns the two scanners fill from them."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 INT = "int"  # a gap holding ': DIGITS, '
@@ -17,31 +19,32 @@ class LineLayout:
 
     def __init__(self, sha: bool, head: bool, key: bool):
         self.sha, self.head, self.key = sha, head, key
-        pieces = [b'{"url": "', NAME, b'", "samples": ', INT, b', "bytes": ', INT,
-                  b', "sha256": ']
+        pieces: list[bytes | str | int] = [b'{"url": "', NAME, b'", "samples": ', INT,
+                                           b', "bytes": ', INT]
+        tail = b', "sha256": '  # the literal text after the last value
         if sha:
-            pieces[-1] += b'"'
-            pieces += [64, b'"']
+            pieces += [tail + b'"', 64]
+            tail = b'"'
         else:
-            pieces[-1] += b"null"
+            tail += b"null"
         if head:
-            pieces[-1] += b', "head": "'
-            pieces += [32, b'"']
+            pieces += [tail + b', "head": "', 32]
+            tail = b'"'
         if key:
-            pieces[-1] += b', "last_key": "'
-            pieces += [KEY, b'"']
-        pieces[-1] += b"}"
+            pieces += [tail + b', "last_key": "', KEY]
+            tail = b'"'
+        pieces.append(tail + b"}")
         self.pieces = pieces
         self.quotes = sum(p.count(b'"') for p in pieces if isinstance(p, bytes))
         # a value ends where the run after it has its first quote: (which quote of the line,
         # how many bytes before it)
-        self.value_ends = {}
+        self.value_ends: dict[int, tuple[int, int]] = {}
         seen = 0
         for i, piece in enumerate(pieces):
             if isinstance(piece, bytes):
                 seen += piece.count(b'"')
             else:
-                after = pieces[i + 1]
+                after = cast(bytes, pieces[i + 1])  # literal text follows every value
                 self.value_ends[i] = (seen, after.index(b'"'))
 
 

@@ -18,6 +18,7 @@ caller then takes the quote scanner of ``scan.py``.
 from __future__ import annotations
 
 import binascii
+from typing import cast
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def _template(line: bytes, layouts) -> _Template | None:
                     break
                 position += len(piece)
                 continue
-            after = layout.pieces[i + 1]
+            after = cast(bytes, layout.pieces[i + 1])  # literal text follows every value
             end = line.find(b'"', position) - after.index(b'"')
             width = end - position
             if piece is INT:
@@ -177,7 +178,8 @@ def _read_values(template: _Template, table, rows, columns: _Columns) -> bool:
             if binascii.hexlify(raw) != text:  # uppercase digits are not the layout's
                 return False
             target = columns.sha256 if piece == 64 else columns.heads
-            target[at] = np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), piece // 2)
+            digits = cast(int, piece)  # not INT, NAME nor KEY: a digest's number of digits
+            target[at] = np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), digits // 2)
     columns.samples[at], columns.bytes[at] = ints
     columns.has_sha256[at] = layout.sha
     columns.has_head[at] = layout.head

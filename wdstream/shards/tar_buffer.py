@@ -8,7 +8,7 @@ in a local file unread. A stream of known length is never read past it.
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from wdstream.errors import ShardError, ShardMismatchError
 
@@ -53,9 +53,10 @@ class TarBuffer:
 
     def _bounded_read(self, n: int) -> bytes:
         """``read`` when the stream's length is known: never asks beyond one byte past it."""
-        chunk = self._raw_read(max(1, min(n, self._limit + 1 - self._end)))
+        limit = cast(int, self._limit)  # this read is used only when the length is known
+        chunk = self._raw_read(max(1, min(n, limit + 1 - self._end)))
         self._end += len(chunk)
-        if self._end > self._limit:
+        if self._end > limit:
             raise ShardMismatchError(f"{self.url}: the stream goes on past the {self._limit} "
                                      f"bytes recorded for it")
         return chunk
@@ -76,7 +77,7 @@ class TarBuffer:
             if len(chunk) >= need or not chunk:
                 return len(chunk) >= need
             rest = len(chunk)
-        parts = [memoryview(self._data)[self._pos :]]
+        parts: list[bytes | memoryview] = [memoryview(self._data)[self._pos :]]
         have = rest
         while have < need:
             # only what is missing (the rest of a header): a large read joined to the rest
@@ -106,7 +107,7 @@ class TarBuffer:
             return self._read_exact(start, size, padded)
         data = self._data
         read = self._read
-        parts = [memoryview(data)[start:]] if start < len(data) else []
+        parts: list[bytes | memoryview] = [memoryview(data)[start:]] if start < len(data) else []
         have = len(data) - start
         base = self._base + len(data)  # stream offset of the next piece read
         chunk = data
@@ -140,7 +141,7 @@ class TarBuffer:
         next fill is then small: a large read would mostly fetch the next payload twice."""
         offset = self._base + start  # the payload's stream offset
         self._read_size = _READ_AFTER_EXACT
-        stream = self._stream
+        stream = cast(BinaryIO, self._stream)  # _gather reads exactly only a seekable stream
         stream.seek(offset)
         payload = stream.read(size)
         if len(payload) == size and padded > size:
@@ -157,7 +158,7 @@ class TarBuffer:
         stream's ``region``): seek past it and its padding; None when the file ends first."""
         offset = self._base + start
         end = offset + min(padded, region[2] - region[1])  # not past the end of the file
-        self._stream.seek(end)
+        cast(BinaryIO, self._stream).seek(end)  # a region is a seekable local file's
         self._base, self._data, self._pos = end, b"", 0
         self._end = end
         self._read_size = _READ_AFTER_EXACT

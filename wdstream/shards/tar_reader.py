@@ -14,7 +14,7 @@ claims more than ``member_limit`` bytes is a ``LimitError`` before any of it is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import chain
 from types import MappingProxyType
 from typing import BinaryIO
@@ -71,12 +71,12 @@ class TarMembers(TarBuffer):
         # TARGET_READ to MAX_READ bytes go (see iter_members)
         self._target = payload_target
         self._long_name: bytes | None = None  # from a GNU 'L' entry, for the next member
-        self._pax: dict[bytes, bytes] | None = None  # from a PAX 'x' header, for the next member
+        self._pax: Mapping[bytes, bytes] | None = None  # from a PAX 'x' header, for the next member
         self._runs = _Runs(None if payload_target is None else TARGET_READ)
         self._tails: dict[int, tuple[bytes, int]] = {}  # checksum_ok's memo
         self._ignored: dict[int, bytes] = {}  # PAX records of one ignored key, by length
         self.complete = False
-        self._gen = None
+        self._gen: Iterator[tuple[str, bytes]] | None = None
 
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         if self._gen is None:  # one member per list: ``offset`` is after the member given
@@ -369,7 +369,7 @@ def _handed(pending: list) -> list:
 
 _MEANINGFUL = (b"path", b"size")  # with GNU.sparse.*: the PAX keys the reader acts on
 _IGNORED_MAX = 16  # lengths of PAX records of an ignored key remembered
-_NO_RECORDS = MappingProxyType({})  # a PAX header of no record the reader acts on
+_NO_RECORDS: Mapping[bytes, bytes] = MappingProxyType({})  # a PAX header of no record the reader acts on
 
 
 class _Runs:

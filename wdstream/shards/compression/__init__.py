@@ -245,11 +245,11 @@ class DecompressingStream:
             if out:
                 self.expanded_bytes += len(out)
                 if self.expanded_bytes > self._limits.shard_bytes:
-                    error = LimitError(f"{self.url}: decompresses to more than "
-                                       f"{self._limits.shard_bytes:,} bytes (the limit "
-                                       "shard_bytes of wdstream.Limits)")
-                    error.in_stream = True  # the tar reader adds the member it was reading
-                    raise error
+                    too_large = LimitError(f"{self.url}: decompresses to more than "
+                                           f"{self._limits.shard_bytes:,} bytes (the limit "
+                                           "shard_bytes of wdstream.Limits)")
+                    too_large.in_stream = True  # the tar reader adds the member it was reading
+                    raise too_large
                 self._data, self._pos = out, 0
                 return True
             if self._at_end:

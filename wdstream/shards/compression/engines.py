@@ -16,8 +16,12 @@ from __future__ import annotations
 import bz2
 import lzma
 import zlib
+from typing import TYPE_CHECKING
 
 from wdstream.errors import ShardError
+
+if TYPE_CHECKING:
+    import zstandard
 
 
 class _StdlibEngine:
@@ -102,7 +106,7 @@ class _ZstdEngine:
                              "(pip install 'wdstream[zstd]')") from None
         self._zstd = zstandard.ZstdDecompressor(max_window_size=memory)
         self._frames = _ZstdFrames()
-        self._decompressor = None
+        self._decompressor: zstandard.ZstdDecompressionObj | None = None
         self._pending = b""
 
     @property
@@ -118,9 +122,10 @@ class _ZstdEngine:
         while pending:
             count, frame_end = self._frames.advance(pending, self._BLOCKS)
             piece, pending = pending[:count], pending[count:]
-            if self._decompressor is None:
-                self._decompressor = self._zstd.decompressobj()
-            out = self._decompressor.decompress(piece)
+            decompressor = self._decompressor
+            if decompressor is None:
+                decompressor = self._decompressor = self._zstd.decompressobj()
+            out = decompressor.decompress(piece)
             if frame_end:
                 self._decompressor = None
             if out:

@@ -4,6 +4,7 @@ that keeps ``--max-size`` a bound on the stored bytes, and a deterministic compr
 from __future__ import annotations
 
 import zlib
+from typing import Protocol
 
 from wdstream.errors import InputError
 from wdstream.shards.compression import WRITE_SUFFIXES
@@ -51,11 +52,20 @@ def tar_limit(kind: str, max_size: int) -> int:
     return low
 
 
+class _Compressing(Protocol):
+    """zstandard's and zlib's compression objects, as used here."""
+
+    def compress(self, data: bytes, /) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
 class ShardCompressor:
     """Compresses one shard as it is written: the same calls give the same bytes (zstd with
     one thread and a checksum, gzip without a file name or time)."""
 
     def __init__(self, kind: str, level: int):
+        self._compressor: _Compressing
         if kind == "zstd":
             import zstandard  # only when writing zstd
 
