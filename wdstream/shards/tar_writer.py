@@ -9,7 +9,7 @@ GNU longname ('L') entry. Members are written in the order given.
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from typing import Protocol
 
 from wdstream.shards.tar_header import (
     BLOCK,
@@ -51,10 +51,16 @@ def member_size(name: str, nbytes: int) -> int:
     return size
 
 
+class Writable(Protocol):
+    """What TarWriter writes to: a binary file object, or anything with its ``write``."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
 class TarWriter:
     """Writes a deterministic tar to a binary file object; the same calls give the same bytes."""
 
-    def __init__(self, fileobj: BinaryIO):
+    def __init__(self, fileobj: Writable):
         self._out = fileobj
         self._written = 0
         self._closed = False

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import cast
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
@@ -34,7 +35,7 @@ from wdstream.write.packer import input_paths, pack
 
 def _pack_part(inputs: list[str], output: str, part: tuple[int, int], options: dict) -> str:
     """One Ray task: pack one part; returns its manifest's URL."""
-    return pack(inputs, output, part=part, **options).url
+    return cast(str, pack(inputs, output, part=part, **options).url)  # pack() sets the URL
 
 
 def pack_on_ray(inputs: Iterable[str | os.PathLike] | str | os.PathLike, output: str | os.PathLike,

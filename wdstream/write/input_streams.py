@@ -6,12 +6,15 @@ from __future__ import annotations
 import io
 import sys
 import zlib
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.write.local_files import open_regular
 from wdstream.write.record_batches import STDIN, ReadCounter
 from wdstream.write.remote import is_remote, open_stream
+
+if TYPE_CHECKING:
+    from gzip import GzipFile
 
 
 class _Counted(io.RawIOBase):
@@ -39,7 +42,7 @@ class _Counted(io.RawIOBase):
                 super().close()
 
 
-def open_binary(path: str, counter: ReadCounter) -> BinaryIO:
+def open_binary(path: str, counter: ReadCounter) -> BinaryIO | GzipFile:
     """A buffered binary stream of the input's bytes, decompressed by its suffix; remote
     inputs are streamed, never copied to a file; a local one must be a regular file."""
     if path == STDIN:

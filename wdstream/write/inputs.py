@@ -122,12 +122,12 @@ def iter_batches(inputs: Iterable[Input | tuple], *, max_record: int = MAX_RECOR
     ``worker_reader``: reads the inputs that ``read_in_worker`` names in a pool worker (the
     same batches as ``read_jsonl``).
     """
-    inputs = [item if isinstance(item, Input) else Input(item[0], item[1], 0) for item in inputs]
+    items = [item if isinstance(item, Input) else Input(item[0], item[1], 0) for item in inputs]
     counter = counter if counter is not None else ReadCounter()
     count = 0
-    for item in inputs:
+    for item in items:
         before = counter.read
-        read = _READERS[item.kind]
+        read: Callable[[str, int, ReadCounter], Iterator[Batch]] = _READERS[item.kind]
         if item.kind == "folder":
             read = functools.partial(read_folder, follow_links=follow_links)
         if worker_reader is not None and read_in_worker(item):
@@ -138,7 +138,7 @@ def iter_batches(inputs: Iterable[Input | tuple], *, max_record: int = MAX_RECOR
         if item.size:
             counter.read = before + item.size  # whatever the reader counted on the way
     if count == 0:
-        names = ", ".join(source_name(item.path) for item in inputs)
+        names = ", ".join(source_name(item.path) for item in items)
         raise InputError(f"no records in the input ({names})")
 
 

@@ -11,6 +11,7 @@ import codecs
 import io
 import itertools
 from collections.abc import Iterator
+from typing import cast
 
 from wdstream.errors import InputError
 from wdstream.write.input_streams import close_binary, open_binary, read_errors
@@ -54,7 +55,8 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
     lines = _LineSplitter(source, max_record, identity_of(stream) if track else None, track)
     # From a pipe, take what has arrived rather than wait for a full chunk: records that come
     # slowly still make progress (and shards) as they come.
-    read = stream.read1 if path == STDIN else stream.read
+    # (stdin's buffer is a BufferedReader; typeshed calls it a BinaryIO, without read1)
+    read = cast(io.BufferedReader, stream).read1 if path == STDIN else stream.read
     try:
         first, lines.line_start = _first_chunk(read)
         rest = iter(lambda: read(_CHUNK), b"")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from wdstream.shards.index import merge_manifests
 from wdstream.shards.manifest import Manifest
 
@@ -31,7 +33,7 @@ def merge_parts(manifests: list[Manifest], output: str) -> Manifest:
     if _parts_of_one_run(packed) and all(
             _shard_index(shard.url) is not None for shard in merged.shards):
         # Shard names end in -{index:06d}.tar, the shard's index in a single run.
-        merged.shards.sort(key=lambda shard: _shard_index(shard.url))
+        merged.shards.sort(key=lambda shard: _shard_index(shard.url) or 0)  # none is None
         merged.extra["packed_by"] = _without_part(packed[0])
         for key, value in manifests[0].extra.items():  # e.g. "tokenizer"
             if key != "packed_by" and all(m.extra.get(key) == value for m in manifests):
@@ -53,7 +55,7 @@ def _without_part(packed: dict) -> dict:
 def _parts_of_one_run(packed: list[dict]) -> bool:
     """Whether ``packed`` (each manifest's ``packed_by``) are the parts 0 to n - 1 of one
     ``pack(part=(i, n))`` run: the same options, each part once."""
-    parts = [p.get("part") for p in packed]
+    parts: list[Any] = [p.get("part") for p in packed]  # JSON values, checked by _is_part
     if not parts or not all(_is_part(part) for part in parts):
         return False
     count = parts[0][1]

@@ -51,6 +51,7 @@ import glob
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from wdstream import __version__
 from wdstream.errors import InputError, OptionTypeError, WdstreamError
@@ -61,7 +62,13 @@ from wdstream.sizes import parse_size
 from wdstream.sources import urls
 from wdstream.sources.objects import delete, exists, settle_uploads
 from wdstream.write.inputs import Input, check_inputs, iter_batches, read_in_worker
-from wdstream.write.jobs import SampleBatch, ShardJob, part_manifest_name, shard_name
+from wdstream.write.jobs import (
+    SampleBatch,
+    ShardJob,
+    ShardPiece,
+    part_manifest_name,
+    shard_name,
+)
 from wdstream.write.pack_options import DEFAULT_MAX_SIZE, check_options
 from wdstream.write.pool import InlineWriter, PoolWriter
 from wdstream.write.record_batches import MAX_RECORD, ReadCounter
@@ -154,12 +161,13 @@ class PackSettings:
     def packed_by(self, tokenizer: dict | None = None) -> dict:
         """The manifest's extra keys: how it was packed, the ``tokenizer`` entry, the
         compression."""
-        options = {"fields": self.fields, "key": self.key, "max_count": self.max_count,
-                   "max_size": self.max_size, "name": self.name}
-        packed = {"tool": "wdstream", "version": __version__,
+        options: dict[str, Any] = {"fields": self.fields, "key": self.key,
+                                   "max_count": self.max_count, "max_size": self.max_size,
+                                   "name": self.name}
+        packed: dict[str, Any] = {"tool": "wdstream", "version": __version__,
                   "inputs": ["<stdin>" if p == "-" else p for p in self.paths],
                   "options": options}
-        extra = {"packed_by": packed}
+        extra: dict[str, Any] = {"packed_by": packed}
         if self.tokenize:
             options.update(tokenize=self.tokenize, tokenizer=self.tokenizer)
             extra["tokenizer"] = tokenizer
@@ -179,7 +187,8 @@ class PackRun:
         self.settings = settings
         self.progress = progress
         # Checked before the output is touched (--overwrite deletes the old manifest).
-        self.encoder = Tokenizer.load(settings.tokenizer) if settings.tokenize else None
+        self.encoder = Tokenizer.load(settings.tokenizer) \
+            if settings.tokenize and settings.tokenizer is not None else None
         self.maker = SampleMaker(settings.fields, settings.key, settings.tokenize)
         self.sharder = Sharder(settings.max_count, settings.tar_max,
                                check_duplicates=settings.keys_from_data())
@@ -201,7 +210,8 @@ class PackRun:
         self.status.input_bytes = self.read_counter.read
         self._report()
         extra = settings.packed_by(
-            self.encoder.describe(settings.tokenize) if self.encoder is not None else None)
+            self.encoder.describe(settings.tokenize)
+            if self.encoder is not None and settings.tokenize is not None else None)
         manifest = Manifest(shards=self.shards, extensions=sorted(self.extensions),
                             extra=extra, base=settings.output)
         try:
@@ -214,6 +224,7 @@ class PackRun:
 
     def _write_shards(self) -> None:
         settings = self.settings
+        writer: PoolWriter | InlineWriter
         if settings.workers > 1:
             reads = any(read_in_worker(item) for item in settings.inputs)
             writer = PoolWriter(settings.via, settings.workers, self.encoder, reads=reads)
@@ -238,7 +249,8 @@ class PackRun:
         first_index = 0  # of the batch's first record among all records
         for batch in iter_batches(self.settings.inputs, max_record=self.settings.max_record,
                                   counter=self.read_counter,
-                                  worker_reader=self.writer.read_batches,
+                                  worker_reader=None if self.writer is None
+                                  else self.writer.read_batches,
                                   follow_links=self.settings.follow_links):
             yield self.maker.make(batch, first_index)
             first_index += len(batch.values)
@@ -262,14 +274,15 @@ class PackRun:
         if last and (job := self._job(last)):
             yield job
 
-    def _job(self, finished) -> ShardJob | None:
+    def _job(self, finished: tuple[list[ShardPiece], int, int | None]) -> ShardJob | None:
         """The job for the shard the sharder finished, None if another part writes it."""
         index, part = self.next_index, self.settings.part
         self.next_index += 1
         if part and index % part[1] != part[0]:
             return None
         file_name = shard_name(self.settings.name, index, self.suffix)
-        codec = (self.settings.compress, self.settings.level) if self.settings.compress else None
+        compress, level = self.settings.compress, self.settings.level
+        codec = (compress, level) if compress and level is not None else None  # level: checked
         return ShardJob(file_name, urls.join(self.settings.output, file_name), *finished, codec)
 
     def _done(self, info: ShardInfo) -> None:

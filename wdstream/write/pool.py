@@ -9,7 +9,9 @@ import os
 import signal
 import sys
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
+from wdstream.errors import InputError
 from wdstream.shards.manifest import ShardInfo
 from wdstream.sources.objects import settle_uploads
 from wdstream.write.jobs import SampleBatch, ShardJob, by_reference
@@ -18,6 +20,9 @@ from wdstream.write.shard_writer import write_shard
 from wdstream.write.token_members import with_tokens
 from wdstream.write.tokenizer import Tokenizer
 from wdstream.write.worker_reads import receive_batches, send_batches
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 # A pool worker's tokenizer and the pipe it sends the batches of an input it reads into, set
 # by _init_worker in each worker process (a pool initializer's only way to hand them on).
@@ -68,7 +73,10 @@ def _read_in_worker(path: str, max_record: int) -> None:
 
 
 def _tokenize_in_worker(texts: list[list[str]]) -> list[list[bytes]]:
-    return [_worker_encoder.encode_npy(column) for column in texts]
+    encoder = _worker_encoder
+    if encoder is None:
+        raise InputError("texts to tokenize, and no tokenizer")
+    return [encoder.encode_npy(column) for column in texts]
 
 
 class InlineWriter:
@@ -84,8 +92,11 @@ class InlineWriter:
         """``batches`` in order, their texts tokenized."""
         for samples in batches:
             if samples.tokenize:
+                encoder = self.encoder
+                if encoder is None:
+                    raise InputError("texts to tokenize, and no tokenizer")
                 samples = with_tokens(
-                    samples, [self.encoder.encode_npy(samples.columns[i]) for i in samples.tokenize]
+                    samples, [encoder.encode_npy(samples.columns[i]) for i in samples.tokenize]
                 )
             yield samples
 
@@ -120,7 +131,7 @@ class PoolWriter:
 
         self.via = via
         self.limit = workers + 1
-        self._pending = []
+        self._pending: list[Future[ShardInfo]] = []
         # fork starts workers in milliseconds, but is safe only in a single-threaded process
         # (and on Linux); checking a cloud prefix starts fsspec's I/O thread: then forkserver.
         fork_is_safe = sys.platform == "linux" and threading.active_count() == 1
@@ -144,7 +155,7 @@ class PoolWriter:
 
     def tokenized(self, batches: Iterable[SampleBatch]) -> Iterator[SampleBatch]:
         """``batches`` in order, their texts tokenized by the workers, several at a time."""
-        pending: list[tuple[SampleBatch, object]] = []
+        pending: list[tuple[SampleBatch, Future[list[list[bytes]]] | None]] = []
 
         def first_done() -> SampleBatch:
             samples, future = pending.pop(0)

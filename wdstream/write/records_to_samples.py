@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from wdstream.errors import InputError
 from wdstream.shards.samples import check_extension, check_key
-from wdstream.write.jobs import FileMember, GeneratedKeys, SampleBatch
+from wdstream.write.jobs import FileMember, GeneratedKeys, Keys, SampleBatch
 from wdstream.write.json_records import field_bytes, not_text, parse_json_line, to_json
 from wdstream.write.record_batches import Batch, FolderSample
 from wdstream.write.tar_sizes import sample_sizes
@@ -40,6 +41,7 @@ class SampleMaker:
         if isinstance(values[0], FolderSample):
             return self._folder_sample(batch)
         json_lines = isinstance(values[0], bytes)
+        keys: Keys
         if self.keys_are_generated:
             # Generated keys have no "/" or "." and are unique: no check_key needed.
             keys = GeneratedKeys(first_index, first_index + len(values))
@@ -52,7 +54,7 @@ class SampleMaker:
             keys = [self._key(row, i, batch) for i, row in enumerate(rows)]
         if self.fields is None:
             members = values if json_lines else [
-                to_json(row, lambda i=i: batch.where(i)) for i, row in enumerate(rows)]
+                to_json(row, functools.partial(batch.where, i)) for i, row in enumerate(rows)]
             return self._batch(keys, ("json",), (members,), False, batch)
         columns = tuple(self._column(rows, column, ext, tokenize, batch)
                         for column, ext, tokenize in self.fields)
@@ -64,7 +66,7 @@ class SampleMaker:
     def _column(rows: list, column: str, ext: str, tokenize: bool, batch: Batch) -> list:
         """The member ``ext`` of each row: the column's bytes, or its text to tokenize."""
         option = f"--tokenize {column}={ext}" if tokenize else f"--field {column}={ext}"
-        data = []
+        data: list[str | bytes] = []
         for i, row in enumerate(rows):
             if column not in row:
                 raise InputError(f"{batch.where(i)}: no column {column!r} (from {option})")
@@ -74,7 +76,7 @@ class SampleMaker:
                     raise not_text(value, column, option, batch.where(i))
                 data.append(value)
             else:
-                data.append(field_bytes(row[column], column, lambda i=i: batch.where(i)))
+                data.append(field_bytes(row[column], column, functools.partial(batch.where, i)))
         return data
 
     @staticmethod

@@ -112,18 +112,18 @@ def expand_remote(url: str) -> list[Found]:
         matches = fs.glob(path, detail=True)
     except Exception as error:
         raise _failure(url, error) from None
-    found = []
+    listed: list[Found] = []
     for name in sorted(matches):
         entry = matches[name]
         match = _spell(url, fs, name)
         if entry.get("type") == "directory":
-            found.append(Found(match, True, sum(size for _, _, size in list_folder(match))))
+            listed.append(Found(match, True, sum(size for _, _, size in list_folder(match))))
         else:
-            found.append(Found(match, False, int(entry.get("size") or 0)))
-    if not found:
+            listed.append(Found(match, False, int(entry.get("size") or 0)))
+    if not listed:
         check_bucket(url, fs)  # a StreamError if the bucket is missing or refused
         raise InputError(f"{url}: no objects match")
-    return found
+    return listed
 
 
 def list_folder(url: str) -> list[tuple[str, str, int]]:

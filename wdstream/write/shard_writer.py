@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 
+from wdstream.errors import InputError
 from wdstream.shards.compact import ShardInfo
 from wdstream.shards.compression.writing import ShardCompressor
 from wdstream.shards.identity import HEAD_BYTES, head_digest
@@ -89,11 +90,13 @@ def _write_tar(job: ShardJob, out, encoder: Tokenizer | None) -> _ShardSink:
     tar = TarWriter(sink)
     add = tar.add
     for keys, exts, columns, json_lines_at, tokenize, lines_at in job.pieces:
-        if not columns:  # sent by reference (by_reference)
+        if not columns and lines_at is not None:  # sent by reference (by_reference)
             columns = (read_lines(*lines_at, len(keys)),)
         if json_lines_at is not None:
             check_json_lines(columns[0], *json_lines_at)
         if tokenize:
+            if encoder is None:
+                raise InputError(f"{job.url}: texts to tokenize, and no tokenizer")
             columns = tokenize_columns(columns, tokenize, encoder)
         if len(exts) == 1 and not isinstance(columns[0][0], FileMember):  # the common case
             suffix = "." + exts[0]

@@ -25,10 +25,10 @@ class Sharder:
     def _start_shard(self) -> None:
         self._pieces: list[ShardPiece] = []
         self._count = 0
-        self._size = END_SIZE
+        self._size: int | None = END_SIZE  # None: not known until the texts are tokenized
         self._keys: dict[str, str] = {}  # key -> where it was used, for the duplicate check
 
-    def add(self, samples: SampleBatch) -> Iterator[tuple[list[ShardPiece], int, int]]:
+    def add(self, samples: SampleBatch) -> Iterator[tuple[list[ShardPiece], int, int | None]]:
         """Add a batch of samples; yield each shard it completes as (pieces, samples, size).
 
         A shard is closed when the next sample would exceed a limit. Cut points are found
@@ -37,29 +37,31 @@ class Sharder:
         max_count, max_size = self.max_count, self.max_size
         sizes = samples.sizes  # None (texts not tokenized yet) only without max_size
         count = usable = len(samples.keys)  # usable: samples before one too big for any shard
-        if max_size is not None and max(sizes) + END_SIZE > max_size:
+        if max_size is not None and sizes is not None and max(sizes) + END_SIZE > max_size:
             usable = next(i for i, size in enumerate(sizes) if size + END_SIZE > max_size)
         # ends[j] = sum(sizes[:j])
         ends = None if sizes is None else list(itertools.accumulate(sizes, initial=0))
         i = 0
         while i < usable:
             stop = usable if max_count is None else min(usable, i + max_count - self._count)
-            if max_size is not None:
+            if max_size is not None and ends is not None and self._size is not None:
                 room = ends[i] + max_size - self._size
                 stop = min(stop, bisect.bisect_right(ends, room, i, usable + 1) - 1)
             if stop == i:  # the next sample does not fit: the shard is complete
-                yield self.finish()
+                finished = self.finish()
+                if finished is not None:  # it holds a sample: it is not empty
+                    yield finished
                 continue
             if self.check_duplicates:
                 self._check_keys(samples, i, stop)
             self._pieces.append(_piece(samples, i, stop))
             self._count += stop - i
-            if ends is None:
+            if ends is None or self._size is None:
                 self._size = None
             else:
                 self._size += ends[stop] - ends[i]
             i = stop
-        if usable < count:
+        if usable < count and sizes is not None and max_size is not None:
             size = sizes[usable] + END_SIZE
             raise InputError(
                 f"{samples.batch.where(usable)}: sample {samples.keys[usable]!r} takes {size} "

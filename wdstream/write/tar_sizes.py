@@ -23,8 +23,10 @@ def _header_size(name_bytes: int) -> int:
     return size
 
 
-def sample_sizes(keys: Keys, exts: tuple[str, ...], columns: tuple[list, ...]) -> list[int]:
-    """The exact tar bytes of each sample: per member, header plus payload padded to 512."""
+def sample_sizes(keys: Keys, exts: tuple[str, ...],
+                 columns: tuple[list, ...]) -> list[int] | None:
+    """The exact tar bytes of each sample: per member, header plus payload padded to 512;
+    None without members."""
     uniform = isinstance(keys, GeneratedKeys) and keys.same_length()
     key_bytes = None if uniform else [len(key.encode("utf-8")) for key in keys]
     sizes = None

@@ -23,7 +23,7 @@ def with_tokens(samples: SampleBatch, encoded: list[list[bytes]]) -> SampleBatch
     columns = list(samples.columns)
     for i, data in zip(samples.tokenize, encoded, strict=True):
         columns[i] = data
-    columns = tuple(columns)
-    return samples._replace(columns=columns, tokenize=(),
-                            sizes=sample_sizes(samples.keys, samples.exts, columns))
+    members = tuple(columns)
+    return samples._replace(columns=members, tokenize=(),
+                            sizes=sample_sizes(samples.keys, samples.exts, members))
 
