@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping
+from typing import Literal, overload
 
 from wdstream.errors import OptionError, OptionTypeError
 
@@ -55,6 +56,12 @@ def choice(owner: str, name: str, value, accepted: tuple | None = None):
     raise OptionError(f"{owner}: {name}={value!r:.80} is not accepted; use one of {listed}")
 
 
+@overload
+def integer(owner: str, name: str, value, minimum: int | None = None,
+            allow_none: Literal[False] = False) -> int: ...
+@overload
+def integer(owner: str, name: str, value, minimum: int | None = None,
+            allow_none: bool = False) -> int | None: ...
 def integer(owner: str, name: str, value, minimum: int | None = None,
             allow_none: bool = False) -> int | None:
     """``value`` as an int (not a bool, not a float), at least ``minimum``."""

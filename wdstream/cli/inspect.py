@@ -162,7 +162,7 @@ def _print_summary(summary) -> None:
         click.echo()
         print_pairs(extra, title="manifest extras (how it was packed)")
     click.echo()
-    rows = [
+    shard_rows = [
         [shard.name, _count(shard.samples),
          "unreadable" if shard.problem else _size(shard.bytes),
          "?" if shard.bytes is None else f"{shard.bytes:,}"]
@@ -170,7 +170,7 @@ def _print_summary(summary) -> None:
     ]
     print_table(
         [("shard", "left"), ("samples", "right"), ("size", "right"), ("bytes", "right")],
-        rows,
+        shard_rows,
         footer=["total", _count(summary.samples), _size(summary.bytes),
                 "?" if summary.bytes is None else f"{summary.bytes:,}"],
     )

@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from wdstream.limits import Limits
 from wdstream.printable import printable, printable_json
 from wdstream.sizes import format_size
 from wdstream.sources.openers import OPENERS
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 EXIT_CODES = """
 \b
@@ -117,7 +121,7 @@ def print_pairs(rows: Sequence[tuple[str, str]], title: str | None = None) -> No
     stdout_console().print(table)
 
 
-def print_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]],
+def print_table(columns: Sequence[tuple[str, JustifyMethod]], rows: Sequence[Sequence[str]],
                 footer: Sequence[str] | None = None) -> None:
     """A table on stdout; ``columns`` are (header, justify) pairs; ``footer`` a totals row."""
     from rich import box
@@ -160,7 +164,7 @@ class Bar:
 
 
 @contextmanager
-def progress_bar(total: int | None, *, unit: str = "bytes", description: str = "",
+def progress_bar(total: int | None, *, unit: str | None = "bytes", description: str = "",
                  enabled: bool = True) -> Iterator[Bar]:
     """A transient bar on stderr; yields a ``Bar`` (doing nothing when not ``enabled``).
 

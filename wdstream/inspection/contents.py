@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any
 
 from wdstream.errors import InputError
 from wdstream.limits import Limits
@@ -61,9 +62,9 @@ def read_samples(
 
 
 def _shard_samples(url: str, info: ShardInfo | None, opener: str | None,
-                   limits: Limits) -> Iterator[dict]:
+                   limits: Limits) -> Generator[dict, None, None]:
     """The raw samples of one shard, checked against its manifest entry ``info`` if any."""
-    checks = {} if info is None else {
+    checks: dict[str, Any] = {} if info is None else {
         "limit": info.bytes or None,
         "on_head": head_check(url, info.head) if info.head else None}
     with open_read(url, opener=opener) as stream:

@@ -41,13 +41,13 @@ class DatasetSummary:
 
     @property
     def samples(self) -> int | None:
-        counts = [s.samples for s in self.shards]
-        return None if any(c is None for c in counts) else sum(counts)
+        counts = [s.samples for s in self.shards if s.samples is not None]
+        return None if len(counts) < len(self.shards) else sum(counts)
 
     @property
     def bytes(self) -> int | None:
-        sizes = [s.bytes for s in self.shards]
-        return None if any(b is None for b in sizes) else sum(sizes)
+        sizes = [s.bytes for s in self.shards if s.bytes is not None]
+        return None if len(sizes) < len(self.shards) else sum(sizes)
 
     @property
     def problems(self) -> list[ShardSummary]:

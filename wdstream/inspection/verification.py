@@ -78,9 +78,10 @@ class VerifyReport:
         }
 
 
-def _check_size(check: ShardCheck, size: int) -> bool:
-    """Record a size that differs from the manifest's; True if it does."""
-    if check.expected_bytes is None or size == check.expected_bytes:
+def _check_size(check: ShardCheck, size: int | None) -> bool:
+    """Record a size that differs from the manifest's; True if it does. An unknown size
+    (a server that sends no Content-Length) differs from nothing: the digest tells."""
+    if check.expected_bytes is None or size is None or size == check.expected_bytes:
         return False
     check.problems.append(f"size {size:,} bytes, the manifest says {check.expected_bytes:,}")
     return True

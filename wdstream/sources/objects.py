@@ -146,7 +146,7 @@ def size(url: str) -> int | None:
     return store_for(url).size(url)
 
 
-def list_files(prefix: str, suffix: str = ".tar",
+def list_files(prefix: str, suffix: str | tuple[str, ...] = ".tar",
                entries: list[dict] | None = None) -> list[tuple[str, int | None]]:
     """``(url, size)`` (None where a remote listing gives none) of
  the files directly in the folder ``prefix`` whose names end with

@@ -89,7 +89,8 @@ def inner_history(history: Sequence[HistorySegment], extract: Callable[[object, 
     read to its end. The new segment continues the pass furthest behind: streams already
     past it count it as read to their end, and its earlier segments stay relevant only if
     no stream left it."""
-    base, segments = 0, ()
+    base = 0
+    segments: tuple[HistorySegment, ...] = ()
     for segment in history:
         entries = [[extract(value, base) for value in ranks]
                    for ranks in segment_entries(segment)]
@@ -129,8 +130,12 @@ class Stage(PositionedDataset):
 
     options: StageOptions
     source: str
-    # whether positions differ between ranks (then the loader gathers them into its state)
-    positions_per_rank = False
+
+    @property
+    def positions_per_rank(self) -> bool:
+        """Whether positions differ between ranks (then the loader gathers them into its
+        state); a subclass may set it as a class attribute."""
+        return False
 
     @property
     def elastic(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -161,7 +162,8 @@ class Mix(Stage):
 
     def _quota(self, history: Sequence[HistorySegment]) -> int:
         """Under ``fixed``: the samples of the epoch not drawn in the segments ``history``."""
-        return remaining_items(self.samples_per_epoch, history,
+        total = cast(int, self.samples_per_epoch)  # "fixed" requires it (the constructor)
+        return remaining_items(total, history,
                                lambda position: self._parse(position)[0])
 
     def drawn(self, epoch: int, history: Sequence[HistorySegment]) -> int:
@@ -304,7 +306,7 @@ class Mix(Stage):
             count = len(self.datasets)
             return 0, [0] * count, [0] * count
         count = len(self.datasets)
-        lengths = (1 + 2 * count, 1 + 3 * count)  # without, with documents drawn
+        lengths: tuple[int, ...] = (1 + 2 * count, 1 + 3 * count)  # without, with documents drawn
         if self.by_tokens:  # and the stage in force and its first draw
             lengths = tuple(n + 2 for n in lengths)
         valid = (isinstance(start, list) and len(start) in lengths

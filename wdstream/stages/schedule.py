@@ -100,9 +100,9 @@ class Schedule:
         starts = [s for s, _, _ in parsed]
         if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
             raise InputError(f"schedule: the starts must begin at 0 and increase, not {starts}")
-        self.unit = units.pop() if units else "samples"
-        self.starts = starts
-        self.weights = [w for _, w, _ in parsed]
+        self.unit: str = units.pop() if units else "samples"
+        self.starts: list[int] = starts
+        self.weights: list[np.ndarray] = [w for _, w, _ in parsed]
 
     def stage_at(self, progress: int) -> int:
         return bisect.bisect_right(self.starts, progress) - 1
@@ -205,9 +205,9 @@ def mixture_weights(config: Mapping, names: Sequence[str], weights: Sequence[flo
             raise InputError(f"{label}: no dataset named {unknown[0]!r} (names: {list(names)})")
         weights_by_name = [stage["weights"].get(name, 0) for name in names]
         starts = {key: stage[key] for key in START_KEYS if key in stage}
-        unknown = set(stage) - {"weights", *START_KEYS}
-        if unknown:
-            shown = short_repr(min(unknown, key=str), 80)
+        unknown_keys = set(stage) - {"weights", *START_KEYS}
+        if unknown_keys:
+            shown = short_repr(min(unknown_keys, key=str), 80)
             raise InputError(f"{label}: unknown key {shown} (a stage has "
                              "'start' or 'start_tokens', and 'weights')")
         parsed.append({**(starts or {"start": 0}), "weights": weights_by_name})

@@ -10,6 +10,7 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -149,7 +150,8 @@ class PackedSequences(Stage):
 
     def _quota(self, history: Sequence[HistorySegment]) -> int:
         """The sequences of the epoch not delivered in the segments ``history``."""
-        return remaining_items(self.sequences_per_epoch, history,
+        total = cast(int, self.sequences_per_epoch)  # both callers checked it is not None
+        return remaining_items(total, history,
                                lambda position: self._parse(position)[0])
 
     def extract(self, position, base) -> tuple:
@@ -165,9 +167,9 @@ class PackedSequences(Stage):
 
     def fingerprint(self) -> str:
         """The inner dataset's and everything that shapes the sequences."""
-        fields = self.text_field
-        if isinstance(fields, dict):
-            fields = sorted((str(k), v) for k, v in fields.items())
+        fields: object = self.text_field
+        if isinstance(self.text_field, dict):
+            fields = sorted((str(k), v) for k, v in self.text_field.items())
         text = json.dumps([self.dataset.fingerprint(), self.dataset.options.seed,
                            self.tokenizer.identity if self.tokenizer else None, self.eos,
                            self.seq_len, fields, self.long_documents, self.sequences_per_epoch])

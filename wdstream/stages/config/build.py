@@ -11,7 +11,7 @@ and ``_source``. See docs/llm.md."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from wdstream.errors import InputError, ManifestError, StreamError, WdstreamError
@@ -101,9 +101,9 @@ def _resolve(path: str, origin: _Origin | None, where: str) -> str:
     check_data_path(path, where)
     shown = printable(repr(path))
     if not origin.remote:
-        if not store_for(path).local or os.path.isabs(urls.to_local_path(path)):
+        if not store_for(path).local or os.path.isabs(urls.local_path(path)):
             return path
-        return os.path.join(origin.folder, urls.to_local_path(path))
+        return os.path.join(origin.folder, urls.local_path(path))
     problem = outside_prefix(path, f"the config's prefix {origin.folder}")
     if problem is None:
         return urls.join(origin.folder, path)
@@ -132,11 +132,15 @@ def check_data_path(value: str, where: str) -> None:
     command: it, or a name its braces expand to (``{pipe:cmd,x}``), is held by a store that
     runs commands (``Store.runs_command``). No opt-in lets one through. A pattern of more
     than ``MAX_EXPANDED`` names is refused before it is expanded."""
-    from braceexpand import UnbalancedBracesError, braceexpand
+    from braceexpand import (  # type: ignore[attr-defined]  # missing from its own stub
+        UnbalancedBracesError,
+        braceexpand,
+    )
 
     shown = printable(repr(value))
     if urls.expansion_count(value, MAX_EXPANDED) > MAX_EXPANDED:
         raise InputError(f"{where} {shown}: a pattern of more than {MAX_EXPANDED:,} names")
+    names: Iterable[str]
     try:
         names = braceexpand(value)
     except UnbalancedBracesError:

@@ -6,6 +6,8 @@ Every failure is an ``InputError`` naming the file (docs/security.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from wdstream.errors import InputError, WdstreamError
 from wdstream.limits import MAX_DEPTH, json_loads
 from wdstream.sources.objects import read_bytes
@@ -52,7 +54,7 @@ def check_yaml(text: str, loader: type) -> None:
     import yaml
 
     values: dict[str, int] = {}  # anchor -> the values of its node, aliases expanded
-    below = [[None, 0]]  # per open collection (first: the stream): its anchor, values so far
+    below: list[list[Any]] = [[None, 0]]  # per open collection (first: the stream): its anchor, values so far
     for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.CollectionStartEvent):
             if len(below) > MAX_DEPTH:
