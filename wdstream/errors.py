@@ -90,6 +90,9 @@ class ShardError(WdstreamError):
     a digest or size mismatch, an undecodable member. Exit code 1 in ``wdstream verify``."""
 
     exit_code = 1
+    # declared, not set: an error that says whether a retry may succeed sets it (without
+    # it, stream.read retries a ShardError)
+    transient: bool
 
 
 class LimitError(ShardError):

@@ -14,6 +14,7 @@ import stat
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 from wdstream.errors import InputError, ManifestError
 from wdstream.printable import printable
@@ -62,7 +63,10 @@ class RawFile:
 
     @property
     def format(self) -> str:
-        return file_format(self.name)
+        kind = file_format(self.name)
+        if kind is None:  # a raw file is listed for its suffix
+            raise InputError(f"{printable(self.name)}: not a Parquet, JSON Lines or Arrow file")
+        return kind
 
 
 def file_format(name: str) -> str | None:
@@ -170,11 +174,11 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
     split a subfolder), or files of two or more splits told apart by a folder or a name's
     first word (``train/``, ``test/``; ``train-00000-of-00002.parquet``)."""
     if saved_splits:
-        splits = sorted({f.name.split("/", 1)[0] for f in files if "/" in f.name})
-        example = urlmod.join(folder, _preferred(splits) or "train") + "/"
+        names = sorted({f.name.split("/", 1)[0] for f in files if "/" in f.name})
+        example = urlmod.join(folder, _preferred(names) or "train") + "/"
         raise InputError(
             f"{printable(folder)}: a Hugging Face DatasetDict ({DATASET_DICT}) with the splits "
-            f"{', '.join(map(repr, splits)) or 'none'}; a dataset streams one split: pass its "
+            f"{', '.join(map(repr, names)) or 'none'}; a dataset streams one split: pass its "
             f"folder, e.g. {printable(example)}")
     splits: dict[str, str] = {}
     for file in files:
@@ -184,7 +188,7 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
     if len(splits) > 1:
         named = ", ".join(f"{split!r} ({printable(name)})" for split, name in
                           sorted(splits.items()))
-        first = splits[_preferred(sorted(splits))]
+        first = splits[cast(str, _preferred(sorted(splits)))]  # of two or more: never None
         folder_of = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
         if folder_of.rstrip("/").rsplit("/", 1)[-1] in SPLIT_WORDS:
             example = urlmod.join(folder, folder_of)

@@ -90,7 +90,8 @@ def _plan(url: str, entry: dict, file: RawFile, most: int) -> FilePlan:
                             "was written; run `wdstream index` again")
     units, first, at = [], 0, 0
     whole = compression(file.name) is not None  # one unit: it cannot be entered midway
-    items = entry.get("units") if isinstance(entry.get("units"), list) else [None]
+    listed = entry.get("units")
+    items = listed if isinstance(listed, list) else [None]
     if whole and len(items) != 1:
         raise ManifestError(f"{printable(url)}: {printable(file.name)}: a compressed file is "
                             f"one unit, not {len(items)}")

@@ -11,6 +11,7 @@ import io
 import json
 import re
 from collections.abc import Iterator
+from typing import IO
 
 from wdstream.errors import LimitError, ShardError
 from wdstream.limits import json_loads
@@ -92,7 +93,7 @@ class LineRows:
         self.data = data
         self.nbytes = None if data is None else len(data)  # a compressed file: not held
         self._lines: Iterator[tuple[int, bytes]] | None = None
-        self._stream = None
+        self._stream: IO[bytes] | None = None
         self._next = 0  # the unit's row the lines are at
 
     def __len__(self) -> int:
@@ -102,7 +103,8 @@ class LineRows:
         if self._lines is None or start < self._next:
             self.close()
             plain = self.data is not None
-            self._stream = io.BytesIO(self.data) if plain else _open(self.file, self.access)
+            self._stream = io.BytesIO(self.data) if self.data is not None \
+                else _open(self.file, self.access)
             self._lines = lines(self._stream, self.file, self.unit.part if plain else 0,
                                 None if plain else MAX_UNIT_ROWS, _longest(self.access))
             self._next = 0

@@ -67,7 +67,8 @@ class NodePlans:
         when the first raw files are listed; the same answer after."""
         if self._ahead is None:
             shared = self._lock(wait=False)
-            self._ahead = not shared or (self.leader and not os.path.exists(self.path))
+            self._ahead = not shared or (self.leader and self.path is not None
+                                         and not os.path.exists(self.path))
         return self._ahead
 
     def plans(self, files: Sequence[RawFile], plan: Callable[[], list[FilePlan]],
@@ -75,7 +76,8 @@ class NodePlans:
         """The plans of ``files``: the entry's when it describes them and was made from the
         same ``version`` of the index (its digest), else ``plan()``'s, published for the
         others."""
-        if not self._lock(wait=True):  # the leader is done (or gone), or nothing is shared
+        if not self._lock(wait=True) or self.path is None:  # the leader is done (or gone),
+            # or nothing is shared
             return plan()
         found = read_entry(self.path, files, version)
         if found is not None:

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from typing import IO, NamedTuple
+from typing import IO, NamedTuple, Self, cast
 
 import wdstream
 from wdstream.errors import WdstreamError
@@ -171,7 +171,7 @@ class Planners:
             child.process.wait()
             child.stderr.close()
 
-    def __enter__(self) -> Planners:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -227,9 +227,10 @@ def _ask(child: _Child, run: list[RawFile], access: Access) -> list[FilePlan]:
     """The child's plans of ``run``, or the error it met, raised here."""
     process = child.process
     try:
-        process.stdin.write(pickle.dumps((run, access)))
-        process.stdin.flush()
-        kind, value = pickle.load(process.stdout)
+        stdin = cast(IO[bytes], process.stdin)  # the child is started with stdin=PIPE
+        stdin.write(pickle.dumps((run, access)))
+        stdin.flush()
+        kind, value = pickle.load(cast(IO[bytes], process.stdout))  # and stdout=PIPE
     except Exception:  # noqa: BLE001 - no answer: the child failed before it could give one
         process.kill()
         process.wait()
@@ -254,7 +255,7 @@ def child_main() -> None:
         except EOFError:
             return
         try:
-            answer = ("plans", plan_files(run, access))
+            answer: tuple[str, object] = ("plans", plan_files(run, access))
         except WdstreamError as error:
             answer = ("error", error)
         sys.stdout.buffer.write(pickle.dumps(answer))

@@ -67,7 +67,7 @@ def _open_local(file: RawFile):
     blocking; a ShardError if it is no regular file now), if it is still the file planned:
     its device, inode and change time (a file or a link put there since, even with the size
     and modification time copied, is a ShardMismatchError)."""
-    stream = open_regular(urls.to_local_path(file.url), error=ShardError, reader="wdstream")
+    stream = open_regular(urls.local_path(file.url), error=ShardError, reader="wdstream")
     now = Identity.of(os.fstat(stream.fileno()))
     if now != file.identity:
         stream.close()

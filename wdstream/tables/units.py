@@ -8,9 +8,10 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class UnitTable:
         file, unit = self.unit(index)
         samples = rows.rows(start, stop)
         first, url = unit.first_row + start, file.url
-        keys = map(f"{file.name}:{{}}".format, range(first, first + len(samples)))
+        keys: Iterable[str] = map(f"{file.name}:{{}}".format, range(first, first + len(samples)))
         key_column, columns = self.options.key_column, self.options.columns
         if key_column is not None:
             keys = [key if value is None else str(value)
@@ -156,7 +157,7 @@ def plan_files(files: Sequence[RawFile], access: Access) -> list[FilePlan]:
     with ThreadPoolExecutor(threads) as pool:
         for running in [pool.submit(plan_each) for _ in range(threads)]:
             running.result()
-    return plans
+    return cast(list[FilePlan], plans)  # every file planned, or the error raised
 
 
 class PlanAhead(Planners):
@@ -201,7 +202,7 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
 def _plans(source: str, files: Sequence[RawFile], options: RawOptions, access: Access,
            ahead: Planners | None, index: tuple[dict, str] | None) -> list[FilePlan]:
     lines = [f for f in files if f.format == "jsonl"]
-    if index is not None:
+    if index is not None and options.index is not None:  # index: what options.index holds
         indexed = dict(zip(lines, indexed_plans(options.index, index[0], lines,
                                                 limits_of(access).unit_bytes), strict=True))
     else:
