@@ -209,7 +209,7 @@ def verify(
     return VerifyReport(found.source, manifest.url if manifest else None, deep, checked, notes)
 
 
-def _unlisted_note(manifest: Manifest, listed_urls: list[str]) -> list[str]:
+def _unlisted_note(manifest: Manifest, listed_urls: Sequence[str]) -> list[str]:
     """A note naming ``*.tar`` files next to the manifest that it does not list."""
     base = manifest.base
     if not base or store_for(base).runs_command:

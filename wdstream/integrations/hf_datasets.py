@@ -6,6 +6,7 @@ usual transforms and ``state_dict()`` resume work. See docs/hf-datasets.md."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from datasets.iterable_dataset import _BaseExamplesIterable
 
@@ -40,6 +41,8 @@ def to_iterable_dataset(dataset, *, num_workers: int = 1, world: int | None = No
 
 class _StreamExamples(_BaseExamplesIterable):
     """The examples of some wdstream streams, in order; a shard is one stream."""
+
+    _state_dict: dict[str, Any] | None
 
     def __init__(self, dataset, world: int, workers: int, shards: list[int], epoch: int = 0):
         super().__init__()

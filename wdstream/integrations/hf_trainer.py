@@ -38,7 +38,7 @@ def use_loader(trainer, loader):
     args.ignore_data_skip = True
     trainer.wdstream_loader = loader
     trainer.get_train_dataloader = lambda: prepare_loader(trainer.accelerator, loader)
-    trainer.add_callback(_SaveLoaderState(loader, transformers.TrainerCallback))
+    trainer.add_callback(_SaveLoaderState(loader))
     train = trainer.train
 
     def train_resuming_the_loader(resume_from_checkpoint=None, *rest, **kwargs):
@@ -60,8 +60,10 @@ def steps(loader, epochs: float = 1.0, gradient_accumulation_steps: int = 1) -> 
     return math.ceil(epochs * per_epoch)
 
 
-def _SaveLoaderState(loader, base):  # builds the callback class on the import
-    class SaveLoaderState(base):
+def _SaveLoaderState(loader):  # builds the callback class on the import
+    import transformers
+
+    class SaveLoaderState(transformers.TrainerCallback):
         """Writes each rank's loader state into each checkpoint folder."""
 
         def on_save(self, args, state, control, **kwargs):

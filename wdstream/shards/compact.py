@@ -113,7 +113,7 @@ class ShardArrays(Sequence):
                                                                            strict=True))
         return NotImplemented
 
-    __hash__ = None
+    # __eq__ without __hash__: Python makes instances unhashable
 
     def name(self, index: int) -> str:
         begin = int(self._ends[index - 1]) + 1 if index else 0

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from wdstream.errors import InputError, ManifestError
+from wdstream.shards.compact import ShardArrays
 from wdstream.shards.compression import is_shard_name, not_shard_kinds
 from wdstream.shards.manifest import Manifest, ManifestNotFoundError, load_manifest
 from wdstream.sources import urls as urlmod
@@ -36,9 +37,9 @@ class Shards:
     """
 
     source: str
-    urls: list[str]
-    names: list[str]
-    sizes: list[int | None]
+    urls: Sequence[str]  # lists, or compact.ShardArrays' views
+    names: Sequence[str]
+    sizes: Sequence[int | None]
     manifest: Manifest | None = None
     how: str = "manifest"
     not_shards: dict[str, int] = field(default_factory=dict)
@@ -83,9 +84,10 @@ def find_shards(source: str | Sequence[str] | Shards, *, allow_external_shards: 
         except NoShardsError as missing:
             raise missing from error
     count = len(manifest.shards)
-    if hasattr(manifest.shards, "urls"):  # compact.ShardArrays: views, nothing made per shard
-        return Shards(source, manifest.shards.urls(manifest.base or ""), manifest.shards.names(),
-                      manifest.shards.sizes(), manifest=manifest)
+    shards = manifest.shards
+    if isinstance(shards, ShardArrays):  # views, nothing made per shard
+        return Shards(source, shards.urls(manifest.base or ""), shards.names(),
+                      shards.sizes(), manifest=manifest)
     return Shards(
         source,
         [manifest.shard_url(i) for i in range(count)],

@@ -178,7 +178,7 @@ def sample_batches(batches: Iterable[list[tuple[str, bytes]]], url: str,
                             strays.add(name)
                         continue
                     member_key, ext = split[0], split[1].lower()
-                if member_key == key:
+                if member_key == key and sample is not None:  # (key: the sample's)
                     held = _add_member(sample, name, ext, payload, held, most)
                     continue
                 if sample is not None:

@@ -42,6 +42,7 @@ import stat
 import struct
 import tempfile
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -200,13 +201,14 @@ def _locked(path: str):
 def write_entry(folder: str, path: str, url: str, version: dict, manifest: Manifest,
                 text: bytes) -> None:
     """Publish ``manifest``'s arrays at ``path``: a temporary file renamed into place."""
-    columns = manifest.shards.columns
+    columns = cast(ShardArrays, manifest.shards).columns  # the caller checked it is
     layout, offset = {}, 0
     digest = hashlib.sha256()
     for name in COLUMNS:
         column = np.ascontiguousarray(columns[name])
         layout[name] = [column.dtype.str, list(column.shape), offset, column.nbytes]
-        digest.update(memoryview(column).cast("B"))
+        # numpy's stub declares ndarray.__buffer__ only for Python >= 3.12
+        digest.update(memoryview(column).cast("B"))  # type: ignore[arg-type]
         offset += -(-column.nbytes // _ALIGN) * _ALIGN
     head = {"samples": manifest.samples, "bytes": manifest.bytes,
             "extensions": manifest.extensions, "extra": manifest.extra}
@@ -225,7 +227,8 @@ def write_entry(folder: str, path: str, url: str, version: dict, manifest: Manif
             out.write(bytes(start - out.tell()))
             for name in COLUMNS:
                 column = np.ascontiguousarray(columns[name])
-                out.write(memoryview(column).cast("B"))
+                # numpy's stub declares ndarray.__buffer__ only for Python >= 3.12
+                out.write(memoryview(column).cast("B"))  # type: ignore[arg-type]
                 out.write(bytes(-column.nbytes % _ALIGN))
         os.replace(temporary, path)
     except BaseException:
@@ -310,7 +313,8 @@ def _read_entry(mapping: mmap.mmap, path: str, url: str, version: dict,
     return manifest
 
 
-def _refused(path: str, why: str) -> None:
+def _refused(path: str, why: str) -> Manifest | None:
+    """No manifest (None): the entry at ``path`` is ignored, for ``why``."""
     log.warning("%s: shared manifest copy ignored: %s", path, why)
     return None
 

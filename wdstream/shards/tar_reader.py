@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from itertools import chain
 from types import MappingProxyType
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard, cast
 
 from wdstream.errors import LimitError
 from wdstream.shards.tar_blocks import SCAN_SIZE_MAX, scan_members
@@ -99,7 +99,8 @@ class TarMembers(TarBuffer):
         try:
             yield from self._members(pending, one)
         except Exception as error:
-            if getattr(error, "in_stream", False):  # a decompressed stream's limit: say where
+            # a decompressed stream's limit (only a LimitError says in_stream): say where
+            if isinstance(error, LimitError) and error.in_stream:
                 where = f"member {self._member!r}" if self._member is not None \
                     else f"the header at byte {self.offset}"
                 error.args = (f"{error.args[0]}, reading {where}",)
@@ -152,7 +153,7 @@ class TarMembers(TarBuffer):
                 if one:
                     yield _handed(pending)
 
-    def _run_ahead(self, runs: _Runs | None) -> bool:
+    def _run_ahead(self, runs: _Runs | None) -> TypeGuard[_Runs]:
         """Whether the block scan is to be tried at ``_pos`` (lists only, no extended header
         pending)."""
         return runs is not None and self._long_name is None and self._pax is None \
@@ -394,7 +395,8 @@ class _Runs:
     def take(self, data: bytes, pos: int) -> tuple[int, list[tuple[str, bytes]]]:
         """``(position after them, members)`` of the run at ``data[pos:]`` (none: the general
         parser reads what is there)."""
-        found = scan_members(data, pos, self.magic, self.pax_keys, size_below=self._size_below)
+        magic = cast(bytes, self.magic)  # ready() said it is known
+        found = scan_members(data, pos, magic, self.pax_keys, size_below=self._size_below)
         self._scanned = data
         if found is None:  # too few headers left in this buffer
             self._scan_at = len(data)

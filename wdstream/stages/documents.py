@@ -4,6 +4,8 @@ packed."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from wdstream.errors import InputError, StateError
@@ -85,7 +87,8 @@ class DocumentReader:
             if tokens is None or taken >= len(tokens):
                 raise StateError(f"resume offset {taken} is past the end of the document at "
                                  f"{where(sample)}")
-            source = self._sources.get(sample.get("__source__"), 0) if self._sources else 0
+            found = cast(dict, sample)  # it has tokens: a sample
+            source = self._sources.get(found.get("__source__"), 0) if self._sources else 0
             return Document(tokens, taken, self.cycle, [index], source)
         return None
 

@@ -38,6 +38,13 @@ class IterationSpec:
     context: StreamContext | None = field(default=None, compare=False, repr=False)
 
 
+class TrackableOptions(Protocol):
+    """What the loader reads of a dataset's ``options``."""
+
+    @property
+    def seed(self) -> int: ...
+
+
 @runtime_checkable
 class Trackable(Protocol):
     """A dataset ``wdstream.DataLoader`` can track and resume.
@@ -76,9 +83,12 @@ class Trackable(Protocol):
     its sizes, named when a resume on another layout needs them; by default "a manifest").
     """
 
-    source: object
-    options: object
-    has_counts: bool
+    @property
+    def source(self) -> object: ...
+    @property
+    def options(self) -> TrackableOptions: ...
+    @property
+    def has_counts(self) -> bool: ...
 
     def positioned(self, spec: IterationSpec, stream: int, start): ...
     def iterate(self, spec: IterationSpec): ...

@@ -247,16 +247,18 @@ class StreamingDataset(PositionedDataset):
 
     def plan(self, epoch: int, world: int, workers: int,
              history: Sequence[HistorySegment] = ()) -> EpochPlan:
-        if not self.has_counts:
+        samples = self.shards.samples
+        if samples is None:  # not has_counts
             raise ManifestError(f"{self.source}: no manifest, so sample counts are unknown; "
                                 "run `wdstream index` on the shards' prefix")
-        return EpochPlan(self.shards.samples, epoch, world, workers, self.options, history)
+        return EpochPlan(samples, epoch, world, workers, self.options, history)
 
     def epoch_samples(self) -> int | None:
         """Samples in an epoch (the manifest's counts), None without a manifest."""
-        if self._epoch_samples is None and self.has_counts:
+        samples = self.shards.samples
+        if self._epoch_samples is None and samples is not None:  # has_counts
             self._epoch_samples = int(self.manifest.samples) if self.manifest is not None \
-                else sum(int(n) for n in self.shards.samples)
+                else sum(int(n) for n in samples)
         return self._epoch_samples
 
     def check_position(self, position, world: int = 1) -> None:
@@ -320,7 +322,7 @@ class StreamingDataset(PositionedDataset):
         wrapper sees which members (``DeferringDecoder``)."""
         decoders = self.decoders
         if spec.shared_payloads and spec.context is not None and self.map is None and \
-                can_defer(decoders) and self.read_options.on_error == "raise" and \
+                decoders is not None and can_defer(decoders) and self.read_options.on_error == "raise" and \
                 torch.utils.data.get_worker_info() is not None:
             return DeferringDecoder(decoders, spec.context.json_names, self.limits.sample_bytes)
         if decoders is None:
@@ -442,7 +444,8 @@ class StreamingDataset(PositionedDataset):
         spec, stream = self._live
         return {"fingerprint": self.fingerprint(), "seed": self.options.seed,
                 "epoch": spec.epoch, "world": spec.world, "workers": spec.workers,
-                "stream": stream, "position": spec.context.position}
+                "stream": stream,
+                "position": spec.context.position if spec.context is not None else 0}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue this stream where ``state`` was taken."""

@@ -71,6 +71,12 @@ class PositionedDataset(torch.utils.data.IterableDataset):
     def fingerprint(self) -> str:
         """Identifies the data and the options that shape the order, for resume states."""
 
+    @staticmethod
+    def _check_stream_state(state: dict, world: int, workers: int, worker: int) -> None:
+        """Refuse a state loaded into ``_stream_resume`` that is not this stream's (the
+        dataset that loads one checks it)."""
+        raise NotImplementedError
+
     def positioned_chunks(self, spec: IterationSpec, stream: int, start
                           ) -> Iterator[tuple[list, Sequence]]:
         """``positioned`` as lists: ``(items, the position after each)``, one item per list
@@ -111,16 +117,17 @@ class PositionedDataset(torch.utils.data.IterableDataset):
         stream = (spec.rotation + worker) % spec.workers
         start = spec.start[stream] if spec.start else 0
         by_loader = spec.context is not None
+        context = spec.context if spec.context is not None else StreamContext()
         if not by_loader:
-            spec = replace(spec, context=StreamContext())
-        spec.context.position = start
+            spec = replace(spec, context=context)
+        context.position = start
         self._live = (spec, stream)
         chunks = self.positioned_chunks(spec, stream, start)
         if by_loader:
             if torch.utils.data.get_worker_info() is not None:
                 tune_worker_process()
-            return closed_at_exit(spec.context.with_trail(chunks))
-        return closed_at_exit(spec.context.with_positions(chunks))
+            return closed_at_exit(context.with_trail(chunks))
+        return closed_at_exit(context.with_positions(chunks))
 
     def _direct_spec(self) -> tuple[IterationSpec, int]:
         """The spec of an iteration without ``wdstream.DataLoader``. Only the main process

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import cast
 
 from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamError, WdstreamError
 from wdstream.limits import Limits
@@ -216,7 +217,7 @@ class SpanReader:
                 first = next(samples, _NOTHING)
                 self._open_ahead(index + 1)
                 if first is not _NOTHING:
-                    yield first
+                    yield cast(list, first)  # a chunk, not the sentinel
                     yield from samples
                 return
             except WdstreamError as error:
@@ -338,7 +339,7 @@ class SpanReader:
             raise ShardMismatchError(f"{url}: the last sample is {key!r}; the manifest says "
                                      f"{last_key!r} (replaced shard)")
         if hashing is not None:
-            expected = table.sha256[shard]
+            expected = table.get("sha256", shard)
             if expected and hashing.sha256.hexdigest() != expected:
                 raise ShardMismatchError(f"{url}: sha256 {hashing.sha256.hexdigest()} does "
                                          f"not match the manifest's {expected}")

@@ -6,7 +6,9 @@ where they lie."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from wdstream.errors import ManifestError
 from wdstream.shards.compact import ShardArrays
@@ -77,7 +79,8 @@ def resolve_source(source, allow_external_shards: bool = False,
                     found.source, len(found.urls), found.source)
         if found.not_shards:
             log.warning("%s: %s", found.source, not_shards_note(found.not_shards))
-    sizes = found.sizes if found.how == "listing" and all(found.sizes) else None
+    sizes = cast("list[int]", found.sizes) if found.how == "listing" and all(found.sizes) \
+        else None  # all known (no None) when all() holds
     return ResolvedSource(ShardTable(found.urls, bytes=sizes), None)  # sizes bound the reads
 
 
@@ -103,7 +106,8 @@ def _name(source) -> str:
 def from_manifest(manifest: Manifest) -> ResolvedSource:
     shards = manifest.shards
     if isinstance(shards, ShardArrays):  # a large manifest: arrays, URLs made when opened
-        return ResolvedSource(ShardTable(urls=shards.urls(manifest.base or ""), samples=shards.samples,
+        return ResolvedSource(ShardTable(urls=shards.urls(manifest.base or ""),
+                                  samples=cast(Sequence[int], shards.samples),  # an int array
                                   bytes=shards.sizes(), sha256=shards.digests(),
                                   heads=shards.heads(), last_keys=shards.last_keys()), manifest)
     table = ShardTable(

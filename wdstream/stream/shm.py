@@ -138,7 +138,8 @@ class SharedSpan:
 
     def memory(self) -> memoryview:
         """The span's bytes, writable."""
-        return memoryview(self.segment.array)[self.start : self.end]
+        # numpy's stub declares ndarray.__buffer__ only for Python >= 3.12
+        return memoryview(self.segment.array)[self.start : self.end]  # type: ignore[arg-type]
 
     def __bytes__(self) -> bytes:
         return self.segment.array[self.start : self.end].tobytes()

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain, islice
+from typing import TypeVar
 
 import numpy as np
 
 from wdstream.stream.chunks import chunks_of
 from wdstream.stream.window import WindowSchedule
+
+T = TypeVar("T")
 
 
 def window_shuffle(samples: Iterable[dict], schedule: WindowSchedule | int,
@@ -26,9 +29,9 @@ def window_shuffle(samples: Iterable[dict], schedule: WindowSchedule | int,
     return chain.from_iterable(window_chunks(samples, schedule, order, first_window, skip))
 
 
-def window_chunks(samples: Iterable[dict], schedule: WindowSchedule | int,
+def window_chunks(samples: Iterable[T], schedule: WindowSchedule | int,
                   order: Callable[[int, int], np.ndarray], first_window: int = 0,
-                  skip: int = 0, size: int | None = None) -> Iterator[list[dict]]:
+                  skip: int = 0, size: int | None = None) -> Iterator[list[T]]:
     """``window_shuffle`` as lists of at most ``size`` samples (None: a window's), none
     holding samples of two windows: a list never asks the reader for samples past the window
     it comes from, so a stream's first list waits for its first window only."""

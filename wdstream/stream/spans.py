@@ -74,7 +74,7 @@ class SpanArray(Sequence):
                 a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
-    __hash__ = None
+    # __eq__ without __hash__: Python makes instances unhashable
 
     def __repr__(self) -> str:
         return f"SpanArray({len(self)} spans)"

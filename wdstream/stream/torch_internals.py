@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from typing import Any, cast
 
 PIPE_BYTES = 1 << 20  # Linux's pipe-max-size default: what an unprivileged process may set
 
@@ -20,6 +21,13 @@ class LoaderInternals:
 
     _starting_workers = False
     _drop_last = False
+    # torch's DataLoader's, which comes after this class in the loader's bases
+    num_workers: int
+    batch_size: int | None
+    sampler: Any
+
+    def _fetch_sizes(self) -> Any:
+        raise NotImplementedError  # the loader's
 
     @property
     def drop_last(self) -> bool:
@@ -44,7 +52,8 @@ class LoaderInternals:
         loader = self if dataset is None else _WithDataset(self, dataset)
         self._starting_workers = True
         try:
-            iterator = torch.utils.data.DataLoader._get_iterator(loader)
+            # a DataLoader to torch's method: this loader, or it with another dataset
+            iterator = torch.utils.data.DataLoader._get_iterator(cast(Any, loader))
         finally:
             self._starting_workers = False
         widen_result_pipe(iterator)
