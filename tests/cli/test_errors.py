@@ -144,6 +144,19 @@ def test_verify_an_http_shard_without_content_length(http_without_length, cli_en
     assert "OK: 1 shard" in result.stdout
 
 
+def test_a_shard_without_content_length_is_checked_against_the_manifest_size(
+        http_without_length):
+    """No size from the server differs from nothing: the shard is read and its size is what
+    came (its None was formatted into a size-mismatch message before: a TypeError)."""
+    from wdstream.inspection.verification import ShardCheck, check_shard
+
+    size = len(shard_bytes(0, 3))
+    check = check_shard(ShardCheck("shard-000000.tar", http_without_length,
+                                   expected_bytes=size), deep=False)
+    assert check.problems == []
+    assert check.size == size
+
+
 GUARDED = """
 import sys
 import wdstream.inspection.summary
