@@ -10,6 +10,7 @@ import os
 import weakref
 from collections.abc import Callable
 from operator import itemgetter
+from typing import Any
 
 import torch
 import torch.utils.data
@@ -118,7 +119,7 @@ def _members_differ(samples: list[dict]) -> ShardError:
         "batch (give the others with map=, or pass a collate_fn)")
 
 
-def _decoded(values: list, samples: list[dict], name: str, kind: type) -> list:
+def _decoded(values: list, samples: list[dict], name: str, kind: type[Any]) -> list:
     """The column with its deferred JSON members (of type ``kind``) decoded."""
     out = []
     for value, sample in zip(values, samples, strict=True):
@@ -169,7 +170,8 @@ def _stack(values: list, arena_tensors: bool = False):
             out = span.segment.tensor[span.start : span.end].view(like.dtype).view(shape)
             torch.stack(values, out=out)
         return result
-    out = like.new_empty(0).set_(new_shared_storage(nbytes), 0, shape)
+    # torch's stub requires a stride, which defaults to None (set_'s docstring)
+    out = like.new_empty(0).set_(new_shared_storage(nbytes), 0, shape)  # type: ignore[call-overload]
     if arrays:
         np.stack(values, out=out.numpy())
     else:
@@ -208,9 +210,11 @@ class _SharedBytes:
     def __init__(self, values: list, pooled: bool = False):
         # per buffer: the flag raised in its arena segment (None for a file); None: no flags
         self.holds: list[int | None] | None = None
+        self.buffers: list | None = None  # per buffer: a tensor, or a WorkerFile
         if pooled and _in_worker():
             index: dict[tuple, int] = {}  # buffer key -> its number
-            sources, parts = [], []  # arena segments and FileSpans; (buffer, start, end)
+            sources: list = []  # arena segments and FileSpans
+            parts: list[tuple[int, int, int]] = []  # (buffer, start, end)
             for span in self._into_arena(values, arena()):
                 key = _source_key(span)
                 if key not in index:
@@ -220,8 +224,7 @@ class _SharedBytes:
             holds = [s.hold() if type(s) is MemorySegment else None for s in sources]
             if -1 not in holds:
                 self._sources, self.parts, self.holds = sources, parts, holds
-                self.buffers = None  # made in the main process
-                return
+                return  # the buffers are made in the main process
             for source, flag in zip(sources, holds, strict=True):  # no flag left: copy
                 if flag is not None and flag >= 0:
                     release(source.tensor, flag)
@@ -244,7 +247,7 @@ class _SharedBytes:
         """A span per value: payloads in the arena or in local files as they are, ``bytes``
         packed into one new span."""
         packed = [len(v) for v in values if type(v) is bytes]
-        holder = shared.cut(sum(packed)) if packed else None
+        holder: Any = shared.cut(sum(packed)) if packed else None  # None: no bytes value
         spans, offset = [], 0
         for value in values:
             if type(value) is not bytes:
@@ -287,9 +290,15 @@ class _SharedBytes:
     def nbytes(self) -> int:
         return sum(end - start for _buffer, start, end in self.parts)
 
+    def _buffers(self) -> list:
+        if self.buffers is None:  # unpack() and views() hand the values out once
+            raise RuntimeError("the batch's values were already taken")
+        return self.buffers
+
     def unpack(self) -> list[bytes]:
         values: list = [None] * len(self.parts)
-        for number, buffer in enumerate(self.buffers):
+        buffers = self._buffers()
+        for number, buffer in enumerate(buffers):
             numbers = [i for i, part in enumerate(self.parts) if part[0] == number]
             bounds = [self.parts[i][1:] for i in numbers]
             if type(buffer) is WorkerFile:
@@ -301,7 +310,7 @@ class _SharedBytes:
             for i, value in zip(numbers, copies, strict=True):
                 values[i] = value
         if self.holds is not None:  # copied out: the worker may use the memory again
-            for buffer, flag in zip(self.buffers, self.holds, strict=True):
+            for buffer, flag in zip(buffers, self.holds, strict=True):
                 if flag is not None:
                     release(buffer, flag)
         self.holds = self.buffers = None
@@ -313,7 +322,7 @@ class _SharedBytes:
         made from one) is left: each kept segment is wrapped anew for the batch in a storage
         of its own, which holds a numpy view of the segment until its last tensor goes; the
         flag is released when that numpy view is freed."""
-        buffers = self.buffers
+        buffers = self._buffers()
         if self.holds is not None:
             bases = []
             for buffer, flag in zip(buffers, self.holds, strict=True):

@@ -13,6 +13,7 @@ import re
 import zlib
 from collections.abc import Callable, Mapping
 from operator import itemgetter
+from typing import Any
 
 from wdstream.errors import LimitError, OptionError, OptionTypeError, ShardError
 from wdstream.limits import Limits
@@ -29,6 +30,8 @@ GUNZIP_PIECE = 64 << 20  # gunzipped at a time (zlib joins a call's output once 
 # msgpack: a one-byte empty map becomes a dict of 64 bytes and its pointer.
 MSGPACK_GROWTH = 72
 
+_fast_loads: Callable[[Any], Any]
+_FastJSONError: type[ValueError]
 try:  # a core dependency, for small records (docs/decisions.md)
     from orjson import JSONDecodeError as _FastJSONError
     from orjson import loads as _fast_loads
@@ -170,11 +173,12 @@ def _gunzip_within(data: bytes, budget: int):
 
 
 # the bounded forms of the built-in decoders (see the module's docstring)
-json_member.within = _json_within
-_text.within = _text_within
-_npy.within = _npy_within
-_msgpack.within = _msgpack_within
-gunzip.within = _gunzip_within
+# (set through vars(): a function's attribute the type checker knows nothing of)
+vars(json_member)["within"] = _json_within
+vars(_text)["within"] = _text_within
+vars(_npy)["within"] = _npy_within
+vars(_msgpack)["within"] = _msgpack_within
+vars(gunzip)["within"] = _gunzip_within
 
 
 def within(decoder: Callable, data, budget: int) -> tuple[object, int]:
@@ -387,7 +391,7 @@ def decode_sample(sample: dict, table: Mapping[str, Callable],
     return SampleDecoder(table, sample_bytes=sample_bytes)(dict(sample))
 
 
-_UNSEEN = object()
+_UNSEEN: Any = object()  # a sentinel: compared by identity, of any type to the checker
 _NAMES_KEPT = 256  # member names whose decoder a SampleDecoder remembers
 
 

@@ -17,6 +17,7 @@ from wdstream.stream.decode import (
     _fast_loads,
     decode_error,
     json_member,
+    within,
 )
 
 # Members from this size on are decoded in the worker: their objects are few for their bytes,
@@ -49,10 +50,10 @@ def _defer(data):
 def _defer_within(data, budget: int):
     if type(data) is bytes and len(data) < DEFER_MAX:
         return Deferred(data), 0
-    return json_member.within(data, budget)
+    return within(json_member, data, budget)
 
 
-_defer.within = _defer_within  # the bounded form (wdstream.stream.decode.within)
+vars(_defer)["within"] = _defer_within  # the bounded form (wdstream.stream.decode.within)
 
 
 def deferring(table: Mapping[str, Callable]) -> dict[str, Callable]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch.utils.data
 
@@ -96,13 +97,13 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         # torch's default prefetch_factor (2 fetches per worker), raised for small fetches
         self._default_prefetch = num_workers > 0 and kwargs.get("prefetch_factor") is None
         try:  # torch's own checks of its arguments, as wdstream's errors
-            super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
+            super().__init__(cast(Any, dataset), batch_size=batch_size, num_workers=num_workers,
                              collate_fn=self._tagger, drop_last=drop_last, **kwargs)
         except TypeError as error:
             raise OptionTypeError(f"DataLoader: {error}") from None
         except ValueError as error:
             raise OptionError(f"DataLoader: {error}") from None
-        self.stats = {"retries": 0, "skipped_shards": [], "skipped_samples": 0,
+        self.stats: dict[str, Any] = {"retries": 0, "skipped_shards": [], "skipped_samples": 0,
                       "stray_members": 0}
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         self._epoch: int | None = None  # the epoch being read, None before the first
@@ -151,7 +152,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     FETCH_SHARED_BYTES = 4 << 20
 
     def _fetch_sizes(self):
-        size = self.batch_size
+        size = cast(int, self.batch_size)  # _index_sampler asks only with a batch size
         if self.num_workers == 0:  # no transfer to save
             while True:
                 yield range(size)
@@ -185,14 +186,15 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     def __len__(self) -> int:
         """Batches per rank per epoch: the same on every rank. After a resume on another
         layout (loaded, or being read), the batches of the rest of the epoch."""
-        dataset: Trackable = self.dataset
+        dataset = cast(Trackable, self.dataset)  # the one it was built with
         _rank, world = world_info()
+        history: tuple[HistorySegment, ...]
         epoch, history = dataset.next_epoch(), ()
         if self._pending is not None:
             epoch = self._pending["epoch"]
             history, _changed = resume_history(self._pending, world, self.streams, self._batch,
                                                self.drop_last)
-        elif self._reading:
+        elif self._reading and self._epoch is not None:  # (reading: an epoch is set)
             epoch, history = self._epoch, self._history
         try:
             batches = sum(self._stream_batches(
@@ -222,12 +224,13 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         return [isinstance(p, int) and p >= n for p, n in zip(positions, batchable, strict=True)]
 
     def _begin(self) -> IterationSpec:
-        dataset: Trackable = self.dataset
+        dataset = cast(Trackable, self.dataset)  # the one it was built with
         rank, world = world_info()
         self._rank = rank
         layout = (world, self.streams, self._batch)
         fresh = [0] * self.streams
         state, self._pending = self._pending, None
+        history: tuple[HistorySegment, ...]
         if state is None:
             epoch, history, positions, batches = dataset.begin_epoch(), (), fresh, fresh
         else:
@@ -270,7 +273,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
                 "its batches to the device nor checkpoint its state: also call "
                 "wdstream.integrations.accelerate.prepare_loader(accelerator, loader) "
                 "(docs/accelerate.md)")
-        dataset: Trackable = self.dataset
+        dataset = cast(Trackable, self.dataset)  # the one it was built with
         resumed = self._pending is not None
         iterator = self._get_iterator(IterationView(dataset, self._begin()))
         workers = worker_pids(iterator)
@@ -308,7 +311,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         stream with the fewest batches delivered, the first in worker order on a tie), as
         workers making one batch per fetch would deliver them, whatever the fetch sizes."""
         streams = self.streams
-        queues = [collections.deque() for _ in range(streams)]
+        queues: list[collections.deque] = [collections.deque() for _ in range(streams)]
         ended = [False] * streams
         batch_samples = self.batch_size or 1
         deepen = self._default_prefetch  # once per iteration, after the first fetch
@@ -354,7 +357,8 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
         docs/benchmarks.md). Large batches keep torch's default, which bounds the memory in
         flight. Only when ``prefetch_factor`` was left to its default; best effort
         (``torch_internals``)."""
-        if sum(self._sample_bytes) * self.FETCH_SAMPLES > self.FETCH_BYTES:
+        if self._sample_bytes is None or \
+                sum(self._sample_bytes) * self.FETCH_SAMPLES > self.FETCH_BYTES:
             return  # large samples: torch's default stays
         raise_prefetch(iterator, self.SMALL_FETCH_PREFETCH, self.num_workers)
 
@@ -370,10 +374,11 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
     def state_dict(self) -> dict:
         """Where the training loop is: enough to resume this rank, and under DDP (lockstep
         batches) the whole job, on the same or another layout."""
-        dataset: Trackable = self.dataset
+        dataset = cast(Trackable, self.dataset)  # the one it was built with
         if self._pending is not None:
             return dict(self._pending)
         _rank, world = world_info()
+        history: tuple[HistorySegment, ...]
         if self._epoch is None:
             epoch, history = dataset.next_epoch(), ()
             positions, batches = [0] * self.streams, [0] * self.streams
@@ -396,7 +401,7 @@ class DataLoader(LoaderInternals, torch.utils.data.DataLoader):
                 rank 0's, on the same or another number of ranks and workers.
         """
         rank, world = world_info()
-        check_loadable(state, self.dataset, world=world, rank=rank, workers=self.streams,
+        check_loadable(state, cast(Trackable, self.dataset), world=world, rank=rank, workers=self.streams,
                        batch_size=self._batch)
         self._pending = dict(state)
         if rank == 0:
@@ -415,7 +420,7 @@ def _without_worker_traceback(error: WdstreamError) -> WdstreamError:
     marker = f"{type(error).__module__}.{type(error).__name__}: "
     message = text.rsplit(marker, 1)[-1] if marker in text else text
     cleaned = type(error)(message)
-    if isinstance(error, StreamError):
+    if isinstance(cleaned, StreamError):  # (of error's type)
         cleaned.url = message.split(": ", 1)[0]
     return cleaned
 
