@@ -257,7 +257,7 @@ def make_loader(cfg, config: dict, mix, tokenizer):
             formats = None
     else:
         dataset = packed(mix, config, tokenizer, cfg)
-    collate = Batches(tokenizer, formats, bool(cfg.sample_packing))
+    collate: Batches | PackedRows = Batches(tokenizer, formats, bool(cfg.sample_packing))
     if isinstance(dataset, PackedExamples):
         collate = PackedRows(tokenizer, cfg)
     return DataLoader(dataset, batch_size=cfg.micro_batch_size,
@@ -306,11 +306,13 @@ class PromptFormat:
 class RecordedMaps:
     """Stands in for the ``datasets.IterableDataset`` axolotl wraps: records each ``map``."""
 
+    steps: list  # (function, batched) of each map
+
     @classmethod
     def make(cls):
         import datasets
 
-        class Recorder(cls, datasets.IterableDataset):
+        class Recorder(RecordedMaps, datasets.IterableDataset):
             def __init__(self):
                 examples = datasets.iterable_dataset.ExamplesIterable(_no_examples, {})
                 datasets.IterableDataset.__init__(

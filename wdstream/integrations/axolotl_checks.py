@@ -168,7 +168,8 @@ def file_columns(dataset) -> list[tuple[str, list]]:
     first_lines = None
     for index, (file, metadata) in enumerate(zip(table.files, table.metadata, strict=True)):
         if file.format != "jsonl":
-            found.append((file.url, FORMATS[file.format].columns(FilePlan([], metadata))))
+            # (Parquet and Arrow declare them: never None)
+            found.append((file.url, FORMATS[file.format].columns(FilePlan([], metadata)) or []))
         elif first_lines is None:
             first_lines = index
     if first_lines is not None:
