@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from typing import IO, cast
 
 from wdstream.errors import InputError, StreamError, WdstreamError
 from wdstream.limits import size_limit, size_variable

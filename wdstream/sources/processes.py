@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
 from typing import IO, cast
 
 from wdstream.errors import StreamError

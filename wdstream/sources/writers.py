@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from typing import IO, cast
 
 from wdstream.errors import WdstreamError
 from wdstream.sources.clients import filesystem
@@ -200,24 +201,25 @@ class SpooledWriter(Writer):
 class CliWriter(Writer):
     def __init__(self, url: str, argv: list[str]):
         self._process = ChildProcess(url, argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        self._stdin = cast(IO[bytes], self._process.popen.stdin)  # stdin=PIPE: never None
         super().__init__(url)
 
     def _write(self, data):
         view = memoryview(data)
         try:
             while view:  # a raw pipe write may be partial
-                view = view[self._process.popen.stdin.write(view):]
+                view = view[self._stdin.write(view):]
         except BrokenPipeError:
             self._fail(self._process.wait(None))
 
     def _commit(self):
-        self._process.popen.stdin.close()  # end of input: the command completes the upload
+        self._stdin.close()  # end of input: the command completes the upload
         status = self._process.wait(None)
         if status != 0:
             self._fail(status)
         self._process.release()
 
-    def _fail(self, status: int) -> None:
+    def _fail(self, status: int | None) -> None:
         raise command_failed(self.url, f"upload command exited with status {status}",
                              self._process.stderr_tail())
 

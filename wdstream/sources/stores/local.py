@@ -19,7 +19,7 @@ class LocalStore(Store):
     fixed_reader = "file"
 
     def describe(self, url):
-        info = os.stat(urls.to_local_path(url))
+        info = os.stat(urls.local_path(url))
         return {"size": info.st_size, "mtime_ns": info.st_mtime_ns,
                 "ctime_ns": info.st_ctime_ns, "inode": info.st_ino, "device": info.st_dev,
                 "regular": stat.S_ISREG(info.st_mode)}
@@ -42,14 +42,14 @@ class LocalStore(Store):
         return (urls.to_local_path(prefix) or ".").rstrip("/")
 
     def open_write(self, url, via):
-        return LocalWriter(url, urls.to_local_path(url))
+        return LocalWriter(url, urls.local_path(url))
 
     def exists(self, url):
-        return os.path.exists(urls.to_local_path(url))
+        return os.path.exists(urls.local_path(url))
 
     def delete(self, url):
         try:
-            os.unlink(urls.to_local_path(url))
+            os.unlink(urls.local_path(url))
         except FileNotFoundError:
             pass
         except Exception as exc:
@@ -57,7 +57,7 @@ class LocalStore(Store):
 
     def size(self, url):
         try:
-            return os.stat(urls.to_local_path(url)).st_size
+            return os.stat(urls.local_path(url)).st_size
         except Exception as exc:
             raise stream_error(url, exc) from exc
 
