@@ -144,7 +144,7 @@ def _jpeg(rng, width: int = 512, height: int = 384) -> bytes:
 def write_images(folder: Path, count: int, per_shard: int) -> dict:
     import numpy as np
 
-    from wdstream.shards.index import index_shards
+    from wdstream.shards.index_shards import index_shards
     from wdstream.shards.manifest import write_manifest
     from wdstream.shards.tar_writer import TarWriter
 

@@ -161,7 +161,7 @@ def write_worker_data(folder: Path, count: int, per_worker: int) -> tuple[str, i
     """A manifest of ``count`` shards that all have one real shard's bytes, and hard links
     for the shards the two workers of one rank read first; (prefix, batches to read)."""
     import wdstream
-    from wdstream.shards.index import index_shard
+    from wdstream.shards.index_shards import index_shard
     from wdstream.shards.manifest import Manifest, ShardInfo
     from wdstream.shards.tar_writer import TarWriter
 

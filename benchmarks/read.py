@@ -164,10 +164,10 @@ def _litdata_record(path: str):
 
 def prepare_shardwriter(shards: list[str], output: str, per_shard: int) -> dict:
     """The same samples written again by webdataset's ``ShardWriter`` (its tar headers: a PAX
-    header per member), with a manifest from ``wdstream.shards.index`` (not timed)."""
+    header per member), with a manifest from ``wdstream.shards.index_shards`` (not timed)."""
     import webdataset as wds
 
-    from wdstream.shards.index import index_shards
+    from wdstream.shards.index_shards import index_shards
     from wdstream.shards.manifest import MANIFEST_NAME
     from wdstream.shards.samples import iter_samples
     from wdstream.shards.tar_reader import iter_members

@@ -189,7 +189,7 @@ def test_an_input_file_that_is_a_fifo_or_a_device_is_refused(tmp_path, cli_env):
 
 
 def test_a_file_swapped_for_a_link_after_the_listing_is_not_read(photos, tmp_path):
-    from wdstream.write.local_files import folder_files
+    from wdstream.write.local_inputs import folder_files
     from wdstream.write.remote import read_member
 
     files = {file.relative: file for file in folder_files(str(photos))}
@@ -206,7 +206,7 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_not_read(photos, tmp_pat
 
 
 def test_a_json_lines_file_swapped_before_a_worker_reads_it_again_is_refused(tmp_path):
-    from wdstream.write.jsonl import read_jsonl, read_lines
+    from wdstream.write.jsonl_inputs import read_jsonl, read_lines
 
     source = tmp_path / "d.jsonl"
     source.write_bytes(b'{"a": 1}\n{"a": 2}\n')

@@ -352,7 +352,7 @@ def write_index(folder: Path, index: Path, units: dict[str, list[list[int]]]) ->
     units are ``units[name]``, as ``[start, end, rows]``."""
     from wdstream.tables.files import find_files
     from wdstream.tables.formats import FilePlan, Unit
-    from wdstream.tables.index import index_document
+    from wdstream.tables.unit_index import index_document
 
     files = find_files(str(folder))
     plans = [FilePlan([Unit(s, r, 0, e) for s, e, r in units[f.name]]) for f in files]

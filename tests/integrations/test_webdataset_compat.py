@@ -18,7 +18,7 @@ import pytest
 webdataset = pytest.importorskip("webdataset")
 
 from wdstream.inspection import read_samples, verify  # noqa: E402
-from wdstream.shards.index import index_shard  # noqa: E402
+from wdstream.shards.index_shards import index_shard  # noqa: E402
 from wdstream.shards.samples import StrayCount  # noqa: E402
 
 LONG = "deep/" + "d" * 60 + "/" + "n" * 70  # over 100 bytes: ustar prefix or GNU/PAX names

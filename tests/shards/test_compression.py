@@ -24,7 +24,7 @@ from tests.support.shard_data import all_keys, batch_keys, first_batches, shard_
 from wdstream.errors import ShardError
 from wdstream.inspection import read_samples
 from wdstream.shards.compression import open_tar, sniff
-from wdstream.shards.index import index_shard
+from wdstream.shards.index_shards import index_shard
 from wdstream.sources.cache import ShardCache
 
 COMPRESS = {

@@ -15,7 +15,7 @@ import pytest
 
 from wdstream.errors import InputError, ManifestError, ShardError
 from wdstream.shards import samples as samples_module
-from wdstream.shards.index import index_shards, merge_manifests
+from wdstream.shards.index_shards import index_shards, merge_manifests
 from wdstream.shards.manifest import (
     MANIFEST_NAME,
     Manifest,

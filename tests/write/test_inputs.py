@@ -265,7 +265,7 @@ def test_a_huge_line_is_refused_early_and_long_lines_read_in_linear_time(tmp_pat
 
 
 def test_line_splitting_over_chunk_boundaries(tmp_path):
-    from wdstream.write import jsonl as inputs
+    from wdstream.write import jsonl_inputs as inputs
 
     lines = [b'{"i": %d, "pad": "%s"}' % (i, b"p" * (i * 37 % 700)) for i in range(600)]
     data = b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n\n  \n" + b'{"last": 1}'

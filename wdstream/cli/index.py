@@ -114,7 +114,7 @@ def _merged(sources, output: str | None, overwrite: bool, allow_external_shards:
 def _indexed(prefix: str, overwrite: bool, quiet: bool, workers: int, strays, limits):
     """The manifest of the shards listed under ``prefix``, read ``workers`` at a time."""
     from wdstream.shards.compression import is_shard_name, not_shard_kinds, not_shards_note
-    from wdstream.shards.index import index_shards
+    from wdstream.shards.index_shards import index_shards
     from wdstream.sources.objects import list_files
 
     if workers < 1:
@@ -139,9 +139,9 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
     """The unit index of the JSON Lines files under ``sources[0]``, written to ``output``."""
     from wdstream.sources.objects import exists
     from wdstream.tables.files import find_files
-    from wdstream.tables.index import write_index
     from wdstream.tables.plan_processes import plan_in_processes
     from wdstream.tables.reads import Access
+    from wdstream.tables.unit_index import write_index
     from wdstream.tables.units import plan_files
 
     if len(sources) != 1:
@@ -155,7 +155,7 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
     if ray_tasks is None:
         plans = plan_in_processes(files, Access(), plan_files)
     else:
-        from wdstream.tables.cluster import plan_on_ray
+        from wdstream.tables.ray_index import plan_on_ray
 
         plans = plan_on_ray(files, Access(), tasks=ray_tasks)
     write_index(output, files, plans)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from wdstream.errors import ShardError, StreamError
 from wdstream.inspection.parallel import Progress, parallel, problem_text, reporter
-from wdstream.shards.index import index_shard
+from wdstream.shards.index_shards import index_shard
 from wdstream.shards.locate import Shards, find_shards
 from wdstream.shards.samples import StrayCount
 

@@ -38,7 +38,7 @@ from wdstream.sources import urls
 from wdstream.sources.failures import stream_error
 from wdstream.sources.openers import open_read
 from wdstream.sources.stores import store_for
-from wdstream.sources.stores.base import listed_size
+from wdstream.sources.stores.store import listed_size
 from wdstream.sources.writers import Writer
 
 VIA = ("auto", "cli", "fsspec")

@@ -37,7 +37,7 @@ from wdstream.sources.clients import FsspecSource
 from wdstream.sources.failures import stream_error
 from wdstream.sources.processes import ProcessSource
 from wdstream.sources.stores import store_for
-from wdstream.sources.stores.base import no_reader
+from wdstream.sources.stores.store import no_reader
 from wdstream.sources.streams import ByteStream, ChunkSource, LocalFile
 
 OPENERS = ("auto", "cli", "fsspec", "sdk")

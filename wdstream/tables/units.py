@@ -20,12 +20,12 @@ from wdstream.printable import printable
 from wdstream.tables.arrow import ArrowFormat
 from wdstream.tables.files import RawFile, listed_files
 from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit, limits_of
-from wdstream.tables.index import indexed_plans, read_index
 from wdstream.tables.jsonl import JsonLinesFormat
 from wdstream.tables.node_plans import NodePlans
 from wdstream.tables.parquet import ParquetFormat, check_columns
 from wdstream.tables.plan_processes import Planners, cpu_share, plan_in_processes
 from wdstream.tables.reads import Access, check_unchanged, reads_check_version
+from wdstream.tables.unit_index import indexed_plans, read_index
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 

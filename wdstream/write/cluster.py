@@ -10,7 +10,7 @@ If any part fails, every shard and part manifest the run wrote is deleted once a
 ended, no ``index.json`` is written, and the part's error is raised
 (a ``WdstreamError`` naming the record, as a single run's).
 
-Ray is imported by ``wdstream.tables.cluster.ray_session`` (``pip install 'wdstream[ray]'``),
+Ray is imported by ``wdstream.tables.ray_index.ray_session`` (``pip install 'wdstream[ray]'``),
 which connects to the cluster named by ``address`` or ``RAY_ADDRESS``, or starts one on this
 machine.
 """
@@ -25,7 +25,7 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.shards.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
 from wdstream.sources import urls
 from wdstream.sources.objects import delete, exists
-from wdstream.tables.cluster import cluster_cpus, ray_session
+from wdstream.tables.ray_index import cluster_cpus, ray_session
 from wdstream.write.inputs import check_inputs
 from wdstream.write.jobs import part_manifest_name
 from wdstream.write.merge import merge_parts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from wdstream.errors import InputError
-from wdstream.write.local_files import folder_files
+from wdstream.write.local_inputs import folder_files
 from wdstream.write.record_batches import MAX_RECORD, Batch, FolderSample, ReadCounter, limit_text
 from wdstream.write.remote import is_remote, list_folder
 

@@ -9,7 +9,7 @@ import zlib
 from typing import TYPE_CHECKING, BinaryIO
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.write.local_files import open_regular
+from wdstream.write.local_inputs import open_regular
 from wdstream.write.record_batches import STDIN, ReadCounter
 from wdstream.write.remote import is_remote, open_stream
 

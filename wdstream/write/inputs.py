@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from wdstream.errors import InputError
 from wdstream.write.folders import read_folder
-from wdstream.write.jsonl import read_jsonl
-from wdstream.write.local_files import folder_files, regular_size
+from wdstream.write.jsonl_inputs import read_jsonl
+from wdstream.write.local_inputs import folder_files, regular_size
 from wdstream.write.record_batches import MAX_RECORD, STDIN, Batch, ReadCounter, source_name
 from wdstream.write.remote import Found, expand_local, expand_remote, has_glob, is_remote
 from wdstream.write.tables import read_csv, read_parquet, read_tsv

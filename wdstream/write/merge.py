@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wdstream.shards.index import merge_manifests
+from wdstream.shards.index_shards import merge_manifests
 from wdstream.shards.manifest import Manifest
 
 

@@ -22,7 +22,7 @@ from wdstream.sources.failures import stream_error
 from wdstream.sources.objects import check_bucket
 from wdstream.sources.openers import open_read
 from wdstream.sources.stores import store_for
-from wdstream.write.local_files import open_regular
+from wdstream.write.local_inputs import open_regular
 
 _GLOB_CHARS = ("*", "?", "[")
 _PARQUET_BLOCK = 8 << 20  # bytes per ranged read of a Parquet object

@@ -14,7 +14,7 @@ from wdstream.shards.tar_writer import TarWriter
 from wdstream.sources.objects import open_write
 from wdstream.write.jobs import FileMember, ShardJob
 from wdstream.write.json_records import check_json_lines
-from wdstream.write.jsonl import read_lines
+from wdstream.write.jsonl_inputs import read_lines
 from wdstream.write.remote import read_member
 from wdstream.write.token_members import tokenize_columns
 from wdstream.write.tokenizer import Tokenizer

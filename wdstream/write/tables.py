@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.write.input_streams import open_binary, read_errors
-from wdstream.write.jsonl import too_long
-from wdstream.write.local_files import open_regular
+from wdstream.write.jsonl_inputs import too_long
+from wdstream.write.local_inputs import open_regular
 from wdstream.write.parquet_pages import HeldChunks, batch_rows
 from wdstream.write.record_batches import MAX_RECORD, Batch, ReadCounter, limit_text
 from wdstream.write.remote import is_remote, open_seekable

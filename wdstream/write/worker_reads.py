@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from wdstream.errors import WdstreamError
-from wdstream.write.jsonl import read_jsonl
+from wdstream.write.jsonl_inputs import read_jsonl
 from wdstream.write.record_batches import Batch, ReadCounter, source_name
 
 _POLL_SECONDS = 0.2  # how often the main process checks that the reading worker still runs

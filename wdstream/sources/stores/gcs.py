@@ -12,8 +12,8 @@ from wdstream.sources import gcs_objects
 from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.processes import cli_url, gcs_read_command
 from wdstream.sources.ranged import RangedGcsSource
-from wdstream.sources.stores.base import is_object
 from wdstream.sources.stores.generic import FsspecStore
+from wdstream.sources.stores.store import is_object
 from wdstream.sources.writers import CliWriter, CloudWriter
 
 

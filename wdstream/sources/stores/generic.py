@@ -9,7 +9,7 @@ from __future__ import annotations
 from wdstream.errors import InputError, StreamError
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
-from wdstream.sources.stores.base import Store, listed_size, listing
+from wdstream.sources.stores.store import Store, listed_size, listing
 from wdstream.sources.writers import SpooledWriter
 
 

@@ -9,7 +9,7 @@ import stat
 
 from wdstream.sources import urls
 from wdstream.sources.failures import stream_error
-from wdstream.sources.stores.base import Store, listing
+from wdstream.sources.stores.store import Store, listing
 from wdstream.sources.writers import LocalWriter
 
 

@@ -4,7 +4,7 @@ and nothing else: it has no size, version, listing or writer."""
 from __future__ import annotations
 
 from wdstream.errors import InputError
-from wdstream.sources.stores.base import Store, not_stored
+from wdstream.sources.stores.store import Store, not_stored
 
 
 class PipeStore(Store):

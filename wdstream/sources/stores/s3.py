@@ -9,8 +9,8 @@ from wdstream.sources import s3_objects
 from wdstream.sources.processes import aws_read_command, cli_url
 from wdstream.sources.ranged import RangedS3Source
 from wdstream.sources.s3_ranges import S3Ranges
-from wdstream.sources.stores.base import is_object
 from wdstream.sources.stores.generic import FsspecStore
+from wdstream.sources.stores.store import is_object
 from wdstream.sources.writers import CliWriter, CloudWriter
 
 

@@ -19,7 +19,6 @@ from wdstream.printable import printable
 from wdstream.shards.names import outside_prefix
 from wdstream.sources import urls
 from wdstream.sources.stores import store_for
-from wdstream.stages.config.files import load_config_file
 from wdstream.stages.config.keys import (
     DATASET_KEYS,
     TOP_KEYS,
@@ -29,6 +28,7 @@ from wdstream.stages.config.keys import (
     eos_of,
     read_keys,
 )
+from wdstream.stages.config.loading import load_config_file
 from wdstream.stages.mix import Mix
 from wdstream.stages.schedule import mixture_weights
 from wdstream.stages.sequences import PackedSequences

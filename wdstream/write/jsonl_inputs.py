@@ -15,7 +15,7 @@ from typing import cast
 
 from wdstream.errors import InputError
 from wdstream.write.input_streams import close_binary, open_binary, read_errors
-from wdstream.write.local_files import identity_of, open_regular
+from wdstream.write.local_inputs import identity_of, open_regular
 from wdstream.write.record_batches import (
     MAX_RECORD,
     STDIN,

@@ -1,5 +1,5 @@
 """The JSON Lines unit index scanned by Ray tasks (``wdstream index SOURCE --output URL --ray
-N``, ``wdstream.tables.cluster.plan_on_ray``) on a local Ray started here: the index is the
+N``, ``wdstream.tables.ray_index.plan_on_ray``) on a local Ray started here: the index is the
 one a single machine writes, a file that cannot be scanned is the task's own error naming
 it, and no index is written then."""
 
@@ -14,8 +14,8 @@ import pytest
 import wdstream
 from tests.support.raw_data import JSONL_FILES, jsonl_keys, write_jsonl
 from wdstream.errors import InputError, ShardError
-from wdstream.tables.cluster import byte_runs, plan_on_ray
 from wdstream.tables.files import RawFile, find_files
+from wdstream.tables.ray_index import byte_runs, plan_on_ray
 from wdstream.tables.reads import Access
 from wdstream.tables.units import plan_files
 
