@@ -36,7 +36,11 @@ MIN_ROWS = 64  # fewer candidate headers than this in a buffer: the general pars
 # members above this size: too few of them in a read of the reader's (1 MiB) for a scan
 SCAN_SIZE_MAX = READ_SIZE // MIN_ROWS
 _OCTAL_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # 11 digits, most significant first
-_OCTAL_SUM = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # the checksum's 6 digits
+# the checksum's 6 digits, each weighed once more: a checksum field of the usual form holds
+# the digits + 48 each, a NUL and a space, so the header's byte sum with that field read as 8
+# spaces (what the checksum is) is the whole byte sum - the digits' sum - 6 * 48 - 32 + 8 * 32
+_OCTAL_SUM = 8 ** np.arange(5, -1, -1, dtype=np.int64) + 1
+_FIELD_AS_SPACES = 6 * 48 + 32 - 8 * 32
 _NOT_FIRST_BYTE = np.frombuffer(b"\0" + b"\xff" * 7, np.uint64)[0]  # a word's first byte masked
 
 
@@ -104,8 +108,7 @@ def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes
     valid = (size_digits <= 7).all(1) & ((terminator == 0) | (terminator == 32)) \
         & (sum_digits <= 7).all(1) & (heads[:, CHECKSUM_END - 2] == 0) \
         & (heads[:, CHECKSUM_END - 1] == 32) \
-        & (sum_digits @ _OCTAL_SUM == _byte_sums(heads)
-           - _byte_sums(heads[:, CHECKSUM_AT:CHECKSUM_END]) + 8 * 32)
+        & (sum_digits @ _OCTAL_SUM == _byte_sums(heads) - _FIELD_AS_SPACES)
     kept = np.flatnonzero(valid)
     if not len(kept) or kept[0] != 0:
         return None
@@ -150,17 +153,29 @@ def scan_members(data: bytes, pos: int, magic: bytes, pax_keys: Collection[bytes
         return None
     taken = np.flatnonzero(is_regular[:count])
     names = heads[kept[taken], :NAME_END]
-    names_at = names == 0
-    name_lengths = np.where(names_at.any(1), names_at.argmax(1), NAME_END)
     sizes = sizes[taken]
-    # an empty member whose name ends in "/" is a directory entry
-    files = (sizes > 0) | (names[np.arange(len(taken)), np.maximum(name_lengths - 1, 0)] != 47)
-    payload_starts = pos + rows[taken[files]] * BLOCK + BLOCK
-    payload_ends = (payload_starts + sizes[files]).tolist()
+    files = _not_directories(names, sizes)
+    if files is not None:
+        taken, names, sizes = taken[files], names[files], sizes[files]
+    payload_starts = pos + rows[taken] * BLOCK + BLOCK
+    payload_ends = (payload_starts + sizes).tolist()
     payloads = [data[begin:end]
                 for begin, end in zip(payload_starts.tolist(), payload_ends, strict=True)]
-    members = list(zip(_decoded_names(names[files]), payloads, strict=True))
+    members = list(zip(_decoded_names(names), payloads, strict=True))
     return members, pos + int(ends[count - 1]) * BLOCK
+
+
+def _not_directories(names: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
+    """Which members are files (a mask), or None when all are: a directory entry is an empty
+    member whose name ends in "/". Only empty members' names are looked at."""
+    empty = np.flatnonzero(sizes == 0)
+    if not len(empty):
+        return None
+    names_at = names[empty] == 0
+    name_lengths = np.where(names_at.any(1), names_at.argmax(1), NAME_END)
+    files = np.ones(len(sizes), bool)
+    files[empty] = names[empty, np.maximum(name_lengths - 1, 0)] != 47
+    return files
 
 
 def _decoded_names(fields: np.ndarray) -> list[str]:
