@@ -62,6 +62,37 @@ def collate(samples: list[dict], *, pooled: bool = False, arena_tensors: bool = 
     return batch
 
 
+
+def collate_fetch(samples: list[dict], size: int, *, pooled: bool = False,
+                  json_names=()) -> list[dict]:
+    """``collate`` of each ``size`` samples of a fetch in turn (the last batch may be short),
+    as a worker's default collate: the same batches, with each member's column taken from the
+    fetch once, and the columns every batch keeps as they are (keys, URLs, text; JSON left for
+    the main process) cut from it rather than made batch by batch."""
+    starts = range(0, len(samples), size)
+    if len(samples) <= size or len(set(map(len, samples))) > 1:  # one batch, or an error
+        return [collate(samples[start:start + size], pooled=pooled, arena_tensors=True,
+                        json_names=json_names) for start in starts]
+    batches: list[dict] = [{} for _ in starts]
+    for name in samples[0]:
+        try:
+            values = list(map(itemgetter(name), samples))
+        except KeyError:  # members that differ: the batch that has them says which
+            return [collate(samples[start:start + size], pooled=pooled, arena_tensors=True,
+                            json_names=json_names) for start in starts]
+        types = set(map(type, values))
+        if types == _TEXT:
+            columns = [values[start:start + size] for start in starts]
+        elif types == _BYTES_ONLY and name in json_names:
+            columns = [JsonColumn(values[start:start + size]) for start in starts]
+        else:
+            columns = [_column(values[start:start + size], samples[start:start + size], name,
+                               name in json_names, (pooled, True)) for start in starts]
+        for batch, column in zip(batches, columns, strict=True):
+            batch[name] = column
+    return batches
+
+
 def _column(values: list, samples: list[dict], name: str, json_bytes: bool,
             shared: tuple[bool, bool]):
     """Member ``name``'s column: JSON left undecoded crosses as one ``JsonColumn`` (decoded by
@@ -101,6 +132,7 @@ def _collated(values: list, types: set, shared: tuple[bool, bool]):
 
 
 _TEXT = frozenset((str,))
+_BYTES_ONLY = frozenset((bytes,))
 
 
 def _members_differ(samples: list[dict]) -> ShardError:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch.utils.data
 
-from wdstream.stream.batching import collate, share_raw
+from wdstream.stream.batching import collate, collate_fetch, share_raw
 from wdstream.stream.context import END_OF_STREAM, StreamContext, StreamFailure
 
 
@@ -64,10 +64,22 @@ class TaggedCollate:
             stop = taken = len(samples)
             if self.drop_last or failure is not None:
                 stop -= stop % size  # only a stream's last batch can be short
-            batches = [(trail[min(start + size, stop) - 1],
-                        collate_fn(samples[start:start + size])) for start in range(0, stop, size)]
+            batches = list(zip([trail[min(start + size, stop) - 1]
+                                for start in range(0, stop, size)],
+                               self._collated(samples[:stop], size), strict=True))
         del trail[:taken]  # the positions of these items; the dataset may have given more
         return stream, batches, context.stats.take(), ended, failure
+
+    def _collated(self, samples: list, size: int) -> list:
+        """The fetch's batches of ``size`` samples, each collated and shared; the default
+        collate takes each member's column from the whole fetch at once."""
+        if not self.default:
+            return [self._collate_and_share(samples[start:start + size])
+                    for start in range(0, len(samples), size)]
+        names = self.context.json_names
+        return [share_raw(batch, self.share_bytes, names)
+                for batch in collate_fetch(samples, size, pooled=self.share_bytes,
+                                           json_names=names)]
 
     def _collate_and_share(self, samples):
         names = self.context.json_names
