@@ -196,8 +196,8 @@ def _stack(values: list, arena_tensors: bool = False):
         span = arena().cut(nbytes)
         result = SharedTensor(span, like.dtype, shape)
         if arrays:  # numpy's views cost a tenth of torch's
-            np.stack(values, out=span.segment.array[span.start : span.end].view(native)
-                     .reshape(shape))
+            _stack_arrays(values, span.segment.array[span.start : span.end].view(native)
+                          .reshape(shape))
         else:
             out = span.segment.tensor[span.start : span.end].view(like.dtype).view(shape)
             torch.stack(values, out=out)
@@ -205,10 +205,22 @@ def _stack(values: list, arena_tensors: bool = False):
     # torch's stub requires a stride, which defaults to None (set_'s docstring)
     out = like.new_empty(0).set_(new_shared_storage(nbytes), 0, shape)  # type: ignore[call-overload]
     if arrays:
-        np.stack(values, out=out.numpy())
+        _stack_arrays(values, out.numpy())
     else:
         torch.stack(values, out=out)
     return out
+
+
+def _stack_arrays(values: list, out) -> None:
+    """``numpy.stack(values, out=out)`` for arrays of one shape: as one concatenation along
+    their first axis when they have one (the same bytes in ``out``; ``stack`` makes a view of
+    each array first, a third of its cost on 32 rows of 2,048 tokens)."""
+    import numpy as np
+
+    if values[0].ndim:
+        np.concatenate(values, out=out.reshape(-1, *out.shape[2:]))
+    else:
+        np.stack(values, out=out)
 
 
 _SHARE_BYTES = 1 << 20  # below this, pickling through the worker pipe is as cheap
