@@ -302,6 +302,28 @@ def test_two_processes_share_the_data_and_resume_exactly(work, kind):
     assert len(set(rows)) == len(rows)  # no sequence on both ranks, or twice
 
 
+def test_packed_sft_on_two_processes_resumes_on_one(work):
+    """Packed SFT killed on two processes, resumed on one (elastic): the one process first
+    delivers the rows rank 0's buffer had left at the checkpoint, token for token those
+    rank 0 trained on after it in an uninterrupted two-process run (a buffer of 300 records
+    outlasts the run), and no example is trained on twice. tests/integrations/
+    test_packed_examples.py checks, over whole epochs, that none is lost either."""
+    def make(out: str) -> dict:
+        made = dict(sft_packed(work, out), save_only_model=True)
+        made["wdstream"] = {"packing_buffer": 300}
+        return made
+
+    reference = train(work, make("elastic-reference"), "elastic-reference", nproc=2)
+    interrupted = make("elastic-interrupted")
+    killed = train(work, interrupted, "elastic-killed", nproc=2, kill_at=KILL_AT, expect=None)
+    [resumed] = train(work, interrupted, "elastic-resumed")
+    saved = SAVE_STEPS * 2  # batches (micro-batches of 2 rows) per rank before the checkpoint
+    assert killed[0][:saved] == reference[0][:saved]
+    assert resumed == reference[0][saved:]
+    trained = examples_of(killed[0][:saved] + killed[1][:saved] + resumed)
+    assert len(trained) == len(set(trained))
+
+
 def test_a_mistake_in_a_wdstream_entry_fails_at_start_naming_the_key(work):
     root, bucket, s3_env = work
     cfg = config(work, "mistake", pretraining_dataset=[

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 import wdstream
+from tests.support.llm_data import merged, run_ranks
 from tests.support.raw_data import all_keys, roundtrip, take, write_parquet
 from wdstream.errors import StateError
 from wdstream.integrations.axolotl_packing import PackedExamples, first_fit_decreasing
+from wdstream.stream.ranks import ranks_of
 
 SEQ_LEN = 24
 
@@ -64,3 +66,37 @@ def test_a_resume_goes_on_with_the_rows_of_an_uninterrupted_run(tmp_path, stop_a
     other = loader(folder, buffer=11)
     with pytest.raises(StateError):
         other.load_state_dict(state)
+
+
+def keys_in(batches) -> list[str]:
+    return [example["key"][0] for batch in batches for row in batch for example in row]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("before", "after"), [((2, 2), (1, 1)), ((1, 2), (2, 3))])
+def test_a_resume_on_another_layout_trains_every_example_once(tmp_path, monkeypatch, before,
+                                                              after):
+    """Stopped mid-buffer on one layout (ranks x workers), resumed on another: the examples
+    the first layout delivered and those the second delivers are each example once, all of
+    them but the fewer than `world` records an epoch plan leaves over per layout."""
+    folder = write_parquet(tmp_path / "data")
+
+    def make():
+        return PackedExamples(wdstream.StreamingDataset(str(folder), seed=3, shuffle_window=16),
+                              example_of, SEQ_LEN, buffer=10)
+
+    (world, workers), (new_world, new_workers) = before, after
+    first, states = run_ranks(monkeypatch, make, world, workers, 2, n=3, collate_fn=list)
+    state = merged(states)
+    cut = [p for value in state["positions"]
+           for p in (ranks_of(value) if isinstance(value, dict) else [value]) if p and p[2]]
+    assert cut  # some streams stopped inside a buffer
+    rest, _ = run_ranks(monkeypatch, make, new_world, new_workers, 2, state=state,
+                        collate_fn=list)
+    keys = keys_in(b for batches in first + rest for b in batches)
+    assert len(keys) == len(set(keys))  # none twice
+    ids = {key: len(key.split(":")[0]) * 1000 + int(key.split(":")[1]) for key in all_keys()}
+    fit = {key for key, i in ids.items() if i % 7 and i % 30 + 1 <= SEQ_LEN}
+    assert set(keys) <= fit
+    assert len(fit - set(keys)) < world + new_world  # the plans' remainders, no more
+

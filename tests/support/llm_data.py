@@ -150,13 +150,13 @@ def as_rank(monkeypatch, rank, world):
     monkeypatch.setenv("WORLD_SIZE", str(world))
 
 
-def run_ranks(monkeypatch, make, world, workers, batch, state=None, n=None):
+def run_ranks(monkeypatch, make, world, workers, batch, state=None, n=None, **options):
     """Every rank's batches (the first ``n``, or the whole rest of the epoch) and rank 0's
-    state after them."""
+    state after them; ``options`` go to each rank's ``wdstream.DataLoader``."""
     out, states = [], []
     for rank in range(world):
         as_rank(monkeypatch, rank, world)
-        loader = wdstream.DataLoader(make(), batch_size=batch, num_workers=workers)
+        loader = wdstream.DataLoader(make(), batch_size=batch, num_workers=workers, **options)
         if state is not None:
             loader.load_state_dict(json.loads(json.dumps(state)))
         expected = len(loader) if loader.dataset.has_counts else None

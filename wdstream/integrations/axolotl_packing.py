@@ -1,10 +1,14 @@
 """SFT sample packing, streamed (``sample_packing: true`` with ``datasets:``): prompt-formatted
 examples packed into rows of at most ``sequence_len`` tokens, as axolotl's multipack does, by
 first-fit decreasing over a buffer of records read in a row. A position is ``[rows, inner
-position before the buffer, rows of the buffer delivered]``: a resume reads the buffer again
-from its start and packs it again (a pure function of the records), then skips the rows
-delivered, so it goes on token for token. The rows of a pass depend on the examples' lengths
-(no counts): it resumes on the layout it was saved with."""
+position before the buffer, rows of the buffer delivered, inner position after it]``: a
+resume reads the buffer again from its start and packs it again (a pure function of the
+records), then skips the rows delivered, so it goes on token for token. On another layout
+(elastic resume) the records each stream read count as read, a buffer cut part-delivered is
+read again by one stream of the new layout, which delivers its other rows first, and the
+inner dataset lays the records not yet read over the new layout: no example twice, none
+lost. The rows of a pass depend on the examples' lengths (no counts, so no equal rows per
+rank)."""
 
 from __future__ import annotations
 
@@ -12,13 +16,15 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from wdstream.errors import InputError, StateError, UnsizedError
-from wdstream.stages.base import Stage, StageOptions
+from wdstream.stages.base import Stage, StageOptions, inner_history, segment_entries
+from wdstream.stages.cut import is_tail_marker
 from wdstream.stream.contract import IterationSpec
-from wdstream.stream.plan import HistorySegment
+from wdstream.stream.plan import STREAM_END, HistorySegment
 from wdstream.stream.ranks import rank_position
 
 EXCESS = ("drop", "truncate")
@@ -61,6 +67,9 @@ class PackedExamples(Stage):
 
     positions_per_rank = True
     counts_setting = "counts (the rows a pass packs depend on the examples' lengths)"
+    # another layout resumes without counts: the new layout's streams read the records not
+    # yet read (the inner dataset's plan), after the buffers the cut left part-delivered
+    resumes_unsized = True
 
     def __init__(self, dataset, make_example: Callable, seq_len: int, *, buffer: int = 1000,
                  excess: str = "drop", identity: str = ""):
@@ -82,10 +91,6 @@ class PackedExamples(Stage):
     def has_counts(self) -> bool:
         return False
 
-    @property
-    def elastic(self) -> bool:
-        return False
-
     def inner(self) -> list:
         return [self.dataset]
 
@@ -102,34 +107,125 @@ class PackedExamples(Stage):
     def check_own(self, position) -> None:
         _parse(position)
 
+    def extract(self, position, base) -> tuple:
+        """(pass, inner position read) of a stream's position (``base.inner_history``): the
+        records before its buffer, or, cut inside a buffer, the whole buffer (the rows it
+        had left are a ``Cut`` the next layout delivers); a stream still delivering an
+        earlier layout's cuts has read none of its own."""
+        if position == 0:
+            return base, 0
+        if position == STREAM_END:
+            return None, STREAM_END
+        _rows, before, skip, after = _parse(position)
+        if is_tail_marker(before):
+            return base, 0
+        return base, after if skip else before
+
     # ---- iteration ------------------------------------------------------------------------
     def example(self, record) -> dict | None:
         """A record's example, with position ids, after the excess-length rule."""
         return fitted(self.make_example(record), self.seq_len, self.excess)
 
+    def packed(self, records) -> tuple[list[list], int, object]:
+        """The rows of the next buffer of ``records`` (iterator of (record, position)): the
+        examples of each, how many records were read, the inner position after them."""
+        examples, read, after = [], 0, None
+        for record, position in records:
+            read, after = read + 1, position
+            example = self.example(record)
+            if example is not None:
+                examples.append(example)
+            if read == self.buffer:
+                break
+        bins = first_fit_decreasing([len(e["input_ids"]) for e in examples], self.seq_len)
+        return [[examples[i] for i in b] for b in bins], read, after
+
     def positioned(self, spec: IterationSpec, stream: int, start
                    ) -> Iterator[tuple[list, list]]:
-        """Stream ``stream``'s rows from position ``start``, each with the position after it."""
-        rows, before, skip = _parse(rank_position(start, spec.rank))
-        records = self.dataset.positioned(spec, stream, before)
+        """Stream ``stream``'s rows from position ``start``, each with the position after it:
+        first the rows of the buffers an earlier layout's cut left to it, then its own."""
+        rows, before, skip, _after = _parse(rank_position(start, spec.rank))
+        _base, segments = inner_history(spec.history, self.extract)
+        streams = spec.world * spec.workers
+        cuts = buffer_cuts(self, spec.history)[spec.rank * spec.workers + stream::streams]
+        if start == 0 and cuts:
+            before = [0]
+        if is_tail_marker(before):
+            for index in range(before[0], len(cuts)):
+                for row, delivered in self.cut_rows(spec, cuts[index], skip):
+                    rows += 1
+                    yield row, [rows, [index + (delivered == 0)], delivered, 0]
+                skip = 0
+            before = 0
+        inner = replace(spec, history=segments)
+        records = self.dataset.positioned(inner, stream, before)
         while True:
-            examples, after, read = [], before, 0
-            for record, position in records:
-                read, after = read + 1, position
-                example = self.example(record)
-                if example is not None:
-                    examples.append(example)
-                if read == self.buffer:
-                    break
+            bins, read, after = self.packed(records)
             if not read:
                 return  # the stream ended
-            bins = first_fit_decreasing([len(e["input_ids"]) for e in examples], self.seq_len)
             for k in range(skip, len(bins)):
                 rows += 1
                 done = k + 1 == len(bins)
-                yield ([examples[i] for i in bins[k]],
-                       [rows, after, 0] if done else [rows, before, k + 1])
+                yield bins[k], [rows, after, 0, 0] if done else [rows, before, k + 1, after]
             before, skip = after, 0
+
+    def cut_rows(self, spec: IterationSpec, cut: Cut, skip: int) -> Iterator[tuple[list, int]]:
+        """The rows of a cut buffer not yet delivered (from ``skip``, at least the cut's),
+        read again where the old layout's stream read it; each with the rows of the buffer
+        delivered after it (0: all of them)."""
+        old = IterationSpec(spec.epoch, cut.rank, cut.world, cut.workers, history=cut.history,
+                            batch_size=cut.batch_size, context=spec.context)
+        bins, _read, after = self.packed(self.dataset.positioned(old, cut.stream, cut.before))
+        if after != cut.after:
+            raise StateError(f"{self.source}: a buffer cut by the layout change reads "
+                             f"otherwise on resume (its end at {after!r:.80}, not "
+                             f"{cut.after!r:.80}): the data changed")
+        for k in range(max(skip, cut.skip), len(bins)):
+            yield bins[k], (k + 1) % len(bins)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A buffer a layout change cut after ``skip`` of its rows: where the old layout's
+    stream read it (its rank and stream, the inner segments before, the inner positions
+    before and after it)."""
+
+    world: int
+    workers: int
+    batch_size: int
+    rank: int
+    stream: int
+    history: tuple
+    before: object
+    after: object
+    skip: int
+
+
+def buffer_cuts(stage: PackedExamples, history: Sequence[HistorySegment]) -> list[Cut]:
+    """The buffers the last of the segments ``history`` left part-delivered, in the order of
+    the streams over the job (a stream still delivering cuts of the segment before hands the
+    rest on)."""
+    cuts: list[Cut] = []
+    for index, segment in enumerate(history):
+        _base, before = inner_history(history[:index], stage.extract)
+        found: dict[int, list[Cut]] = {}
+        streams = segment.world * segment.workers
+        for k, ranks in enumerate(segment_entries(segment)):
+            for r, position in enumerate(ranks):
+                if position in (0, STREAM_END):
+                    continue
+                _rows, start, skip, after = _parse(position)
+                g = r * segment.workers + k
+                if is_tail_marker(start):
+                    left = cuts[g::streams][start[0]:]
+                    if left and skip:
+                        left[0] = replace(left[0], skip=skip)
+                    found[g] = left
+                elif skip:
+                    found[g] = [Cut(segment.world, segment.workers, segment.batch_size, r, k,
+                                    before, start, after, skip)]
+        cuts = [cut for g in sorted(found) for cut in found[g]]
+    return cuts
 
 
 def fitted(example: dict | None, seq_len: int, excess: str) -> dict | None:
@@ -148,14 +244,16 @@ def fitted(example: dict | None, seq_len: int, excess: str) -> dict | None:
     return example
 
 
-def _parse(position) -> tuple[int, object, int]:
+def _parse(position) -> tuple[int, object, int, object]:
+    """(rows delivered, inner position before the buffer or ``[cut]``, rows of the buffer
+    delivered, inner position after it) of a position."""
     if position == 0:
-        return 0, 0, 0
-    if not (isinstance(position, list) and len(position) == 3
+        return 0, 0, 0, 0
+    if not (isinstance(position, list) and len(position) == 4
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                     for v in (position[0], position[2]))):
         raise StateError(f"not a position of packed examples: {position!r:.200}")
-    return position[0], position[1], position[2]
+    return position[0], position[1], position[2], position[3]
 
 
 DEFAULT_BUFFER = 1000  # records packed together by default (wdstream: {packing_buffer: N})

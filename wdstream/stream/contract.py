@@ -80,7 +80,9 @@ class Trackable(Protocol):
     state, of a layout of ``world`` ranks, that ``positioned`` cannot start from;
     ``wdstream.stream.loader_state`` calls it on every position and history entry before
     anything is planned) and ``counts_setting`` (what gives a dataset without ``has_counts``
-    its sizes, named when a resume on another layout needs them; by default "a manifest").
+    its sizes, named when a resume on another layout needs them; by default "a manifest";
+    ``resumes_unsized``: True for a stage that resumes on another layout without them, its
+    streams reading what the old layout left, however many items that makes).
     """
 
     @property

@@ -84,7 +84,8 @@ def check_loadable(state, dataset: Trackable, *, world: int, rank: int, workers:
     check_bounds(state, dataset)
     layout_changed = (state["world"], state["workers"], state["batch_size"]) != (
         world, workers, batch_size)
-    if (state["history"] or layout_changed) and not dataset.has_counts:
+    if (state["history"] or layout_changed) and not dataset.has_counts \
+            and not getattr(dataset, "resumes_unsized", False):
         needs = getattr(dataset, "counts_setting", "a manifest")
         raise StateError(f"{dataset.source}: resuming on another layout needs {needs}")
     elastic = getattr(dataset, "elastic", None)
