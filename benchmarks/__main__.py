@@ -27,7 +27,7 @@ from pathlib import Path
 from . import common
 
 BENCHMARKS = ("pack", "read", "mosaic", "link", "manifest", "resume", "llm", "compressed",
-              "raw_files")
+              "raw_files", "axolotl_configs")
 RESULTS = common.REPO / "docs" / "benchmarks-results.md"
 HIDDEN = {"table", "note"}
 

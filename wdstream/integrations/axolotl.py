@@ -15,7 +15,7 @@ import os
 from axolotl.integrations.base import BasePlugin
 from pydantic import BaseModel
 
-from wdstream.errors import InputError
+from wdstream.errors import InputError, WdstreamError
 from wdstream.integrations.axolotl_checks import PLUGIN_KEYS, check_columns, check_keys
 from wdstream.integrations.axolotl_packing import (
     PackedExamples,
@@ -24,6 +24,7 @@ from wdstream.integrations.axolotl_packing import (
     held_out_share,
     packed_examples,
 )
+from wdstream.integrations.axolotl_slices import row_slices, split_slice
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
 from wdstream.sources.stores import store_for
@@ -59,6 +60,7 @@ class WdstreamPlugin(BasePlugin):
         super().__init__()
         self.written: dict | None = None  # the wdstream config taken from the file
         self.mix = None
+        self.slices: dict = {}  # the entries' slices of a split (split: train[:20%])
         self.loader = None
 
     def get_input_args(self) -> str:
@@ -70,8 +72,8 @@ class WdstreamPlugin(BasePlugin):
         said in one message without a traceback (``SystemExit``)."""
         try:
             self.take(cfg)
-        except InputError as error:
-            raise SystemExit(f"InputError: {error}") from None
+        except WdstreamError as error:  # the config's or the data's mistake, said as such
+            raise SystemExit(f"{type(error).__name__}: {error}") from None
 
     def take(self, cfg) -> None:
         """``register``'s work: the wdstream config of ``cfg``, checked, and its mixture."""
@@ -81,6 +83,8 @@ class WdstreamPlugin(BasePlugin):
             trainer_numbers(cfg, self.written)
             self.mix = mixture(self.written)  # every mistake of the entries, at once
             check_columns(self.mix, _plain(cfg))
+            if self.written.get("datasets"):
+                self.slices = row_slices(self.mix, _listed(_plain(cfg).get("datasets")))
 
     def load_datasets(self, cfg, preprocess: bool = False):
         from axolotl.common.datasets import TrainDatasetMeta
@@ -92,13 +96,13 @@ class WdstreamPlugin(BasePlugin):
             raise InputError("wdstream streams while training: there is nothing to "
                              "preprocess (run axolotl train)")
         tokenizer = load_tokenizer(cfg)
-        self.loader = make_loader(cfg, self.written, self.mix, tokenizer)
+        self.loader = make_loader(cfg, self.written, self.mix, tokenizer, self.slices)
         total = cfg.max_steps or steps(self.loader, cfg.num_epochs or 1,
                                        cfg.gradient_accumulation_steps or 1)
         evaluated = None
         if held_out_share(cfg):
             evaluated = eval_split(mixture(self.written), self.written,
-                                   prompt_formats(self.mix, tokenizer, cfg), cfg)
+                                   prompt_formats(self.mix, tokenizer, cfg), cfg, self.slices)
         return TrainDatasetMeta(train_dataset=StreamColumns(self.loader.dataset),
                                 eval_dataset=evaluated, total_num_steps=total)
 
@@ -149,7 +153,8 @@ def wdstream_config(cfg) -> dict | None:
     if entries["pretraining_dataset"]:
         config["pretraining_dataset"] = entries["pretraining_dataset"]
     else:  # the prompt strategy's keys are axolotl's: from_config gets the stream's
-        config["datasets"] = [_stream_keys(entry) for entry in entries["datasets"]]
+        config["datasets"] = [_stream_keys(entry, f"datasets[{index}]")
+                              for index, entry in enumerate(entries["datasets"])]
     return config
 
 
@@ -245,15 +250,16 @@ def trainer_numbers(cfg, config: dict) -> dict:
     return numbers
 
 
-def make_loader(cfg, config: dict, mix, tokenizer):
+def make_loader(cfg, config: dict, mix, tokenizer, slices: dict | None = None):
     """The ``wdstream.DataLoader`` of the run: ``micro_batch_size`` per rank,
-    ``dataloader_num_workers`` workers, batches made by ``Batches``."""
+    ``dataloader_num_workers`` workers, batches made by ``Batches`` (packed rows, a held-out
+    share or slices of splits: ``PackedExamples``)."""
     formats = None
     if config.get("datasets"):
         dataset = mix
         formats = prompt_formats(mix, tokenizer, cfg)
-        if cfg.sample_packing or held_out_share(cfg):
-            dataset = packed_examples(mix, config, formats, cfg)
+        if cfg.sample_packing or held_out_share(cfg) or slices:
+            dataset = packed_examples(mix, config, formats, cfg, slices)
             formats = None
     else:
         dataset = packed(mix, config, tokenizer, cfg)
@@ -380,10 +386,14 @@ def _ints(value) -> list:
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
-def _stream_keys(entry):
+def _stream_keys(entry, where: str):
+    """An entry's keys ``from_config`` reads (a split without its slice)."""
     if not isinstance(entry, dict):
         return entry
-    return {key: value for key, value in entry.items() if key in DATASET_KEYS and key != "type"}
+    kept = {key: value for key, value in entry.items() if key in DATASET_KEYS and key != "type"}
+    if isinstance(kept.get("split"), str):
+        kept["split"] = split_slice(kept["split"], where)[0]
+    return kept
 
 
 def _listed(value) -> list:

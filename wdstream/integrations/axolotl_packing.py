@@ -259,29 +259,40 @@ def _parse(position) -> tuple[int, object, int, object]:
 DEFAULT_BUFFER = 1000  # records packed together by default (wdstream: {packing_buffer: N})
 
 
-def packed_examples(mix, config: dict, formats: dict, cfg) -> PackedExamples:
+def packed_examples(mix, config: dict, formats: dict, cfg,
+                    slices: dict | None = None) -> PackedExamples:
     """The ``datasets:`` mixture's records formatted by their entries' prompt formats, the
-    rows ``val_set_size`` holds out left out, packed into ``sequence_len`` rows
-    (``sample_packing: true``; else one example a row)."""
-    return PackedExamples(mix, SourceFormats(formats, held_out_share(cfg), cfg.seed or 0),
+    rows ``val_set_size`` holds out and those outside a split's slice (``slices``) left out,
+    packed into ``sequence_len`` rows (``sample_packing: true``; else one example a row)."""
+    slices = slices or {}
+    return PackedExamples(mix, SourceFormats(formats, held_out_share(cfg), cfg.seed or 0,
+                                             slices=slices),
                           cfg.sequence_len,
                           buffer=config.get("packing_buffer", DEFAULT_BUFFER)
                           if cfg.sample_packing else 1,
                           excess=(cfg.excess_length_strategy or "drop").lower(),
-                          identity=json.dumps([held_out_share(cfg), cfg.seed or 0]))
+                          identity=json.dumps([held_out_share(cfg), cfg.seed or 0,
+                                               sorted((str(name), cut.start, cut.stop)
+                                                      for name, cut in slices.items())]))
 
 
 class SourceFormats:
     """A sample of a mixture formatted by its source's prompt format (``__source__``); with
     ``share`` (``val_set_size``), only the samples ``held_out`` says are ``held`` (the eval
-    split) or not (training) give an example."""
+    split) or not (training) give an example; with ``slices`` (``RowSlice`` by source), only
+    the rows of a source's slice."""
 
-    def __init__(self, formats: dict, share: float = 0.0, seed: int = 0, held: bool = False):
+    def __init__(self, formats: dict, share: float = 0.0, seed: int = 0, held: bool = False,
+                 slices: dict | None = None):
         self.formats, self.share, self.seed, self.held = formats, share, seed, held
+        self.slices = slices or {}
 
     def __call__(self, sample: dict) -> dict | None:
         from wdstream.integrations.axolotl import record_of
 
+        cut = self.slices.get(sample["__source__"])
+        if cut is not None and not cut.holds(sample["__key__"]):
+            return None
         if self.share and held_out(sample, self.share, self.seed) != self.held:
             return None
         example = self.formats[sample["__source__"]](record_of(sample))
@@ -305,7 +316,7 @@ def held_out(sample: dict, share: float, seed: int = 0) -> bool:
 DEFAULT_EVAL_EXAMPLES = 1000  # held-out examples evaluated (wdstream: {eval_examples: N})
 
 
-def eval_split(mix, config: dict, formats: dict, cfg):
+def eval_split(mix, config: dict, formats: dict, cfg, slices: dict | None = None):
     """The eval dataset of ``val_set_size``: the first ``eval_examples`` examples of the
     rows ``held_out`` sets apart, in the order of the mixture's first pass as one process
     reads it (the same on every rank), as a ``datasets.Dataset`` axolotl evaluates as its own
@@ -314,7 +325,8 @@ def eval_split(mix, config: dict, formats: dict, cfg):
 
     from wdstream.stream.context import StreamContext
 
-    make = SourceFormats(formats, held_out_share(cfg), cfg.seed or 0, held=True)
+    make = SourceFormats(formats, held_out_share(cfg), cfg.seed or 0, held=True,
+                         slices=slices)
     limit = config.get("eval_examples", DEFAULT_EVAL_EXAMPLES)
     excess = (cfg.excess_length_strategy or "drop").lower()
     spec = IterationSpec(0, 0, 1, 1, context=StreamContext())

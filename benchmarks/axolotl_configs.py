@@ -1,0 +1,415 @@
+"""axolotl's own example configs under the axolotl plugin: the share its start-up check
+accepts, each refusal grouped by its reason, and a few of the accepted ones trained for real.
+
+- The configs: every YAML file below the folder ``WDSTREAM_BENCH_AXOLOTL_EXAMPLES`` names
+  (axolotl's repository's ``examples/``), those of text SFT and pretraining only: a config
+  with an ``rl:`` key (DPO, KTO, GRPO...), ``reward_model`` or ``process_reward_model`` is not
+  SFT; one with ``processor_type`` or a key naming images is vision; one without
+  ``datasets:`` or ``pretraining_dataset:`` has no data to stream.
+- Made tiny and CPU-only by a mechanical rewrite that keeps every data key (each
+  ``datasets:``/``pretraining_dataset:``/``test_datasets:`` entry with all its keys,
+  ``sample_packing``, ``val_set_size``, ``sequence_len``, ``chat_template``...): the tests'
+  tiny Llama (``tests/axolotl/tiny_model.py``), ``micro_batch_size`` 1, ``max_steps`` 2, no
+  adapter, quantization, DeepSpeed, FSDP, flash attention or other plugin.
+- Each entry's ``path`` is a folder on a local moto S3 server holding 400 generated rows as
+  Parquet with the columns its prompt format reads, where its ``name``/``split`` put them
+  (``data_files`` are written under their own names, as JSON Lines).
+- Measured: ``WdstreamPlugin.register`` in-process, the check axolotl runs before the model
+  loads (keys, settings, the datasets' files and columns). Training every config takes hours
+  on a CPU: ``WDSTREAM_BENCH_AXOLOTL_TRAIN`` (default 6, 0 with ``--quick``) accepted configs,
+  one of each prompt format first, are trained with ``axolotl train``.
+
+Runs where axolotl imports (tox's ``axolotl`` environment); elsewhere the interpreter
+``WDSTREAM_BENCH_AXOLOTL_PYTHON`` names runs it (``python -m benchmarks.axolotl_configs``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib.util
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TITLE = "axolotl's example configs under the plugin"
+EXAMPLES_ENV = "WDSTREAM_BENCH_AXOLOTL_EXAMPLES"
+PYTHON_ENV = "WDSTREAM_BENCH_AXOLOTL_PYTHON"
+TRAIN_ENV = "WDSTREAM_BENCH_AXOLOTL_TRAIN"
+REPO = Path(__file__).resolve().parent.parent
+PLUGIN = "wdstream.integrations.axolotl.WdstreamPlugin"
+ROWS = 400  # rows of each entry's dataset: enough for val_set_size 0.01 to hold some out
+GOAL = 0.9
+BUCKET = "axolotl-configs"
+ENTRY_KEYS = ("datasets", "pretraining_dataset", "test_datasets")
+T_SHARE = "the plugin's start-up check on the example configs"
+T_REFUSED = "refusals, grouped by reason (a config may have several)"
+T_TRAINED = "a sample of the accepted configs trained (axolotl train, max_steps 2)"
+
+# keys of the model, the hardware, adapters and logging: dropped (the data keys all stay)
+DROPPED = re.compile(
+    r"^(adapter|lora_|peft_|load_in_|gptq|deepspeed|fsdp|flash_attn|flash_attention|"
+    r"sdp_attention|xformers|flex_attention|s2_attention|attn_implementation|bf16|fp16|tf32|"
+    r"fp8|gradient_checkpointing|liger_|unsloth_|torch_compile|plugins|cut_cross_entropy|"
+    r"wandb_|mlflow_|comet_|hub_|use_tensorboard|tensor_parallel|context_parallel|"
+    r"sequence_parallel|ring_attn|base_model|tokenizer_|model_type|model_config|"
+    r"trust_remote_code|quantiz|qat|relora|llmcompressor|kd_|torch_dtype|low_cpu_mem|"
+    r"device_map|max_memory|ddp|resume_from_checkpoint|auto_resume|save_|saves_per_epoch|"
+    r"early_stopping|profiler|optimizer|optim_|special_tokens|tokens$|eot_tokens|"
+    r"lisa_|moe_|kernels|use_kernels|dynamic_offload|activation_offloading|output_dir|tiled_mlp|"
+    r"dataset_prepared_path|gpu_|num_gpus|local_rank|overrides_of_model|"
+    r"micro_batch_size|gradient_accumulation_steps|eval_batch_size|max_steps|num_epochs)")
+TINY = {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "eval_batch_size": 1,
+        "max_steps": 2, "num_epochs": 1, "optimizer": "adamw_torch", "bf16": False,
+        "fp16": False, "tf32": False, "attn_implementation": "sdpa", "save_steps": 2,
+        "logging_steps": 1, "plugins": [PLUGIN], "dataloader_num_workers": 0}
+
+
+# =========================================================================== the configs
+
+
+def excluded(config) -> str | None:
+    """Why a config is not one of text SFT or pretraining (None: it is)."""
+    if not isinstance(config, dict):
+        return "not a mapping"
+    if "rl" in config:
+        return "rl"
+    if config.get("reward_model") or config.get("process_reward_model"):
+        return "reward model"
+    if config.get("processor_type") or any("image" in str(key) for key in config):
+        return "vision"
+    if not (config.get("datasets") or config.get("pretraining_dataset")):
+        return "no datasets"
+    return None
+
+
+def configs(folder: Path) -> tuple[list[tuple[str, dict]], collections.Counter]:
+    """(name, config) of the folder's text SFT and pretraining configs, and the others
+    counted by why they are not."""
+    import yaml
+
+    kept, others = [], collections.Counter()
+    for path in sorted(folder.rglob("*.y*ml")):
+        try:
+            config = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            others["not YAML"] += 1
+            continue
+        why = excluded(config)
+        if why is None:
+            kept.append((str(path.relative_to(folder)), config))
+        else:
+            others[why] += 1
+    return kept, others
+
+
+def entries(config: dict, key: str) -> list:
+    value = config.get(key)
+    return [value] if isinstance(value, dict | str) else list(value or [])
+
+
+def tiny(config: dict, model: str, output: str, where: dict) -> dict:
+    """The config made tiny and CPU-only, every data key kept, each entry's path the S3
+    folder ``where[(key, index)]``."""
+    made = {key: value for key, value in config.items() if not DROPPED.match(str(key))}
+    made.update(TINY, base_model=model, output_dir=output)
+    for key in ENTRY_KEYS:
+        if key in config:
+            moved = [dict(entry, path=where[(key, i)]) if isinstance(entry, dict) else entry
+                     for i, entry in enumerate(entries(config, key))]
+            made[key] = moved[0] if isinstance(config[key], dict) else moved
+    return made
+
+
+# =========================================================================== their data
+
+
+def words(rng: random.Random, low: int, high: int) -> str:
+    vocabulary = ("the a stream shard epoch token batch resume seed rank worker model data "
+                  "loss step train pack mix weight source window order plan sample").split()
+    return " ".join(rng.choice(vocabulary) for _ in range(rng.randint(low, high)))
+
+
+def record(entry: dict, rng: random.Random) -> dict:
+    """A row with the columns the entry's prompt format reads (those of alpaca and text
+    always, besides), its values short generated words."""
+    row = {"instruction": words(rng, 3, 8), "input": words(rng, 0, 4),
+           "output": words(rng, 2, 10), "text": words(rng, 5, 40)}
+    kind = entry.get("type")
+    if isinstance(kind, dict):  # a format written in the config: its fields
+        for key, value in kind.items():
+            if key.startswith("field_") and isinstance(value, str):
+                row[value] = words(rng, 2, 8)
+    for key in ("field", "text_column"):
+        if isinstance(entry.get(key), str):
+            row[entry[key]] = words(rng, 5, 40)
+    row["conversations"] = [{"from": "human", "value": words(rng, 3, 8)},
+                            {"from": "gpt", "value": words(rng, 2, 10)}]
+    row[entry.get("field_messages") or "messages"] = messages(entry, rng)
+    base = kind.partition(":")[0] if isinstance(kind, str) else ""
+    if base == "jeopardy":
+        row.update(question=words(rng, 3, 8), category=words(rng, 1, 2),
+                   answer=words(rng, 1, 4))
+    if base == "stepwise_supervised":
+        row.update(prompt=words(rng, 3, 8), completions=[words(rng, 2, 6) for _ in range(2)],
+                   labels=[True, False])
+    return row
+
+
+def messages(entry: dict, rng: random.Random) -> list[dict]:
+    """A user and an assistant turn under the entry's property names (with its thinking
+    field, if it names one)."""
+    names = {"role": "role", "content": "content"}
+    names.update({key: value for key, value in (entry.get("message_property_mappings")
+                                                 or {}).items() if isinstance(value, str)})
+    for legacy, key in (("message_field_role", "role"), ("message_field_content", "content")):
+        if isinstance(entry.get(legacy), str):
+            names[key] = entry[legacy]
+    turns = [{names["role"]: "user", names["content"]: words(rng, 3, 8)},
+             {names["role"]: "assistant", names["content"]: words(rng, 2, 10)}]
+    if isinstance(entry.get("field_thinking"), str):
+        turns[1][entry["field_thinking"]] = words(rng, 2, 6)
+    return turns
+
+
+def write_entry(entry, folder: Path, seed: int) -> None:
+    """The entry's rows below ``folder`` (its S3 path's copy), where its keys read them:
+    ``<name>/<split>-00000.parquet`` as the Hub names a split's files, its ``data_files``
+    under their names (JSON Lines), else ``part-00000.parquet``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    entry = entry if isinstance(entry, dict) else {}
+    rng = random.Random(seed)
+    rows = [record(entry, rng) for _ in range(ROWS)]
+    files = entry.get("data_files")
+    if files:
+        for name in [files] if isinstance(files, str) else files:
+            path = folder / str(name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            text = "".join(json.dumps(row) + "\n" for row in rows)
+            if path.suffix == ".zst":
+                import zstandard
+
+                path.write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+            else:
+                path.write_text(text)
+        return
+    below = folder / str(entry["name"]) if isinstance(entry.get("name"), str) else folder
+    below.mkdir(parents=True, exist_ok=True)
+    split = entry.get("split")
+    # a split's slice (train[:20%]) reads the split's files
+    name = f"{split.partition('[')[0]}-00000.parquet" if isinstance(split, str) \
+        else "part-00000.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), below / name)
+
+
+# =========================================================================== the check
+
+
+def reasons(message: str) -> list[str]:
+    """A refusal's mistakes, each with the entry's index and path, the config's values and
+    files left out, so that the same reason groups whatever config it was found in."""
+    text = re.sub(r"^\w+Error: ", "", message)
+    found = text.split("\n  - ")[1:] if re.match(r"\d+ mistakes in the config:", text) \
+        else [text]
+    general = []
+    for item in found:
+        item = re.sub(r"\b(datasets|pretraining_dataset|test_datasets)\[\d+\]( \([^)]*\))?",
+                      r"\1[i]", item.strip())
+        item = re.sub(r"s3://\S+", "s3://…", item)
+        item = re.sub(r"\((its columns: )[^)]*\)", r"(\1…)", item)
+        item = re.sub(r"'[^']*'", "'…'", item) if "unknown key" not in item else item
+        general.append(item.splitlines()[0][:220])
+    return general
+
+
+def check(config: dict) -> list[str]:
+    """The reasons ``WdstreamPlugin.register`` refuses the config for ([]: accepted)."""
+    from axolotl.utils.dict import DictDefault
+
+    from wdstream.integrations.axolotl import WdstreamPlugin
+
+    try:
+        WdstreamPlugin().register(DictDefault(config))
+    except SystemExit as refusal:
+        return reasons(str(refusal))
+    except Exception as error:  # noqa: BLE001 - a crash of the check is a finding too
+        return [f"crash: {type(error).__name__}: {str(error).splitlines()[0][:160]}"]
+    return []
+
+
+@contextlib.contextmanager
+def environ(values: dict):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def prepared(found: list, root: Path, server) -> list[tuple[str, dict]]:
+    """Each config made tiny, its datasets written and uploaded to the S3 server."""
+    data = root / "data"
+    made = []
+    for number, (name, config) in enumerate(found):
+        where = {}
+        for key in ENTRY_KEYS:
+            for index, entry in enumerate(entries(config, key)):
+                prefix = f"c{number:03d}/{key}-{index}"
+                write_entry(entry, data / prefix, number * 100 + index)
+                where[(key, index)] = f"s3://{BUCKET}/{prefix}/"
+        made.append((name, tiny(config, str(root / "model"), str(root / "out" / name),
+                                where)))
+    client = server.client()
+    client.create_bucket(Bucket=BUCKET)
+    for path in sorted(p for p in data.rglob("*") if p.is_file()):
+        client.upload_file(str(path), BUCKET, str(path.relative_to(data)))
+    return made
+
+
+def kind_of(config: dict) -> str:
+    first = (entries(config, "datasets") or entries(config, "pretraining_dataset") or [{}])[0]
+    kind = first.get("type") if isinstance(first, dict) else None
+    return "custom" if isinstance(kind, dict) else str(kind).partition(":")[0]
+
+
+# =========================================================================== training
+
+
+def sample(accepted: list[tuple[str, dict]], count: int) -> list[tuple[str, dict]]:
+    """``count`` accepted configs: the first of each prompt format, then of each format with
+    and without packing, then the others, in the folder's order."""
+    chosen: list[tuple[str, dict]] = []
+    for mark in (lambda c: kind_of(c), lambda c: (kind_of(c), bool(c.get("sample_packing"))),
+                 lambda c: None):
+        seen = {mark(config) for _name, config in chosen}
+        for name, config in accepted:
+            if (mark(config) not in seen or mark(config) is None) and \
+                    (name, config) not in chosen:
+                seen.add(mark(config))
+                chosen.append((name, config))
+    return chosen[:count]
+
+
+def train(name: str, config: dict, root: Path, env: dict) -> dict:
+    import yaml
+
+    path = root / "configs" / (name.replace("/", "__"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run([sys.executable, "-m", "axolotl.cli.train", str(path)], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=900, check=False)
+    last = [line for line in done.stderr.splitlines() if "Error" in line or "error" in line]
+    return {"table": T_TRAINED, "config": name, "format": kind_of(config),
+            "sample_packing": bool(config.get("sample_packing")),
+            "val_set_size": config.get("val_set_size") or 0,
+            "trained": done.returncode == 0,
+            "error": "" if done.returncode == 0 else (last or ["exit " + str(
+                done.returncode)])[-1][-200:]}
+
+
+def tiny_model(root: Path) -> None:
+    """The tests' tiny Llama, its tokenizer given axolotl's ChatML template as its own (the
+    configs' ``chat_template: tokenizer_default`` is their model's)."""
+    from axolotl.utils.chat_templates import get_chat_template
+
+    texts = root / "texts.jsonl"
+    rng = random.Random(1)
+    texts.write_text("".join(json.dumps({"text": words(rng, 5, 40)}) + "\n"
+                             for _ in range(200)))
+    subprocess.run([sys.executable, str(REPO / "tests" / "axolotl" / "tiny_model.py"),
+                    str(root / "model"), str(texts)], check=True, capture_output=True)
+    settings = root / "model" / "tokenizer_config.json"
+    values = json.loads(settings.read_text())
+    values["chat_template"] = get_chat_template("chatml")
+    settings.write_text(json.dumps(values))
+
+
+# =========================================================================== the figure
+
+
+def measure(folder: Path, quick: bool) -> list[dict]:
+    from .local_servers import LocalS3
+
+    found, others = configs(folder)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="wdstream-axolotl-configs-") as scratch, \
+            LocalS3() as server, environ(server.env):
+        root = Path(scratch)
+        made = prepared(found, root, server)
+        refusals = collections.defaultdict(list)
+        accepted = []
+        for name, config in made:
+            found_reasons = check(config)
+            for reason in dict.fromkeys(found_reasons):
+                refusals[reason].append(name)
+            if not found_reasons:
+                accepted.append((name, config))
+        share = len(accepted) / len(made) if made else 0.0
+        rows.append({"table": T_SHARE, "configs": len(made), "accepted": len(accepted),
+                     "share": share, "goal": GOAL, "met": "yes" if share >= GOAL else "no"})
+        rows.append({"table": T_SHARE, "note": "left out: " + ", ".join(
+            f"{count} {why}" for why, count in sorted(others.items())) + f" (of {folder})"})
+        for reason, names in sorted(refusals.items(), key=lambda item: -len(item[1])):
+            rows.append({"table": T_REFUSED, "configs": len(names), "reason": reason,
+                         "for example": ", ".join(names[:2])})
+        count = int(os.environ.get(TRAIN_ENV, "0" if quick else "6"))
+        if count and accepted:
+            tiny_model(root)
+            env = dict(os.environ, AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
+                       WANDB_MODE="disabled", OMP_NUM_THREADS="1",
+                       TOKENIZERS_PARALLELISM="false")
+            rows += [train(name, config, root, env) for name, config in sample(accepted,
+                                                                               count)]
+    return rows
+
+
+def skipped(why: str) -> list[dict]:
+    return [{"table": T_SHARE, "note": f"skipped: {why}"}]
+
+
+def run(quick: bool) -> list[dict]:
+    folder = os.environ.get(EXAMPLES_ENV)
+    if not folder:
+        return skipped(f"no axolotl examples directory given ({EXAMPLES_ENV})")
+    if not Path(folder).is_dir():
+        return skipped(f"{folder} is not a directory")
+    if importlib.util.find_spec("axolotl") is not None:
+        return measure(Path(folder), quick)
+    python = os.environ.get(PYTHON_ENV)
+    if not python:
+        return skipped(f"axolotl does not import here; name an interpreter where it does "
+                       f"({PYTHON_ENV}, e.g. .tox/axolotl/bin/python)")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch, "rows.json")
+        subprocess.run([python, "-m", "benchmarks.axolotl_configs", str(out)]
+                       + (["--quick"] if quick else []), cwd=REPO, check=True)
+        return json.loads(out.read_text())
+
+
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks.axolotl_configs [OUT.json] [--quick]``: the rows as JSON into
+    OUT.json (run by ``run`` in axolotl's interpreter), else printed as tables."""
+    quick = "--quick" in argv
+    paths = [arg for arg in argv if not arg.startswith("--")]
+    if paths:
+        Path(paths[0]).write_text(json.dumps(run(quick)))
+        return 0
+    from .__main__ import run_alone
+
+    return run_alone("axolotl_configs", TITLE, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
