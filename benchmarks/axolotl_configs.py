@@ -26,7 +26,6 @@ Runs where axolotl imports (tox's ``axolotl`` environment); elsewhere the interp
 from __future__ import annotations
 
 import collections
-import contextlib
 import importlib.util
 import json
 import os
@@ -152,6 +151,9 @@ def record(entry: dict, rng: random.Random) -> dict:
                             {"from": "gpt", "value": words(rng, 2, 10)}]
     row[entry.get("field_messages") or "messages"] = messages(entry, rng)
     base = kind.partition(":")[0] if isinstance(kind, str) else ""
+    if kind is None:  # no type: rows already tokenized (ids within the tiny vocabulary)
+        ids = [rng.randrange(4, 150) for _ in range(rng.randint(5, 40))]
+        row.update(input_ids=ids, attention_mask=[1] * len(ids), labels=ids)
     if base == "jeopardy":
         row.update(question=words(rng, 3, 8), category=words(rng, 1, 2),
                    answer=words(rng, 1, 4))
@@ -244,20 +246,6 @@ def check(config: dict) -> list[str]:
     return []
 
 
-@contextlib.contextmanager
-def environ(values: dict):
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def prepared(found: list, root: Path, server) -> list[tuple[str, dict]]:
     """Each config made tiny, its datasets written and uploaded to the S3 server."""
     data = root / "data"
@@ -340,7 +328,7 @@ def tiny_model(root: Path) -> None:
 
 
 def measure(folder: Path, quick: bool) -> list[dict]:
-    from .local_servers import LocalS3
+    from .local_servers import LocalS3, environ
 
     found, others = configs(folder)
     rows = []

@@ -72,6 +72,7 @@ def work(tmp_path_factory, moto_server):
                  f"s3://{bucket}/{name}/", "--max-count", "10"], root)
         upload_tree(moto_server.client(), bucket, raw, "alpaca-raw")
         upload_tree(moto_server.client(), bucket, chats, "chats-raw")
+        upload_tree(moto_server.client(), bucket, chats, "chats-split/train")  # a split
     return root, bucket, moto_server.env
 
 
@@ -279,6 +280,32 @@ def test_an_eval_split_is_evaluated_and_never_trained_on(work):
     assert 50 <= len(set(eval_examples)) <= 100
 
 
+def test_test_datasets_are_streamed_and_evaluated(work):
+    """A test_datasets: entry (chats, from a slice of a split: its first file's 50 rows) is
+    streamed and evaluated at eval_steps, every example of the slice and no other; the
+    training data (alpaca) is not evaluated, the test data not trained on."""
+    _root, bucket, _env = work
+    cfg = sft_packed(work, "tests-eval")
+    cfg.update(datasets=[{"path": f"s3://{bucket}/alpaca-raw/", "type": "alpaca"}],
+               test_datasets=[{"path": f"s3://{bucket}/chats-split/", "split": "train[:50%]",
+                               "type": "chat_template", "chat_template": "chatml",
+                               "field_messages": "messages"}],
+               eval_steps=3, max_steps=3, save_steps=3,
+               # axolotl's packed eval (its multipack sampler, micro_batch_size rows a
+               # batch) drops an incomplete last batch: one row a batch loses none
+               micro_batch_size=1)
+    [trained] = train(work, cfg, "tests-eval")
+    evaluated = [json.loads(line) for line in
+                 (Path(cfg["output_dir"]) / "evals-tests-eval-rank0.jsonl").read_text().splitlines()]
+    train_examples, eval_examples = examples_of(trained), examples_of(evaluated)
+    # evaluated at step 3 and as the run ends: every example of the slice each time
+    assert len(set(eval_examples)) == 50 and len(eval_examples) in (50, 100)
+    assert not set(train_examples) & set(eval_examples)
+    # chats (chatml's marker) evaluated, alpaca (its preamble) trained: two beginnings
+    assert len({e[:3] for e in eval_examples}) == 1
+    assert {e[:3] for e in eval_examples}.isdisjoint({e[:3] for e in train_examples})
+
+
 @pytest.mark.parametrize("kind", ["pretrain", "sft-packed"])
 def test_two_processes_share_the_data_and_resume_exactly(work, kind):
     # save_only_model: on CPU under several processes, transformers 5.16's Trainer loads the
@@ -389,12 +416,24 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
         # axolotl's settings a stream does not honour, named
         ({"datasets": [alpaca], "dataset_exact_deduplication": True,
           "excess_length_strategy": "raise", "test_datasets": [raw]},
-         "3 mistakes in the config:\n  - dataset_exact_deduplication: a stream is not "
+         "2 mistakes in the config:\n  - dataset_exact_deduplication: a stream is not "
          "deduplicated"),
+        # test datasets streamed beside others, or beside pretraining; joined splits
+        ({"datasets": [raw], "test_datasets": [{"path": "tatsu-lab/alpaca"}]},
+         "test_datasets[0]: not a wdstream dataset"),
+        ({"pretraining_dataset": [web], "sequence_len": 32, "test_datasets": [raw]},
+         "test_datasets: evaluated with datasets: entries"),
+        ({"datasets": [dict(raw, split="train+test")]},
+         "datasets[0] (s3://" + bucket + "/alpaca-raw/): split 'train+test': a stream reads "
+         "one split"),
         # the columns the prompt format reads, from the Parquet schema
         ({"datasets": [raw, dict(raw, type="chat_template", label="chats")]},
          f"datasets[1] (s3://{bucket}/alpaca-raw/): s3://{bucket}/alpaca-raw/part-0.parquet "
          "has no column 'messages', which type 'chat_template' reads"),
+        # no type: rows already tokenized, their columns checked
+        ({"datasets": [{"path": f"s3://{bucket}/alpaca-raw/"}]},
+         f"datasets[0] (s3://{bucket}/alpaca-raw/): s3://{bucket}/alpaca-raw/part-0.parquet "
+         "has no column 'input_ids'"),
         # a local folder of raw Parquet streams as a bucket does
         ({"datasets": [{"path": str(root / "alpaca-raw"), "type": "alpaca"}]}, ["datasets"]),
         ({"datasets": [{"path": str(root / "alpaca-raw" / "part-1.parquet"),

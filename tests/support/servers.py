@@ -15,7 +15,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 
-from benchmarks.local_servers import LocalS3, free_port, launch, stop  # noqa: E402
+from benchmarks.local_servers import LocalS3, environ, free_port, launch, stop  # noqa: E402
 
 __all__ = ["GcsEmulator", "MotoServer", "environ", "free_port", "http_server"]
 
@@ -59,21 +59,6 @@ class GcsEmulator:
         if self.process is not None:
             stop(self.process)
         shutil.rmtree(self._config, ignore_errors=True)
-
-
-@contextmanager
-def environ(values: dict[str, str]):
-    """Set environment variables for the duration of a block."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class _Server(http.server.ThreadingHTTPServer):

@@ -16,13 +16,19 @@ from axolotl.integrations.base import BasePlugin
 from pydantic import BaseModel
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.integrations.axolotl_checks import PLUGIN_KEYS, check_columns, check_keys
+from wdstream.integrations.axolotl_checks import (
+    PLUGIN_KEYS,
+    check_columns,
+    check_keys,
+    label_of,
+)
 from wdstream.integrations.axolotl_packing import (
     PackedExamples,
     PackedRows,
     eval_split,
     held_out_share,
     packed_examples,
+    tests_split,
 )
 from wdstream.integrations.axolotl_slices import row_slices, split_slice
 from wdstream.integrations.hf_trainer import steps, use_loader
@@ -38,9 +44,11 @@ from wdstream.tables.files import file_format
 log = logging.getLogger(__name__)
 
 ENTRY_KEYS = ("datasets", "pretraining_dataset")
+TESTS = "test_datasets"  # evaluated at eval_steps (with datasets: entries)
 # the top-level keys of an axolotl config that from_config reads as axolotl means them
 SHARED_KEYS = ("seed", "shuffle_merged_datasets")
 MODEL_INPUTS = ("input_ids", "attention_mask", "labels", "position_ids")
+PRETOKENIZED = MODEL_INPUTS[:3]  # the columns of an entry without type (already tokenized)
 # wdstream: keys of the packing, which the plugin does with the model's tokenizer
 PACKING_KEYS = ("sequences_per_epoch", "tokens_per_epoch", "long_documents")
 
@@ -61,6 +69,8 @@ class WdstreamPlugin(BasePlugin):
         self.written: dict | None = None  # the wdstream config taken from the file
         self.mix = None
         self.slices: dict = {}  # the entries' slices of a split (split: train[:20%])
+        self.tests = None  # the test_datasets: entries' mixture
+        self.test_slices: dict = {}
         self.loader = None
 
     def get_input_args(self) -> str:
@@ -82,9 +92,14 @@ class WdstreamPlugin(BasePlugin):
             check_settings(cfg, self.written)
             trainer_numbers(cfg, self.written)
             self.mix = mixture(self.written)  # every mistake of the entries, at once
-            check_columns(self.mix, _plain(cfg))
+            if self.written.get(TESTS):
+                self.tests = tests_mixture(self.written)
+            plain = _plain(cfg)
+            check_columns(self.mix, plain, self.tests)
             if self.written.get("datasets"):
-                self.slices = row_slices(self.mix, _listed(_plain(cfg).get("datasets")))
+                self.slices = row_slices(self.mix, _listed(plain.get("datasets")))
+            if self.tests is not None:
+                self.test_slices = row_slices(self.tests, _listed(plain.get(TESTS)), TESTS)
 
     def load_datasets(self, cfg, preprocess: bool = False):
         from axolotl.common.datasets import TrainDatasetMeta
@@ -103,6 +118,10 @@ class WdstreamPlugin(BasePlugin):
         if held_out_share(cfg):
             evaluated = eval_split(mixture(self.written), self.written,
                                    prompt_formats(self.mix, tokenizer, cfg), cfg, self.slices)
+        elif self.tests is not None:
+            evaluated = tests_split(self.tests, self.written,
+                                   prompt_formats(self.tests, tokenizer, cfg, cfg.test_datasets),
+                                   cfg, self.test_slices)
         return TrainDatasetMeta(train_dataset=StreamColumns(self.loader.dataset),
                                 eval_dataset=evaluated, total_num_steps=total)
 
@@ -144,7 +163,7 @@ def wdstream_config(cfg) -> dict | None:
     """The ``from_config`` config of an axolotl config as written, or None when none of its
     entries is wdstream's."""
     plain = _plain(cfg)
-    entries = {key: _listed(plain.get(key)) for key in ENTRY_KEYS}
+    entries = {key: _listed(plain.get(key)) for key in (*ENTRY_KEYS, TESTS)}
     if not _all_streamed(entries):
         return None
     check_keys(plain)
@@ -153,8 +172,10 @@ def wdstream_config(cfg) -> dict | None:
     if entries["pretraining_dataset"]:
         config["pretraining_dataset"] = entries["pretraining_dataset"]
     else:  # the prompt strategy's keys are axolotl's: from_config gets the stream's
-        config["datasets"] = [_stream_keys(entry, f"datasets[{index}]")
-                              for index, entry in enumerate(entries["datasets"])]
+        for key in ("datasets", TESTS):
+            if entries[key]:
+                config[key] = [_stream_keys(entry, label_of(key, index, entry))
+                               for index, entry in enumerate(entries[key])]
     return config
 
 
@@ -214,8 +235,14 @@ def mixture(config: dict):
     """``from_config``'s ``Mix`` of the entries (the packing is ``packed``'s), their paths
     with the trust of the file they were written in."""
     return from_file_values({key: value for key, value in config.items()
-                             if key not in PACKING_KEYS and key not in PLUGIN_KEYS},
-                            "the axolotl config")
+                             if key not in PACKING_KEYS and key not in PLUGIN_KEYS
+                             and key != TESTS}, "the axolotl config")
+
+
+def tests_mixture(config: dict):
+    """The ``test_datasets:`` entries' mixture (the ``datasets:`` entries' settings)."""
+    return mixture({**{key: value for key, value in config.items() if key != "datasets"},
+                    "datasets": config[TESTS]})
 
 
 def packed(mix, config: dict, tokenizer, cfg):
@@ -270,10 +297,12 @@ def make_loader(cfg, config: dict, mix, tokenizer, slices: dict | None = None):
                       num_workers=cfg.dataloader_num_workers or 0, collate_fn=collate)
 
 
-def prompt_formats(mix, tokenizer, cfg) -> dict:
-    """Each ``datasets:`` entry's ``PromptFormat``, by its name in the mixture."""
+def prompt_formats(mix, tokenizer, cfg, entries=None) -> dict:
+    """Each ``datasets:`` entry's (or ``entries``') ``PromptFormat``, by its name in the
+    mixture."""
     return {name: PromptFormat(entry, tokenizer, cfg)
-            for name, entry in zip(mix.names, cfg.datasets, strict=True)}
+            for name, entry in zip(mix.names, cfg.datasets if entries is None else entries,
+                                   strict=True)}
 
 
 class PromptFormat:
@@ -287,13 +316,16 @@ class PromptFormat:
         from axolotl.utils.data.wrappers import get_dataset_wrapper
 
         kind = entry.get("type")
+        self.path = entry.get("path")
+        if kind is None:  # no type: rows already tokenized, used as they are (as axolotl)
+            self.steps = [(pretokenized, False)]
+            return
         base, _, style = kind.partition(":") if isinstance(kind, str) else (None, "", "")
         maps = RecordedMaps.make()
         get_dataset_wrapper(dataset_config=entry, tokenizer=tokenizer, cfg=cfg,
                             dataset_base_type=base, dataset=maps,
                             dataset_prompt_style=style or None)
         self.steps = maps.steps
-        self.path = entry.get("path")
 
     def __call__(self, record: dict) -> dict:
         for function, batched in self.steps:
@@ -307,6 +339,11 @@ class PromptFormat:
                                  "examples of one record; streamed, a record gives one")
             record = {key: column[0] for key, column in rows.items()}
         return record
+
+
+def pretokenized(record: dict) -> dict:
+    """A tokenized row's example: its ``input_ids``, ``attention_mask`` and ``labels``."""
+    return {key: record[key] for key in PRETOKENIZED}
 
 
 class RecordedMaps:

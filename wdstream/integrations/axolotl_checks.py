@@ -20,7 +20,8 @@ from wdstream.tables.units import FORMATS, UnitTable
 # records packed together (sample_packing with datasets:); held-out examples evaluated
 PLUGIN_KEYS = ("packing_buffer", "eval_examples")
 # axolotl's schema of each kind of entry (a pydantic model in axolotl.utils.schemas.datasets)
-SCHEMAS = {"datasets": "SFTDataset", "pretraining_dataset": "PretrainingDataset"}
+SCHEMAS = {"datasets": "SFTDataset", "pretraining_dataset": "PretrainingDataset",
+           "test_datasets": "SFTDataset"}
 
 
 def label_of(key: str, index: int, entry) -> str:
@@ -78,8 +79,6 @@ def check_keys(plain: Mapping) -> None:
 
 def setting_problems(plain: Mapping) -> list[str]:
     """axolotl's data settings a streamed run does not honour, each named."""
-    from wdstream.integrations.axolotl import is_streamed  # the plugin imports this module
-
     problems = []
     if plain.get("dataset_exact_deduplication"):
         problems.append("dataset_exact_deduplication: a stream is not deduplicated (that "
@@ -89,12 +88,9 @@ def setting_problems(plain: Mapping) -> list[str]:
         problems.append("excess_length_strategy: a stream drops or truncates the examples "
                         "longer than sequence_len ('drop', 'truncate'), it cannot stop at one "
                         f"({plain.get('excess_length_strategy')!r})")
-    tests = plain.get("test_datasets")
-    entries = [tests] if isinstance(tests, Mapping) else list(tests or [])
-    if any(isinstance(entry, Mapping) and is_streamed(entry.get("path"))
-           for entry in entries):
-        problems.append("test_datasets: streamed test datasets are not evaluated; hold out "
-                        "a share of the datasets with val_set_size instead")
+    if plain.get("test_datasets") and plain.get("pretraining_dataset"):
+        problems.append("test_datasets: evaluated with datasets: entries; a streamed "
+                        "pretraining_dataset has no test datasets")
     return problems
 
 
@@ -111,6 +107,8 @@ def columns_read(entry: Mapping) -> tuple[str, ...]:
     """The columns a ``datasets:`` entry's prompt format cannot do without (empty: a format
     whose columns are not known here)."""
     kind = entry.get("type")
+    if kind is None:  # rows already tokenized (as axolotl takes a dataset without type)
+        return ("input_ids", "attention_mask", "labels")
     if isinstance(kind, Mapping):  # a format written in the config: its fields
         return tuple(kind.get(key) or default for key, default in (
             ("field_instruction", "instruction"), ("field_output", "output")))
@@ -131,12 +129,13 @@ def pretraining_columns(entry: Mapping) -> tuple[str, ...]:
             or "text",)
 
 
-def column_problems(mix, plain: Mapping) -> list[str]:
-    """For each streamed entry of raw files, its files lacking a column its format reads."""
-    kind = "datasets" if plain.get("datasets") else "pretraining_dataset"
+def column_problems(mix, plain: Mapping, kind: str | None = None) -> list[str]:
+    """For each streamed entry of raw files (of ``kind``: by default the training ones), its
+    files lacking a column its format reads."""
+    kind = kind or ("datasets" if plain.get("datasets") else "pretraining_dataset")
     value = plain.get(kind)
     entries = [value] if isinstance(value, Mapping) else list(value or [])
-    read = columns_read if kind == "datasets" else pretraining_columns
+    read = pretraining_columns if kind == "pretraining_dataset" else columns_read
     problems = []
     for index, (entry, dataset) in enumerate(zip(entries, mix.datasets, strict=True)):
         needed = read(entry)
@@ -153,9 +152,11 @@ def column_problems(mix, plain: Mapping) -> list[str]:
     return problems
 
 
-def check_columns(mix, plain: Mapping) -> None:
-    """``InputError`` naming each entry, file and column its prompt format misses."""
-    raise_all(column_problems(mix, plain))
+def check_columns(mix, plain: Mapping, tests=None) -> None:
+    """``InputError`` naming each entry, file and column its prompt format misses (of the
+    ``tests`` mixture's ``test_datasets:`` entries too)."""
+    raise_all(column_problems(mix, plain)
+              + (column_problems(tests, plain, "test_datasets") if tests is not None else []))
 
 
 def file_columns(dataset) -> list[tuple[str, list]]:

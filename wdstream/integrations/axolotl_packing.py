@@ -323,24 +323,58 @@ def eval_split(mix, config: dict, formats: dict, cfg, slices: dict | None = None
     (packed with ``eval_sample_packing``)."""
     import datasets
 
-    from wdstream.stream.context import StreamContext
-
     make = SourceFormats(formats, held_out_share(cfg), cfg.seed or 0, held=True,
                          slices=slices)
     limit = config.get("eval_examples", DEFAULT_EVAL_EXAMPLES)
-    excess = (cfg.excess_length_strategy or "drop").lower()
-    spec = IterationSpec(0, 0, 1, 1, context=StreamContext())
+    examples = first_examples(samples_of(mix), make, cfg, limit)
+    if not examples:
+        raise InputError(f"val_set_size: {cfg.val_set_size} holds out no example of the "
+                         "datasets (too few rows): raise it, or set it to 0")
+    return datasets.Dataset.from_list(examples)
+
+
+def tests_split(mix, config: dict, formats: dict, cfg, slices: dict | None = None):
+    """The eval dataset of ``test_datasets:`` entries (``mix``: their mixture, whose weights
+    play no part): of each entry in turn, its first examples as one process reads its first
+    pass (the same on every rank), ``eval_examples`` in all shared equally between the
+    entries, as a ``datasets.Dataset`` axolotl evaluates at ``eval_steps``."""
+    import datasets
+
+    from wdstream.integrations.axolotl_checks import label_of
+
+    make = SourceFormats(formats, slices=slices)
+    each = max(config.get("eval_examples", DEFAULT_EVAL_EXAMPLES) // len(mix.datasets), 1)
     examples = []
-    for sample, _position in mix.positioned(spec, 0, 0):
+    for index, (name, dataset) in enumerate(zip(mix.names, mix.datasets, strict=True)):
+        found = first_examples(({**sample, "__source__": name} for sample in
+                                samples_of(dataset)), make, cfg, each)
+        if not found:
+            raise InputError(f"{label_of('test_datasets', index, config['test_datasets'][index])}"
+                             ": no example to evaluate (no rows, or none fits sequence_len)")
+        examples += found
+    return datasets.Dataset.from_list(examples)
+
+
+def samples_of(dataset) -> Iterator[dict]:
+    """The samples of a dataset's (or mixture's) first pass as one process reads it."""
+    from wdstream.stream.context import StreamContext
+
+    spec = IterationSpec(0, 0, 1, 1, context=StreamContext())
+    return (sample for sample, _position in dataset.positioned(spec, 0, 0))
+
+
+def first_examples(samples, make: Callable, cfg, limit: int) -> list[dict]:
+    """The first ``limit`` examples ``make`` gives of ``samples``, after the excess-length
+    rule."""
+    excess = (cfg.excess_length_strategy or "drop").lower()
+    examples = []
+    for sample in samples:
         example = fitted(make(sample), cfg.sequence_len, excess)
         if example is not None:
             examples.append(example)
             if len(examples) == limit:
                 break
-    if not examples:
-        raise InputError(f"val_set_size: {cfg.val_set_size} holds out no example of the "
-                         "datasets (too few rows): raise it, or set it to 0")
-    return datasets.Dataset.from_list(examples)
+    return examples
 
 
 class PackedRows:

@@ -72,15 +72,16 @@ def row_slice(dataset, bounds: tuple[str, str], where: str) -> RowSlice:
                     bound(bounds[0], total, 0), bound(bounds[1], total, total))
 
 
-def row_slices(mix, entries: list) -> dict:
-    """Each sliced ``datasets:`` entry's ``RowSlice``, by its source's name in ``mix``."""
+def row_slices(mix, entries: list, kind: str = "datasets") -> dict:
+    """Each sliced ``datasets:`` (or ``kind``) entry's ``RowSlice``, by its source's name in
+    ``mix``."""
     from wdstream.integrations.axolotl_checks import label_of
 
     found = {}
     for index, (entry, name, dataset) in enumerate(zip(entries, mix.names, mix.datasets,
                                                        strict=True)):
         split = entry.get("split") if isinstance(entry, Mapping) else None
-        where = label_of("datasets", index, entry)
+        where = label_of(kind, index, entry)
         bounds = split_slice(split, where)[1] if isinstance(split, str) else None
         if bounds is not None:
             found[name] = row_slice(dataset, bounds, where)
