@@ -151,8 +151,9 @@ def record(entry: dict, rng: random.Random) -> dict:
                             {"from": "gpt", "value": words(rng, 2, 10)}]
     row[entry.get("field_messages") or "messages"] = messages(entry, rng)
     base = kind.partition(":")[0] if isinstance(kind, str) else ""
-    if kind is None:  # no type: rows already tokenized (ids within the tiny vocabulary)
-        ids = [rng.randrange(4, 150) for _ in range(rng.randint(5, 40))]
+    if kind is None:  # no type: rows already tokenized (ids within the tiny vocabulary,
+        # about 100 tokens: a BPE of at most 160 trained on these words)
+        ids = [rng.randrange(4, 64) for _ in range(rng.randint(5, 40))]
         row.update(input_ids=ids, attention_mask=[1] * len(ids), labels=ids)
     if base == "jeopardy":
         row.update(question=words(rng, 3, 8), category=words(rng, 1, 2),
