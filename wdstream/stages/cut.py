@@ -8,6 +8,7 @@ document is read again whole and its first ``offset`` tokens come twice."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from wdstream.stages.base import cycle_epoch, inner_history, segment_entries
 from wdstream.stream.plan import RANKS, STREAM_END, HistorySegment, is_count
@@ -31,7 +32,7 @@ class Tail:
     clock: object = None  # a schedule by tokens: the old stream's clock when it was drawn
 
 
-def is_tail_marker(inner) -> bool:
+def is_tail_marker(inner) -> TypeGuard[list[int]]:
     """A packing position's inner position ``[t]``: the stream was at its tail ``t``."""
     return isinstance(inner, list) and len(inner) == 1 and is_count(inner[0])
 

@@ -81,6 +81,7 @@ def collate_fetch(samples: list[dict], size: int, *, pooled: bool = False,
             return [collate(samples[start:start + size], pooled=pooled, arena_tensors=True,
                             json_names=json_names) for start in starts]
         types = set(map(type, values))
+        columns: list
         if types == _TEXT:
             columns = [values[start:start + size] for start in starts]
         elif types == _BYTES_ONLY and name in json_names:
