@@ -176,9 +176,8 @@ def sft_packed(work, out: str) -> dict:
                   wdstream={"packing_buffer": 16})
 
 
-def train(work, cfg: dict, name: str, nproc: int = 1, kill_at: int = 0, expect: int = 0):
-    """``axolotl train`` (under ``accelerate launch`` on ``nproc`` CPU processes) as run
-    ``name``; returns its batches per rank."""
+def written(work, cfg: dict, name: str, kill_at: int = 0) -> tuple[Path, dict]:
+    """``cfg`` written as ``name``.yml, and the environment an axolotl command runs it in."""
     root, _bucket, s3_env = work
     path = root / f"{name}.yml"
     path.write_text(yaml.safe_dump(cfg))
@@ -189,6 +188,14 @@ def train(work, cfg: dict, name: str, nproc: int = 1, kill_at: int = 0, expect: 
                 "AXOLOTL_DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
                 "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                 "WDSTREAM_TEST_RUN": name, "WDSTREAM_TEST_KILL_AT": str(kill_at)})
+    return path, env
+
+
+def train(work, cfg: dict, name: str, nproc: int = 1, kill_at: int = 0, expect: int = 0):
+    """``axolotl train`` (under ``accelerate launch`` on ``nproc`` CPU processes) as run
+    ``name``; returns its batches per rank."""
+    root = work[0]
+    path, env = written(work, cfg, name, kill_at)
     if nproc == 1:
         cmd = [sys.executable, "-m", "axolotl.cli.train", str(path)]
     else:
@@ -201,6 +208,31 @@ def train(work, cfg: dict, name: str, nproc: int = 1, kill_at: int = 0, expect: 
     return [[json.loads(line) for line in
              (out / f"batches-{name}-rank{r}.jsonl").read_text().splitlines()]
             for r in range(nproc)]
+
+
+def test_preprocess_checks_the_plan_and_renders_examples(work):
+    """``axolotl preprocess`` with the plugin: exit 0, the first rows of the packed SFT
+    mixture rendered token by token (with their labels, the prompt's masked), nothing
+    written; ``axolotl train --debug`` renders them too, then trains as without it."""
+    cfg = sft_packed(work, "preprocess")
+    path, env = written(work, cfg, "preprocess")
+    done = run([sys.executable, "-m", "axolotl.cli.preprocess", str(path)], work[0], env)
+    log = done.stdout + done.stderr
+    assert "the plan holds" in log and "3 row(s) rendered above" in log, log[-3000:]
+    assert "nothing is written" in log
+    assert "(-100, " in log  # a prompt token, masked
+    assert not Path(cfg["dataset_prepared_path"] if "dataset_prepared_path" in cfg
+                    else work[0] / "last_run_prepared").exists()
+
+    debug = dict(sft_packed(work, "debug"), max_steps=2)
+    path, env = written(work, debug, "debug")
+    done = run([sys.executable, "-m", "axolotl.cli.train", str(path), "--debug"], work[0], env)
+    log = done.stdout + done.stderr
+    assert "3 row(s) rendered above" in log, log[-3000:]
+    reference = [json.loads(line) for line in (Path(debug["output_dir"]) /
+                 "batches-debug-rank0.jsonl").read_text().splitlines()]
+    [plain] = train(work, dict(sft_packed(work, "no-debug"), max_steps=2), "no-debug")
+    assert reference == plain  # the preview took nothing from the training stream
 
 
 def check_resumed(reference, killed, resumed, accumulation: int = 2):

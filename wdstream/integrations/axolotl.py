@@ -41,7 +41,8 @@ from wdstream.stream.contract import world_info
 from wdstream.stream.loader import DataLoader
 from wdstream.tables.files import file_format
 
-log = logging.getLogger(__name__)
+# under axolotl's name: its console shows the INFO records of its own loggers only
+log = logging.getLogger("axolotl.integrations.wdstream")
 
 ENTRY_KEYS = ("datasets", "pretraining_dataset")
 TESTS = "test_datasets"  # evaluated at eval_steps (with datasets: entries)
@@ -72,6 +73,7 @@ class WdstreamPlugin(BasePlugin):
         self.tests = None  # the test_datasets: entries' mixture
         self.test_slices: dict = {}
         self.loader = None
+        self.shown_rows = 0  # rows --debug renders (axolotl's schema drops the key)
 
     def get_input_args(self) -> str:
         return f"{__name__}.WdstreamArgs"
@@ -89,6 +91,8 @@ class WdstreamPlugin(BasePlugin):
         """``register``'s work: the wdstream config of ``cfg``, checked, and its mixture."""
         self.written = wdstream_config(cfg)
         if self.written is not None:
+            show_in_axolotl_console()
+            self.shown_rows = _debug_examples(cfg)
             check_settings(cfg, self.written)
             trainer_numbers(cfg, self.written)
             self.mix = mixture(self.written)  # every mistake of the entries, at once
@@ -107,10 +111,12 @@ class WdstreamPlugin(BasePlugin):
 
         if self.written is None:
             return None
-        if preprocess:
-            raise InputError("wdstream streams while training: there is nothing to "
-                             "preprocess (run axolotl train)")
         tokenizer = load_tokenizer(cfg)
+        if preprocess or (self.shown_rows and world_info()[0] == 0):
+            preview(cfg, self.written, tokenizer, self.slices, preprocess,
+                    self.shown_rows or DEBUG_EXAMPLES)
+        if preprocess:  # nothing to write: the data is tokenized while training
+            return TrainDatasetMeta(train_dataset=None, eval_dataset=None, total_num_steps=0)
         self.loader = make_loader(cfg, self.written, self.mix, tokenizer, self.slices)
         total = cfg.max_steps or steps(self.loader, cfg.num_epochs or 1,
                                        cfg.gradient_accumulation_steps or 1)
@@ -275,6 +281,85 @@ def trainer_numbers(cfg, config: dict) -> dict:
                                           * _world())
         check_values(numbers, TRAINER_KEYS, "the axolotl config (max_steps' sequences)")
     return numbers
+
+
+class _UnderAxolotl(logging.Handler):
+    """Hands wdstream's records (a resume's restored state, an epoch's plan) on under axolotl's
+    logger names: axolotl's console drops other libraries' records below WARNING."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        renamed = logging.makeLogRecord({**record.__dict__,
+                                         "name": f"axolotl.integrations.{record.name}"})
+        logging.getLogger(renamed.name).handle(renamed)
+
+
+def show_in_axolotl_console() -> None:
+    """Route the ``wdstream`` loggers' records through ``_UnderAxolotl`` (once a process),
+    not also to the root logger's handlers, which would show a warning twice, at the level
+    of axolotl's own loggers (``AXOLOTL_LOG_LEVEL``, INFO by default)."""
+    wdstream_log = logging.getLogger("wdstream")
+    if not any(isinstance(h, _UnderAxolotl) for h in wdstream_log.handlers):
+        wdstream_log.addHandler(_UnderAxolotl())
+        wdstream_log.propagate = False
+        wdstream_log.setLevel(logging.getLogger("axolotl").getEffectiveLevel())
+
+
+DEBUG_EXAMPLES = 3  # rows rendered by `axolotl preprocess` and `--debug`
+
+
+def _debug_examples(cfg) -> int:
+    """How many rows ``--debug`` (or ``debug:``) asks to see in the config as written
+    (``debug_num_examples``, else ``DEBUG_EXAMPLES``); 0 without it."""
+    if not (cfg.get("debug") or cfg.get("debug_text_only") or cfg.get("debug_num_examples")):
+        return 0
+    return int(cfg.get("debug_num_examples") or DEBUG_EXAMPLES)
+
+
+def preview(cfg, config: dict, tokenizer, slices: dict | None, preprocess: bool,
+            wanted: int) -> None:
+    """Check the run's plan and log its first ``wanted`` rows as axolotl's ``--debug`` does
+    (each token with its label), from a loader of their own in this process: the training loader is not
+    touched, so its epoch and state stay those of a run without a preview. The loader
+    is closed when the rows are taken (its workers end)."""
+    from axolotl.utils.tokenization import check_example_labels
+
+    loader = make_loader(cfg, config, mixture(config), tokenizer, slices)
+    rows = 0
+    batches = iter(loader)
+    for batch in batches:
+        for index in range(len(batch["input_ids"])):
+            labels = batch["labels"] if "labels" in batch else batch["input_ids"]
+            example = {"input_ids": batch["input_ids"][index], "labels": labels[index]}
+            check_example_labels(_unpadded(example, tokenizer), tokenizer,
+                                 text_only=bool(cfg.get("debug_text_only")))
+            rows += 1
+            if rows == wanted:
+                break
+        if rows == wanted:
+            break
+    batches.close()
+    plan = f"{len(loader):,} batches of {cfg.micro_batch_size} per process" \
+        if _sized(loader) else "a stream of unknown length"
+    log.info("wdstream: the plan holds (%s); %d row(s) rendered above%s", plan, rows,
+             "; nothing is written: rows are tokenized while training" if preprocess else "")
+
+
+def _unpadded(example: dict, tokenizer) -> dict:
+    """An example's tokens and labels without the padding the collator added on the right."""
+    ids, labels = example["input_ids"].tolist(), example["labels"].tolist()
+    pad = tokenizer.pad_token_id
+    end = len(ids)
+    while end and ids[end - 1] == pad and labels[end - 1] == -100:
+        end -= 1
+    return {"input_ids": ids[:end], "labels": labels[:end]}
+
+
+def _sized(loader) -> bool:
+    try:
+        len(loader)
+    except TypeError:
+        return False
+    return True
 
 
 def make_loader(cfg, config: dict, mix, tokenizer, slices: dict | None = None):
