@@ -240,7 +240,7 @@ def test_a_stream_starts_with_smaller_parts_until_the_link_is_known(s3, proxied,
     url = put(s3, bucket, "start.bin", data)
     # slow enough that the first part is still coming when the others are asked (once its
     # response is in): what a part teaches sizes only the parts asked after it is in
-    proxy = make(rate=1e6, delay=0.02)
+    proxy = make(rate=4e5, delay=0.02)
     link = Link()
     asked = [[], []]  # the sizes of the parts each stream asked for
     with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
