@@ -12,14 +12,12 @@ from wdstream.sources import gcs_objects
 from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.processes import cli_url, gcs_read_command
 from wdstream.sources.ranged import RangedGcsSource
-from wdstream.sources.stores.generic import FsspecStore
+from wdstream.sources.stores.generic import BucketStore
 from wdstream.sources.stores.store import is_object
 from wdstream.sources.writers import CliWriter, CloudWriter
 
 
-class GcsStore(FsspecStore):
-    buckets = True
-    chains_names = False
+class GcsStore(BucketStore):
     version_fields = ("generation",)
     ranged_source = RangedGcsSource
     range_fetcher = GcsRanges
@@ -37,9 +35,6 @@ class GcsStore(FsspecStore):
 
     def list(self, prefix, recursive=False, on_page=None):
         return gcs_objects.list_folder(prefix, recursive=recursive, on_page=on_page)
-
-    def folder_path(self, prefix):
-        return prefix.split("://", 1)[1].rstrip("/")
 
     def open_write(self, url, via):
         if via == "cli":

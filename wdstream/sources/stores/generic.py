@@ -1,8 +1,8 @@
 """Any other fsspec URL (``memory://``, ``https://``, ``hf://``, ...): its fsspec filesystem
 (``FsspecStore.filesystem``) lists, describes, deletes, and writes by spooling to a temporary
 file uploaded on commit (``writers.SpooledWriter``: a generic back-end cannot cancel a
-half-written object). The base of the S3 and GCS stores, which use it for what their own
-clients do not do."""
+half-written object). ``BucketStore`` is the base of the S3 and GCS stores, which use it
+for what their own clients do not do."""
 
 from __future__ import annotations
 
@@ -82,6 +82,17 @@ class FsspecStore(Store):
         except Exception as exc:
             raise stream_error(url, exc) from exc
         return listed_size(found)
+
+
+class BucketStore(FsspecStore):
+    """The base of the S3 and GCS stores: "bucket/key" URLs, whose folder path is the URL
+    without its scheme (no filesystem needed to tell it)."""
+
+    buckets = True
+    chains_names = False
+
+    def folder_path(self, prefix):
+        return prefix.split("://", 1)[1].rstrip("/")
 
 
 class HttpStore(FsspecStore):

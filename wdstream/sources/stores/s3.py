@@ -9,14 +9,12 @@ from wdstream.sources import s3_objects
 from wdstream.sources.processes import aws_read_command, cli_url
 from wdstream.sources.ranged import RangedS3Source
 from wdstream.sources.s3_ranges import S3Ranges
-from wdstream.sources.stores.generic import FsspecStore
+from wdstream.sources.stores.generic import BucketStore
 from wdstream.sources.stores.store import is_object
 from wdstream.sources.writers import CliWriter, CloudWriter
 
 
-class S3Store(FsspecStore):
-    buckets = True
-    chains_names = False
+class S3Store(BucketStore):
     version_fields = ("ETag", "etag")
     ranged_source = RangedS3Source
     range_fetcher = S3Ranges
@@ -40,9 +38,6 @@ class S3Store(FsspecStore):
 
     def list(self, prefix, recursive=False, on_page=None):
         return s3_objects.list_folder(prefix, recursive=recursive, on_page=on_page)
-
-    def folder_path(self, prefix):
-        return prefix.split("://", 1)[1].rstrip("/")
 
     def open_write(self, url, via):
         if via == "cli":
