@@ -180,7 +180,7 @@ class LocalS3:
 # The benchmarks' emulator is the same code on a thread per connection, as a store serves,
 # with a listen backlog of 128 rather than http.server's 5: a loader's workers open 16 or more
 # connections at once, and a connection dropped from a full backlog is retried by the kernel
-# 1 s later (until 2026-12-03 the GCS rows' first batch took 1.2 s at times for that alone).
+# 1 s later, which alone made a GCS first batch take 1.2 s at times.
 _THREADED_EMULATOR = (
     "import sys, http.server\n"
     "http.server.HTTPServer = http.server.ThreadingHTTPServer\n"

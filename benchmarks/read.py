@@ -224,6 +224,43 @@ def case_litdata(directory: str, decode: bool = True, expected: int | None = Non
     return _consume_timed(loader, started, expected)
 
 
+def _synthetic(samples: int, record_bytes: int):
+    """An iterable of ``samples`` ready-made samples of the small-records shape (a key and a
+    parsed JSON record of about ``record_bytes``), split across DataLoader workers: no I/O and
+    no decoding, so a DataLoader over it costs only what torch's own transfer costs."""
+
+    import torch.utils.data
+
+    class Synthetic(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+            text = "x" * (record_bytes - 40)
+            for index in range(first, samples, step):
+                yield {"__key__": f"{index:010d}",
+                       "json": {"id": index, "source": "bench", "text": text}}
+
+    return Synthetic()
+
+
+def _columns(samples: list[dict]) -> dict[str, list]:
+    """A batch as wdstream's default collate gives these samples: a list per key."""
+    return {key: [sample[key] for sample in samples] for key in samples[0]}
+
+
+def case_floor(expected: int, record_bytes: int = 1000) -> dict:
+    """The DataLoader's floor: torch's DataLoader (2 workers, batch 32) over ready-made
+    samples of the small records' shape, each batch the lists wdstream's collate gives them:
+    what moving these batches from the workers costs, with nothing read or decoded."""
+    quiet_logs()
+    import torch.utils.data
+
+    started = common.start_clock()
+    loader = torch.utils.data.DataLoader(_synthetic(expected, record_bytes), batch_size=BATCH,
+                                         num_workers=WORKERS, collate_fn=_columns)
+    return _consume_timed(loader, started, expected)
+
+
 def case_cat(files: list[str]) -> dict:
     started = common.start_clock()
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
@@ -266,6 +303,7 @@ T_S3 = "S3 on 127.0.0.1 (data plane: see the note): ~1 MiB samples, 2 workers, b
 T_GOALS = "goals"
 DEFAULTS = "wdstream, every default (shuffle on, JSON parsed), ShardWriter's shards"
 DEFAULTS_OWN = "wdstream, every default, wdstream's shards"
+FLOOR = "the DataLoader's floor: torch's DataLoader over ready-made samples"
 TENSOR = 'wdstream, bytes_as="tensor" (views of the mapped shards: no copy)'
 TOUCHED = "wdstream, pages touched"
 TENSOR_TOUCHED = 'wdstream, bytes_as="tensor", pages touched'
@@ -349,6 +387,7 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
         ("HF datasets, JSONL as text", "none"): (here + "case_hf",
                                                  {"files": data["jsonl"], "builder": "text"}),
     }
+    cases[(FLOOR, "json")] = (here + "case_floor", {})
     if "error" not in prepared:
         cases[("LitData", "json")] = (here + "case_litdata", {"directory": lit_dir,
                                                               "decode": True})
@@ -363,9 +402,11 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     rows, summary = [], {}
     summary["defaults_vs_litdata_raw"] = ratio(_rate(by_key[(DEFAULTS, "json")]),
                                                _rate(by_key.get(("LitData", "none"), {})))
+    summary["defaults_vs_floor"] = ratio(_rate(by_key[(DEFAULTS, "json")]),
+                                         _rate(by_key[(FLOOR, "json")]))
     for decode in ("json", "none"):
         peers = {key: r for key, r in by_key.items()
-                 if key[1] == decode and not key[0].startswith("wdstream")}
+                 if key[1] == decode and not key[0].startswith("wdstream") and key[0] != FLOOR}
         best_key = max((k for k in peers if _rate(peers[k])), key=lambda k: _rate(peers[k]),
                        default=None)
         best = _rate(peers[best_key]) if best_key else None
@@ -395,7 +436,11 @@ def _small(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                       "by webdataset's ShardWriter (a PAX header per member: "
                       f"{written['bytes'] / common.MB:.0f} MB) for the 'every default' row and "
                       "LitData's conversion; the other wdstream, webdataset and HF rows read "
-                      "wdstream's shards. LitData reads its own chunk format, converted once "
+                      "wdstream's shards. The DataLoader's floor: torch's DataLoader with the "
+                      "same workers and batch over samples made in memory (a key and the "
+                      "record's parsed JSON), each batch the lists wdstream's default collate "
+                      "gives: nothing read or decoded, only the DataLoader's own transfer. "
+                      "LitData reads its own chunk format, converted once "
                       "before timing"
                       + (f" ({prepared['seconds']:.0f} s)." if "seconds" in prepared else ".")
                       + " CPU µs/sample: CPU time of all the DataLoader workers, and of the main "
@@ -471,9 +516,7 @@ def _large_and_memory(root: Path, sizes: dict) -> tuple[list[dict], dict]:
                       f"samples of 1 MiB). '4x the data': {big['samples']:,} samples, "
                       f"{big['bytes'] / common.MB:,.0f} MB, read once through (its ÷ cat is "
                       "against the smaller read's cat); the shuffle's goal compares these two, "
-                      "which run 2 × runs − 1 times, interleaved with each other (until "
-                      "2026-12-03 they ran as often as the others: 0.94, 0.96 and 0.85 in three "
-                      "runs without a change to the local reader)."))
+                      "which run 2 × runs − 1 times, interleaved with each other."))
     summary = {"vs_cat": ratio(_mbps(results["wdstream"], small["bytes"]), cat),
                "tensor_vs_cat": ratio(_mbps(results[TENSOR], small["bytes"]), cat),
                "touched_vs_cat": ratio(_mbps(results[TOUCHED], small["bytes"]), cat),
@@ -558,15 +601,12 @@ def _s3(root: Path, sizes: dict) -> tuple[list[dict], dict]:
     rows.append(_note(T_S3, f"{samples} samples of 1 MiB in {len(keys)} shards "
                       f"({data['bytes'] / common.MB:,.0f} MB). Times run from creating the "
                       "dataset (or the boto3 client) to the last byte, so client set-up and the "
-                      f"manifest fetch count. Data plane: {plane}. Since 2026-12-04 nginx "
-                      "serves the shards' GETs and HEADs from files, at almost no CPU per byte, "
-                      "where nginx is installed (as in the link suite); until then moto served "
-                      "every byte, on the same 2 cores as the readers, and these ratios were "
-                      "mostly moto's (0.34-0.43 for the default opener). moto keeps each "
-                      "object's value whole, so that a ranged GET it serves costs it its "
-                      "range, as on S3 (until 2026-12-03 it read a whole object for every GET: "
-                      "the ranged readers' first batch took 2.1-2.7 s for that, 0.6-0.8 s "
-                      "with the values kept whole)." + _long_note(long)))
+                      f"manifest fetch count. Data plane: {plane}. nginx serves the shards' GETs "
+                      "and HEADs from files, at almost no CPU per byte, where it is installed "
+                      "(as in the link suite); without it moto serves every byte, on the same "
+                      "2 cores as the readers, and these ratios are mostly moto's. moto keeps "
+                      "each object's value whole, so that a ranged GET it serves costs it its "
+                      "range, as on S3." + _long_note(long)))
     summary = {
         "vs_boto3": ratio(_mbps(results[names[1]], data["bytes"]), base),
         "ttfb": results[names[1]].get("ttfb_s"),
@@ -659,6 +699,8 @@ def run(quick: bool) -> list[dict]:
         # the same targets for members delivered as bytes (the default) are tracked beside them
         goal("small records, every default (shuffle on, JSON parsed) ÷ LitData not decoding",
              small["defaults_vs_litdata_raw"], 1.5),
+        goal("small records, every default (shuffle on, JSON parsed) ÷ the DataLoader's floor",
+             small["defaults_vs_floor"], 0.95),
         goal('1 MiB samples, bytes_as="tensor": wdstream MB/s ÷ cat',
              large["tensor_vs_cat"], 0.5),
         goal("1 MiB samples as bytes (default): wdstream MB/s ÷ cat", large["vs_cat"], 0.5),
