@@ -2,9 +2,10 @@
 
 - pages named in ``nav`` that do not exist yet are dropped from the navigation (with a note),
   so a page still being written elsewhere does not fail ``mkdocs build --strict``;
-- ``cli.md`` must equal what ``docs/gen_cli.py`` renders from the click commands, and
-  ``api.md`` what ``docs/gen_api.py`` renders from the public entry points' docstrings (each
-  parameter in its ``Args:``): a stale page is a warning, which fails a strict build;
+- ``cli.md`` and ``api.md`` are not files in the repository: the build renders them, with
+  ``docs/gen_cli.py`` from the click commands and ``docs/gen_api.py`` from the public entry
+  points' docstrings, so they cannot be stale; an entry point whose ``Args:`` misses or
+  invents a parameter is a warning, which fails a strict build;
 - ``benchmarks.md`` gets the figures of the last ``tox -e bench`` run
   (``docs/benchmarks-results.md``, written by the benchmark suite) at its
   ``<!-- benchmark-results -->`` marker.
@@ -17,7 +18,12 @@ import logging
 import os
 import sys
 
+from mkdocs.structure.files import File
+
 log = logging.getLogger("mkdocs.hooks.wdstream")
+
+# page rendered by the build -> the module in docs/ whose render() writes it
+GENERATED = {"cli.md": "gen_cli", "api.md": "gen_api"}
 
 RESULTS_MARKER = "<!-- benchmark-results -->"
 RESULTS_FILE = "benchmarks-results.md"
@@ -36,7 +42,8 @@ def _existing(nav, docs_dir: str):
             item_path = target
         else:
             title, item_path = None, item
-        if "://" in item_path or os.path.exists(os.path.join(docs_dir, item_path)):
+        if ("://" in item_path or item_path in GENERATED
+                or os.path.exists(os.path.join(docs_dir, item_path))):
             kept.append(item)
         else:
             log.info("nav: %s (%s) does not exist yet; left out", item_path, title)
@@ -49,28 +56,26 @@ def on_config(config):
     return config
 
 
-def on_pre_build(config):
-    docs_dir = config["docs_dir"]
-    _check_generated(docs_dir, "gen_cli", "cli.md", "the click commands")
-    gen_api = _check_generated(docs_dir, "gen_api", "api.md", "the docstrings")
-    for problem in gen_api.problems():
-        log.warning("docstring Args: %s", problem)
-
-
-def _check_generated(docs_dir: str, generator: str, page: str, source: str):
-    """Warn when ``docs/<page>`` is not what ``docs/<generator>.py`` renders from
-    ``source``; the generator module, imported from the docs folder."""
+def _generator(docs_dir: str, name: str):
+    """The module ``docs/<name>.py``, imported from the docs folder."""
     sys.path.insert(0, docs_dir)
     try:
-        module = importlib.import_module(generator)
+        return importlib.import_module(name)
     finally:
         sys.path.remove(docs_dir)
-    path = os.path.join(docs_dir, page)
-    current = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-    if current != module.render():
-        log.warning("docs/%s is not what %s say: run `python docs/%s.py`", page, source,
-                    generator)
-    return module
+
+
+def on_files(files, config):
+    for page, name in GENERATED.items():
+        module = _generator(config["docs_dir"], name)
+        for problem in getattr(module, "problems", list)():
+            log.warning("docstring Args: %s", problem)
+        stale = files.get_file_from_path(page)
+        if stale is not None:
+            log.warning("docs/%s is rendered by the build: remove the file", page)
+            files.remove(stale)
+        files.append(File.generated(config, page, content=module.render()))
+    return files
 
 
 def on_page_markdown(markdown, page, config, files):
