@@ -54,6 +54,11 @@ The public entry points, each with its signature and its arguments. How they fit
 [concepts](concepts.md), [training](training.md), [LLM training](llm.md).
 """
 
+ERRORS = "wdstream/errors.py"
+ERRORS_TEXT = ("Every error wdstream raises derives from `wdstream.WdstreamError` and names the "
+               "URL, file and line, record or key; messages and their fixes: "
+               "[Troubleshooting](troubleshooting.md).")
+
 ENTRY = re.compile(r"^(\*{0,2}\w+)(?: \(([^)]*(?:\([^)]*\)[^)]*)*)\))?:(?: (.*))?$")
 
 
@@ -141,6 +146,26 @@ def entry_points():
         yield name, signature, ast.get_docstring(node) or "", names
 
 
+def _read(path: str) -> ast.Module:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
+def error_classes():
+    """(public name, base classes, docstring) of each exception class of ``wdstream/errors.py``
+    in its order: ``wdstream.X`` when the package exports it, else ``wdstream.errors.X``."""
+    exported: set[str] = set()
+    for node in _read("wdstream/__init__.py").body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            exported = set(ast.literal_eval(node.value))
+    for node in _read(ERRORS).body:
+        if isinstance(node, ast.ClassDef):
+            name = f"wdstream.{node.name}" if node.name in exported else \
+                f"wdstream.errors.{node.name}"
+            yield name, [ast.unparse(b) for b in node.bases], ast.get_docstring(node) or ""
+
+
 def problems() -> list[str]:
     """Each entry point's parameters that its ``Args:`` leaves out, and entries naming no
     parameter."""
@@ -165,6 +190,9 @@ def render() -> str:
             parts.append("")
         if after:
             parts += [_markdown(after), ""]
+    parts += ["## Errors", "", ERRORS_TEXT, "", "| class | is a | meaning |", "| --- | --- | --- |"]
+    parts += [f"| `{name}` | {', '.join(f'`{b}`' for b in bases)} | {_cell(' '.join(doc.split()))} |"
+              for name, bases, doc in error_classes()]
     return "\n".join(parts).rstrip() + "\n"
 
 

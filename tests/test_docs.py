@@ -256,6 +256,14 @@ def test_api_reference_renders_every_entry_point():
     page = gen_api.render()
     for name, _file, _qualname in gen_api.ENTRY_POINTS:
         assert f"\n## `{name}`\n\n```python\n" in page, name
+    errors = [name for name, _bases, _doc in gen_api.error_classes()]
+    assert "wdstream.ShardError" in errors and "wdstream.errors.AccessError" in errors
+    import wdstream.errors
+    classes = [c for c in vars(wdstream.errors).values()
+               if isinstance(c, type) and issubclass(c, wdstream.errors.WdstreamError)]
+    assert len(errors) == len(classes)
+    for name in errors:
+        assert f"\n| `{name}` | " in page.split("\n## Errors\n", 1)[1], name
 
 
 def test_generated_pages_are_not_committed():
@@ -279,6 +287,7 @@ def f(a, b=1, *, c=None, **kwargs):
 ''')
     monkeypatch.setattr(gen_api, "ROOT", str(tmp_path))
     monkeypatch.setattr(gen_api, "ENTRY_POINTS", (("m.f", "m.py", "f"),))
+    monkeypatch.setattr(gen_api, "error_classes", list)  # no wdstream/errors.py in tmp_path
     assert gen_api.problems() == ["m.f: no Args entry for c", "m.f: no Args entry for **kwargs",
                                   "m.f: Args names d, not a parameter"]
     page = gen_api.render()
