@@ -3,7 +3,7 @@
 A part is one GET of a presigned URL over urllib3: botocore signs the object's URL once (and
 again every ``RESIGN_AFTER`` seconds, for credentials that rotate), not each part through its
 whole request pipeline (parameters, events, endpoint rules, response parsing), whose CPU per
-request is taken from the threads that hand the data over (figures: docs/cloud.md). Neither ``Range`` nor ``If-Match`` is part of a presigned URL's signature.
+request is taken from the threads that hand the data over (figures: docs/decisions.md). Neither ``Range`` nor ``If-Match`` is part of a presigned URL's signature.
 The URL's path goes out as botocore wrote it: a key's ``.`` and ``..`` segments (a name from
 someone else's bucket) are not resolved away to another object's name.
 
