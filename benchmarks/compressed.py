@@ -47,8 +47,8 @@ QUICK = {"records": 20_000, "per_shard": 2_000, "images": 320, "images_per_shard
 def case_read(source: str, expected: int, opener: str = "auto") -> dict:
     quiet_logs()
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401 - import torch before the clock starts
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401 - import torch before the clock starts
+    import wdstream.stream.load.loader  # noqa: F401
 
     started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=False, opener=opener)
@@ -59,8 +59,8 @@ def case_read(source: str, expected: int, opener: str = "auto") -> dict:
 def case_images_wdstream(source: str, expected: int) -> dict:
     quiet_logs()
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401
+    import wdstream.stream.load.loader  # noqa: F401
 
     started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=False, decode="rgb8")

@@ -215,8 +215,8 @@ def case_loader(**args) -> dict:
     (``cpu_after_first_s``: the workers started, their buffers and shared memory mapped)."""
     import botocore.session  # noqa: F401 - imported before the clock, as case_wdstream does
 
-    import wdstream.stream.dataset  # noqa: F401
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401
+    import wdstream.stream.load.loader  # noqa: F401
 
     before = _cpu_so_far()
     result = case_wdstream(**args, cpu_at_first=True)
@@ -278,8 +278,8 @@ def case_first_batch(source: str, workers: int = WORKERS, batch: int = BATCH) ->
     import botocore.session  # noqa: F401 - imported before the clock, as in case_wdstream
 
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401
+    import wdstream.stream.load.loader  # noqa: F401
 
     started = common.start_clock()
     dataset = wdstream.StreamingDataset(source)

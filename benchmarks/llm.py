@@ -126,7 +126,7 @@ def case_pack(source: str, tokenizer: str | None, eos: int, field: str,
     quiet_logs()
     import wdstream
     import wdstream.stages.sequences  # noqa: F401
-    import wdstream.stream.loader  # noqa: F401 - torch imported before the clock
+    import wdstream.stream.load.loader  # noqa: F401 - torch imported before the clock
 
     started, cpu = time.perf_counter(), _cpu_seconds()
     dataset = wdstream.StreamingDataset(source, seed=1) if documents is None \
@@ -173,8 +173,8 @@ def case_stage(source: str, tokenizer: str | None, eos: int, field: str, mixture
     import itertools
 
     import wdstream
-    from wdstream.stream.batching import collate
-    from wdstream.stream.contract import IterationSpec
+    from wdstream.stream.load.contract import IterationSpec
+    from wdstream.stream.transfer.batching import collate
 
     inner = wdstream.StreamingDataset(source, seed=1) if mixture == "none" \
         else _five_stage_mix(source, documents, mixture != "weights", mixture == "tokens")
@@ -198,9 +198,9 @@ def case_state(source: str, eos: int, documents: int) -> dict:
     import itertools
 
     import wdstream
-    from wdstream.stream.contract import IterationSpec
-    from wdstream.stream.plan import RANKS
-    from wdstream.stream.ranks import pack_positions
+    from wdstream.stream.load.contract import IterationSpec
+    from wdstream.stream.load.ranks import pack_positions
+    from wdstream.stream.plan.epoch import RANKS
 
     def packed():
         return wdstream.PackedSequences(_five_stage_mix(source, documents), None, SEQ_LEN,
@@ -232,7 +232,7 @@ def case_mix(sources: list[str] | None, single: str | None) -> dict:
     quiet_logs()
     import wdstream
     import wdstream.stages.mix  # noqa: F401
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.loader  # noqa: F401
 
     started, cpu = time.perf_counter(), _cpu_seconds()
     if single is not None:

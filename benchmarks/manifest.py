@@ -80,7 +80,7 @@ def _smaps(pid: int) -> dict[str, float]:
 
 def case_manifest(source: str) -> dict:
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock
+    import wdstream.stream.load.dataset  # noqa: F401 - torch imported before the clock
 
     before = _rss_mb()
     _reset_peak()
@@ -138,8 +138,8 @@ def case_worker_plan(source: str) -> dict:
 
     import wdstream
     from wdstream.shards.compact import release_free_memory
-    from wdstream.stream.plan import drop_first
-    from wdstream.stream.read import SpanReader
+    from wdstream.stream.plan.epoch import drop_first
+    from wdstream.stream.read.shard_reader import SpanReader
 
     dataset = wdstream.StreamingDataset(source, seed=0, share_manifest=False)
     gc.collect()
@@ -192,7 +192,7 @@ def write_worker_data(folder: Path, count: int, per_worker: int) -> tuple[str, i
 
 def _rank(source: str, directory: str, ready, go, results, done) -> None:
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock
+    import wdstream.stream.load.dataset  # noqa: F401 - torch imported before the clock
 
     ready.release()
     go.wait()

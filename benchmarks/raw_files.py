@@ -69,7 +69,7 @@ def _warm_imports() -> None:
 
 def case_wdstream(source: str, column: str, expected: int) -> dict:
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401 - import torch before the clock starts
+    import wdstream.stream.load.dataset  # noqa: F401 - import torch before the clock starts
 
     quiet_logs()
     _warm_imports()
@@ -181,7 +181,7 @@ def case_plan(url: str, files: int, server_pid: int | None = None,
     import botocore.session  # noqa: F401 - the imports a rank has made anyway
 
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401
     from wdstream.tables.files import find_files
 
     quiet_logs()

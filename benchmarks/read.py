@@ -88,8 +88,8 @@ def case_wdstream(source: str, decode: bool = True, expected: int | None = None,
                   cpu_at_first: bool = False) -> dict:
     quiet_logs()
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401 - import torch before the clock starts
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401 - import torch before the clock starts
+    import wdstream.stream.load.loader  # noqa: F401
 
     if source.startswith("s3://"):
         import botocore.session  # noqa: F401 - as the boto3 case imports boto3 before its clock
@@ -105,7 +105,7 @@ def case_wdstream_inprocess(source: str, expected: int | None = None) -> dict:
     """The reader alone: the dataset iterated in this process, no DataLoader."""
     quiet_logs()
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401 - import torch before the clock starts
+    import wdstream.stream.load.dataset  # noqa: F401 - import torch before the clock starts
 
     started = common.start_clock()
     dataset = wdstream.StreamingDataset(source, shuffle=False, decode=False)

@@ -4,7 +4,7 @@
   each in a fresh process as after a restart: time from building the dataset to the first
   batch. The resume cost must not grow with the position (goal: 90% ÷ 10% ≤ 1.2). The first
   batch is checked against the uninterrupted run's batch at that point.
-- ``wdstream.stream.plan.EpochPlan`` for 100,000 shards / 100 M samples: the time to plan an epoch and
+- ``wdstream.stream.plan.epoch.EpochPlan`` for 100,000 shards / 100 M samples: the time to plan an epoch and
   take one worker's spans, and the memory it needs.
 - ``len(json.dumps(loader.state_dict()))``: the size of a checkpoint's loader state.
 - Time to the first batch of an epoch for ~1 MiB samples (local, then moto S3), shuffle off,
@@ -82,8 +82,8 @@ def case_resume(source: str, states: str | None, fraction: float | None,
     """Time from building the dataset (after imports) to the first batch, after loading the
     state saved at ``fraction`` (None: a fresh start)."""
     quiet_logs()
-    import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401 - torch imported before the clock
+    import wdstream.stream.load.loader  # noqa: F401
 
     saved = json.loads(Path(states).read_text())[str(fraction)] if fraction is not None else None
     started = common.start_clock()
@@ -107,7 +107,7 @@ def case_plan(shards: int, per_shard: int, world: int, workers: int,
 
     import numpy as np
 
-    from wdstream.stream.plan import EpochPlan, HistorySegment, PlanOptions
+    from wdstream.stream.plan.epoch import EpochPlan, HistorySegment, PlanOptions
 
     counts = np.full(shards, per_shard, dtype=np.int64)
     options = PlanOptions(seed=SEED, shuffle=True, window=1000)
@@ -140,8 +140,8 @@ def case_first_batch(source: str, options: dict, per_shard: int, workers: int = 
     shard."""
     quiet_logs()
     import wdstream
-    import wdstream.stream.dataset  # noqa: F401 - torch imported before the clock starts
-    import wdstream.stream.loader  # noqa: F401
+    import wdstream.stream.load.dataset  # noqa: F401 - torch imported before the clock starts
+    import wdstream.stream.load.loader  # noqa: F401
 
     if source.startswith("s3://"):
         import botocore.session  # noqa: F401 - as the other cases import it before their clock

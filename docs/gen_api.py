@@ -20,12 +20,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (public name, module file, qualified name in it), in the page's order
 ENTRY_POINTS = (
-    ("wdstream.StreamingDataset", "wdstream/stream/dataset.py", "StreamingDataset"),
-    ("wdstream.DataLoader", "wdstream/stream/loader.py", "DataLoader"),
-    ("wdstream.DataLoader.state_dict", "wdstream/stream/loader.py", "DataLoader.state_dict"),
-    ("wdstream.DataLoader.load_state_dict", "wdstream/stream/loader.py",
+    ("wdstream.StreamingDataset", "wdstream/stream/load/dataset.py", "StreamingDataset"),
+    ("wdstream.DataLoader", "wdstream/stream/load/loader.py", "DataLoader"),
+    ("wdstream.DataLoader.state_dict", "wdstream/stream/load/loader.py", "DataLoader.state_dict"),
+    ("wdstream.DataLoader.load_state_dict", "wdstream/stream/load/loader.py",
      "DataLoader.load_state_dict"),
-    ("wdstream.collate", "wdstream/stream/batching.py", "collate"),
+    ("wdstream.collate", "wdstream/stream/transfer/batching.py", "collate"),
     ("wdstream.Limits", "wdstream/limits.py", "Limits"),
     ("wdstream.Mix", "wdstream/stages/mix.py", "Mix"),
     ("wdstream.PackedSequences", "wdstream/stages/sequences.py", "PackedSequences"),

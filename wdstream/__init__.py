@@ -23,9 +23,9 @@ __version__ = "0.1.0"
 
 # Public names that pull in torch are resolved on first access (PEP 562).
 _LAZY = {
-    "StreamingDataset": "wdstream.stream.dataset",
-    "DataLoader": "wdstream.stream.loader",
-    "collate": "wdstream.stream.batching",
+    "StreamingDataset": "wdstream.stream.load.dataset",
+    "DataLoader": "wdstream.stream.load.loader",
+    "collate": "wdstream.stream.transfer.batching",
     "Manifest": "wdstream.shards.manifest",
     "Limits": "wdstream.limits",
     "pack": "wdstream.write.packer",

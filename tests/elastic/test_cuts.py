@@ -12,7 +12,7 @@ import pytest
 
 import wdstream
 from tests.support.llm_data import merged, run_ranks, write_token_sources
-from wdstream.stream.ranks import ranks_of
+from wdstream.stream.load.ranks import ranks_of
 
 SEQ = 8
 COUNTS = {"x": [19, 17, 18], "y": [16, 20]}  # ~3,600 tokens: no source runs out

@@ -26,7 +26,7 @@ from tests.support.llm_data import (
 )
 from tests.support.shard_data import first_batches
 from wdstream.errors import StateError
-from wdstream.stream.ranks import ranks_of
+from wdstream.stream.load.ranks import ranks_of
 
 COUNTS = {"a": [50, 30, 40], "b": [20, 25, 17]}
 TOKEN_COUNTS = {"x": [30, 25, 41], "y": [22, 35]}

@@ -39,7 +39,7 @@ _RUNNER = textwrap.dedent("""
     import numpy, PIL.Image, torch
     import wdstream
     from wdstream import Limits
-    from wdstream.stream.dataset import StreamingDataset
+    from wdstream.stream.load.dataset import StreamingDataset
 
     def mapped():
         return int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -344,7 +344,7 @@ def test_image_bombs(tmp_path):
 def test_formats_that_run_programs_cannot_be_allowed():
     from wdstream import Limits
     from wdstream.errors import OptionError
-    from wdstream.stream.decode import ImageDecoder
+    from wdstream.stream.read.decode import ImageDecoder
 
     with pytest.raises(OptionError, match="EPS is never read"):
         Limits(image_formats=("JPEG", "eps"))

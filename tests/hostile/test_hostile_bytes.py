@@ -29,8 +29,8 @@ from wdstream.shards.tar_header import BLOCK
 from wdstream.shards.tar_reader import iter_members
 from wdstream.shards.tar_writer import TarWriter
 from wdstream.sources.cache import ShardCache
-from wdstream.stream.plan import Span
-from wdstream.stream.read import ReadOptions, ShardTable, SpanReader
+from wdstream.stream.plan.epoch import Span
+from wdstream.stream.read.shard_reader import ReadOptions, ShardTable, SpanReader
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 

@@ -17,7 +17,7 @@ from tests.support.hostile import in_child
 from tests.support.llm_data import sources, write_sources, write_token_sources
 from tests.support.shard_data import write_dataset
 from wdstream.errors import StateError, WdstreamError
-from wdstream.stream.loader_state import MAX_DEPTH, MAX_STREAMS
+from wdstream.stream.load.state import MAX_DEPTH, MAX_STREAMS
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 

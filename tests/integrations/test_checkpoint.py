@@ -12,7 +12,7 @@ import wdstream
 from tests.support.shard_data import first_batches, write_dataset
 from wdstream.errors import StateError
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state, state_path
-from wdstream.stream.ranks import ranks_of
+from wdstream.stream.load.ranks import ranks_of
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from tests.support.jobs import ROOT, script
 from tests.support.servers import free_port
 from tests.support.shard_data import all_keys, sample_key, write_dataset
-from wdstream.stream.plan import EpochPlan, HistorySegment, PlanOptions, batches_in_stream
+from wdstream.stream.plan.epoch import EpochPlan, HistorySegment, PlanOptions, batches_in_stream
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from tests.support.jobs import ROOT, script
 from tests.support.llm_data import write_token_sources
 from tests.support.servers import free_port
-from wdstream.stream.ranks import ranks_of
+from wdstream.stream.load.ranks import ranks_of
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from tests.support.llm_data import merged, run_ranks
 from tests.support.raw_data import all_keys, roundtrip, take, write_parquet
 from wdstream.errors import StateError
 from wdstream.integrations.axolotl_packing import PackedExamples, first_fit_decreasing
-from wdstream.stream.ranks import ranks_of
+from wdstream.stream.load.ranks import ranks_of
 
 SEQ_LEN = 24
 

@@ -14,7 +14,7 @@ import wdstream
 from wdstream.errors import ManifestError
 from wdstream.shards import compact, scan, scan_lengths
 from wdstream.shards.manifest import Manifest, ShardInfo
-from wdstream.stream.plan import EpochPlan, PlanOptions
+from wdstream.stream.plan.epoch import EpochPlan, PlanOptions
 
 COUNT = compact.SMALL + 7
 

@@ -288,7 +288,7 @@ def test_a_loader_tells_the_first_shards_reader_its_first_batchs_bytes(tmp_path,
     """The first batch's bytes, from the manifest's sizes and counts, reach the first shard's
     reader only."""
     import wdstream
-    from wdstream.stream import read
+    from wdstream.stream.read import shard_reader as read
 
     folder = tmp_path / "data"
     write_dataset(folder, [24, 24], payload=40_000)

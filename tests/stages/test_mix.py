@@ -14,7 +14,7 @@ from tests.support.llm_data import sources, write_sources
 from tests.support.shard_data import first_batches, write_dataset
 from wdstream.errors import InputError, StateError
 from wdstream.stages.mix import BLOCK, block_choices
-from wdstream.stream.contract import IterationSpec
+from wdstream.stream.load.contract import IterationSpec
 
 SOURCES = {"a": [50, 30, 40], "b": [20, 25], "c": [15]}
 

@@ -12,7 +12,7 @@ from tests.support.llm_data import documents, train_tokenizer, write_text_datase
 from tests.support.shard_data import first_batches
 from wdstream.errors import InputError, StateError
 from wdstream.stages.base import cycle_epoch
-from wdstream.stream.contract import IterationSpec
+from wdstream.stream.load.contract import IterationSpec
 
 pytest.importorskip("tokenizers")
 

@@ -16,13 +16,13 @@ from wdstream.errors import ShardError, StreamError, WdstreamError
 from wdstream.shards import tar_buffer
 from wdstream.shards.samples import iter_samples, sample_batches
 from wdstream.shards.tar_reader import iter_members
-from wdstream.stream import read
-from wdstream.stream.chunks import chunk_size, chunks_of
-from wdstream.stream.contract import IterationSpec
-from wdstream.stream.decode import build_decoders
-from wdstream.stream.deferred import DEFER_MAX, DeferringDecoder
-from wdstream.stream.plan import Span
-from wdstream.stream.read import ReadOptions, ReadStats, ShardTable, SpanReader
+from wdstream.stream.load.contract import IterationSpec
+from wdstream.stream.plan.chunks import chunk_size, chunks_of
+from wdstream.stream.plan.epoch import Span
+from wdstream.stream.read import shard_reader as read
+from wdstream.stream.read.decode import build_decoders
+from wdstream.stream.read.shard_reader import ReadOptions, ReadStats, ShardTable, SpanReader
+from wdstream.stream.transfer.deferred import DEFER_MAX, DeferringDecoder
 
 
 class CountingStream(io.BytesIO):

@@ -114,7 +114,7 @@ def test_the_runtime_holds_no_module_level_mutable_state():
     class attribute) bound to a list, dict, set or object made at import time, apart from the
     process-wide registries above. Constants in capitals may be tables."""
     found = []
-    for path in sorted(Path(wdstream.__file__).parent.joinpath("stream").glob("*.py")):
+    for path in sorted(Path(wdstream.__file__).parent.joinpath("stream").rglob("*.py")):
         tree = ast.parse(path.read_text())
         found += [f"{path.name}:{node.lineno}: global {', '.join(node.names)}"
                   for node in ast.walk(tree) if isinstance(node, ast.Global)]

@@ -67,10 +67,10 @@ def test_the_opener_variable_and_scheme_are_checked_when_built(data, monkeypatch
 
 def test_choices_are_one_table():
     # new modes (decoders named like webdataset's, openers) are entries of this table
-    from wdstream.stream.decode import IMAGE_MODES
+    from wdstream.stream.read.decode import IMAGE_MODES
     assert CHOICES["decode"] == (True, False, *IMAGE_MODES)
     from wdstream.sources.openers import OPENERS
-    from wdstream.stream.plan import REMAINDER_POLICIES
+    from wdstream.stream.plan.epoch import REMAINDER_POLICIES
     assert REMAINDER_POLICIES == CHOICES["remainder"] and OPENERS == CHOICES["opener"]
 
 

@@ -15,7 +15,7 @@ import wdstream
 from tests.support.shard_data import first_batches
 from wdstream.shards.manifest import Manifest, ShardInfo
 from wdstream.shards.tar_writer import TarWriter
-from wdstream.stream.ranks import pack_positions, ranks_of
+from wdstream.stream.load.ranks import pack_positions, ranks_of
 
 WORDS = ("the a stream shard epoch token batch resume seed rank worker model data loss step "
          "train pack mix weight source window order plan sample text code def return if for "

@@ -155,7 +155,7 @@ def test_batch_tensors_cross_in_the_workers_arena_and_its_memory_is_reused(folde
     ones reuse the memory around it."""
     import torch
 
-    from wdstream.stream import shm
+    from wdstream.stream.transfer import shm
 
     expected = expected_rows(folder)
     # small segments (inherited by the forked worker): a few batches each

@@ -70,7 +70,7 @@ def bench_command(url, workers, batch_size, batches, opener, shuffle, decode, im
     if images is not None:
         if not decode:
             raise InputError("--images decodes images: it does not go with --no-decode")
-        from wdstream.stream.decode import decode_option
+        from wdstream.stream.read.decode import decode_option
 
         try:
             decode_option(images)

@@ -17,7 +17,7 @@ from wdstream.shards.manifest import ShardInfo
 from wdstream.shards.samples import iter_samples
 from wdstream.shards.tar_reader import iter_members
 from wdstream.sources.openers import open_read
-from wdstream.stream.decode import build_decoders, member_within
+from wdstream.stream.read.decode import build_decoders, member_within
 
 
 def read_samples(

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.stream.resolve import resolve_source
+from wdstream.stream.read.resolve import resolve_source
 from wdstream.tables.reads import Access
 from wdstream.tables.units import UnitTable
 

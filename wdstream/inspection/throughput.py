@@ -68,8 +68,8 @@ def benchmark(
     _check_counts(workers, batch_size, batches)
     # before importing torch: a bad source fails fast
     found = find_shards(source, allow_external_shards=allow_external_shards)
-    from wdstream.stream.dataset import StreamingDataset
-    from wdstream.stream.loader import DataLoader
+    from wdstream.stream.load.dataset import StreamingDataset
+    from wdstream.stream.load.loader import DataLoader
 
     # the resolved shards as they are: listed names are names, not patterns to expand again
     dataset = StreamingDataset(found.manifest or found, shuffle=shuffle, opener=opener,

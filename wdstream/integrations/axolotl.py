@@ -37,8 +37,8 @@ from wdstream.sources.stores import store_for
 from wdstream.stages.config.build import from_file_values
 from wdstream.stages.config.keys import DATASET_KEYS, TRAINER_KEYS, check_values
 from wdstream.stages.sequences import PackedSequences
-from wdstream.stream.contract import world_info
-from wdstream.stream.loader import DataLoader
+from wdstream.stream.load.contract import world_info
+from wdstream.stream.load.loader import DataLoader
 from wdstream.tables.files import file_format
 
 # under axolotl's name: its console shows the INFO records of its own loggers only

@@ -23,9 +23,9 @@ import numpy as np
 from wdstream.errors import InputError, StateError, UnsizedError
 from wdstream.stages.base import Stage, StageOptions, inner_history, segment_entries
 from wdstream.stages.cut import is_tail_marker
-from wdstream.stream.contract import IterationSpec
-from wdstream.stream.plan import STREAM_END, HistorySegment
-from wdstream.stream.ranks import rank_position
+from wdstream.stream.load.contract import IterationSpec
+from wdstream.stream.load.ranks import rank_position
+from wdstream.stream.plan.epoch import STREAM_END, HistorySegment
 
 EXCESS = ("drop", "truncate")
 
@@ -357,7 +357,7 @@ def tests_split(mix, config: dict, formats: dict, cfg, slices: dict | None = Non
 
 def samples_of(dataset) -> Iterator[dict]:
     """The samples of a dataset's (or mixture's) first pass as one process reads it."""
-    from wdstream.stream.context import StreamContext
+    from wdstream.stream.load.context import StreamContext
 
     spec = IterationSpec(0, 0, 1, 1, context=StreamContext())
     return (sample for sample, _position in dataset.positioned(spec, 0, 0))

@@ -14,7 +14,7 @@ import os
 from wdstream.errors import StateError
 from wdstream.limits import json_loads, size_limit, size_variable
 from wdstream.sources.local_files import read_regular
-from wdstream.stream.contract import world_info
+from wdstream.stream.load.contract import world_info
 
 STATE_NAME = "wdstream_loader-rank{rank}.json"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from datasets.iterable_dataset import _BaseExamplesIterable
 
-from wdstream.stream.contract import IterationSpec, world_info
+from wdstream.stream.load.contract import IterationSpec, world_info
 
 
 def to_iterable_dataset(dataset, *, num_workers: int = 1, world: int | None = None,

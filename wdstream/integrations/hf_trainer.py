@@ -10,7 +10,7 @@ import os
 
 from wdstream.integrations.accelerate import prepare_loader
 from wdstream.integrations.checkpoint import load_loader_state, save_loader_state
-from wdstream.stream.loader import DataLoader
+from wdstream.stream.load.loader import DataLoader
 
 
 def use_loader(trainer, loader):

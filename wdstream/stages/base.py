@@ -1,9 +1,9 @@
 """What the stages over a ``StreamingDataset`` (``Mix``, ``PackedSequences``) share: a stage
-fulfils the dataset contract (``wdstream.stream.contract``), reads one worker stream of its
+fulfils the dataset contract (``wdstream.stream.load.contract``), reads one worker stream of its
 inner dataset(s) and yields items with positions of its own, from which it restarts exactly.
 On another layout it turns its history into that of the datasets it reads (``inner_history``),
 which re-plan their unread samples; positions that differ between ranks are gathered by the
-loader (``wdstream.stream.ranks``)."""
+loader (``wdstream.stream.load.ranks``)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from wdstream.errors import StateError
-from wdstream.stream.plan import (
+from wdstream.stream.load.positioned import PositionedDataset
+from wdstream.stream.load.ranks import ranks_of
+from wdstream.stream.plan.epoch import (
     EPOCH_LIMIT,
     RANKS,
     STREAM_END,
     HistorySegment,
     stream_sizes,
 )
-from wdstream.stream.positioned import PositionedDataset
-from wdstream.stream.ranks import ranks_of
 
 # Epochs that cycled passes of an inner dataset read live above every epoch a loader reads,
 # so a pass never replays the order of another epoch (see cycle_epoch).

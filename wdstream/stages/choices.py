@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wdstream.stream.plan import generator
+from wdstream.stream.plan.epoch import generator
 
 BLOCK = 1024  # draws per block of choices: the unit of exact proportions and of resume cost
 _MIX_CHOICES = 101  # domain tag: keeps these draws apart from the plan's own generators

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from wdstream.stages.base import cycle_epoch, inner_history, segment_entries
-from wdstream.stream.plan import RANKS, STREAM_END, HistorySegment, is_count
+from wdstream.stream.plan.epoch import RANKS, STREAM_END, HistorySegment, is_count
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 from wdstream.errors import InputError, StateError
 from wdstream.stages.base import cycle_epoch
 from wdstream.stages.cut import is_tail_marker
-from wdstream.stream.contract import IterationSpec
+from wdstream.stream.load.contract import IterationSpec
 
 
 class Document:

@@ -28,9 +28,9 @@ from wdstream.stages.base import (
 from wdstream.stages.choices import BLOCK, block_choices, stream_length
 from wdstream.stages.mix_stream import MixStream
 from wdstream.stages.schedule import make_schedule, normalise
-from wdstream.stream.contract import IterationSpec
-from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
-from wdstream.stream.ranks import rank_entry, ranks_of
+from wdstream.stream.load.contract import IterationSpec
+from wdstream.stream.load.ranks import rank_entry, ranks_of
+from wdstream.stream.plan.epoch import STREAM_END, HistorySegment, is_count
 
 STOP_RULES = CHOICES["stop"]
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from wdstream.errors import InputError
 from wdstream.stages.base import cycle_epoch, fixed_plan
 from wdstream.stages.choices import BLOCK, block_choices
-from wdstream.stream.contract import IterationSpec
-from wdstream.stream.ranks import rank_position
+from wdstream.stream.load.contract import IterationSpec
+from wdstream.stream.load.ranks import rank_position
 
 END = object()
 

@@ -28,9 +28,9 @@ from wdstream.stages.base import (
 from wdstream.stages.cut import cut_history, is_tail_marker
 from wdstream.stages.documents import Document, DocumentReader, field_name, field_value, where
 from wdstream.stages.schedule import TokenClock
-from wdstream.stream.contract import IterationSpec
-from wdstream.stream.plan import STREAM_END, HistorySegment, is_count
-from wdstream.stream.ranks import rank_entry, rank_position
+from wdstream.stream.load.contract import IterationSpec
+from wdstream.stream.load.ranks import rank_entry, rank_position
+from wdstream.stream.plan.epoch import STREAM_END, HistorySegment, is_count
 from wdstream.write.tokenizer import Tokenizer
 
 LONG_DOCUMENTS = CHOICES["long_documents"]

@@ -32,8 +32,8 @@ from wdstream.stages.config.loading import load_config_file
 from wdstream.stages.mix import Mix
 from wdstream.stages.schedule import mixture_weights
 from wdstream.stages.sequences import PackedSequences
-from wdstream.stream.dataset import StreamingDataset
-from wdstream.stream.window import DEFAULT_SHUFFLE_START
+from wdstream.stream.load.dataset import StreamingDataset
+from wdstream.stream.plan.window import DEFAULT_SHUFFLE_START
 
 # The names a data path of a config file may expand to (``{000000..999999}``): a pattern of
 # more is refused before braceexpand makes them all (it holds every number of a range).

@@ -14,7 +14,7 @@ from wdstream.errors import InputError, ManifestError
 from wdstream.options import CHOICES
 from wdstream.printable import short_repr
 from wdstream.sources.openers import OPENERS
-from wdstream.stream.plan import REMAINDER_POLICIES
+from wdstream.stream.plan.epoch import REMAINDER_POLICIES
 
 log = logging.getLogger("wdstream.config")  # the logger name users configure
 LARGEST = (1 << 63) - 1  # the largest number a config may give (int64)
