@@ -17,8 +17,8 @@ from wdstream.shards import tar_buffer
 from wdstream.shards.samples import iter_samples, sample_batches
 from wdstream.shards.tar_reader import iter_members
 from wdstream.stream.load.contract import IterationSpec
-from wdstream.stream.plan.chunks import chunk_size, chunks_of
 from wdstream.stream.plan.epoch import Span
+from wdstream.stream.plan.window import chunk_size, chunks_of
 from wdstream.stream.read import shard_reader as read
 from wdstream.stream.read.decode import build_decoders
 from wdstream.stream.read.shard_reader import ReadOptions, ReadStats, ShardTable, SpanReader

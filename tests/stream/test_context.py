@@ -95,7 +95,7 @@ def test_two_iterations_of_one_loader_keep_their_own_positions(tmp_path):
 # arenas of a worker and the segments the main process keeps mapped (keyed by process id),
 # the iterators to close before the interpreter exits, and the tensors of the process's last
 # collective (kept past any loader: the process group's thread must never free them).
-PROCESS_WIDE = {("shm.py", "_arenas"), ("shm.py", "_kept"), ("lifetime.py", "_open"),
+PROCESS_WIDE = {("shm.py", "_arenas"), ("shm.py", "_kept"), ("positioned.py", "_open"),
                 ("ranks.py", "_last_gather")}
 
 

@@ -16,9 +16,13 @@ import wdstream
 from tests.support.shard_data import all_keys, batch_keys, sample_key, take, write_dataset
 from wdstream.errors import OptionError
 from wdstream.stream.load.contract import IterationSpec
-from wdstream.stream.plan.chunks import chunk_size
-from wdstream.stream.plan.shuffle import window_chunks, window_shuffle
-from wdstream.stream.plan.window import DEFAULT_SHUFFLE_START, WindowSchedule
+from wdstream.stream.plan.window import (
+    DEFAULT_SHUFFLE_START,
+    WindowSchedule,
+    chunk_size,
+    window_chunks,
+    window_shuffle,
+)
 from wdstream.stream.read.shard_reader import SpanReader
 
 COUNTS = [13, 40, 7, 25, 3, 31, 18, 9, 60, 44]  # 250 samples, uneven shards

@@ -25,7 +25,6 @@ from wdstream.sources.openers import resolve_opener
 from wdstream.sources.stores import store_for
 from wdstream.stream.load.contract import IterationSpec, world_info
 from wdstream.stream.load.positioned import PositionedDataset
-from wdstream.stream.plan.chunks import chunk_size
 from wdstream.stream.plan.epoch import (
     COUNT_LIMIT,
     EPOCH_LIMIT,
@@ -37,11 +36,12 @@ from wdstream.stream.plan.epoch import (
     shard_streams,
     window_order,
 )
-from wdstream.stream.plan.shuffle import window_chunks
 from wdstream.stream.plan.window import (
     DEFAULT_SHUFFLE_BYTES,
     DEFAULT_SHUFFLE_START,
     bounded_window,
+    chunk_size,
+    window_chunks,
 )
 from wdstream.stream.read.decode import SampleDecoder, build_decoders, decode_option, find_decoder
 from wdstream.stream.read.resolve import resolve_source

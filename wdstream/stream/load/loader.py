@@ -23,7 +23,7 @@ from wdstream.errors import (
 from wdstream.options import loader_arguments
 from wdstream.stream.load.context import StreamContext
 from wdstream.stream.load.contract import IterationSpec, IterationView, Trackable, world_info
-from wdstream.stream.load.lifetime import closed_at_exit
+from wdstream.stream.load.positioned import closed_at_exit
 from wdstream.stream.load.ranks import gather_positions
 from wdstream.stream.load.state import (
     check_loadable,

@@ -1,10 +1,17 @@
 """``PositionedDataset``: what ``StreamingDataset`` and the stages built on it (``Mix``,
 ``PackedSequences``) share to fulfil the dataset contract (``wdstream.stream.load.contract``): the
-epoch rules, and iteration as one worker stream whose items carry positions."""
+epoch rules, and iteration as one worker stream whose items carry positions.
+
+Iterators left open when the interpreter exits are closed while it still can: an ``atexit``
+hook closes them before module teardown, so their clean-up (closing shard streams, unmapping
+shared memory) runs normally rather than against module globals already set to None
+(``closed_at_exit``)."""
 
 from __future__ import annotations
 
 import abc
+import atexit
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
@@ -13,7 +20,6 @@ import torch.utils.data
 from wdstream.errors import InputError, UnsizedError, WdstreamError
 from wdstream.stream.load.context import StreamContext
 from wdstream.stream.load.contract import IterationSpec, world_info
-from wdstream.stream.load.lifetime import closed_at_exit
 from wdstream.stream.plan.epoch import HistorySegment
 from wdstream.stream.transfer.batching import tune_worker_process
 
@@ -162,3 +168,37 @@ def _check_outer_dataset(info) -> None:
             "the shards datasets gave it, and lose the rest: convert it with "
             "wdstream.integrations.hf_datasets.to_iterable_dataset(ds, num_workers="
             f"{info.num_workers}) (one shard per wdstream stream), or use wdstream.DataLoader")
+
+
+class _OpenIterators:
+    """The registry of one process. Iterators are held weakly: one dropped half-way is
+    finalized by the garbage collector as usual and leaves the registry by itself."""
+
+    def __init__(self):
+        self.iterators: weakref.WeakSet = weakref.WeakSet()
+        self.hooked = False
+
+    def add(self, iterator):
+        if not self.hooked:
+            atexit.register(self.close_all)
+            self.hooked = True
+        self.iterators.add(iterator)
+        return iterator
+
+    def close_all(self) -> None:
+        for iterator in list(self.iterators):
+            try:
+                iterator.close()
+            except Exception:  # exiting: a failed clean-up has nowhere to go
+                pass
+        self.iterators.clear()
+
+
+# The interpreter's exit is process-wide, and so is what must be closed before it.
+_open = _OpenIterators()
+
+
+def closed_at_exit(iterator):
+    """Return ``iterator`` (a generator), registered to be closed before the interpreter
+    tears its modules down."""
+    return _open.add(iterator)

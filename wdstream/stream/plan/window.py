@@ -1,10 +1,21 @@
 """The shuffle windows of a stream: their bound in bytes (a sample count derived from the
 manifest) and their schedule (windows that grow at the start of a stream), both functions of
-the manifest, the options and the position alone, so the plan (and so resume) stays one."""
+the manifest, the options and the position alone, so the plan (and so resume) stays one.
+
+The window shuffle buffers one window of consecutive samples of a stream and yields it in the
+plan's order for that window, so a stream can restart at any window's start and skip into it
+exactly where it stopped. The stages after it take its items a list at a time, so that a
+sample costs no Python step of theirs where nothing is to be done to it
+(``StreamingDataset.positioned_chunks``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain, islice
+from typing import TypeVar
+
+import numpy as np
 
 from wdstream.errors import InputError, OptionError
 from wdstream.sizes import parse_size
@@ -92,3 +103,78 @@ class WindowSchedule:
         else:
             index = self.growth_windows + (position - grown) // self.window
         return index, self.begin(index)
+
+
+T = TypeVar("T")
+
+
+def window_shuffle(samples: Iterable[dict], schedule: WindowSchedule | int,
+                   order: Callable[[int, int], np.ndarray], first_window: int = 0,
+                   skip: int = 0) -> Iterator[dict]:
+    """Yield ``samples`` window by window, window ``i`` holding ``schedule.size(i)`` samples,
+    each in ``order(window_index, size)``. An int ``schedule``: windows all of that size.
+
+    ``samples`` must start at the first sample of window ``first_window``; the first ``skip``
+    picks of that window are not yielded again (they were consumed before a resume).
+    """
+    return chain.from_iterable(window_chunks(samples, schedule, order, first_window, skip))
+
+
+def window_chunks(samples: Iterable[T], schedule: WindowSchedule | int,
+                  order: Callable[[int, int], np.ndarray], first_window: int = 0,
+                  skip: int = 0, size: int | None = None) -> Iterator[list[T]]:
+    """``window_shuffle`` as lists of at most ``size`` samples (None: a window's), none
+    holding samples of two windows: a list never asks the reader for samples past the window
+    it comes from, so a stream's first list waits for its first window only."""
+    if isinstance(schedule, int):
+        schedule = WindowSchedule.of(schedule, None)
+    if schedule.window == 1:  # no shuffling (shuffle=False): no per-sample work
+        yield from chunks_of(samples, size or 1)
+        return
+    iterator = iter(samples)
+    index = first_window
+    while True:
+        buffer = list(islice(iterator, schedule.size(index)))
+        if not buffer:
+            return
+        # Python ints rather than numpy's, and no Python loop per sample
+        picks = order(index, len(buffer))[skip:].tolist()
+        step = size or len(picks) or 1
+        for begin in range(0, len(picks), step):
+            yield list(map(buffer.__getitem__, picks[begin:begin + step]))
+        # let the samples go before the next window is read: flat memory
+        buffer.clear()
+        skip = 0
+        index += 1
+
+
+CHUNK = 64  # items per list at most
+CHUNK_BYTES = 1 << 20  # and about this many bytes of samples: what the tar reader reads at once
+
+
+def chunk_size(samples: int | None, nbytes: int | None) -> int:
+    """Items per list for a dataset of ``samples`` in ``nbytes`` (a manifest's totals): a
+    list may read that far ahead of the items handed out, so about ``CHUNK_BYTES`` of them;
+    1 (no read ahead) when the sizes are unknown."""
+    if not samples or not nbytes:
+        return 1
+    return max(1, min(CHUNK, CHUNK_BYTES * samples // nbytes))
+
+
+def chunks_of(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of up to ``size`` consecutive items of ``items``. An error of ``items`` comes
+    after the items before it: the list they make is given first, and the error is raised on
+    the next request."""
+    iterator = iter(items)
+    while True:
+        chunk: list = []
+        try:
+            chunk.extend(islice(iterator, size))  # what was taken stays if it raises
+        except Exception:
+            if chunk:
+                yield chunk
+            raise
+        if chunk:
+            yield chunk
+        if len(chunk) < size:
+            return
