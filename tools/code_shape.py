@@ -1,15 +1,17 @@
 """Checks of the shape of wdstream's code, as a table:
 
 (a) functions of wdstream/ whose cyclomatic complexity (radon) is over 25;
-(b) modules of wdstream/ that docs/architecture.md does not name exactly once: a module is
-    named in its package's row of the table (the row whose first cell holds
-    `wdstream/<package>/`; top-level modules: the "basics" row) as its file name in backquotes,
-    `plan.py` (a subpackage's module as its path in the package, `cache/entry.py`), or as its
-    path, `wdstream/stream/plan.py`; `__init__.py` is exempt;
+(b) modules of wdstream/ that the module table of docs/architecture.md does not give exactly
+    one row, and rows that name no module. The table is a run of layers, each a row whose
+    first cell is its folder, `wdstream/stream/plan/` (the basics: `wdstream/`), followed by
+    one row per module, whose first cell is the module's path in that folder, `epoch.py`
+    (`cache/entry.py` in `wdstream/sources/`); a module belongs to the innermost layer
+    folder holding it; `__init__.py` is exempt;
 (c) imports of wdstream's own modules inside functions (counted and listed, not a failure);
-(d) imports, at the top of a module or inside a function, of a later layer: the layers are the
-    table's rows in their order (the basics row first), and each may import only its own and
-    earlier ones; the package's ``__init__.py`` (the public names, imported lazily) is exempt.
+(d) imports, at the top of a module or inside a function, of a later layer: the layers are
+    the table's layer rows in their order (the basics first), and each may import only its
+    own and earlier ones; the package's ``__init__.py`` (the public names, imported lazily)
+    is exempt.
 
     python tools/code_shape.py [REPOSITORY]
 
@@ -26,7 +28,6 @@ from pathlib import Path
 from radon.complexity import cc_visit
 
 LIMIT = 25
-BASICS = "basics"
 
 
 def modules(package_root: Path) -> list[Path]:
@@ -45,36 +46,48 @@ def complex_functions(root: Path, package_root: Path) -> list[tuple[str, str, in
     return rows
 
 
-def table_rows(architecture: str) -> dict[str, str]:
-    """The rows of the architecture table by package ("" for the basics row)."""
-    rows = {}
+def module_map(architecture: str) -> dict[str, list[str]]:
+    """The module table's layers in order, each folder (``wdstream/``, ``wdstream/stream/plan/``)
+    with the module paths its rows name, one per row."""
+    layers: dict[str, list[str]] = {}
+    current = None
     for line in architecture.splitlines():
         cells = line.split("|")
-        if not line.startswith("| ") or len(cells) < 4:
+        if not line.startswith("| ") or len(cells) < 3:
             continue
-        folder = re.search(r"`wdstream/(\w+)/`", cells[1])
-        if folder:
-            rows[folder.group(1)] = line
-        elif cells[2].strip() == BASICS:
-            rows[""] = line
-    return rows
+        name = re.fullmatch(r"\**`([^`]+)`\**", cells[1].strip())
+        if not name:
+            continue
+        if name.group(1).startswith("wdstream/") and name.group(1).endswith("/"):
+            current = layers.setdefault(name.group(1), [])
+        elif current is not None and name.group(1).endswith(".py"):
+            current.append(name.group(1))
+    return layers
 
 
-def naming_counts(root: Path, package_root: Path) -> list[tuple[str, int]]:
-    """(module, times its row names it) of each module not named exactly once."""
-    rows = table_rows((root / "docs" / "architecture.md").read_text())
-    found = []
+def layer_of(path: str, layers) -> str:
+    """The innermost layer folder holding ``path`` (a path from the repository's root, of a
+    module or a package: ``wdstream/stream/plan/epoch.py``, ``wdstream/stream/plan/``)."""
+    holding = [folder for folder in layers if path.startswith(folder)]
+    return max(holding, key=len, default="wdstream/")
+
+
+def naming_counts(root: Path, package_root: Path) -> list[tuple[str, object]]:
+    """(module, rows naming it) of each module not named by exactly one row of its layer,
+    and (path, "no such module") of each row naming none."""
+    layers = module_map((root / "docs" / "architecture.md").read_text())
+    found: list[tuple[str, object]] = []
+    named = {folder + name for folder, names in layers.items() for name in names}
     for path in modules(package_root):
+        full = path.relative_to(root).as_posix()
+        named.discard(full)
         if path.name == "__init__.py":
             continue
-        parts = path.relative_to(package_root).parts
-        package, short = (parts[0], "/".join(parts[1:])) if len(parts) > 1 else ("", path.name)
-        named = re.findall(r"`([^`]+)`", rows.get(package, ""))
-        full = path.relative_to(root).as_posix()
-        count = sum(name in (short, full) for name in named)
+        folder = layer_of(full, layers)
+        count = layers.get(folder, []).count(full[len(folder):])
         if count != 1:
             found.append((full, count))
-    return found
+    return found + [(path, "no such module") for path in sorted(named)]
 
 
 def own_module(node: ast.Import | ast.ImportFrom) -> str | None:
@@ -114,30 +127,24 @@ def function_imports(node: ast.AST, function: str = ""):
             yield from function_imports(child, function)
 
 
-def layer_of(path: Path, package_root: Path) -> str:
-    """The layer (package name, "" for the basics) of a module of wdstream/."""
-    parts = path.relative_to(package_root).parts
-    return parts[0] if len(parts) > 1 else ""
-
-
 def upward_imports(root: Path, package_root: Path) -> list[tuple[str, str, str]]:
     """(module:line, its layer, imported module) of each import of a later layer."""
-    order = list(table_rows((root / "docs" / "architecture.md").read_text()))
-    rank = {layer: i for i, layer in enumerate(order)}
+    layers = module_map((root / "docs" / "architecture.md").read_text())
+    rank = {folder: i for i, folder in enumerate(layers)}
     found = []
     for path in modules(package_root):
         if path == package_root / "__init__.py":
             continue
-        layer = layer_of(path, package_root)
+        layer = layer_of(path.relative_to(root).as_posix(), layers)
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Import | ast.ImportFrom):
                 continue
             for name in (own_module(node) or "").split(", "):
-                parts = name.split(".")
-                target = parts[1] if len(parts) > 2 else ""
-                if name.startswith("wdstream.") and rank.get(target, -1) > rank.get(layer, 0):
-                    found.append((f"{path.relative_to(root)}:{node.lineno}", layer or BASICS,
-                                  name))
+                if not name.startswith("wdstream."):
+                    continue
+                target = layer_of(name.replace(".", "/") + "/", layers)
+                if rank.get(target, -1) > rank.get(layer, 0):
+                    found.append((f"{path.relative_to(root)}:{node.lineno}", layer, name))
     return found
 
 
@@ -162,8 +169,8 @@ def report(root: Path) -> tuple[str, bool]:
     text = "\n\n".join([
         table(f"(a) functions with a cyclomatic complexity over {LIMIT}",
               ("function at", "name", "complexity"), complex_rows),
-        table("(b) modules docs/architecture.md names not exactly once in their row",
-              ("module", "times named"), naming_rows),
+        table("(b) modules without exactly one row in docs/architecture.md's table",
+              ("module", "rows naming it"), naming_rows),
         table("(c) imports of wdstream's own modules inside functions",
               ("import at", "function", "module"), import_rows),
         table("(d) imports of a later layer", ("import at", "layer", "module"), upward_rows),
