@@ -172,8 +172,8 @@ class StreamingDataset(PositionedDataset):
         allow_external_shards (bool, default False): let a manifest name shards outside its
             prefix (any URL or path); a ``pipe:`` command is never taken from a manifest.
         share_manifest (bool | path, default True): parse a large manifest once per node and
-            map its arrays in the other processes, and plan raw files once per node (a
-            directory: where); False: each process parses and plans.
+            map its arrays in the other processes, and cut raw files into units once per node
+            (a directory: where); False: each process parses and cuts.
         columns (list[str] | None): raw files: only these columns are read.
         key_column (str | None): raw files: the column whose value is ``__key__`` (default
             ``"path/in/source.parquet:ROW"``).

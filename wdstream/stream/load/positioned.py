@@ -3,7 +3,7 @@
 epoch rules, and iteration as one worker stream whose items carry positions.
 
 Iterators left open when the interpreter exits are closed while it still can: an ``atexit``
-hook closes them before module teardown, so their clean-up (closing shard streams, unmapping
+hook closes them before module teardown, so their clean-up (closing shard bodies, unmapping
 shared memory) runs normally rather than against module globals already set to None
 (``closed_at_exit``)."""
 

@@ -102,17 +102,17 @@ def _npy_within(data: bytes, budget: int):
                     raise LimitError(f"an array of {count * dtype.itemsize:,} bytes, more "
                                      f"than {_left(budget)}")
                 return np.frombuffer(data, dtype, count, end).copy(), count * dtype.itemsize
-    stream = io.BytesIO(data)
-    version = np.lib.format.read_magic(stream)
+    body = io.BytesIO(data)
+    version = np.lib.format.read_magic(body)
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
         else np.lib.format.read_array_header_2_0  # 2.0 and 3.0: a 4-byte header length
-    shape, _, dtype = read_header(stream)
+    shape, _, dtype = read_header(body)
     size = dtype.itemsize
     for length in shape:
         size *= length
-    if size > len(data) - stream.tell():  # np.load would allocate it before reading
+    if size > len(data) - body.tell():  # np.load would allocate it before reading
         raise ValueError(f"the header says {size:,} bytes of array data; "
-                         f"{len(data) - stream.tell():,} follow")
+                         f"{len(data) - body.tell():,} follow")
     if size > budget:
         raise LimitError(f"an array of {size:,} bytes, more than {_left(budget)}")
     return np.load(io.BytesIO(data), allow_pickle=False), size

@@ -87,10 +87,10 @@ def resolve_source(source, allow_external_shards: bool = False,
 def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] | None = None,
                    ahead: PlanAhead | None = None, node: NodePlans | None = None
                    ) -> ResolvedSource:
-    """Raw files streamed where they lie: their units planned from their metadata.
+    """Raw files streamed where they lie: their units found from their metadata.
     ``entries``: the listing of the folder ``source``, everything under it, when made;
-    ``ahead``: planning the folder's files as they are listed; ``node``: the plans the
-    node's ranks share. A source of several splits or formats is refused
+    ``ahead``: the folder's files cut into units as they are listed; ``node``: the units
+    the node's ranks share. A source of several splits or formats is refused
     (``find_files``'s ``one_dataset``)."""
     files = find_files(source, entries, None if ahead is None else ahead.on_page,
                        one_dataset=True)
@@ -99,7 +99,7 @@ def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] 
 
 
 def _name(source) -> str:
-    """A source as messages and the node's plans name it: a list's items joined."""
+    """A source as messages and the node's shared units name it: a list's items joined."""
     return ", ".join(map(str, source)) if isinstance(source, list | tuple) else str(source)
 
 

@@ -1,6 +1,6 @@
 """The reading stage: sample ranges of shards in, raw samples out, and no silent failure. Each
 shard is opened (the next one already downloading), its samples yielded, and its end checked
-against the manifest (end marker, counts, bytes, digest if asked, the stream's exit status).
+against the manifest (end marker, counts, bytes, digest if asked, the body's exit status).
 A transient failure is retried from the last sample delivered; when retries run out,
 ``on_error`` raises or skips the rest of the shard and records it."""
 
@@ -139,7 +139,7 @@ class SpanReader:
         self.shards = shards
         self.options = options
         self.stats = stats if stats is not None else ReadStats()
-        self._ahead: dict[int, object] = {}  # visit index -> stream opened early
+        self._ahead: dict[int, object] = {}  # visit index -> body opened early
         self._delivered = 0  # samples of the current visit yielded so far
         self._last: tuple[int, str] | None = None  # and the last one's position and key
         self._cache = ShardCache(options.cache_dir, options.cache_limit) \
@@ -156,20 +156,20 @@ class SpanReader:
             for index, visit in enumerate(self.visits):
                 yield from self._read_visit(index, visit)
         finally:
-            for stream in self._ahead.values():
-                _close_quietly(stream)
+            for body in self._ahead.values():
+                _close_quietly(body)
             self._ahead.clear()
 
     def _open(self, index: int, retry: bool = False):
-        stream = self._ahead.pop(index, None)
-        if stream is None:
-            stream = self._open_shard(self.visits.shard(index), retry,
+        body = self._ahead.pop(index, None)
+        if body is None:
+            body = self._open_shard(self.visits.shard(index), retry,
                                       self._first_bytes() if index == 0 else None)
-        return stream
+        return body
 
     def _first_bytes(self) -> int | None:
         """The bytes of the first shard up to its ``first_samples``-th sample read (from the
-        shard's start: a stream reads every shard from its first byte), at its mean sample."""
+        shard's start: a shard's body is read from its first byte), at its mean sample."""
         shard = self.visits.shard(0)
         samples, size = self.shards.get("samples", shard), self.shards.get("bytes", shard)
         if not self.first_samples or not samples or not size:
@@ -185,7 +185,7 @@ class SpanReader:
                 pass  # reported, with retries, when the span is actually read
 
     def _open_shard(self, shard: int, retry: bool = False, first_bytes: int | None = None):
-        """The shard's stream, through the cache if there is one (a retry drops its copy)."""
+        """The shard's body, through the cache if there is one (a retry drops its copy)."""
         url = self.shards.urls[shard]
         size = self.shards.bytes[shard] if self.shards.bytes is not None else None
 
@@ -209,9 +209,9 @@ class SpanReader:
         self._last = None  # (shard position, key) of the last sample yielded
         while True:
             try:
-                stream = self._open(index, retry=attempt > 0)
+                body = self._open(index, retry=attempt > 0)
                 self._delivered = delivered  # _samples counts what it yields
-                samples = self._samples(stream, visit, _skip(visit, delivered), self._last)
+                samples = self._samples(body, visit, _skip(visit, delivered), self._last)
                 # Open the next shard once this one flows: its first bytes do not then share
                 # the link (or the server) with the next shard's start.
                 first = next(samples, _NOTHING)
@@ -245,7 +245,7 @@ class SpanReader:
         if missing:
             yield [None] * missing
 
-    def _samples(self, stream, visit: list[Span], wanted: list[Span],
+    def _samples(self, body, visit: list[Span], wanted: list[Span],
                  last: tuple[int, str] | None = None) -> Iterator[list[dict]]:
         """The ``wanted`` samples of one shard (ranges in increasing order), in lists. Reads up
         to the visit's last sample; checks the shard's end when the visit reaches it (or when the
@@ -254,15 +254,15 @@ class SpanReader:
         shard = visit[0].shard
         url = self.shards.urls[shard]
         limit, hashing = self._extent(shard, visit)
-        source = HashingReader(stream) if hashing else stream
+        source = HashingReader(body) if hashing else body
         ranges = [(span.start, span.stop) for span in wanted]
         count = 0
         key = None
         try:
             # a compressed shard is decompressed here, in the reading process; closing the
-            # tar stream closes ``stream``
-            stream = self._open_tar(stream, shard, url, source if hashing else None)
-            members = self._members(stream, shard, url)
+            # closing the tar closes ``body``
+            body = self._open_tar(body, shard, url, source if hashing else None)
+            members = self._members(body, shard, url)
             current = 0  # the range the next sample may fall in
             strays = StrayCount()  # counted once the shard was read to its end, cleanly
             for batch in sample_batches(members.batches(), url, strays,
@@ -276,20 +276,20 @@ class SpanReader:
                     yield chosen
                 count = end
                 if count == limit:
-                    _close_quietly(stream)
+                    _close_quietly(body)
                     return
-        except ShardMismatchError:  # the content is wrong, however the stream ends
-            _close_quietly(stream)
+        except ShardMismatchError:  # the content is wrong, however the body ends
+            _close_quietly(body)
             raise
         except ShardError:
-            _raise_stream_failure_first(stream)
+            _raise_body_failure_first(body)
             raise
         except BaseException:  # a stall, or the consumer closing the generator
-            _close_quietly(stream)
+            _close_quietly(body)
             raise
-        stream.close()  # a pipe's exit status, a fetch that failed after the last byte
+        body.close()  # a pipe's exit status, a fetch that failed after the last byte
         self._check_end(shard, url, count, key, members, source if hashing else None,
-                        stored_bytes(stream, members))
+                        stored_bytes(body, members))
         self.stats.strays.merge(strays)
 
     def _extent(self, shard: int, visit: list[Span]) -> tuple[int | None, bool]:
@@ -302,20 +302,20 @@ class SpanReader:
         hashing = self.options.verify_digest and to_end and bool(table.get("sha256", shard))
         return (None if to_end else last_stop), hashing
 
-    def _open_tar(self, stream, shard: int, url: str, hashing):
-        """The shard's tar stream: ``stream`` itself, or decompressing it."""
-        return open_tar(stream, url, source=hashing,
+    def _open_tar(self, body, shard: int, url: str, hashing):
+        """The shard's tar: ``body`` itself, or ``body`` decompressed."""
+        return open_tar(body, url, source=hashing,
                         stored_limit=self.shards.get("bytes", shard) or None,
                         limits=self.options.limits)
 
-    def _members(self, stream, shard: int, url: str):
-        """The members of a shard's tar stream. The manifest's bytes bound a plain tar as it
+    def _members(self, body, shard: int, url: str):
+        """The members of a shard's tar. The manifest's bytes bound a plain tar as it
         is parsed; a compressed one is bounded by its decompressor, and ``head`` is of the
         tar bytes either way."""
         table = self.shards
         head = table.get("heads", shard)
-        plain = not isinstance(stream, DecompressingStream)
-        return iter_members(stream, url, self.payload_target,
+        plain = not isinstance(body, DecompressingStream)
+        return iter_members(body, url, self.payload_target,
                             limit=(table.get("bytes", shard) or None) if plain else None,
                             on_head=head_check(url, head) if head else None,
                             member_limit=self.options.limits.sample_bytes)
@@ -390,18 +390,18 @@ def _wanted(batch: list, count: int, end: int, ranges: list, current: int
     return [sample for part in parts for sample in part], last, current
 
 
-def _raise_stream_failure_first(stream) -> None:
-    """A parse error on a stream whose source failed is the source's failure: report that."""
+def _raise_body_failure_first(body) -> None:
+    """A parse error on a body whose source failed is the source's failure: report that."""
     try:
-        stream.close()
+        body.close()
     except StreamError:
         raise
     except Exception:  # the parse error is the one to report then
         pass
 
 
-def _close_quietly(stream) -> None:
+def _close_quietly(body) -> None:
     try:
-        stream.close()
+        body.close()
     except Exception:  # an early close is not an error
         pass

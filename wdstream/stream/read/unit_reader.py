@@ -99,7 +99,7 @@ class UnitReader:
                     future.cancel()
 
     def _measure(self, rows) -> None:
-        size = getattr(rows, "nbytes", None)  # None: skipped, or a compressed file's stream
+        size = getattr(rows, "nbytes", None)  # None: skipped, or a compressed file's body
         if size is not None:
             self._read_bytes += size
             self._read_units += 1

@@ -3,7 +3,7 @@
 ``drop_last`` (False while workers start), the multiprocessing iterator's
 ``_prefetch_factor``, ``_try_put_index``, ``_worker_result_queue._reader`` and ``_workers``,
 and ``UntypedStorage._new_shared``. ``missing_internals`` and ``missing_on_iterator`` name
-what the installed torch lacks (tests/test_torch_internals.py runs them)."""
+what the installed torch lacks (tests/stream/transfer/test_torch_internals.py runs them)."""
 
 from __future__ import annotations
 
