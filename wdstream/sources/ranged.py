@@ -4,8 +4,8 @@
 thread and connection) and hands their bytes over in order; ``Link`` is what a process
 learned of its link to one endpoint, shared by its streams. Each store's GET of a range is a
 fetcher (``range_fetchers.py``); ``RangedS3Source`` and ``RangedGcsSource`` pair them with the
-scheduler. How parts are started, sized, widened, bounded and checked: docs/architecture.md,
-"The ranged reader".
+scheduler. How parts are started, sized, widened, bounded and checked: docs/internals.md,
+"Ranged reads from S3 and GCS".
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class RangedSource(ChunkSource):
         self._start_left = 0  # parts still to ask at the start's size
         self.retries, self.backoff = retries, backoff
         self.link = link if link is not None else Link(initial_parts)
-        self._planned = size if size is not None and size > start else None
+        self._given_size = size if size is not None and size > start else None
         self._cond = threading.Condition()
         self._stopped = False
         self._size: int | None = None  # the object's size, from the first response
@@ -180,7 +180,7 @@ class RangedSource(ChunkSource):
     def nudge(self) -> None:
         """Wake the stream to widen its window (another stream left the link, or the
         consumer started reading); the first response's size does the same, so that the parts
-        past a planned size that fell short are asked as soon as it is in."""
+        past a given size that fell short are asked as soon as it is in."""
         with self._cond:
             self._nudged = True
             self._cond.notify_all()
@@ -213,11 +213,11 @@ class RangedSource(ChunkSource):
             return link.parallel, link.window
 
     def _end(self) -> int:
-        """Where the object ends: its size once a response said it, else the planned size."""
+        """Where the object ends: its size once a response said it, else the size given when it was opened."""
         with self._cond:
             if self._size is not None:
                 return self._size
-            return self._planned if self._planned is not None else self.start
+            return self._given_size if self._given_size is not None else self.start
 
     def _launch_parts(self, window: int) -> None:
         """Parts up to ``window`` in flight, and as many as the bytes bound allows."""
@@ -466,8 +466,8 @@ class _Turns:
         """Ask for the first parts; False when the stream ended before any response."""
         source = self.source
         parallel, learned = source._adopt_link()
-        planned = source._planned
-        if planned is None or parallel is False or planned - source.start <= source._part_size:
+        given = source._given_size
+        if given is None or parallel is False or given - source.start <= source._part_size:
             return self._start_one_get(parallel, learned)
         self.window = learned if parallel else max(source.start_parts, learned)
         if parallel is None:  # the link is not known yet: the first parts are smaller
