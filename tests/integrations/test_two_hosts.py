@@ -10,15 +10,13 @@ The job is tests/support/ddp_job.py, as in tests/integrations/test_ddp.py."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from tests.integrations.test_ddp import batch_lists, read_run
-from tests.support.hosts import TwoHosts
+from tests.support.hosts import TwoHosts, s3_on_host
 from tests.support.jobs import ROOT, script
 from tests.support.raw_data import all_keys, counted, write_parquet
 from tests.support.servers import free_port
@@ -28,19 +26,6 @@ pytestmark = pytest.mark.slow
 JOB = script("ddp_job.py")
 SEED, WINDOW, BATCH, EVERY = 5, 8, 4, 4
 RUN_TIMEOUT = 240
-UPLOAD = """
-import sys, time, boto3
-from pathlib import Path
-from tests.support.raw_data import upload_tree
-client = boto3.client("s3")
-for _ in range(100):
-    try:
-        client.create_bucket(Bucket="two-hosts")
-        break
-    except Exception:
-        time.sleep(0.2)
-print(upload_tree(client, "two-hosts", Path(sys.argv[1]), "hub"))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -51,31 +36,8 @@ def cluster(tmp_path_factory):
     if why is not None:
         pytest.skip(why)
     folder = write_parquet(tmp_path_factory.mktemp("two-hosts-data"))
-    with TwoHosts() as hosts:
-        port = free_port()
-        moto = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or "moto_server"
-        server = subprocess.Popen(hosts.command(0, [moto, "-H", hosts.address(0), "-p",
-                                                    str(port)]),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            hosts.wait_for_port(1, hosts.address(0), port)  # reached from the other host
-            env = {k: v for k, v in os.environ.items()
-                   if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                "MASTER_PORT")}
-            env.update({"AWS_ENDPOINT_URL": f"http://{hosts.address(0)}:{port}",
-                        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "2",
-                        "OMP_NUM_THREADS": "1",
-                        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
-            upload = subprocess.run(hosts.command(0, [sys.executable, "-c", UPLOAD,
-                                                      str(folder)]),
-                                    env=env, cwd=ROOT, capture_output=True, text=True,
-                                    timeout=120)
-            assert upload.returncode == 0, upload.stderr[-4000:]
-            yield hosts, upload.stdout.strip(), env
-        finally:
-            server.kill()
-            server.wait()
+    with TwoHosts() as hosts, s3_on_host(hosts, "two-hosts", {"hub": folder}) as (urls, env):
+        yield hosts, urls["hub"], env
 
 
 def run_nodes(cluster, out, nodes: int, *args, expect_ok: bool = True):
