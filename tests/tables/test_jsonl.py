@@ -23,7 +23,8 @@ from tests.support.raw_data import (
     upload_tree,
     write_jsonl,
 )
-from wdstream.errors import ManifestError, ShardError, ShardMismatchError
+from tests.support.shard_data import write_dataset
+from wdstream.errors import InputError, ManifestError, ShardError, ShardMismatchError
 from wdstream.tables import jsonl
 
 pytestmark = pytest.mark.usefixtures("single_rank")
@@ -142,3 +143,73 @@ def test_an_index_cannot_claim_units_outside_the_file(tmp_path, folder, cli_env)
     index.write_text(json.dumps(document))
     with pytest.raises(ManifestError, match=r"a.jsonl: unit \[.*\] does not fit"):
         wdstream.StreamingDataset(str(folder), index=str(index))
+
+
+def plain_rows(dataset) -> list[dict]:
+    return [{k: v for k, v in sample.items() if not k.startswith("__")} for sample in dataset]
+
+
+@pytest.mark.slow  # imports datasets
+def test_one_json_file_of_rows_streams_as_the_datasets_json_loader_reads_it(tmp_path, s3,
+                                                                          s3_bucket):
+    """axolotl's ``data_files: train.json`` (JSON Lines named .json): its rows, those
+    ``datasets.load_dataset("json", ...)`` reads, from a local file, a config's data_files
+    and S3; a wdstream manifest named .json, as written or pretty-printed, is still one."""
+    import datasets
+
+    rows = [{"instruction": f"say {i}", "input": "" if i % 2 else f"x{i}",
+             "output": f"said {i}"} for i in range(30)]
+    data = tmp_path / "train.json"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    expected = datasets.load_dataset("json", data_files=str(data), split="train",
+                                     cache_dir=str(tmp_path / "hf")).to_list()
+    assert expected == rows
+    assert plain_rows(wdstream.StreamingDataset(str(data), shuffle=False)) == rows
+    configured = wdstream.from_config({"datasets": [{"path": str(tmp_path),
+                                                     "data_files": "train.json"}]})
+    assert sorted(plain_rows(configured), key=lambda r: r["output"]) == \
+        sorted(rows, key=lambda r: r["output"])
+    s3.client().upload_file(str(data), s3_bucket, "sft/train.json")
+    remote = wdstream.StreamingDataset(f"s3://{s3_bucket}/sft/train.json", shuffle=False)
+    assert plain_rows(remote) == rows
+
+    write_dataset(tmp_path / "shards", [3, 4])
+    manifest = (tmp_path / "shards" / "index.json").read_text()
+    (tmp_path / "shards" / "pretty.json").write_text(json.dumps(json.loads(manifest), indent=2))
+    (tmp_path / "shards" / "one-line.json").write_text(json.dumps(json.loads(manifest)))
+    for name in ("index.json", "pretty.json", "one-line.json"):
+        ds = wdstream.StreamingDataset(str(tmp_path / "shards" / name))
+        assert ds.manifest is not None and len(ds) == 7, name
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    (json.dumps([{"a": i} for i in range(20)], indent=2), "a JSON array"),
+    (json.dumps([{"a": i} for i in range(20)]), "a JSON array"),
+    (json.dumps({"data": [{"a": 1}]}, indent=2), "one JSON document over several lines"),
+    ("[" * 10**6, "a JSON array"),  # nested far deeper than any limit: never parsed
+], ids=["array", "one-line-array", "document", "deep-array"])
+def test_a_json_array_or_document_is_refused_naming_the_file(tmp_path, text, found):
+    path = tmp_path / "rows.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=f"rows.json: {found}, neither JSON Lines"):
+        wdstream.StreamingDataset(str(path))
+    # named in a list (as JSON Lines): refused by name as its first row is read
+    with pytest.raises(InputError, match=f"rows.json: {found}"):
+        list(wdstream.StreamingDataset([str(path)], retries=0))
+
+
+@pytest.mark.parametrize("depth", [5000, 300_000])  # the first row inside the head, or past it
+def test_a_deep_or_long_first_row_stays_within_the_row_limits(tmp_path, depth):
+    path = tmp_path / "deep.json"
+    path.write_text('{"a":' * depth + "1" + "}" * depth + '\n{"a": 2}\n')
+    ds = wdstream.StreamingDataset(str(path), shuffle=False, retries=0)
+    with pytest.raises(ShardError, match=r"deep.json: row 0 \(byte 0\) is not JSON: nested "
+                                         "deeper than 100 levels"):
+        list(ds)
+    long = tmp_path / "long.json"  # a first row of 1 MB of text: rows, read whole
+    long.write_text(json.dumps({"text": "x" * 10**6}) + "\n" + json.dumps({"text": "y"}) + "\n")
+    assert [len(r["text"]) for r in plain_rows(wdstream.StreamingDataset(
+        str(long), shuffle=False))] == [10**6, 1]
+    small = wdstream.StreamingDataset(str(long), limits=wdstream.Limits(sample_bytes=1000))
+    with pytest.raises(ShardError, match="long.json: a line at byte 0 is longer than 1000"):
+        list(small)

@@ -3,20 +3,29 @@ object. A plain file's units are byte ranges cut at line ends (about ``RANGE_BYT
 read with one ranged read each; a compressed file cannot be entered in the middle, so it is
 one unit, and a span starting inside it decompresses (and skips) the lines before. Their row
 counts come from an index (``wdstream index``) or from one scan of every file when the
-dataset is built."""
+dataset is built.
+
+One source named ``….json`` is a wdstream manifest or a file of rows (as ``datasets``'
+``json`` loader reads ``data_files: train.json``): ``json_rows_file`` tells them apart by the
+file's first ``JSON_HEAD_BYTES``, a manifest being one object with ``"format": "wdstream"``.
+A JSON array, or one JSON document over several lines, is refused naming the file: neither
+can be cut into ranges of rows without parsing it whole."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from collections.abc import Iterator
 from typing import IO
 
-from wdstream.errors import LimitError, ShardError
+from wdstream.errors import InputError, LimitError, ShardError
 from wdstream.limits import json_loads
 from wdstream.printable import printable
 from wdstream.shards.compression import DecompressingStream
+from wdstream.sources import urls
+from wdstream.sources.stores import store_for
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import (
     MAX_UNIT_ROWS,
@@ -34,6 +43,10 @@ MAX_ROW_DEPTH = 100  # how deep a row's arrays and objects may nest
 READ_BYTES = 1024**2
 SHORT_LINE = 64  # bytes: a read of lines shorter on average is searched for non-blank ones
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+JSON_HEAD_BYTES = 64 * 1024  # what json_rows_file reads of a .json file to tell what it is
+# a wdstream manifest's marker: the first key Manifest.to_json writes, near the top in any
+_MANIFEST_MARKER = re.compile(rb'"format"\s*:\s*"wdstream"')
+_BOM = b"\xef\xbb\xbf"
 
 
 def compression(name: str) -> str | None:
@@ -136,9 +149,13 @@ class LineRows:
             deep = line.count(b"[") + line.count(b"{") > MAX_ROW_DEPTH
             value = json_loads(line, MAX_ROW_DEPTH) if deep else json.loads(line)
         except ValueError as exc:
+            if row == 0 and line.lstrip(_BOM + b" \t\r").startswith((b"[", b"{")):
+                whole_document(self.file.url, line)  # refused by name
             raise ShardError(f"{printable(self.file.url)}: row {row} ({where}) is not JSON: "
                              f"{exc}") from None
         if not isinstance(value, dict):
+            if row == 0 and isinstance(value, list):
+                whole_document(self.file.url, line)  # a JSON array on one line
             raise ShardError(f"{printable(self.file.url)}: row {row} ({where}) is not a JSON "
                              f"object but {type(value).__name__}")
         if self.columns is not None:
@@ -234,3 +251,52 @@ def _too_long(file: RawFile, offset: int, longest: int) -> ShardError:
     return invalid(f"{printable(file.url)}: a line at byte {offset} is longer than {longest} "
                    "bytes (the longest read: 256 MiB, or the limit sample_bytes of "
                    "wdstream.Limits)")
+
+
+def json_rows_file(source) -> bool:
+    """Whether ``source``, one URL or path ending in ``.json``, holds rows as JSON Lines
+    rather than a wdstream manifest, from its first ``JSON_HEAD_BYTES``: a manifest is an
+    object with ``"format": "wdstream"`` (and ``shards``), rows are lines of objects.
+    InputError naming the file for a JSON array or one document over several lines; False
+    where the file cannot be read (the manifest's read then reports it) and for ``pipe:``
+    (no command runs to be looked at)."""
+    if not isinstance(source, str | os.PathLike):
+        return False
+    url = os.fspath(source)
+    if not url.lower().endswith(".json") or urls.scheme(url) == "pipe":
+        return False
+    try:
+        head = store_for(url).read_at(url, 0, JSON_HEAD_BYTES)
+    except Exception:  # noqa: BLE001 - read again as a manifest, whose read reports it
+        return False
+    text = head.removeprefix(_BOM).lstrip()
+    if not text:
+        return False  # empty: not a manifest either, as its parse says
+    whole_document(url, text)
+    line, newline, _rest = text.partition(b"\n")
+    if newline or len(head) < JSON_HEAD_BYTES:  # the first line whole: one row or a manifest
+        try:
+            first = json_loads(line, MAX_ROW_DEPTH)
+        except ValueError:
+            first = None
+        if isinstance(first, dict):
+            return not (first.get("format") == "wdstream" and "shards" in first)
+    return _MANIFEST_MARKER.search(text) is None  # a first row longer than the head
+
+
+def whole_document(url: str, text: bytes) -> None:
+    """InputError when ``text``, the start of the file at ``url`` (blanks and a BOM
+    stripped), begins a JSON array or an object over several lines that is not a
+    manifest: neither is JSON Lines."""
+    start = text.lstrip(_BOM + b" \t\r\n")
+    first = start.partition(b"\n")[0].strip()
+    if start.startswith(b"["):
+        what = "a JSON array"
+    elif first == b"{" and _MANIFEST_MARKER.search(start) is None:
+        what = "one JSON document over several lines"
+    else:
+        return
+    raise InputError(f"{printable(url)}: {what}, neither JSON Lines (one object a line) nor a "
+                     "wdstream manifest (\"format\": \"wdstream\"): a file is streamed row by "
+                     "row, never parsed whole; write it as JSON Lines (an array: `jq -c '.[]' "
+                     "FILE.json > FILE.jsonl`)")

@@ -18,6 +18,7 @@ from wdstream.shards.manifest import Manifest, check_shard_names
 from wdstream.stream.read.shard_reader import ShardTable, SpanReader
 from wdstream.stream.read.unit_reader import UnitReader
 from wdstream.tables.files import NoFilesError, find_files, names_raw_files
+from wdstream.tables.jsonl import json_rows_file
 from wdstream.tables.node_plans import NodePlans
 from wdstream.tables.reads import Access
 from wdstream.tables.units import PlanAhead, RawOptions, UnitTable, plan_units
@@ -45,7 +46,8 @@ class ResolvedSource:
 def resolve_source(source, allow_external_shards: bool = False,
                    share_manifest=False, raw: RawOptions | None = None,
                    access: Access | None = None) -> ResolvedSource:
-    """A manifest URL, a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
+    """A manifest URL (one ``….json`` holding JSON Lines is a file of rows:
+    ``json_rows_file``), a prefix (with ``index.json``, or else its shard files: ``*.tar`` and
     compressed tars, or else its Parquet, JSON Lines and Arrow files), a brace pattern, or a
     list of shard URLs; raw files, patterns of them or lists of those (read as ``raw`` says,
     through ``access``)."""
@@ -56,7 +58,7 @@ def resolve_source(source, allow_external_shards: bool = False,
         return from_manifest(source)
     name = _name(source)
     with NodePlans(name, raw.index, share_manifest) as node:
-        if names_raw_files(source):
+        if names_raw_files(source) or json_rows_file(source):
             return from_raw_files(source, raw, access, node=node)
         with PlanAhead(name, access, node) as ahead:  # a folder's files, as it is listed
             try:
