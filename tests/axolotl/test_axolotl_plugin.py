@@ -204,6 +204,11 @@ def train(work, cfg: dict, name: str, nproc: int = 1, kill_at: int = 0, expect: 
                str(nproc), "--main_process_port", str(free_port()), "-m",
                "axolotl.cli.train", str(path)]
     run(cmd, root, env, expect=expect)
+    return recorded(cfg, name, nproc)
+
+
+def recorded(cfg: dict, name: str, nproc: int) -> list[list[dict]]:
+    """The batches each of the ``nproc`` ranks of run ``name`` trained on (the Recorder's)."""
     out = Path(cfg["output_dir"])
     return [[json.loads(line) for line in
              (out / f"batches-{name}-rank{r}.jsonl").read_text().splitlines()]
