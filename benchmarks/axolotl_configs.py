@@ -219,7 +219,7 @@ def reasons(message: str) -> list[str]:
     """A refusal's mistakes, each with the entry's index and path, the config's values and
     files left out, so that the same reason groups whatever config it was found in."""
     text = re.sub(r"^\w+Error: ", "", message)
-    found = text.split("\n  - ")[1:] if re.match(r"\d+ mistakes in the config:", text) \
+    found = text.split("\n  - ")[1:] if re.match(r"the axolotl config: \d+ errors:", text) \
         else [text]
     general = []
     for item in found:

@@ -447,13 +447,13 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
          ["datasets", "seed", "shuffle_window"]),
         # misspelled keys: an error at start, naming the entry, the key and the known one
         ({"datasets": [alpaca, dict(raw, wieght=2)], "wdstream": {"shuffle_windw": 50}},
-         f"2 mistakes in the config:\n  - datasets[1] (s3://{bucket}/alpaca-raw/): unknown "
+         f"the axolotl config: 2 errors:\n  - datasets[1] (s3://{bucket}/alpaca-raw/): unknown "
          "key 'wieght' (did you mean 'weight'?)\n  - wdstream: unknown key 'shuffle_windw' "
          "(did you mean 'shuffle_window'?)"),
         # axolotl's settings a stream does not honour, named
         ({"datasets": [alpaca], "dataset_exact_deduplication": True,
           "excess_length_strategy": "raise", "test_datasets": [raw]},
-         "2 mistakes in the config:\n  - dataset_exact_deduplication: a stream is not "
+         "the axolotl config: 2 errors:\n  - dataset_exact_deduplication: a stream is not "
          "deduplicated"),
         # test datasets streamed beside others, or beside pretraining; joined splits
         ({"datasets": [raw], "test_datasets": [{"path": "tatsu-lab/alpaca"}]},

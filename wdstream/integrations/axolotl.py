@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from wdstream.errors import InputError, WdstreamError
 from wdstream.integrations.axolotl_checks import (
     PLUGIN_KEYS,
+    WHERE,
     check_columns,
     check_keys,
     label_of,
@@ -242,7 +243,7 @@ def mixture(config: dict):
     with the trust of the file they were written in."""
     return from_file_values({key: value for key, value in config.items()
                              if key not in PACKING_KEYS and key not in PLUGIN_KEYS
-                             and key != TESTS}, "the axolotl config")
+                             and key != TESTS}, WHERE)
 
 
 def tests_mixture(config: dict):
@@ -273,13 +274,13 @@ def trainer_numbers(cfg, config: dict) -> dict:
     ``from_config``'s rows (``keys.TRAINER_KEYS``), under ``from_config``'s names."""
     given = {key: cfg.get(key) for key in TRAINER_KEYS}
     given.update({key: config[key] for key in PACKING_KEYS if key in config})
-    numbers = check_values(given, TRAINER_KEYS, "the axolotl config")
+    numbers = check_values(given, TRAINER_KEYS, WHERE)
     if not {"sequences_per_epoch", "tokens_per_epoch"} & set(numbers) \
             and numbers.get("max_steps"):
         numbers["sequences_per_epoch"] = (numbers["max_steps"] * numbers.get("micro_batch_size", 1)
                                           * numbers.get("gradient_accumulation_steps", 1)
                                           * _world())
-        check_values(numbers, TRAINER_KEYS, "the axolotl config (max_steps' sequences)")
+        check_values(numbers, TRAINER_KEYS, f"{WHERE} (max_steps' sequences)")
     return numbers
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from wdstream.errors import InputError
 from wdstream.printable import printable
-from wdstream.stages.config.keys import DATASET_KEYS, TOP_KEYS, resembled
+from wdstream.stages.config.keys import DATASET_KEYS, TOP_KEYS, Report, resembled
 from wdstream.tables.formats import FilePlan
 from wdstream.tables.reads import Access
 from wdstream.tables.units import FORMATS, UnitTable
@@ -19,6 +18,7 @@ from wdstream.tables.units import FORMATS, UnitTable
 # the plugin's own keys under wdstream: (beside from_config's)
 # records packed together (sample_packing with datasets:); held-out examples evaluated
 PLUGIN_KEYS = ("packing_buffer", "eval_examples")
+WHERE = "the axolotl config"  # how errors name the config
 # axolotl's schema of each kind of entry (a pydantic model in axolotl.utils.schemas.datasets)
 SCHEMAS = {"datasets": "SFTDataset", "pretraining_dataset": "PretrainingDataset",
            "test_datasets": "SFTDataset"}
@@ -95,11 +95,11 @@ def setting_problems(plain: Mapping) -> list[str]:
 
 
 def raise_all(problems: list[str]) -> None:
-    if len(problems) == 1:
-        raise InputError(problems[0])
-    if problems:
-        raise InputError(f"{len(problems)} mistakes in the config:\n  - "
-                         + "\n  - ".join(problems))
+    """The problems (each ``"label: message"``) in one ``InputError``, said as every config's
+    errors are (``keys.Report``)."""
+    report = Report(WHERE)
+    report.errors.extend(problems)
+    report.raise_errors()
 
 
 # ---- columns ------------------------------------------------------------------------------
