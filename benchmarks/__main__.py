@@ -27,7 +27,7 @@ from pathlib import Path
 from . import common
 
 BENCHMARKS = ("pack", "read", "mosaic", "link", "manifest", "resume", "llm", "compressed",
-              "raw_files", "axolotl_configs")
+              "raw_files", "axolotl_configs", "axolotl_packing")
 RESULTS = common.REPO / "docs" / "benchmarks-results.md"
 HIDDEN = {"table", "note"}
 
