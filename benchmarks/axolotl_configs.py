@@ -36,6 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import common
+
 TITLE = "axolotl's example configs under the plugin"
 EXAMPLES_ENV = "WDSTREAM_BENCH_AXOLOTL_EXAMPLES"
 PYTHON_ENV = "WDSTREAM_BENCH_AXOLOTL_PYTHON"
@@ -380,24 +382,13 @@ def run(quick: bool) -> list[dict]:
     if not python:
         return skipped(f"axolotl does not import here; name an interpreter where it does "
                        f"({PYTHON_ENV}, e.g. .tox/axolotl/bin/python)")
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch, "rows.json")
-        subprocess.run([python, "-m", "benchmarks.axolotl_configs", str(out)]
-                       + (["--quick"] if quick else []), cwd=REPO, check=True)
-        return json.loads(out.read_text())
+    return common.rows_from(python, "axolotl_configs", quick)
 
 
 def main(argv: list[str]) -> int:
     """``python -m benchmarks.axolotl_configs [OUT.json] [--quick]``: the rows as JSON into
     OUT.json (run by ``run`` in axolotl's interpreter), else printed as tables."""
-    quick = "--quick" in argv
-    paths = [arg for arg in argv if not arg.startswith("--")]
-    if paths:
-        Path(paths[0]).write_text(json.dumps(run(quick)))
-        return 0
-    from .__main__ import run_alone
-
-    return run_alone("axolotl_configs", TITLE, run, argv)
+    return common.module_main("axolotl_configs", TITLE, run, argv)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -338,25 +337,13 @@ def run(quick: bool) -> list[dict]:
     if not python:
         return [{"table": T_RATIOS, "note": f"skipped: axolotl does not import here; name an "
                  f"interpreter where it does ({PYTHON_ENV}, e.g. .tox/axolotl/bin/python)"}]
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch, "rows.json")
-        subprocess.run([python, "-m", "benchmarks.axolotl_packing", str(out)]
-                       + (["--quick"] if quick else []), cwd=REPO, check=True,
-                       env=common.child_env())
-        return json.loads(out.read_text())
+    return common.rows_from(python, "axolotl_packing", quick)
 
 
 def main(argv: list[str]) -> int:
     """``python -m benchmarks.axolotl_packing [OUT.json] [--quick]``: the rows as JSON into
     OUT.json (run by ``run`` in axolotl's interpreter), else printed as tables."""
-    quick = "--quick" in argv
-    paths = [arg for arg in argv if not arg.startswith("--")]
-    if paths:
-        Path(paths[0]).write_text(json.dumps(run(quick)))
-        return 0
-    from .__main__ import run_alone
-
-    return run_alone("axolotl_packing", TITLE, run, argv)
+    return common.module_main("axolotl_packing", TITLE, run, argv)
 
 
 if __name__ == "__main__":

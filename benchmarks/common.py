@@ -266,6 +266,30 @@ def _child_main(argv: list[str]) -> int:
     return 0
 
 
+def rows_from(python: str, name: str, quick: bool) -> list[dict]:
+    """A benchmark's rows computed in another interpreter (one where a peer imports):
+    ``python -m benchmarks.NAME OUT.json [--quick]`` (``module_main``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder, "rows.json")
+        subprocess.run([python, "-m", f"benchmarks.{name}", str(out)]
+                       + (["--quick"] if quick else []), cwd=REPO, check=True,
+                       env=child_env())
+        return json.loads(out.read_text())
+
+
+def module_main(name: str, title: str, run, argv: list[str]) -> int:
+    """``python -m benchmarks.NAME [OUT.json] [--quick]``: the rows as JSON into OUT.json
+    (``rows_from``), else printed as tables."""
+    quick = "--quick" in argv
+    paths = [arg for arg in argv if not arg.startswith("--")]
+    if paths:
+        Path(paths[0]).write_text(json.dumps(run(quick)))
+        return 0
+    from .__main__ import run_alone
+
+    return run_alone(name, title, run, argv)
+
+
 class Skip(Exception):
     """Raised by a case that cannot run here (a peer that is not installed)."""
 
