@@ -206,14 +206,17 @@ def counted(loader, started: float) -> dict:
 
 
 def fresh(path: str) -> None:
-    """A case's prepared data and outputs start empty (no cache from an earlier run)."""
+    """A case's prepared data, outputs and ``datasets`` cache start empty (nothing from an
+    earlier run)."""
     import shutil
 
     import yaml
 
     values = yaml.safe_load(Path(path).read_text())
-    for key in ("dataset_prepared_path", "output_dir"):
-        shutil.rmtree(values[key], ignore_errors=True)
+    for folder in (values["dataset_prepared_path"], values["output_dir"],
+                   os.environ.get("HF_DATASETS_CACHE")):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def case_wdstream(path: str) -> dict:
@@ -285,8 +288,11 @@ def measure(quick: bool) -> list[dict]:
             for side in SIDES:
                 path = root / f"{kind}-{side}.yml"
                 path.write_text(yaml.safe_dump(config(kind, side, folders[kind], model, root)))
+                # its own datasets cache, emptied before each run: axolotl's maps are
+                # cached by the rows' fingerprint and would be read back, not run again
+                cache = {"HF_DATASETS_CACHE": str(root / "hf-cache" / f"{kind}-{side}")}
                 cases[f"{kind} {side}"] = (f"benchmarks.axolotl_packing:case_{side}",
-                                           {"path": str(path)}, ENV)
+                                           {"path": str(path)}, {**ENV, **cache})
         found = common.repeat(cases, progress=lambda text: common.log(f"axolotl_packing: "
                                                                       f"{text}"))
     for kind in FORMATS:
