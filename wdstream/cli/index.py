@@ -139,9 +139,9 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
     """The unit index of the JSON Lines files under ``sources[0]``, written to ``output``."""
     from wdstream.sources.objects import exists
     from wdstream.tables.files import find_files
-    from wdstream.tables.plan_processes import plan_in_processes
     from wdstream.tables.reads import Access
     from wdstream.tables.unit_index import write_index
+    from wdstream.tables.unit_processes import plan_in_processes
     from wdstream.tables.units import plan_files
 
     if len(sources) != 1:

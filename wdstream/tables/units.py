@@ -21,11 +21,11 @@ from wdstream.tables.arrow import ArrowFormat
 from wdstream.tables.files import RawFile, listed_files
 from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit, limits_of
 from wdstream.tables.jsonl import JsonLinesFormat
-from wdstream.tables.node_plans import NodePlans
+from wdstream.tables.node_units import NodePlans
 from wdstream.tables.parquet import ParquetFormat, check_columns
-from wdstream.tables.plan_processes import Planners, cpu_share, plan_in_processes
 from wdstream.tables.reads import Access, check_unchanged, reads_check_version
 from wdstream.tables.unit_index import indexed_plans, read_index
+from wdstream.tables.unit_processes import Planners, cpu_share, plan_in_processes
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
@@ -186,7 +186,7 @@ def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
     """A ``UnitTable`` of ``files``: Parquet and Arrow files planned from their metadata, JSON
     Lines files from ``options.index``, or else from one scan of each. ``ahead``: the
     planners some of the files were added to as they were listed (``PlanAhead``); ``node``:
-    the plans the ranks of the node share (``node_plans``)."""
+    the plans the ranks of the node share (``node_units``)."""
     index = read_index(options.index) if options.index is not None else None
     plans = node.plans(files, lambda: _plans(source, files, options, access, ahead, index),
                        index[1] if index is not None else None) \

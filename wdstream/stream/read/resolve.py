@@ -19,7 +19,7 @@ from wdstream.stream.read.shard_reader import ShardTable, SpanReader
 from wdstream.stream.read.unit_reader import UnitReader
 from wdstream.tables.files import NoFilesError, find_files, names_raw_files
 from wdstream.tables.jsonl import json_rows_file
-from wdstream.tables.node_plans import NodePlans
+from wdstream.tables.node_units import NodePlans
 from wdstream.tables.reads import Access
 from wdstream.tables.units import PlanAhead, RawOptions, UnitTable, plan_units
 

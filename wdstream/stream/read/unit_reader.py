@@ -32,8 +32,8 @@ from wdstream.stream.read.shard_reader import (
     is_transient,
     wait_to_retry,
 )
-from wdstream.tables.plan_processes import rank_cpus
 from wdstream.tables.reads import Access
+from wdstream.tables.unit_processes import rank_cpus
 from wdstream.tables.units import UnitTable
 
 log = logging.getLogger(__name__)

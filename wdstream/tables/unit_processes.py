@@ -47,7 +47,7 @@ MAX_PROCESSES = 8  # planners of one rank, this process included
 STDERR_TAIL = 4000  # characters of a failed child's output in the error
 _CHILD = ("import sys; home = sys.argv.pop(1); "
           "sys.path[0:1] = [] if home in sys.path else [home]; "
-          "from wdstream.tables.plan_processes import child_main; child_main()")
+          "from wdstream.tables.unit_processes import child_main; child_main()")
 
 Plan = Callable[[Sequence[RawFile], Access], list[FilePlan]]
 log = logging.getLogger(__name__)

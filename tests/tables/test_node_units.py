@@ -11,9 +11,9 @@ import pytest
 import wdstream
 from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixture gets
 from tests.support.raw_data import upload_tree, write_parquet
-from wdstream.tables import node_plans
+from wdstream.tables import node_units
 from wdstream.tables.files import find_files
-from wdstream.tables.node_plans import NodePlans
+from wdstream.tables.node_units import NodePlans
 from wdstream.tables.reads import Access
 from wdstream.tables.units import plan_files
 
@@ -87,7 +87,7 @@ def test_other_files_or_a_damaged_entry_are_planned_again(folder, tmp_path):
         with NodePlans("src", None, share) as node:
             assert node.plans(changed, plan) == plans
     assert len(calls) == 5
-    assert node_plans.read_entry(path, changed) == plans  # published again, whole
+    assert node_units.read_entry(path, changed) == plans  # published again, whole
 
 
 def test_without_sharing_every_process_plans(folder):
@@ -114,14 +114,14 @@ def test_an_entry_others_may_write_or_a_link_is_not_used(folder, tmp_path):
 
     files, plans, share, path = _published(folder, tmp_path)
     os.chmod(path, 0o666)
-    assert node_plans.read_entry(path, files) is None
+    assert node_units.read_entry(path, files) is None
     os.chmod(path, 0o600)
     os.rename(path, path + ".real")
     os.symlink(path + ".real", path)
-    assert node_plans.read_entry(path, files) is None
+    assert node_units.read_entry(path, files) is None
     with NodePlans("src", None, share) as node:  # planned again, and published in its place
         assert node.plans(files, lambda: plans) == plans
-    assert not os.path.islink(path) and node_plans.read_entry(path, files) == plans
+    assert not os.path.islink(path) and node_units.read_entry(path, files) == plans
 
 
 def test_a_source_of_shards_takes_no_lock_and_writes_nothing(s3, s3_bucket, tmp_path):

@@ -19,7 +19,7 @@ from wdstream.errors import ShardError, ShardMismatchError, StreamError, Wdstrea
 from wdstream.sources import range_reads, s3_objects
 from wdstream.sources.range_fetchers import HttpStatusError
 from wdstream.sources.s3_ranges import S3Ranges
-from wdstream.tables import parquet, plan_processes, units
+from wdstream.tables import parquet, unit_processes, units
 from wdstream.tables.files import RawFile, describe
 from wdstream.tables.parquet import ParquetFormat
 from wdstream.tables.reads import Access
@@ -148,11 +148,11 @@ def test_a_footer_that_cannot_be_read_fails_the_build_naming_the_file(
 def children(monkeypatch):
     """Planning in processes from 4 files on, a child for 8 or more, 4 CPUs: the sizes of
     the runs children planned, and how many children were started (``started.count``)."""
-    monkeypatch.setattr(plan_processes, "MIN_FILES", 4)
-    monkeypatch.setattr(plan_processes, "FILES_PER_PROCESS", 8)
+    monkeypatch.setattr(unit_processes, "MIN_FILES", 4)
+    monkeypatch.setattr(unit_processes, "FILES_PER_PROCESS", 8)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    started, start, ask = Runs(), plan_processes._start, plan_processes._ask
+    started, start, ask = Runs(), unit_processes._start, unit_processes._ask
 
     def counted():
         started.count += 1
@@ -162,8 +162,8 @@ def children(monkeypatch):
         started.append(len(run))
         return ask(child, run, access)
 
-    monkeypatch.setattr(plan_processes, "_start", counted)
-    monkeypatch.setattr(plan_processes, "_ask", asked)
+    monkeypatch.setattr(unit_processes, "_start", counted)
+    monkeypatch.setattr(unit_processes, "_ask", asked)
     return started
 
 
@@ -181,7 +181,7 @@ def test_many_files_are_planned_by_children_as_by_one_process(many, children, mo
     together = _planned(str(many))
     assert children.count == 3 and children  # 48 files, 4 processes (4 CPUs): runs of 12
     assert set(children) == {12} and len(children) <= 3
-    monkeypatch.setattr(plan_processes, "MIN_FILES", 1000)
+    monkeypatch.setattr(unit_processes, "MIN_FILES", 1000)
     children.clear()
     assert _planned(str(many)) == together and children == [] and children.count == 3
 
@@ -192,18 +192,18 @@ def test_a_childs_error_is_raised_as_it_is(many, children, tmp_path):
     (tmp_path / "part-047.parquet").write_bytes(b"a text file, not a Parquet one")
     with pytest.raises(ShardError, match="part-047.parquet: not a Parquet file"):
         wdstream.StreamingDataset(str(tmp_path))
-    child = plan_processes._start()
+    child = unit_processes._start()
     try:  # the same, asked of a child directly
         with pytest.raises(ShardError, match="part-047.parquet: not a Parquet file"):
-            plan_processes._ask(child, [describe(str(tmp_path / "part-047.parquet"))], Access())
+            unit_processes._ask(child, [describe(str(tmp_path / "part-047.parquet"))], Access())
         ours = describe(str(tmp_path / "part-001.parquet"))
-        assert plan_processes._ask(child, [ours], Access()) == units.plan_files([ours], Access())
+        assert unit_processes._ask(child, [ours], Access()) == units.plan_files([ours], Access())
     finally:
         child.process.kill()
         child.process.wait()
     with pytest.raises(WdstreamError, match=r"part-001.parquet and 0 more files in another "
                                             r"process failed \(exit -9\)"):
-        plan_processes._ask(child, [ours], Access())
+        unit_processes._ask(child, [ours], Access())
 
 
 def test_children_plan_s3_files_with_this_process_s_settings(s3, s3_bucket, many, children):
@@ -254,15 +254,15 @@ def test_a_folder_of_shards_beside_parquet_files_stops_their_planning(
 def test_the_ranks_of_a_node_share_its_cpus(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert plan_processes.rank_cpus() == 4
-    assert plan_processes.processes_for(1_000_000) == 4
-    assert plan_processes.processes_for(plan_processes.MIN_FILES - 1) == 1
-    assert plan_processes.processes_for(plan_processes.MIN_FILES) == 2
+    assert unit_processes.rank_cpus() == 4
+    assert unit_processes.processes_for(1_000_000) == 4
+    assert unit_processes.processes_for(unit_processes.MIN_FILES - 1) == 1
+    assert unit_processes.processes_for(unit_processes.MIN_FILES) == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
-    assert plan_processes.rank_cpus() == 1
-    assert plan_processes.processes_for(1_000_000) == 1
+    assert unit_processes.rank_cpus() == 1
+    assert unit_processes.processes_for(1_000_000) == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert plan_processes.processes_for(1_000_000) == plan_processes.MAX_PROCESSES
+    assert unit_processes.processes_for(1_000_000) == unit_processes.MAX_PROCESSES
 
 
 def test_an_index_scanned_by_children_is_the_one_a_process_writes(tmp_path, children,
@@ -276,7 +276,7 @@ def test_an_index_scanned_by_children_is_the_one_a_process_writes(tmp_path, chil
         (lines / f"part-{index:02d}.jsonl").write_text(rows)
     _index_raw_files([str(lines)], str(tmp_path / "by-children.json"), False, True, None)
     assert children == [8, 8]  # 24 files: 3 runs of at least 8
-    monkeypatch.setattr(plan_processes, "MIN_FILES", 1000)
+    monkeypatch.setattr(unit_processes, "MIN_FILES", 1000)
     _index_raw_files([str(lines)], str(tmp_path / "by-one.json"), False, True, None)
     assert children == [8, 8]  # none more
     assert (tmp_path / "by-children.json").read_bytes() == (tmp_path / "by-one.json").read_bytes()
@@ -286,8 +286,8 @@ def test_without_a_child_process_this_one_plans_them_all(many, children, monkeyp
     def no_process():
         raise OSError("Resource temporarily unavailable")
 
-    monkeypatch.setattr(plan_processes, "_start", no_process)
+    monkeypatch.setattr(unit_processes, "_start", no_process)
     together = _planned(str(many))
     assert children == [] and "planning in another process: Resource" in caplog.text
-    monkeypatch.setattr(plan_processes, "MIN_FILES", 1000)
+    monkeypatch.setattr(unit_processes, "MIN_FILES", 1000)
     assert _planned(str(many)) == together
