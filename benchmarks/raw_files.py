@@ -39,16 +39,16 @@ TOKENS = 2048
 # Half a GB of token rows (2,000 a file), so that their whole read is not mostly the loader's
 # start (docs/benchmarks.md)
 FULL = {"text_rows": 400_000, "token_rows": 64_000, "files": 8, "token_files": 32,
-        "plan_files": 10_000}
+        "cut_files": 10_000}
 QUICK = {"text_rows": 40_000, "token_rows": 4_000, "files": 4, "token_files": 4,
-         "plan_files": 1_000}
+         "cut_files": 1_000}
 
 T_ROWS = "rows/s, 2 workers, batch 32, shuffle on (medians)"
-T_PLAN = "building a dataset over many small Parquet files on the S3 server (footers only)"
+T_CUT = "building a dataset over many small Parquet files on the S3 server (footers only)"
 T_GOALS = "goals"
 PLANE = "nginx: GETs from files, listing from moto"
-SHARED = "nginx, the plan published by another rank of the node"
-PLAN_GOAL_S = 10  # "a 10,000-file dataset plans in seconds"
+SHARED = "nginx, the units published by another rank of the node"
+CUT_GOAL_S = 10  # "a 10,000-file dataset is cut into units in seconds"
 LATENCY_LINK = (100e6, 0.03)  # bytes/s per connection and first-byte delay: a cloud store's
 LATENCY_FILES = 300  # of the many small files, read through that link
 
@@ -171,13 +171,13 @@ def _litdata_index(litdata, files: list[str], scratch: Path) -> tuple[Path, floa
     return folder, time.perf_counter() - started
 
 
-def case_plan(url: str, files: int, server_pid: int | None = None,
+def case_cut_units(url: str, files: int, server_pid: int | None = None,
               plane_pids: tuple[int, ...] = (), shared: bool = False) -> dict:
     """The dataset built over ``files`` Parquet files: seconds, the RSS it adds to the process
     after the imports (held once built, and at its peak), and the CPU seconds of this process,
     of the server (``server_pid``) and of the data plane (``plane_pids``) while it is
-    built. Planned here (no plan shared on the node), or with ``shared`` as another rank of
-    the node builds it: once the plan is published (by a first build, not timed)."""
+    built. Cut here (no units shared on the node), or with ``shared`` as another rank of
+    the node builds it: once the units are published (by a first build, not timed)."""
     import botocore.session  # noqa: F401 - the imports a rank has made anyway
 
     import wdstream
@@ -186,22 +186,22 @@ def case_plan(url: str, files: int, server_pid: int | None = None,
 
     quiet_logs()
     _warm_imports()
-    share = tempfile.mkdtemp(prefix="wdstream-plans-") if shared else False
+    share = tempfile.mkdtemp(prefix="wdstream-units-") if shared else False
     if shared:
-        wdstream.StreamingDataset(url, share_manifest=share)  # the rank that plans
+        wdstream.StreamingDataset(url, share_manifest=share)  # the rank that cuts
     before = _rss_mb()
     server, plane = _cpu_seconds(server_pid), sum(map(_cpu_seconds, plane_pids))
     cpu = _own_and_children_cpu()
     started = common.start_clock()
     dataset = wdstream.StreamingDataset(url, share_manifest=share)
     seconds = time.perf_counter() - started
-    planner_cpu = _own_and_children_cpu() - cpu
+    cutter_cpu = _own_and_children_cpu() - cpu
     server_cpu = _cpu_seconds(server_pid) - server if server_pid else None
     plane_cpu = sum(map(_cpu_seconds, plane_pids)) - plane if plane_pids else None
     if len(dataset.shards.files) != files:
         raise RuntimeError(f"found {len(dataset.shards.files)} files, expected {files}")
     result = {"samples": len(dataset), "seconds": seconds, "rss_added_mb": _rss_mb() - before,
-              "peak_added_mb": _peak_rss_mb() - before, "planner_cpu_s": planner_cpu,
+              "peak_added_mb": _peak_rss_mb() - before, "cutter_cpu_s": cutter_cpu,
               "server_cpu_s": server_cpu, "plane_cpu_s": plane_cpu}
     if shared:
         shutil.rmtree(share, ignore_errors=True)
@@ -211,7 +211,7 @@ def case_plan(url: str, files: int, server_pid: int | None = None,
 
 
 def _own_and_children_cpu() -> float:
-    """CPU seconds of this process and of its children that ended (the planning ones)."""
+    """CPU seconds of this process and of its children that ended (the cutting ones)."""
     import resource
 
     own, ended = resource.getrusage(resource.RUSAGE_SELF), \
@@ -344,8 +344,8 @@ def run(quick: bool) -> list[dict]:
                 remote[data] = (url, [url + Path(f).name for f in files], column, count)
             found, s3_results = _read_rows("s3", remote, s3.env)
             rows += found
-            planned = _plan_rows(s3, root / "many", sizes["plan_files"])
-        rows += planned
+            cut = _cut_rows(s3, root / "many", sizes["cut_files"])
+        rows += cut
         rows += _notes(sizes)
         for where, found in (("local", results), ("s3", s3_results)):
             wd = _speed(found.get(("~1 KiB text", "wdstream")))
@@ -353,15 +353,15 @@ def run(quick: bool) -> list[dict]:
                               ratio(wd, _speed(found.get(("~1 KiB text", "datasets streaming")))),
                               2, table=T_GOALS))
         goals += _token_goals(results)
-        fastest = [r["seconds"] for r in planned
+        fastest = [r["seconds"] for r in cut
                    if r.get("seconds") is not None and r["data plane"] != SHARED]
-        goals.append(goal(f"{sizes['plan_files']:,} Parquet files planned on S3, s "
+        goals.append(goal(f"{sizes['cut_files']:,} Parquet files cut into units on S3, s "
                           "(the cheaper data plane)", min(fastest) if fastest else None,
-                          PLAN_GOAL_S, higher_is_better=False, table=T_GOALS))
+                          CUT_GOAL_S, higher_is_better=False, table=T_GOALS))
     return rows + goals
 
 
-def _plan_rows(s3, folder: Path, count: int) -> list[dict]:
+def _cut_rows(s3, folder: Path, count: int) -> list[dict]:
     """The many-files case through moto alone, and with the files' GETs served by nginx
     (``data_plane.NginxPlane``: the listing still from moto) where nginx runs here."""
     from contextlib import nullcontext
@@ -371,27 +371,27 @@ def _plan_rows(s3, folder: Path, count: int) -> list[dict]:
     url = _many_files(s3, count, folder)
     why = missing(delays=True)
     if why is not None:
-        common.log(f"raw_files: {why}: files are planned through moto alone")
+        common.log(f"raw_files: {why}: files are cut through moto alone")
     with nullcontext() if why else NginxPlane(folder / "plane", s3.port,
                                               links=[LATENCY_LINK]) as plane:
         args = {"url": url, "files": count, "server_pid": s3.process.pid}
-        cases = {"moto": ("benchmarks.raw_files:case_plan", args, s3.env)}
+        cases = {"moto": ("benchmarks.raw_files:case_cut_units", args, s3.env)}
         if plane is not None:
-            plane.mirror(folder / "files", "many", "plan")
+            plane.mirror(folder / "files", "many", "units")
             nginx = {**s3.env, "AWS_ENDPOINT_URL": plane.endpoint("s3", None)}
-            cases[PLANE] = ("benchmarks.raw_files:case_plan",
+            cases[PLANE] = ("benchmarks.raw_files:case_cut_units",
                             {**args, "plane_pids": plane.pids()}, nginx)
-            cases[SHARED] = ("benchmarks.raw_files:case_plan",
+            cases[SHARED] = ("benchmarks.raw_files:case_cut_units",
                              {**args, "plane_pids": plane.pids(), "shared": True}, nginx)
         results = common.repeat(cases, progress=common.log)
         reads = [] if plane is None else _latency_reads(url, plane, s3.env)
-    return reads + [{"table": T_PLAN, "files": count, "data plane": name,
+    return reads + [{"table": T_CUT, "files": count, "data plane": name,
              "seconds": found.get("seconds"), "listing s": found.get("listing_s"),
              "peak RSS MB": found.get("peak_rss_mb"),
              "RSS added MB": found.get("rss_added_mb"),
              "peak added MB": found.get("peak_added_mb"),
-             "planner CPU s": found.get("planner_cpu_s"),
-             "planner CPU ms per file": _per_file_ms(found.get("planner_cpu_s"), count),
+             "cutter CPU s": found.get("cutter_cpu_s"),
+             "cutter CPU ms per file": _per_file_ms(found.get("cutter_cpu_s"), count),
              "moto CPU s": found.get("server_cpu_s"), "nginx CPU s": found.get("plane_cpu_s"),
              "error": found.get("error")} for name, found in results.items()]
 
@@ -435,26 +435,26 @@ def _notes(sizes: dict) -> list[dict]:
         f"byte: the first {LATENCY_FILES} of the many small files below (100 rows in 2 row "
         "groups, ~1.5 KB each), named one by one, read with the 'text' column through nginx "
         "(benchmarks/data_plane.py) on that link.")
-    plan_note = (
-        f"{sizes['plan_files']:,} files of 100 rows in 2 row groups (~1.5 KB each) on the "
+    cut_note = (
+        f"{sizes['cut_files']:,} files of 100 rows in 2 row groups (~1.5 KB each) on the "
         "moto server, put there by 16 threads; StreamingDataset(url) lists them (one listing "
         "of the folder, which holds no index.json, no shards and no subfolder) and reads each "
         "footer (one ranged GET of the file, at most its last 64 KiB, 32 files in flight in "
-        "each planning process: this one and, on this machine's 2 CPUs, one child, each "
+        "each cutting process: this one and, on this machine's 2 CPUs, one child, each "
         "taking the next page of the listing, 1,000 files, while the listing goes on). "
         "Data plane 'moto': every request to the moto server, which answers each GET at "
-        "about 4 ms of its CPU, on the planner's 2 cores; 'nginx': the files' GETs served "
+        "about 4 ms of its CPU, on the cutter's 2 cores; 'nginx': the files' GETs served "
         "from the same bytes on disk by nginx (benchmarks/data_plane.py), the listing by moto "
-        "behind it, so that the figure is the planner's more than the simulated store's. "
+        "behind it, so that the figure is the cutter's more than the simulated store's. "
         "Seconds from the call to the dataset; peak RSS of the process; the RSS the dataset "
         "adds to it once built and at its peak, after the imports (torch, pyarrow, botocore): "
         "what a rank pays; CPU seconds of the process and its child, of "
         "moto and of nginx meanwhile; 'listing s': one listing of the folder alone, after. "
-        "Every process plans here (share_manifest=False) but in the last row, where the "
-        "node's plan was published by a first build (another rank, or the job before a "
-        "restart): the rank lists the folder and reads that plan. "
-        f"The goal (at most {PLAN_GOAL_S} s) takes the cheaper data plane.")
-    return [{"table": T_ROWS, "note": rows_note}, {"table": T_PLAN, "note": plan_note}]
+        "Every process cuts here (share_manifest=False) but in the last row, where the "
+        "node's units were published by a first build (another rank, or the job before a "
+        "restart): the rank lists the folder and reads those units. "
+        f"The goal (at most {CUT_GOAL_S} s) takes the cheaper data plane.")
+    return [{"table": T_ROWS, "note": rows_note}, {"table": T_CUT, "note": cut_note}]
 
 
 def _token_goals(results: dict) -> list[dict]:
@@ -491,8 +491,8 @@ def _many_files(s3, count: int, folder: Path, threads: int = 16) -> str:
         pq.write_table(table, out, row_group_size=50)
         name = f"part-{index:05d}.parquet"
         (folder / "files" / name).write_bytes(out.getvalue())
-        client.put_object(Bucket="many", Key=f"plan/{name}", Body=out.getvalue())
+        client.put_object(Bucket="many", Key=f"units/{name}", Body=out.getvalue())
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(put, range(count)))
-    return "s3://many/plan/"
+    return "s3://many/units/"

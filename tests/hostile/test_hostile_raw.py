@@ -351,12 +351,12 @@ def write_index(folder: Path, index: Path, units: dict[str, list[list[int]]]) ->
     """An index of the JSON Lines files under ``folder`` (their real sizes and tags) whose
     units are ``units[name]``, as ``[start, end, rows]``."""
     from wdstream.tables.files import find_files
-    from wdstream.tables.formats import FilePlan, Unit
+    from wdstream.tables.formats import FileUnits, Unit
     from wdstream.tables.unit_index import index_document
 
     files = find_files(str(folder))
-    plans = [FilePlan([Unit(s, r, 0, e) for s, e, r in units[f.name]]) for f in files]
-    index.write_text(json.dumps(index_document(files, plans)))
+    file_units = [FileUnits([Unit(s, r, 0, e) for s, e, r in units[f.name]]) for f in files]
+    index.write_text(json.dumps(index_document(files, file_units)))
 
 
 def test_an_index_cannot_make_one_read_cover_a_huge_file(tmp_path):

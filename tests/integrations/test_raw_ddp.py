@@ -30,7 +30,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_batches(moto_server, parque
              full / "ckpt.json", "--every", 4, "--keep-checkpoints", "--share",
              tmp_path / "share")
     footers = sorted(run["meta"]["footers_read"] for run in read_run(full, 2))
-    assert footers == [0, 3]  # one rank planned the node's 3 files, the other read its plan
+    assert footers == [0, 3]  # one rank cut the node's 3 files into units, the other read them
     whole = batch_lists(read_run(full, 2))
     assert len(whole[0]) == len(whole[1])
     seen = counted(*whole)

@@ -76,8 +76,8 @@ def test_two_hosts_killed_and_resumed_on_the_same_hosts_and_on_one(cluster, tmp_
     run_nodes(cluster, full, 2)
     run = read_run(full, 4)
     assert [r["meta"]["world"] for r in run] == [4] * 4
-    # each node planned the 3 files once: one of its ranks read the footers, the other its
-    # node's plan
+    # each node cut the 3 files into units once: one of its ranks read the footers, the other
+    # its node's units
     assert sorted(r["meta"]["footers_read"] for r in run) == [0, 0, 3, 3]
     whole = batch_lists(run)
     assert len({len(b) for b in whole}) == 1 and len(whole[0]) > 2 * EVERY + 1

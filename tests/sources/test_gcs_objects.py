@@ -83,8 +83,8 @@ def _parquet(first: int, rows: int) -> bytes:
 def test_a_parquet_folder_is_planned_as_its_pages_come(fake_gcs, monkeypatch):  # noqa: F811
     monkeypatch.setattr(gcs_objects, "LIST_PAGE_SIZE", 2)
     pages = []
-    seen_page = units.PlanAhead.on_page
-    monkeypatch.setattr(units.PlanAhead, "on_page",
+    seen_page = units.UnitsAhead.on_page
+    monkeypatch.setattr(units.UnitsAhead, "on_page",
                         lambda self, entries: pages.append(len(entries))
                         or seen_page(self, entries))
     for number in range(5):

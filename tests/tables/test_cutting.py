@@ -1,6 +1,6 @@
-"""Planning many raw files: their footers are read many at once, never more than
-``PLANS_IN_FLIGHT``, and the plan is the same in whatever order they come back, and when
-child processes plan some of them; on S3 a footer is one GET of the file's tail (two for a
+"""Cutting many raw files into units: their footers are read many at once, never more than
+``FILES_IN_FLIGHT``, and the units are the same in whatever order they come back, and when
+child processes cut some of them; on S3 a footer is one GET of the file's tail (two for a
 larger footer), a folder without subfolders is listed once, and a file shorter than listed
 or a footer that cannot be read is an error naming the file."""
 
@@ -41,21 +41,21 @@ def many(tmp_path_factory):
 
 def test_footers_are_read_many_at_once_within_the_bound(many, monkeypatch):
     lock, now, most = threading.Lock(), [0], [0]
-    plan = ParquetFormat.plan
+    cut = ParquetFormat.cut
 
-    def slow_plan(self, file, access):
+    def slow_cut(self, file, access):
         with lock:
             now[0] += 1
             most[0] = max(most[0], now[0])
         time.sleep(0.05 if file.name.endswith(("1.parquet", "4.parquet")) else 0.02)
         try:
-            return plan(self, file, access)
+            return cut(self, file, access)
         finally:
             with lock:
                 now[0] -= 1
 
-    monkeypatch.setattr(units, "PLANS_IN_FLIGHT", 16)
-    monkeypatch.setattr(ParquetFormat, "plan", slow_plan)
+    monkeypatch.setattr(units, "FILES_IN_FLIGHT", 16)
+    monkeypatch.setattr(ParquetFormat, "cut", slow_cut)
     ds = wdstream.StreamingDataset(str(many), shuffle=False)
     assert most[0] == 16
     assert list(ds.shards.samples) == [1 + i % 5 for i in range(48)]
@@ -123,7 +123,7 @@ def test_a_file_shorter_than_listed_is_an_error_naming_it(s3, s3_bucket, tmp_pat
     longer = RawFile(listed.url, listed.name, listed.size + 100, listed.tag)
     with pytest.raises(ShardMismatchError, match=r"part-1.parquet: ended at byte "
                                                  rf"{listed.size}; {listed.size + 100} bytes"):
-        ParquetFormat().plan(longer, Access())
+        ParquetFormat().cut(longer, Access())
     assert gets == [(f"bytes=0-{listed.size + 99}", 206)]
 
 
@@ -146,8 +146,8 @@ def test_a_footer_that_cannot_be_read_fails_the_build_naming_the_file(
 
 @pytest.fixture
 def children(monkeypatch):
-    """Planning in processes from 4 files on, a child for 8 or more, 4 CPUs: the sizes of
-    the runs children planned, and how many children were started (``started.count``)."""
+    """Cutting in processes from 4 files on, a child for 8 or more, 4 CPUs: the sizes of
+    the runs children cut, and how many children were started (``started.count``)."""
     monkeypatch.setattr(unit_processes, "MIN_FILES", 4)
     monkeypatch.setattr(unit_processes, "FILES_PER_PROCESS", 8)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
@@ -171,19 +171,19 @@ class Runs(list):
     count = 0
 
 
-def _planned(source) -> tuple[str, list[str]]:
-    """The plan's fingerprint and the keys, planned here (not found planned on this node)."""
+def _units_of(source) -> tuple[str, list[str]]:
+    """The plan's fingerprint and the keys, cut here (not found cut on this node)."""
     ds = wdstream.StreamingDataset(source, shuffle=False, share_manifest=False)
     return ds.shards.fingerprint(), [s["__key__"] for s in ds]
 
 
-def test_many_files_are_planned_by_children_as_by_one_process(many, children, monkeypatch):
-    together = _planned(str(many))
+def test_many_files_are_cut_by_children_as_by_one_process(many, children, monkeypatch):
+    together = _units_of(str(many))
     assert children.count == 3 and children  # 48 files, 4 processes (4 CPUs): runs of 12
     assert set(children) == {12} and len(children) <= 3
     monkeypatch.setattr(unit_processes, "MIN_FILES", 1000)
     children.clear()
-    assert _planned(str(many)) == together and children == [] and children.count == 3
+    assert _units_of(str(many)) == together and children == [] and children.count == 3
 
 
 def test_a_childs_error_is_raised_as_it_is(many, children, tmp_path):
@@ -197,7 +197,7 @@ def test_a_childs_error_is_raised_as_it_is(many, children, tmp_path):
         with pytest.raises(ShardError, match="part-047.parquet: not a Parquet file"):
             unit_processes._ask(child, [describe(str(tmp_path / "part-047.parquet"))], Access())
         ours = describe(str(tmp_path / "part-001.parquet"))
-        assert unit_processes._ask(child, [ours], Access()) == units.plan_files([ours], Access())
+        assert unit_processes._ask(child, [ours], Access()) == units.cut_files([ours], Access())
     finally:
         child.process.kill()
         child.process.wait()
@@ -206,39 +206,39 @@ def test_a_childs_error_is_raised_as_it_is(many, children, tmp_path):
         unit_processes._ask(child, [ours], Access())
 
 
-def test_children_plan_s3_files_with_this_process_s_settings(s3, s3_bucket, many, children):
+def test_children_cut_s3_files_with_this_process_s_settings(s3, s3_bucket, many, children):
     url = upload_tree(s3.client(), s3_bucket, many, "many")
-    from_s3 = _planned(url)
+    from_s3 = _units_of(url)
     assert children.count == 3 and children  # the children read the footers from S3
-    assert from_s3[1] == _planned(str(many))[1]
+    assert from_s3[1] == _units_of(str(many))[1]
 
 
-def test_an_s3_folder_s_files_are_planned_while_it_is_listed(s3, s3_bucket, many, children,
+def test_an_s3_folder_s_files_are_cut_while_it_is_listed(s3, s3_bucket, many, children,
                                                              monkeypatch):
     url = upload_tree(s3.client(), s3_bucket, many, "paged")
-    alone = _planned(url)
+    alone = _units_of(url)
     monkeypatch.setattr(s3_objects, "LIST_PAGE_SIZE", 10)  # 5 pages of 48 files
-    events, real_list, real_plan = [], s3_objects.list_folder, units.plan_files
+    events, real_list, real_cut = [], s3_objects.list_folder, units.cut_files
 
     def listed(*args, **kwargs):
         found = real_list(*args, **kwargs)
         events.append(("listed", len(found)))
         return found
 
-    def planned(files, access):
-        events.append(("planning", len(files)))
-        return real_plan(files, access)
+    def cut_now(files, access):
+        events.append(("cutting", len(files)))
+        return real_cut(files, access)
 
     monkeypatch.setattr(s3_objects, "list_folder", listed)
-    monkeypatch.setattr(units, "plan_files", planned)
+    monkeypatch.setattr(units, "cut_files", cut_now)
     children.clear()
-    assert _planned(url) == alone
-    assert events[0] == ("planning", 10) and ("listed", 48) in events  # the first page's
+    assert _units_of(url) == alone
+    assert events[0] == ("cutting", 10) and ("listed", 48) in events  # the first page's
     assert children.count >= 1 and set(children) <= {10, 8}  # a child from the second page
-    assert sum(children) + sum(n for what, n in events if what == "planning") == 48
+    assert sum(children) + sum(n for what, n in events if what == "cutting") == 48
 
 
-def test_a_folder_of_shards_beside_parquet_files_stops_their_planning(
+def test_a_folder_of_shards_beside_parquet_files_stops_their_cutting(
         s3, s3_bucket, many, tmp_path, monkeypatch):
     from tests.support.shard_data import shard_bytes
 
@@ -248,7 +248,7 @@ def test_a_folder_of_shards_beside_parquet_files_stops_their_planning(
     (folder / "shard-000000.tar").write_bytes(shard_bytes(0, 3))
     url = upload_tree(s3.client(), s3_bucket, folder, "mixed")
     assert len(list(wdstream.StreamingDataset(url, shuffle=False))) == 3
-    assert not [t for t in threading.enumerate() if t.name == "wdstream-planner"]
+    assert not [t for t in threading.enumerate() if t.name == "wdstream-cutter"]
 
 
 def test_the_ranks_of_a_node_share_its_cpus(monkeypatch):
@@ -282,12 +282,12 @@ def test_an_index_scanned_by_children_is_the_one_a_process_writes(tmp_path, chil
     assert (tmp_path / "by-children.json").read_bytes() == (tmp_path / "by-one.json").read_bytes()
 
 
-def test_without_a_child_process_this_one_plans_them_all(many, children, monkeypatch, caplog):
+def test_without_a_child_process_this_one_cuts_them_all(many, children, monkeypatch, caplog):
     def no_process():
         raise OSError("Resource temporarily unavailable")
 
     monkeypatch.setattr(unit_processes, "_start", no_process)
-    together = _planned(str(many))
-    assert children == [] and "planning in another process: Resource" in caplog.text
+    together = _units_of(str(many))
+    assert children == [] and "cutting into units in another process: Resource" in caplog.text
     monkeypatch.setattr(unit_processes, "MIN_FILES", 1000)
-    assert _planned(str(many)) == together
+    assert _units_of(str(many)) == together

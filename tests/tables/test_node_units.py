@@ -1,6 +1,6 @@
-"""Raw files planned once per node: the first process to build a dataset over a source leads
-and publishes its plans; the others wait for it and read no footer; an entry that describes
-other files, or is damaged, is planned again; a job started again finds its entry."""
+"""Raw files cut into units once per node: the first process to build a dataset over a source leads
+and publishes its units; the others wait for it and read no footer; an entry that describes
+other files, or is damaged, is cut again; a job started again finds its entry."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from tests.sources.test_range_reads import gets_fixture  # noqa: F401 - the fixt
 from tests.support.raw_data import upload_tree, write_parquet
 from wdstream.tables import node_units
 from wdstream.tables.files import find_files
-from wdstream.tables.node_units import NodePlans
+from wdstream.tables.node_units import NodeUnits
 from wdstream.tables.reads import Access
-from wdstream.tables.units import plan_files
+from wdstream.tables.units import cut_files
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 
@@ -26,75 +26,75 @@ def folder(tmp_path):
     return tmp_path / "data"
 
 
-def _planned(folder):
+def _units_of(folder):
     files = find_files(str(folder / "train"))
-    return files, plan_files(files, Access())
+    return files, cut_files(files, Access())
 
 
 def _published(folder, tmp_path):
-    """The files, their plans, the shared folder and the entry published there for "src"."""
-    files, plans = _planned(folder)
+    """The files, their units, the shared folder and the entry published there for "src"."""
+    files, file_units = _units_of(folder)
     share = str(tmp_path / "shared")
-    with NodePlans("src", None, share) as node:
-        node.plans(files, lambda: plans)
-    return files, plans, share, node.path
+    with NodeUnits("src", None, share) as node:
+        node.units(files, lambda: file_units)
+    return files, file_units, share, node.path
 
 
-def test_followers_wait_for_the_leader_and_plan_nothing(folder, tmp_path):
-    files, plans = _planned(folder)
+def test_followers_wait_for_the_leader_and_cut_nothing(folder, tmp_path):
+    files, file_units = _units_of(folder)
     share = str(tmp_path / "shared")
-    leader = NodePlans("s3://b/data/", None, share)
-    follower = NodePlans("s3://b/data/", None, share)
+    leader = NodeUnits("s3://b/data/", None, share)
+    follower = NodeUnits("s3://b/data/", None, share)
     assert leader.path is None and not leader.leader  # nothing touched before raw files
     assert (leader.lead(), leader.leader) == (True, True)
     assert (follower.lead(), follower.leader) == (False, False)
     got = []
 
     def follow():
-        got.append(follower.plans(files, lambda: pytest.fail("the follower planned")))
+        got.append(follower.units(files, lambda: pytest.fail("the follower cut")))
 
     waiting = threading.Thread(target=follow)
     waiting.start()
     waiting.join(0.3)
     assert waiting.is_alive()  # until the leader is done
-    assert leader.plans(files, lambda: plans) == plans
+    assert leader.units(files, lambda: file_units) == file_units
     leader.close()
     waiting.join(5)
     follower.close()
-    assert got == [plans]
-    with NodePlans("s3://b/data/", None, share) as again:  # a job started again
+    assert got == [file_units]
+    with NodeUnits("s3://b/data/", None, share) as again:  # a job started again
         assert not again.lead() and again.leader
-        assert again.plans(files, lambda: pytest.fail("planned again")) == plans
-    with NodePlans("s3://b/other/", None, share) as other:  # another source: its own entry
+        assert again.units(files, lambda: pytest.fail("cut again")) == file_units
+    with NodeUnits("s3://b/other/", None, share) as other:  # another source: its own entry
         assert other.lead()
 
 
-def test_other_files_or_a_damaged_entry_are_planned_again(folder, tmp_path):
-    files, plans, share, path = _published(folder, tmp_path)
+def test_other_files_or_a_damaged_entry_are_cut_again(folder, tmp_path):
+    files, file_units, share, path = _published(folder, tmp_path)
     changed = [files[0].__class__(files[0].url, files[0].name, files[0].size, "ETag:new"),
                *files[1:]]
     calls = []
 
-    def plan():
+    def cut():
         calls.append(1)
-        return plans
+        return file_units
 
-    with NodePlans("src", None, share) as node:
-        assert node.plans(changed, plan) == plans and calls == [1]
+    with NodeUnits("src", None, share) as node:
+        assert node.units(changed, cut) == file_units and calls == [1]
     data = open(path, "rb").read()
-    for damaged in (data[:-1], data[:20], b"not an entry", data.replace(b'"plans"', b'"plan"')):
+    for damaged in (data[:-1], data[:20], b"not an entry", data.replace(b'"units"', b'"unit"')):
         open(path, "wb").write(damaged)
-        with NodePlans("src", None, share) as node:
-            assert node.plans(changed, plan) == plans
+        with NodeUnits("src", None, share) as node:
+            assert node.units(changed, cut) == file_units
     assert len(calls) == 5
-    assert node_units.read_entry(path, changed) == plans  # published again, whole
+    assert node_units.read_entry(path, changed) == file_units  # published again, whole
 
 
-def test_without_sharing_every_process_plans(folder):
-    files, plans = _planned(folder)
-    with NodePlans("src", None, False) as node:
+def test_without_sharing_every_process_cuts(folder):
+    files, file_units = _units_of(folder)
+    with NodeUnits("src", None, False) as node:
         assert node.lead() and node.path is None and node.leader
-        assert node.plans(files, lambda: plans) == plans
+        assert node.units(files, lambda: file_units) == file_units
 
 
 def test_a_second_build_on_the_node_reads_no_footer(s3, s3_bucket, folder, tmp_path, gets):
@@ -112,16 +112,16 @@ def test_a_second_build_on_the_node_reads_no_footer(s3, s3_bucket, folder, tmp_p
 def test_an_entry_others_may_write_or_a_link_is_not_used(folder, tmp_path):
     import os
 
-    files, plans, share, path = _published(folder, tmp_path)
+    files, file_units, share, path = _published(folder, tmp_path)
     os.chmod(path, 0o666)
     assert node_units.read_entry(path, files) is None
     os.chmod(path, 0o600)
     os.rename(path, path + ".real")
     os.symlink(path + ".real", path)
     assert node_units.read_entry(path, files) is None
-    with NodePlans("src", None, share) as node:  # planned again, and published in its place
-        assert node.plans(files, lambda: plans) == plans
-    assert not os.path.islink(path) and node_units.read_entry(path, files) == plans
+    with NodeUnits("src", None, share) as node:  # cut again, and published in its place
+        assert node.units(files, lambda: file_units) == file_units
+    assert not os.path.islink(path) and node_units.read_entry(path, files) == file_units
 
 
 def test_a_source_of_shards_takes_no_lock_and_writes_nothing(s3, s3_bucket, tmp_path):

@@ -1,5 +1,5 @@
 """The JSON Lines unit index scanned by Ray tasks (``wdstream index SOURCE --output URL --ray
-N``, ``wdstream.tables.ray_index.plan_on_ray``) on a local Ray started here: the index is the
+N``, ``wdstream.tables.ray_index.cut_on_ray``) on a local Ray started here: the index is the
 one a single machine writes, a file that cannot be scanned is the task's own error naming
 it, and no index is written then."""
 
@@ -15,9 +15,9 @@ import wdstream
 from tests.support.raw_data import JSONL_FILES, jsonl_keys, write_jsonl
 from wdstream.errors import InputError, ShardError
 from wdstream.tables.files import RawFile, find_files
-from wdstream.tables.ray_index import byte_runs, plan_on_ray
+from wdstream.tables.ray_index import byte_runs, cut_on_ray
 from wdstream.tables.reads import Access
-from wdstream.tables.units import plan_files
+from wdstream.tables.units import cut_files
 
 ray = pytest.importorskip("ray")
 
@@ -57,8 +57,8 @@ def test_the_index_is_the_one_machine_index(tmp_path, local_ray, cli_env):
 def test_more_tasks_than_files_and_the_order_kept(tmp_path, local_ray):
     source = write_jsonl(tmp_path / "lines")
     files = find_files(str(source))
-    plans = plan_on_ray(files, Access(), tasks=16)
-    assert plans == plan_files(files, Access())
+    file_units = cut_on_ray(files, Access(), tasks=16)
+    assert file_units == cut_files(files, Access())
 
 
 def test_a_file_that_cannot_be_scanned_is_its_error_and_no_index(tmp_path, local_ray, cli_env):
@@ -66,7 +66,7 @@ def test_a_file_that_cannot_be_scanned_is_its_error_and_no_index(tmp_path, local
     (source / "b.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00 not gzip at all")
     files = find_files(str(source))
     with pytest.raises(ShardError, match="b.jsonl.gz"):
-        plan_on_ray(files, Access(), tasks=2)
+        cut_on_ray(files, Access(), tasks=2)
     failed = index(cli_env, str(source), "--output", str(tmp_path / "ray.json"), "--ray", "2",
                    address=local_ray)
     assert failed.returncode != 0 and "b.jsonl.gz" in failed.stderr, failed.stderr
@@ -75,7 +75,7 @@ def test_a_file_that_cannot_be_scanned_is_its_error_and_no_index(tmp_path, local
 
 def test_option_mistakes(tmp_path, cli_env):
     with pytest.raises(InputError, match="at least 1"):
-        plan_on_ray([], Access(), tasks=0)
+        cut_on_ray([], Access(), tasks=0)
     source = write_jsonl(tmp_path / "lines")
     wrong = subprocess.run(["wdstream", "index", str(source), "--ray", "2"], env=cli_env,
                            capture_output=True, text=True, timeout=120)

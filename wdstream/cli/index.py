@@ -141,8 +141,8 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
     from wdstream.tables.files import find_files
     from wdstream.tables.reads import Access
     from wdstream.tables.unit_index import write_index
-    from wdstream.tables.unit_processes import plan_in_processes
-    from wdstream.tables.units import plan_files
+    from wdstream.tables.unit_processes import cut_in_processes
+    from wdstream.tables.units import cut_files
 
     if len(sources) != 1:
         raise InputError(f"give one SOURCE to index (got {len(sources)})")
@@ -151,15 +151,15 @@ def _index_raw_files(sources, output: str, overwrite: bool, quiet: bool,
     files = [f for f in find_files(sources[0]) if f.format == "jsonl"]
     if not files:
         raise InputError(f"{sources[0]}: no JSON Lines files to index (Parquet and Arrow files "
-                         "are planned from their own metadata)")
+                         "are cut from their own metadata)")
     if ray_tasks is None:
-        plans = plan_in_processes(files, Access(), plan_files)
+        file_units = cut_in_processes(files, Access(), cut_files)
     else:
-        from wdstream.tables.ray_index import plan_on_ray
+        from wdstream.tables.ray_index import cut_on_ray
 
-        plans = plan_on_ray(files, Access(), tasks=ray_tasks)
-    write_index(output, files, plans)
+        file_units = cut_on_ray(files, Access(), tasks=ray_tasks)
+    write_index(output, files, file_units)
     if not quiet:
         print_pairs([("files", str(len(files))),
-                     ("rows", str(sum(u.rows for p in plans for u in p.units))),
-                     ("units", str(sum(len(p.units) for p in plans))), ("index", output)])
+                     ("rows", str(sum(u.rows for p in file_units for u in p.units))),
+                     ("units", str(sum(len(p.units) for p in file_units))), ("index", output)])

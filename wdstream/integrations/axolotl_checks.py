@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from wdstream.printable import printable
 from wdstream.stages.config.keys import DATASET_KEYS, TOP_KEYS, Report, resembled
-from wdstream.tables.formats import FilePlan
+from wdstream.tables.formats import FileUnits
 from wdstream.tables.reads import Access
 from wdstream.tables.units import FORMATS, UnitTable
 
@@ -170,7 +170,7 @@ def file_columns(dataset) -> list[tuple[str, list]]:
     for index, (file, metadata) in enumerate(zip(table.files, table.metadata, strict=True)):
         if file.format != "jsonl":
             # (Parquet and Arrow declare them: never None)
-            found.append((file.url, FORMATS[file.format].columns(FilePlan([], metadata)) or []))
+            found.append((file.url, FORMATS[file.format].columns(FileUnits([], metadata)) or []))
         elif first_lines is None:
             first_lines = index
     if first_lines is not None:

@@ -9,5 +9,5 @@ of known row counts (``units.UnitTable``), which the epoch plan treats as shards
   ``parquet``: row groups from the footer, read as their column chunks; ``jsonl``:
   line-aligned ranges, or whole compressed files; ``arrow``: runs of record batches.
 - ``index``: the unit index of JSON Lines files that ``wdstream index --output`` writes.
-- ``units``: the unit table, planned from many files' metadata at once.
+- ``units``: the unit table, cut from many files' metadata at once.
 """

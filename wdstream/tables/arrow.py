@@ -7,7 +7,7 @@ decoded to count. A unit is read as one byte range, after the schema's bytes.
 What a file claims is checked before it is believed: a record batch's rows against the bytes
 that could hold them (a row takes at least a bit), and what its buffers take decoded (the
 uncompressed length before each compressed buffer, or the buffer's own) against
-``Limits.unit_bytes``, when planned and again before a unit's batches are decompressed; each
+``Limits.unit_bytes``, when cut into units and again before a unit's batches are decompressed; each
 batch read is then fully validated (offsets, sizes, UTF-8) before a row is made from it.
 Any of these is a ShardError naming the file and the batch's byte."""
 
@@ -22,7 +22,7 @@ from wdstream.tables.formats import (
     MAX_METADATA_BYTES,
     MAX_UNIT_BYTES,
     MAX_UNIT_ROWS,
-    FilePlan,
+    FileUnits,
     Rows,
     TableFormat,
     Unit,
@@ -39,7 +39,7 @@ RANGE_BYTES = 32 * 1024**2  # a unit: consecutive record batches of about this s
 class ArrowFormat(TableFormat):
     name = "arrow"
 
-    def plan(self, file: RawFile, access: Access) -> FilePlan:
+    def cut(self, file: RawFile, access: Access) -> FileUnits:
         """One scan of the file's messages: the schema's bytes, and the batches' ranges."""
         import pyarrow as pa
 
@@ -48,17 +48,17 @@ class ArrowFormat(TableFormat):
             counted = _Counted(stream)
             start = len(FILE_MAGIC) + 2 if counted.peek_magic() else 0
             messages = pa.ipc.MessageReader.open_stream(pa.PythonFile(counted, mode="r"))
-            return _plan_messages(file, messages, counted, start, limits_of(access).unit_bytes)
+            return _cut_messages(file, messages, counted, start, limits_of(access).unit_bytes)
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid and ArrowIOError
             raise ShardError(f"{printable(file.url)}: not a readable Arrow IPC file: {exc}"
                              ) from None
         finally:
             stream.close()
 
-    def columns(self, plan: FilePlan) -> list[str] | None:
+    def columns(self, cut: FileUnits) -> list[str] | None:
         import pyarrow as pa
 
-        return pa.ipc.read_schema(pa.py_buffer(plan.metadata)).names
+        return pa.ipc.read_schema(pa.py_buffer(cut.metadata)).names
 
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns, access: Access) -> Rows:
         import pyarrow as pa
@@ -82,7 +82,7 @@ class ArrowFormat(TableFormat):
         return Rows(table.select(list(columns)) if columns else table)
 
 
-def _plan_messages(file: RawFile, messages, counted, start: int, most: int) -> FilePlan:
+def _cut_messages(file: RawFile, messages, counted, start: int, most: int) -> FileUnits:
     import pyarrow as pa
 
     messages = iter(messages)
@@ -110,7 +110,7 @@ def _plan_messages(file: RawFile, messages, counted, start: int, most: int) -> F
             unit_start, first, rows, decoded = at, first + rows, 0, 0
     if rows:
         units.append(Unit(unit_start, rows, first, at))
-    return FilePlan(units, counted.head[start:head_end])
+    return FileUnits(units, counted.head[start:head_end])
 
 
 class Batch(NamedTuple):
@@ -160,7 +160,7 @@ def _decoded(body, offset: int, length: int, compressed: bool) -> int:
 
 def check_unit(file: RawFile, data: bytes, start: int, unit: Unit, most: int) -> list[int]:
     """Every record batch's header in ``data`` (a unit's bytes from ``start``, after the
-    schema's) checked as when planned, before any is decompressed: the unit's decoded bytes
+    schema's) checked as when cut, before any is decompressed: the unit's decoded bytes
     at most ``most``. Where in the file each batch starts."""
     view, pos, decoded, starts = memoryview(data), start, 0, []
     while pos < len(data):

@@ -29,7 +29,7 @@ class Unit:
 
 
 @dataclass(frozen=True)
-class FilePlan:
+class FileUnits:
     """A file's units and the metadata (bytes) that reading them needs."""
 
     units: list[Unit]
@@ -129,14 +129,14 @@ def _buffer_array(buffer, kind, offset: int, count: int):
 
 
 class TableFormat:
-    """A raw format: how its files are planned and its units read."""
+    """A raw format: how its files are cut into units and those read."""
 
     name = ""
 
-    def plan(self, file: RawFile, access: Access) -> FilePlan:
+    def cut(self, file: RawFile, access: Access) -> FileUnits:
         raise NotImplementedError
 
-    def columns(self, plan: FilePlan) -> list[str] | None:
+    def columns(self, cut: FileUnits) -> list[str] | None:
         """The column names a file's metadata declares (None: known only from its rows)."""
         return None
 

@@ -29,7 +29,7 @@ from wdstream.sources.stores import store_for
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import (
     MAX_UNIT_ROWS,
-    FilePlan,
+    FileUnits,
     TableFormat,
     Unit,
     invalid,
@@ -58,7 +58,7 @@ def compression(name: str) -> str | None:
 class JsonLinesFormat(TableFormat):
     name = "jsonl"
 
-    def plan(self, file: RawFile, access: Access) -> FilePlan:
+    def cut(self, file: RawFile, access: Access) -> FileUnits:
         """One scan of the file: its rows, cut into line-aligned ranges when plain."""
         plain = compression(file.name) is None
         units: list[Unit] = []
@@ -78,7 +78,7 @@ class JsonLinesFormat(TableFormat):
             stream.close()
         if rows:
             units.append(Unit(start, rows, first, file.size))
-        return FilePlan(units)
+        return FileUnits(units)
 
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns, access: Access):
         """A plain file's range is read here, whole (so a failed read is retried before any
@@ -134,12 +134,12 @@ class LineRows:
         raise self._miscounted(f"{self._next}")
 
     def _miscounted(self, held: str) -> ShardError:
-        """The unit holds ``held`` rows, not the count its plan (or the index) gives."""
+        """The unit holds ``held`` rows, not the count its cut (or the index) gives."""
         unit = self.unit
         where = f"bytes {unit.part}..{unit.end}" if self.data is not None else "the file"
         return invalid(f"{printable(self.file.url)}: {where} (rows {unit.first_row}.."
                        f"{unit.first_row + unit.rows - 1}) hold {held} rows, not the "
-                       f"{unit.rows} the plan or the index counts (changed since, or a wrong "
+                       f"{unit.rows} the cut or the index counts (changed since, or a wrong "
                        "index)")
 
     def _row(self, offset: int, line: bytes, row: int) -> dict:

@@ -14,7 +14,7 @@ from wdstream.tables.formats import (
     MAX_METADATA_BYTES,
     MAX_UNIT_BYTES,
     MAX_UNIT_ROWS,
-    FilePlan,
+    FileUnits,
     Rows,
     TableFormat,
     Unit,
@@ -33,7 +33,7 @@ CHUNK_SLACK = 100  # read past a column chunk's recorded end, as pyarrow does fo
 class ParquetFormat(TableFormat):
     name = "parquet"
 
-    def plan(self, file: RawFile, access: Access) -> FilePlan:
+    def cut(self, file: RawFile, access: Access) -> FileUnits:
         footer = read_footer(file, access)
         metadata = parse_footer(file, footer)
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
@@ -44,10 +44,10 @@ class ParquetFormat(TableFormat):
         if sum(counts) != metadata.num_rows:
             raise ShardError(f"{printable(file.url)}: its row groups hold {sum(counts)} rows; "
                              f"its footer says {metadata.num_rows}")
-        return FilePlan(units_from_counts(counts), footer)
+        return FileUnits(units_from_counts(counts), footer)
 
-    def columns(self, plan: FilePlan) -> list[str] | None:
-        return list(parse_footer(None, plan.metadata).schema.to_arrow_schema().names)
+    def columns(self, cut: FileUnits) -> list[str] | None:
+        return list(parse_footer(None, cut.metadata).schema.to_arrow_schema().names)
 
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns, access: Access) -> Rows:
         import pyarrow.parquet as pq
@@ -76,7 +76,7 @@ class ParsedFooters:
     """The footers this process parsed, the last ``size`` files': a file's units are read
     one after the other, and parsing a footer costs as much as the footer is long (a file of
     100,000 row groups has a footer of megabytes), so each is parsed once. An entry is used
-    for the very metadata (the same bytes object, from the plan) it was parsed from."""
+    for the very metadata (the same bytes object, from the cut) it was parsed from."""
 
     def __init__(self, size: int = 8):
         self.size = size
@@ -240,7 +240,7 @@ class PiecesFile(io.RawIOBase):
                 piece = data[self.position - offset: stop - offset]
                 self.position = stop
                 return piece
-        raise OSError(f"bytes {self.position}..{stop} were not read (outside the planned "
+        raise OSError(f"bytes {self.position}..{stop} were not read (outside the fetched "
                       "column chunks)")
 
     def readinto(self, buffer) -> int:

@@ -1,7 +1,7 @@
-"""The unit index of many JSON Lines files planned by Ray tasks (``wdstream index SOURCE
+"""The unit index of many JSON Lines files cut into units by Ray tasks (``wdstream index SOURCE
 --output URL --ray N``): the files, in order, are cut into N runs of about equal bytes, each
-task scans its run as one machine does (``units.plan_files``: ``PLANS_IN_FLIGHT`` files at
-once), and the caller gets the plans back in the files' order, so the index is the one a
+task scans its run as one machine does (``units.cut_files``: ``FILES_IN_FLIGHT`` files at
+once), and the caller gets the units back in the files' order, so the index is the one a
 single machine writes.
 
 Ray is imported only here (``pip install 'wdstream[ray]'``): ``ray_session`` connects to the
@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.tables.files import RawFile
-from wdstream.tables.formats import FilePlan
+from wdstream.tables.formats import FileUnits
 from wdstream.tables.reads import Access
-from wdstream.tables.units import plan_files
+from wdstream.tables.units import cut_files
 
 
 @contextmanager
@@ -48,26 +48,26 @@ def cluster_cpus(ray) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def plan_on_ray(files: Sequence[RawFile], access: Access, tasks: int | None = None,
-                address: str | None = None) -> list[FilePlan]:
-    """The plans of ``files`` from ``tasks`` Ray tasks (default: the cluster's CPUs); a
+def cut_on_ray(files: Sequence[RawFile], access: Access, tasks: int | None = None,
+                address: str | None = None) -> list[FileUnits]:
+    """The units of ``files`` from ``tasks`` Ray tasks (default: the cluster's CPUs); a
     task's ``WdstreamError`` (a file that cannot be read or scanned) is raised as it is."""
     if tasks is not None and (isinstance(tasks, bool) or tasks < 1):
         raise InputError(f"--ray must be at least 1, got {tasks}")
     with ray_session(address) as ray:
-        scan = ray.remote(plan_files)
+        scan = ray.remote(cut_files)
         refs = [scan.remote(run, access)
                 for run in byte_runs(files, tasks or cluster_cpus(ray))]
-        plans: list[FilePlan] = []
+        file_units: list[FileUnits] = []
         for ref in refs:
             try:
-                plans.extend(ray.get(ref))
+                file_units.extend(ray.get(ref))
             except ray.exceptions.RayTaskError as error:
                 cause = getattr(error, "cause", None)
                 if isinstance(cause, WdstreamError):
                     raise cause from None
                 raise WdstreamError(f"scanning JSON Lines files on Ray failed: {error}") from None
-        return plans
+        return file_units
 
 
 def byte_runs(files: Sequence[RawFile], count: int) -> list[list[RawFile]]:

@@ -4,9 +4,9 @@ chooses (a local file, another bucket), so that building a dataset reads no JSON
 
 Its names are only ever matched against the files found under the source: an index names
 nothing to read, and one that does not describe those files as they are now is an error.
-Its counts are claims: each unit is bounded when the index is read (``indexed_plans``), and
+Its counts are claims: each unit is bounded when the index is read (``indexed_units``), and
 checked as it is read (``jsonl.LineRows``: a unit holding more or fewer rows than counted is
-an error); the node's shared plans are named by the digest of its bytes, so a corrected
+an error); the node's shared units are named by the digest of its bytes, so a corrected
 index is used.
 """
 
@@ -19,30 +19,30 @@ from wdstream.errors import ManifestError
 from wdstream.limits import json_loads
 from wdstream.printable import printable
 from wdstream.tables.files import RawFile
-from wdstream.tables.formats import MAX_UNIT_ROWS, FilePlan, Unit
+from wdstream.tables.formats import MAX_UNIT_ROWS, FileUnits, Unit
 from wdstream.tables.jsonl import compression
 
 FORMAT = "wdstream-units"
 MAX_INDEX_BYTES = 256 * 1024**2
 
 
-def index_document(files: list[RawFile], plans: list[FilePlan]) -> dict:
+def index_document(files: list[RawFile], file_units: list[FileUnits]) -> dict:
     entries = [{"name": f.name, "size": f.size, "tag": f.tag,
-                "units": [[u.part, u.end, u.rows] for u in plan.units]}
-               for f, plan in zip(files, plans, strict=True)]
+                "units": [[u.part, u.end, u.rows] for u in cut.units]}
+               for f, cut in zip(files, file_units, strict=True)]
     return {"format": FORMAT, "version": 1,
-            "rows": sum(u.rows for plan in plans for u in plan.units), "files": entries}
+            "rows": sum(u.rows for cut in file_units for u in cut.units), "files": entries}
 
 
-def write_index(url: str, files: list[RawFile], plans: list[FilePlan]) -> None:
+def write_index(url: str, files: list[RawFile], file_units: list[FileUnits]) -> None:
     from wdstream.sources.objects import write_bytes
 
-    write_bytes(url, json.dumps(index_document(files, plans), separators=(",", ":")).encode())
+    write_bytes(url, json.dumps(index_document(files, file_units), separators=(",", ":")).encode())
 
 
 def read_index(url: str) -> tuple[dict, str]:
     """The index at ``url``, its size bounded by ``MAX_INDEX_BYTES`` before it is read,
-    and the digest of its bytes (what names the plans made from it)."""
+    and the digest of its bytes (what names the units cut from it)."""
     from wdstream.sources.objects import read_bytes, size
 
     found = size(url)
@@ -60,9 +60,9 @@ def read_index(url: str) -> tuple[dict, str]:
     return document, hashlib.sha256(data).hexdigest()
 
 
-def indexed_plans(url: str, document: dict, files: list[RawFile], most: int
-                  ) -> list[FilePlan]:
-    """The plans of ``files`` (JSON Lines files found under the source) from the index,
+def indexed_units(url: str, document: dict, files: list[RawFile], most: int
+                  ) -> list[FileUnits]:
+    """The units of ``files`` (JSON Lines files found under the source) from the index,
     which must describe exactly those files with their current sizes and tags, in units a
     reader may take: a plain file's of at most ``most`` bytes and at most a row for each 3
     of them (``{}`` and a newline), a compressed file's one unit, the whole file."""
@@ -81,10 +81,10 @@ def indexed_plans(url: str, document: dict, files: list[RawFile], most: int
     if gone:
         raise ManifestError(f"{printable(url)}: lists {printable(gone[0])}, not found under the "
                             f"source ({len(gone)} such)")
-    return [_plan(url, entries[f.name], f, most) for f in files]
+    return [_file_units(url, entries[f.name], f, most) for f in files]
 
 
-def _plan(url: str, entry: dict, file: RawFile, most: int) -> FilePlan:
+def _file_units(url: str, entry: dict, file: RawFile, most: int) -> FileUnits:
     if (entry.get("size"), entry.get("tag")) != (file.size, file.tag):
         raise ManifestError(f"{printable(file.url)}: changed since the index {printable(url)} "
                             "was written; run `wdstream index` again")
@@ -112,4 +112,4 @@ def _plan(url: str, entry: dict, file: RawFile, most: int) -> FilePlan:
                                 "for each 3 bytes)")
         units.append(Unit(start, rows, first, end))
         first, at = first + rows, end
-    return FilePlan(units)
+    return FileUnits(units)

@@ -19,20 +19,20 @@ from wdstream.errors import InputError, ShardError, WdstreamError
 from wdstream.printable import printable
 from wdstream.tables.arrow import ArrowFormat
 from wdstream.tables.files import RawFile, listed_files
-from wdstream.tables.formats import FilePlan, Rows, TableFormat, Unit, limits_of
+from wdstream.tables.formats import FileUnits, Rows, TableFormat, Unit, limits_of
 from wdstream.tables.jsonl import JsonLinesFormat
-from wdstream.tables.node_units import NodePlans
+from wdstream.tables.node_units import NodeUnits
 from wdstream.tables.parquet import ParquetFormat, check_columns
 from wdstream.tables.reads import Access, check_unchanged, reads_check_version
-from wdstream.tables.unit_index import indexed_plans, read_index
-from wdstream.tables.unit_processes import Planners, cpu_share, plan_in_processes
+from wdstream.tables.unit_index import indexed_units, read_index
+from wdstream.tables.unit_processes import Cutters, cpu_share, cut_in_processes
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
 FORMATS: dict[str, TableFormat] = {"parquet": ParquetFormat(), "jsonl": JsonLinesFormat(),
                                    "arrow": ArrowFormat()}
-PLANS_IN_FLIGHT = 32  # files whose metadata is read (or JSON Lines files scanned) at once
-FOOTER_FORMATS = ("parquet", "arrow")  # planned from their own metadata, read by ranged GETs
+FILES_IN_FLIGHT = 32  # files whose metadata is read (or JSON Lines files scanned) at once
+FOOTER_FORMATS = ("parquet", "arrow")  # cut from their own metadata, read by ranged GETs
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,12 @@ class UnitTable:
     """Units of raw files as arrays (file, part, end, first row, rows), the files, and the
     metadata each file's units are read with."""
 
-    def __init__(self, source: str, files: Sequence[RawFile], plans: Sequence[FilePlan],
+    def __init__(self, source: str, files: Sequence[RawFile], file_units: Sequence[FileUnits],
                  options: RawOptions):
         self.source, self.files, self.options = source, tuple(files), options
-        self.metadata = tuple(plan.metadata for plan in plans)
+        self.metadata = tuple(cut.metadata for cut in file_units)
         units = [(i, u.part, u.end, u.first_row, u.rows)
-                 for i, plan in enumerate(plans) for u in plan.units]
+                 for i, cut in enumerate(file_units) for u in cut.units]
         if not units:
             raise ShardError(f"{printable(source)}: its files hold no rows")
         file, part, end, first, rows = np.asarray(units, dtype=np.int64).T
@@ -131,43 +131,43 @@ class UnitTable:
         return samples
 
 
-def plan_files(files: Sequence[RawFile], access: Access) -> list[FilePlan]:
-    """Every file's plan from its metadata (or a scan), ``PLANS_IN_FLIGHT`` at once."""
+def cut_files(files: Sequence[RawFile], access: Access) -> list[FileUnits]:
+    """Every file's units from its metadata (or a scan), ``FILES_IN_FLIGHT`` at once."""
     unsupported = {f.format for f in files} - set(FORMATS)
     if unsupported:
         raise InputError(f"{printable(files[0].url)}: {', '.join(sorted(unsupported))} files "
                          "are not streamed where they lie (yet); pack them with `wdstream pack`")
     if not files:
         return []
-    plans: list[FilePlan | None] = [None] * len(files)
+    file_units: list[FileUnits | None] = [None] * len(files)
     todo = iter(range(len(files)))  # each thread takes the next file: no task per file
     failed = threading.Event()  # one file's error: the others stop at their next file
 
-    def plan_each() -> None:
+    def cut_each() -> None:
         for index in todo:
             if failed.is_set():
                 return
             try:
-                plans[index] = FORMATS[files[index].format].plan(files[index], access)
+                file_units[index] = FORMATS[files[index].format].cut(files[index], access)
             except BaseException:
                 failed.set()
                 raise
 
-    threads = min(PLANS_IN_FLIGHT, len(files))
+    threads = min(FILES_IN_FLIGHT, len(files))
     with ThreadPoolExecutor(threads) as pool:
-        for running in [pool.submit(plan_each) for _ in range(threads)]:
+        for running in [pool.submit(cut_each) for _ in range(threads)]:
             running.result()
-    return cast(list[FilePlan], plans)  # every file planned, or the error raised
+    return cast(list[FileUnits], file_units)  # every file cut, or the error raised
 
 
-class PlanAhead(Planners):
-    """The Parquet and Arrow files of a remote folder planned while it is still listed:
-    ``on_page`` takes each page of the listing as it comes; ``plan_units`` with this
-    ``ahead`` waits for their plans. With ``node``, only where this process leads the
-    node's plan of the folder (``NodePlans.lead``)."""
+class UnitsAhead(Cutters):
+    """The Parquet and Arrow files of a remote folder cut into units while it is still listed:
+    ``on_page`` takes each page of the listing as it comes; ``cut_units`` with this
+    ``ahead`` waits for their units. With ``node``, only where this process leads the
+    node's units of the folder (``NodeUnits.lead``)."""
 
-    def __init__(self, folder: str, access: Access, node: NodePlans | None = None):
-        super().__init__(access, plan_files, cpu_share())
+    def __init__(self, folder: str, access: Access, node: NodeUnits | None = None):
+        super().__init__(access, cut_files, cpu_share())
         self.folder, self.node = folder, node
 
     def on_page(self, entries: list[dict]) -> None:
@@ -180,30 +180,30 @@ class PlanAhead(Planners):
             self.add(files)
 
 
-def plan_units(source: str, files: Sequence[RawFile], options: RawOptions,
-               access: Access, ahead: Planners | None = None,
-               node: NodePlans | None = None) -> UnitTable:
-    """A ``UnitTable`` of ``files``: Parquet and Arrow files planned from their metadata, JSON
+def cut_units(source: str, files: Sequence[RawFile], options: RawOptions,
+               access: Access, ahead: Cutters | None = None,
+               node: NodeUnits | None = None) -> UnitTable:
+    """A ``UnitTable`` of ``files``: Parquet and Arrow files cut from their metadata, JSON
     Lines files from ``options.index``, or else from one scan of each. ``ahead``: the
-    planners some of the files were added to as they were listed (``PlanAhead``); ``node``:
-    the plans the ranks of the node share (``node_units``)."""
+    cutters some of the files were added to as they were listed (``UnitsAhead``); ``node``:
+    the units the ranks of the node share (``node_units``)."""
     index = read_index(options.index) if options.index is not None else None
-    plans = node.plans(files, lambda: _plans(source, files, options, access, ahead, index),
+    file_units = node.units(files, lambda: _cut(source, files, options, access, ahead, index),
                        index[1] if index is not None else None) \
-        if node is not None else _plans(source, files, options, access, ahead, index)
+        if node is not None else _cut(source, files, options, access, ahead, index)
     named = options.read_columns or ((options.key_column,) if options.key_column else ())
-    for file, plan in zip(files, plans, strict=True):
-        available = FORMATS[file.format].columns(plan) if named else None
+    for file, cut in zip(files, file_units, strict=True):
+        available = FORMATS[file.format].columns(cut) if named else None
         if available is not None:
             check_columns(file, available, named)
-    return UnitTable(source, files, plans, options)
+    return UnitTable(source, files, file_units, options)
 
 
-def _plans(source: str, files: Sequence[RawFile], options: RawOptions, access: Access,
-           ahead: Planners | None, index: tuple[dict, str] | None) -> list[FilePlan]:
+def _cut(source: str, files: Sequence[RawFile], options: RawOptions, access: Access,
+           ahead: Cutters | None, index: tuple[dict, str] | None) -> list[FileUnits]:
     lines = [f for f in files if f.format == "jsonl"]
     if index is not None and options.index is not None:  # index: what options.index holds
-        indexed = dict(zip(lines, indexed_plans(options.index, index[0], lines,
+        indexed = dict(zip(lines, indexed_units(options.index, index[0], lines,
                                                 limits_of(access).unit_bytes), strict=True))
     else:
         indexed = {}
@@ -212,6 +212,6 @@ def _plans(source: str, files: Sequence[RawFile], options: RawOptions, access: A
                         "them whole; `wdstream index %s --output URL` records them once",
                         source, len(lines), sum(f.size for f in lines), source)
     todo = [f for f in files if f not in indexed]
-    planned = iter(ahead.plans(todo) if ahead is not None and ahead.started
-                   else plan_in_processes(todo, access, plan_files))
-    return [indexed[f] if f in indexed else next(planned) for f in files]
+    cut_now = iter(ahead.units(todo) if ahead is not None and ahead.started
+                   else cut_in_processes(todo, access, cut_files))
+    return [indexed[f] if f in indexed else next(cut_now) for f in files]

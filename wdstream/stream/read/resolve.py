@@ -19,9 +19,9 @@ from wdstream.stream.read.shard_reader import ShardTable, SpanReader
 from wdstream.stream.read.unit_reader import UnitReader
 from wdstream.tables.files import NoFilesError, find_files, names_raw_files
 from wdstream.tables.jsonl import json_rows_file
-from wdstream.tables.node_units import NodePlans
+from wdstream.tables.node_units import NodeUnits
 from wdstream.tables.reads import Access
-from wdstream.tables.units import PlanAhead, RawOptions, UnitTable, plan_units
+from wdstream.tables.units import RawOptions, UnitsAhead, UnitTable, cut_units
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
 
@@ -57,10 +57,10 @@ def resolve_source(source, allow_external_shards: bool = False,
             check_shard_names(source, allow_external=allow_external_shards)
         return from_manifest(source)
     name = _name(source)
-    with NodePlans(name, raw.index, share_manifest) as node:
+    with NodeUnits(name, raw.index, share_manifest) as node:
         if names_raw_files(source) or json_rows_file(source):
             return from_raw_files(source, raw, access, node=node)
-        with PlanAhead(name, access, node) as ahead:  # a folder's files, as it is listed
+        with UnitsAhead(name, access, node) as ahead:  # a folder's files, as it is listed
             try:
                 found = find_shards(source, allow_external_shards=allow_external_shards,
                                     share_manifest=share_manifest, on_page=ahead.on_page)
@@ -87,7 +87,7 @@ def resolve_source(source, allow_external_shards: bool = False,
 
 
 def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] | None = None,
-                   ahead: PlanAhead | None = None, node: NodePlans | None = None
+                   ahead: UnitsAhead | None = None, node: NodeUnits | None = None
                    ) -> ResolvedSource:
     """Raw files streamed where they lie: their units found from their metadata.
     ``entries``: the listing of the folder ``source``, everything under it, when made;
@@ -96,7 +96,7 @@ def from_raw_files(source, raw: RawOptions, access: Access, entries: list[dict] 
     (``find_files``'s ``one_dataset``)."""
     files = find_files(source, entries, None if ahead is None else ahead.on_page,
                        one_dataset=True)
-    return ResolvedSource(plan_units(_name(source), files, raw, access, ahead, node), None,
+    return ResolvedSource(cut_units(_name(source), files, raw, access, ahead, node), None,
                           UnitReader)
 
 
