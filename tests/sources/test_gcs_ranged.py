@@ -17,12 +17,12 @@ from tests.support.servers import environ
 from tests.support.shard_data import all_keys, write_dataset
 from wdstream.errors import AccessError, StreamError
 from wdstream.sources import ranged
+from wdstream.sources.bodies import ByteStream
 from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import object_path
 from wdstream.sources.openers import open_read
 from wdstream.sources.range_fetchers import HttpStatusError
 from wdstream.sources.ranged import Link, RangedGcsSource
-from wdstream.sources.streams import ByteStream
 
 KiB = 1 << 10
 PART = 64 * KiB

@@ -24,9 +24,9 @@ import pytest
 
 from wdstream.errors import AccessError, StreamError
 from wdstream.sources import clients, gcs_ranges, ranged
+from wdstream.sources.bodies import ByteStream
 from wdstream.sources.openers import open_read
 from wdstream.sources.ranged import Link, RangedGcsSource
-from wdstream.sources.streams import ByteStream
 
 KiB = 1 << 10
 PART = 64 * KiB

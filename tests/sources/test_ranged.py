@@ -15,16 +15,16 @@ from benchmarks.shaped_link import ShapedProxy
 from tests.support.servers import environ
 from tests.support.shard_data import all_keys, write_dataset
 from wdstream.errors import StreamError
-from wdstream.sources import ranged, streams
-from wdstream.sources.openers import open_read
-from wdstream.sources.ranged import Link, RangedS3Source
-from wdstream.sources.streams import (
+from wdstream.sources import bodies, ranged
+from wdstream.sources.bodies import (
     CHUNK_SIZE,
     READ_AHEAD,
     BufferPool,
     ByteStream,
     ChunkSource,
 )
+from wdstream.sources.openers import open_read
+from wdstream.sources.ranged import Link, RangedS3Source
 
 KiB = 1 << 10
 PART = 64 * KiB
@@ -451,7 +451,7 @@ def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxie
                                                                 monkeypatch):
     """The shard being read has the link first: the next one, opened ahead, keeps one part in
     flight until the current one has asked for its last part, then as many as the link needs."""
-    from wdstream.sources import streams
+    from wdstream.sources import bodies
 
     slow_link(monkeypatch)
     bucket, make = proxied
@@ -462,12 +462,12 @@ def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxie
     proxy = make(rate=10e6, delay=0.05)
     link = Link()
     with environ({"AWS_ENDPOINT_URL": proxy.endpoint}):
-        monkeypatch.setattr(streams, "READ_AHEAD", part)  # the current one waits for its reader
+        monkeypatch.setattr(bodies, "READ_AHEAD", part)  # the current one waits for its reader
         current, current_source = sized(current_url, len(current_data), link, start_parts=2,
                                         max_parts=4, part_size=part)
         with current:
             assert current.read(part) == current_data[:part]
-            monkeypatch.setattr(streams, "READ_AHEAD", 64 * part)  # the next one does not
+            monkeypatch.setattr(bodies, "READ_AHEAD", 64 * part)  # the next one does not
             ahead, ahead_source = sized(ahead_url, len(ahead_data), link, max_parts=4,
                                         part_size=part)
             assert _wait_for(lambda: ahead_source.requests >= 3)
@@ -485,7 +485,7 @@ def test_once_a_stream_asked_all_its_parts_streams_opened_ahead_are_not_held(
     """Holding a stream opened ahead to one part is for the start (up to the first batch):
     once a stream of the link has asked for all its parts, the next ones opened ahead keep
     as many parts in flight as the link needs, while the current one is still read."""
-    from wdstream.sources import streams
+    from wdstream.sources import bodies
 
     slow_link(monkeypatch)
     bucket, make = proxied
@@ -502,12 +502,12 @@ def test_once_a_stream_asked_all_its_parts_streams_opened_ahead_are_not_held(
         with first:
             assert first.read() == first_data
         assert link.started
-        monkeypatch.setattr(streams, "READ_AHEAD", part)  # the current one waits for its reader
+        monkeypatch.setattr(bodies, "READ_AHEAD", part)  # the current one waits for its reader
         current, _ = sized(current_url, len(current_data), link, start_parts=2, max_parts=4,
                            part_size=part)
         with current:
             assert current.read(part) == current_data[:part]
-            monkeypatch.setattr(streams, "READ_AHEAD", 64 * part)
+            monkeypatch.setattr(bodies, "READ_AHEAD", 64 * part)
             ahead, ahead_source = sized(ahead_url, len(ahead_data), link, max_parts=4,
                                         part_size=part)
             assert _wait_for(lambda: ahead_source.peak_parts > 1)  # the current one still asks
@@ -519,10 +519,10 @@ def test_once_a_stream_asked_all_its_parts_streams_opened_ahead_are_not_held(
 def test_a_stream_being_read_is_not_held_back_by_an_earlier_one(s3, proxied, monkeypatch):
     """Two streams read in turns (a mix of datasets): each has as many parts as it needs; and
     closing a stream early lets the next one widen."""
-    from wdstream.sources import streams
+    from wdstream.sources import bodies
 
     slow_link(monkeypatch)
-    monkeypatch.setattr(streams, "READ_AHEAD", 4 * PART)
+    monkeypatch.setattr(bodies, "READ_AHEAD", 4 * PART)
     bucket, make = proxied
     part = 4 * PART
     data = os.urandom(24 * part)
@@ -540,7 +540,7 @@ def test_a_stream_being_read_is_not_held_back_by_an_earlier_one(s3, proxied, mon
                 for reader in (first, second):
                     got[reader] += reader.read(part)
             assert second_source.peak_parts > 1
-            monkeypatch.setattr(streams, "READ_AHEAD", 64 * part)  # not waiting for its reader
+            monkeypatch.setattr(bodies, "READ_AHEAD", 64 * part)  # not waiting for its reader
             third, third_source = sized(third_url, len(data), link, max_parts=4,
                                         part_size=part)
             with third:
@@ -686,7 +686,7 @@ def _read_all(reader, how: str) -> bytes:
 
 @pytest.mark.parametrize("how", ["read", "read(n)", "read1", "readinto"])
 def test_lent_chunks_are_copied_out_before_they_go_back(how, monkeypatch):
-    monkeypatch.setattr(streams, "READ_AHEAD", 4096)  # the source stays a few chunks ahead
+    monkeypatch.setattr(bodies, "READ_AHEAD", 4096)  # the source stays a few chunks ahead
     data = os.urandom(50_000)
     source = LendingSource(data, [1000, 700, 4096, 1])
     with ByteStream("lent://x", source, 10.0) as reader:

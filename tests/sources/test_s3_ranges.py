@@ -12,9 +12,9 @@ import pytest
 from tests.support.servers import environ, http_server
 from wdstream.errors import StreamError
 from wdstream.sources import ranged, s3_ranges
+from wdstream.sources.bodies import ByteStream
 from wdstream.sources.clients import s3_client
 from wdstream.sources.ranged import Link, RangedS3Source
-from wdstream.sources.streams import ByteStream
 
 PART = 64 << 10
 TIMEOUT = 10.0

@@ -14,6 +14,7 @@ import pytest
 
 from wdstream.errors import InputError, StreamError
 from wdstream.sources import urls
+from wdstream.sources.bodies import LocalFile
 from wdstream.sources.objects import (
     delete,
     exists,
@@ -25,7 +26,6 @@ from wdstream.sources.objects import (
 )
 from wdstream.sources.openers import open_read, resolve_opener
 from wdstream.sources.processes import gcs_read_command
-from wdstream.sources.streams import LocalFile
 
 DATA = bytes(range(256)) * 12_000 + b"tail"  # ~3 MB: several 1 MiB chunks
 # A key that a shell would run: it must reach the CLI and the SDK as a plain key.

@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
+from wdstream.sources.bodies import CHUNK_SIZE, ChunkSource
 
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.RLock()  # a make() may ask for another client (s3_ranges)

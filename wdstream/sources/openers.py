@@ -1,7 +1,7 @@
 """Choosing a reader: ``open_read(url)`` gives a ``ByteStream`` over a ``pipe:`` command, a
 cloud CLI, fsspec or the S3 SDK, and a ``LocalFile`` for a local path.
 
-The pieces live beside this module: the streams themselves (``streams``: how a stream works
+The pieces live beside this module: the bodies themselves (``bodies``: how a body is read
 and how it ends), commands as sources (``processes``), clients and fsspec (``clients``),
 concurrent ranged S3 reads (``ranged``), and how failures become wdstream's errors
 (``failures``).
@@ -33,12 +33,12 @@ import os
 
 from wdstream.errors import InputError
 from wdstream.sources import urls
+from wdstream.sources.bodies import ByteStream, ChunkSource, LocalFile
 from wdstream.sources.clients import FsspecSource
 from wdstream.sources.failures import stream_error
 from wdstream.sources.processes import ProcessSource
 from wdstream.sources.stores import store_for
 from wdstream.sources.stores.store import no_reader
-from wdstream.sources.streams import ByteStream, ChunkSource, LocalFile
 
 OPENERS = ("auto", "cli", "fsspec", "sdk")
 

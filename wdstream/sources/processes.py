@@ -18,8 +18,8 @@ from typing import IO, cast
 
 from wdstream.errors import StreamError
 from wdstream.sources import urls
+from wdstream.sources.bodies import CHUNK_SIZE, ChunkSource
 from wdstream.sources.failures import command_failed
-from wdstream.sources.streams import CHUNK_SIZE, ChunkSource
 
 STDERR_TAIL = 8 << 10  # bytes of a command's stderr kept for error messages
 

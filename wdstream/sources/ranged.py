@@ -16,12 +16,12 @@ import threading
 import time
 
 from wdstream.errors import StreamError, WdstreamError
+from wdstream.sources.bodies import CHUNK_SIZE, READ_AHEAD, BufferPool, ChunkSource
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import GcsRanges
 from wdstream.sources.range_fetchers import Fetcher, ObjectChanged, PastEnd, not_the_version
 from wdstream.sources.s3_ranges import S3Ranges
-from wdstream.sources.streams import CHUNK_SIZE, READ_AHEAD, BufferPool, ChunkSource
 
 PART_SIZE = 8 << 20
 MAX_PART_SIZE = 16 << 20
@@ -50,7 +50,7 @@ class Link:
         self.window = window
         self.part_size: int | None = None  # None: the stream's smallest
         self._asking: list[RangedSource] = []
-        # what the part threads read into (see streams.py): as many wait between shards as
+        # what the part threads read into (see bodies.py): as many wait between shards as
         # were out at once, at most two streams' bytes bound (the one read, the next opened
         # ahead) and the read-ahead
         self.buffers = BufferPool(CHUNK_SIZE, keep=(2 * MAX_PARTS * PART_SIZE + READ_AHEAD)

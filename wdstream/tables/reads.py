@@ -15,11 +15,11 @@ from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.limits import Limits
 from wdstream.printable import printable
 from wdstream.sources import urls
+from wdstream.sources.bodies import LocalFile
 from wdstream.sources.local_files import Identity, open_regular
 from wdstream.sources.openers import open_read
 from wdstream.sources.range_reads import checks_version, read_at
 from wdstream.sources.stores import store_for
-from wdstream.sources.streams import LocalFile
 from wdstream.tables.files import RawFile, describe
 
 

@@ -13,9 +13,9 @@ import os
 import stat as stat_mode
 from typing import IO, TYPE_CHECKING
 
+from wdstream.sources.bodies import LocalFile
 from wdstream.sources.cache import folder
 from wdstream.sources.hashing import HEAD_BYTES, HashingReader, head_digest
-from wdstream.sources.streams import LocalFile
 
 if TYPE_CHECKING:  # a real cycle: the package imports this module for its streams
     from wdstream.sources.cache import ShardCache
