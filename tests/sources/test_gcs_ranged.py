@@ -17,7 +17,7 @@ from tests.support.servers import environ
 from tests.support.shard_data import all_keys, write_dataset
 from wdstream.errors import AccessError, StreamError
 from wdstream.sources import ranged
-from wdstream.sources.bodies import ByteStream
+from wdstream.sources.bodies import ReadAheadBody
 from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import object_path
 from wdstream.sources.openers import open_read
@@ -62,7 +62,7 @@ def through(proxy):
 def sized(url: str, size: int | None, link: Link | None = None, **args):
     args.setdefault("part_size", PART)
     source = RangedGcsSource(url, 0, 10.0, size=size, link=link, **args)
-    return ByteStream(url, source, 10.0), source
+    return ReadAheadBody(url, source, 10.0), source
 
 
 def test_the_default_opener_reads_gs_through_parts(gcs, proxied):
@@ -101,7 +101,7 @@ def test_reads_from_the_end(gcs, proxied):
         for url, start, expected in ((full, len(data), b""), (full, len(data) - 1, data[-1:]),
                                      (full, 0, data)):
             source = RangedGcsSource(url, start, 10.0, part_size=PART)
-            with ByteStream(url, source, 10.0) as reader:
+            with ReadAheadBody(url, source, 10.0) as reader:
                 assert reader.read() == expected
 
 
@@ -161,7 +161,7 @@ def test_a_server_that_ignores_range_is_read_as_one_stream(gcs, proxied):
     with through(proxied(drop_range=True)):
         for start in (0, 3 * PART + 1):
             source = RangedGcsSource(url, start, 10.0, part_size=PART)
-            with ByteStream(url, source, 10.0) as reader:
+            with ReadAheadBody(url, source, 10.0) as reader:
                 assert reader.read() == data[start:]
             assert source.peak_parts == 1
 

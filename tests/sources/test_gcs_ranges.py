@@ -24,7 +24,7 @@ import pytest
 
 from wdstream.errors import AccessError, StreamError
 from wdstream.sources import clients, gcs_ranges, ranged
-from wdstream.sources.bodies import ByteStream
+from wdstream.sources.bodies import ReadAheadBody
 from wdstream.sources.openers import open_read
 from wdstream.sources.ranged import Link, RangedGcsSource
 
@@ -267,7 +267,7 @@ def slow_link(monkeypatch) -> None:
 def sized(url: str, size: int | None, start: int = 0, **args):
     args.setdefault("part_size", PART)
     source = RangedGcsSource(url, start, 10.0, size=size, **args)
-    return ByteStream(url, source, 10.0), source
+    return ReadAheadBody(url, source, 10.0), source
 
 
 def read_until_error(reader) -> tuple[bytes, StreamError]:

@@ -19,9 +19,9 @@ from wdstream.sources import bodies, ranged
 from wdstream.sources.bodies import (
     CHUNK_SIZE,
     READ_AHEAD,
+    BodySource,
     BufferPool,
-    ByteStream,
-    ChunkSource,
+    ReadAheadBody,
 )
 from wdstream.sources.openers import open_read
 from wdstream.sources.ranged import Link, RangedS3Source
@@ -52,7 +52,7 @@ def put(s3, bucket: str, key: str, data: bytes) -> str:
 
 def stream(url: str, source_args: dict | None = None, start: int = 0):
     source = RangedS3Source(url, start, 10.0, part_size=PART, **(source_args or {}))
-    return ByteStream(url, source, 10.0), source
+    return ReadAheadBody(url, source, 10.0), source
 
 
 def slow_link(monkeypatch) -> None:
@@ -64,7 +64,7 @@ def sized(url: str, size: int, link: Link | None = None, **args):
     """A stream that knows the object's size beforehand, as the loader does from a manifest."""
     args.setdefault("part_size", PART)
     source = RangedS3Source(url, 0, 10.0, size=size, link=link, **args)
-    return ByteStream(url, source, 10.0), source
+    return ReadAheadBody(url, source, 10.0), source
 
 
 def test_parts_come_back_in_order_over_a_delayed_link(s3, proxied):
@@ -640,7 +640,7 @@ def test_a_small_manifest_on_s3_is_read_with_its_version_in_one_request(s3, prox
     assert load(make(drop_range=True), "small") == small.to_json()
 
 
-class LendingSource(ChunkSource):
+class LendingSource(BodySource):
     """Lends views of its own buffers in pieces of ``sizes`` (in turn), as the ranged reader
     does. A buffer given back is overwritten at once: a byte taken from it afterwards shows."""
 
@@ -689,7 +689,7 @@ def test_lent_chunks_are_copied_out_before_they_go_back(how, monkeypatch):
     monkeypatch.setattr(bodies, "READ_AHEAD", 4096)  # the source stays a few chunks ahead
     data = os.urandom(50_000)
     source = LendingSource(data, [1000, 700, 4096, 1])
-    with ByteStream("lent://x", source, 10.0) as reader:
+    with ReadAheadBody("lent://x", source, 10.0) as reader:
         assert _read_all(reader, how) == data
     if how == "read":  # a whole object read at once: its chunks go to the allocator
         assert source.returned == 0

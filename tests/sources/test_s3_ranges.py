@@ -12,7 +12,7 @@ import pytest
 from tests.support.servers import environ, http_server
 from wdstream.errors import StreamError
 from wdstream.sources import ranged, s3_ranges
-from wdstream.sources.bodies import ByteStream
+from wdstream.sources.bodies import ReadAheadBody
 from wdstream.sources.clients import s3_client
 from wdstream.sources.ranged import Link, RangedS3Source
 
@@ -30,7 +30,7 @@ def read_in_parts(url: str, size: int, **args) -> tuple[bytes, RangedS3Source]:
     (never larger, whatever the link's timing)."""
     source = RangedS3Source(url, 0, TIMEOUT, size=size, part_size=PART, max_part_size=PART,
                             link=Link(), **args)
-    with ByteStream(url, source, TIMEOUT) as reader:
+    with ReadAheadBody(url, source, TIMEOUT) as reader:
         return reader.read(), source
 
 
@@ -139,7 +139,7 @@ def test_a_proxy_in_the_environment_sends_every_get_through_botocore(s3, s3_buck
         assert s3_ranges.direct_pool(TIMEOUT) is None
         source = RangedS3Source(url, 0, TIMEOUT, size=PART, retries=0, link=Link())
         with pytest.raises(StreamError, match="proxied.bin") as caught, \
-                ByteStream(url, source, TIMEOUT) as reader:
+                ReadAheadBody(url, source, TIMEOUT) as reader:
             reader.read()  # botocore went to the proxy, which is not there
         assert caught.value.transient
     with environ({"HTTP_PROXY": dead, "http_proxy": dead, "NO_PROXY": "127.0.0.1",
@@ -172,7 +172,7 @@ def test_a_hostile_error_body_is_cut_short_and_escaped(monkeypatch):
             "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}):
         url = "s3://bucket/failing.bin"
         source = RangedS3Source(url, 0, TIMEOUT, size=PART, retries=0, link=Link())
-        with pytest.raises(StreamError) as caught, ByteStream(url, source, TIMEOUT) as reader:
+        with pytest.raises(StreamError) as caught, ReadAheadBody(url, source, TIMEOUT) as reader:
             reader.read()
     message = str(caught.value)
     assert caught.value.transient

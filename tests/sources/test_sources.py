@@ -14,7 +14,7 @@ import pytest
 
 from wdstream.errors import InputError, StreamError
 from wdstream.sources import urls
-from wdstream.sources.bodies import LocalFile
+from wdstream.sources.bodies import LocalBody
 from wdstream.sources.objects import (
     delete,
     exists,
@@ -172,7 +172,7 @@ def test_gs_cli_reader_falls_back_to_gsutil(tmp_path, monkeypatch):
 def test_local_file_and_file_url(data_file):
     for url in (str(data_file), f"file://{data_file}"):
         with open_read(url) as stream:
-            assert isinstance(stream, LocalFile) and stream.url == url
+            assert isinstance(stream, LocalBody) and stream.url == url
             assert stream.read(10) == DATA[:10]
             assert stream.read1(5) == DATA[10:15]
             buffer = bytearray(100)

@@ -10,7 +10,7 @@ from typing import Any
 
 from wdstream.errors import InputError
 from wdstream.limits import Limits
-from wdstream.shards.compression import DecompressingStream, open_tar
+from wdstream.shards.compression import DecompressingBody, open_tar
 from wdstream.shards.identity import head_check
 from wdstream.shards.locate import Shards, find_shards
 from wdstream.shards.manifest import ShardInfo
@@ -69,7 +69,7 @@ def _shard_samples(url: str, info: ShardInfo | None, opener: str | None,
         "on_head": head_check(url, info.head) if info.head else None}
     with open_read(url, opener=opener) as stream:
         tar = open_tar(stream, url, stored_limit=checks.get("limit"), limits=limits)
-        if isinstance(tar, DecompressingStream):  # the manifest's bytes are the stored ones
+        if isinstance(tar, DecompressingBody):  # the manifest's bytes are the stored ones
             checks.pop("limit", None)
         members = iter_members(tar, url, member_limit=limits.sample_bytes, **checks)
         yield from iter_samples(members, url, sample_limit=limits.sample_bytes)

@@ -12,7 +12,7 @@ from wdstream.errors import InputError, ManifestError, ShardError
 from wdstream.limits import Limits
 from wdstream.printable import printable
 from wdstream.shards.compression import (
-    DecompressingStream,
+    DecompressingBody,
     compression_of_name,
     open_tar,
     stored_bytes,
@@ -63,7 +63,7 @@ def index_shard(
         )
     extensions -= {"__key__", "__url__"}
     nbytes = stored_bytes(tar, members)
-    compressed = isinstance(tar, DecompressingStream)
+    compressed = isinstance(tar, DecompressingBody)
     if compressed and compression_of_name(url) is None:
         raise ShardError(f"{printable(url)}: {tar.kind}-compressed data under a plain .tar name: "
                          "rename it (.tar.gz, .tar.zst...) for a manifest to list it")

@@ -33,7 +33,7 @@ class TarBuffer:
         self._readinto = getattr(stream, "readinto", None)
         self._region = getattr(stream, "region", None)  # a local file's: see _skip
         # read1 where there is one: it hands over a stream's chunk as it is (one lent by the
-        # source, copied once), without waiting for more (read(n) of a ByteStream joins
+        # source, copied once), without waiting for more (read(n) of a ReadAheadBody joins
         # chunks to give exactly n bytes).
         self._read = getattr(stream, "read1", None) or stream.read
         self._end = 0  # stream position after the last byte read

@@ -3,10 +3,10 @@ other fsspec URLs.
 
 - ``urls``: pure string helpers (``scheme``, ``join``, ``parent``, ``relative_to``, ``expand``,
   ``to_local_path``, ``bucket_key``).
-- ``openers``: ``open_read(url, opener=..., timeout=..., start=...)`` -> ``ByteStream``, a
-  binary stream filled by a background thread (prefetch), with stall detection and an exit
+- ``openers``: ``open_read(url, opener=..., timeout=..., start=...)`` -> ``ReadAheadBody``, a
+  body filled by a background thread (prefetch), with stall detection and an exit
   status check on close; ``OPENERS`` and ``resolve_opener`` say which reader serves a URL.
-  The bodies are in ``bodies`` (``ByteStream``, ``LocalFile``, ``ChunkSource``), commands
+  The bodies are in ``bodies`` (``ReadAheadBody``, ``LocalBody``, ``BodySource``), commands
   in ``processes``, clients and fsspec in ``clients``, ranged S3 and GCS reads in ``ranged``,
   error classification in ``failures``.
 - ``objects``: ``open_write`` (commit makes the object appear whole, abort leaves nothing;

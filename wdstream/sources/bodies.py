@@ -1,8 +1,9 @@
-"""Read streams: a ``ByteStream`` filled by a background thread from a ``ChunkSource``, and a
-``LocalFile`` read in the caller's thread. ``wdstream.sources.openers.open_read`` makes them.
+"""Bodies, the bytes of an object or file as they are read: a ``ReadAheadBody`` filled by a
+background thread from a ``BodySource``, and a ``LocalBody`` read in the caller's thread.
+``wdstream.sources.openers.open_read`` makes them.
 
-How a stream works
-    A ByteStream's background thread reads the source in chunks of up to 1 MiB into a buffer
+How a body is read
+    A ReadAheadBody's background thread reads the source in chunks of up to 1 MiB into a buffer
     holding up to 8 MiB, so opening the next shard while the current one is parsed prefetches
     it for free. ``read()`` waits at most ``timeout`` seconds for the next chunk; a longer stall
     raises ``StreamError(transient=True)`` and stops the source. Opening does no data I/O: a
@@ -14,13 +15,13 @@ How a stream works
 Chunks a source reads into buffers of its own
     A chunk is ``bytes``, or a ``memoryview`` of a buffer the source lent (the ranged reader
     reads into reused buffers: a buffer fresh from the allocator costs the kernel the zeroing
-    of its pages, on every chunk, at the first byte written). The stream copies a lent chunk
+    of its pages, on every chunk, at the first byte written). The body copies a lent chunk
     out (``readinto``, or ``bytes`` for ``read``) and gives its buffer back to the source
     (``recycle``) once it moves past it (a ``read`` that gathered more than
-    ``RECYCLED_PER_READ``, a whole object, lets them go); a chunk never leaves the stream
+    ``RECYCLED_PER_READ``, a whole object, lets them go); a chunk never leaves the body
     otherwise.
 
-How a stream ends
+How a body ends
     ``read()`` returns ``b""`` at the end. ``close()`` then checks how a command (``pipe:`` or a
     CLI) ended: a non-zero exit status raises ``StreamError`` with the tail of its stderr, also
     when the failure came after all the data was written (a truncated shard that happens to end
@@ -51,13 +52,13 @@ CHUNK_SIZE = 1 << 20  # largest piece the reader thread hands over
 READ_AHEAD = 8 << 20  # bytes the reader thread may get ahead of the consumer (its figures:
 # docs/decisions.md)
 RECYCLED_PER_READ = 4  # lent chunks one read(n) gives back; more (a whole object, a
-# manifest) go to the allocator rather than fill a pool that a stream's reads would not use
+# manifest) go to the allocator rather than fill a pool that a body's reads would not use
 DRAIN_BYTES = 64 << 10  # unread bytes a close may drop to reach a command's end (tar padding
 DRAIN_SECONDS = 2.0  # is at most 10 KiB) and how long it waits for that end
 
 
-class ChunkSource(abc.ABC):
-    """What a ByteStream reads: ``run`` produces chunks in the reader thread."""
+class BodySource(abc.ABC):
+    """What a ReadAheadBody reads: ``run`` produces chunks in the reader thread."""
 
     start = 0
     # True when, once stopped, run() returns at once (a killed process, a local file): close()
@@ -105,8 +106,8 @@ class BufferPool:
     """Buffers of ``size`` bytes that a process's reads fill again and again. A buffer given
     back waits for the next ``take`` while fewer wait than were ever out at once (and at most
     ``keep``): a process whose reads had N out makes no more than N as long as they come
-    back, however the N are spread over its streams (a stream's parts in flight, its
-    read-ahead, the next stream's first parts), and holds no more than N idle. ``take`` and
+    back, however the N are spread over its bodies (a body's parts in flight, its
+    read-ahead, the next body's first parts), and holds no more than N idle. ``take`` and
     ``give`` may be called from any thread; ``allocated`` counts the buffers made."""
 
     def __init__(self, size: int = CHUNK_SIZE, keep: int = 64):
@@ -192,14 +193,14 @@ class _ChunkBuffer:
             self._cond.notify_all()
 
 
-class ByteStream(io.BufferedIOBase):
-    """A read-only binary stream of one URL, filled by a background thread.
+class ReadAheadBody(io.BufferedIOBase):
+    """The read-only body of one URL, filled by a background thread.
 
     ``read(n)`` returns exactly ``n`` bytes unless the data ends first (``read1(n)`` returns what
     is at hand); ``url`` is the URL, ``bytes_read`` the bytes handed out so far.
     """
 
-    def __init__(self, url: str, source: ChunkSource, timeout: float):
+    def __init__(self, url: str, source: BodySource, timeout: float):
         super().__init__()
         self.url = url
         self.bytes_read = 0
@@ -336,7 +337,7 @@ class ByteStream(io.BufferedIOBase):
         """Whether the data ends by itself within DRAIN_BYTES of what the consumer read, and
         within DRAIN_SECONDS; the bytes in between are dropped."""
         if self.bytes_read == 0 and not self._at_end:
-            return False  # nothing read: the consumer did not want this stream
+            return False  # nothing read: the consumer did not want this body
         unread = len(self._chunk) - self._offset
         deadline = time.monotonic() + min(DRAIN_SECONDS, self._timeout)
         while unread <= DRAIN_BYTES:
@@ -366,11 +367,11 @@ class ByteStream(io.BufferedIOBase):
             self._shutdown()
 
     def __repr__(self) -> str:
-        return f"<ByteStream {self.url!r} bytes_read={self.bytes_read}>"
+        return f"<ReadAheadBody {self.url!r} bytes_read={self.bytes_read}>"
 
 
-class LocalFile(io.BufferedIOBase):
-    """A local file read in the caller's thread, with the attributes of a ``ByteStream``.
+class LocalBody(io.BufferedIOBase):
+    """A local file read in the caller's thread, with the attributes of a ``ReadAheadBody``.
 
     No reader thread: the page cache already reads ahead. It is seekable, so the tar reader
     takes a large payload with one exact read (one copy) instead of joining chunks."""
@@ -406,7 +407,7 @@ class LocalFile(io.BufferedIOBase):
         return self._file.seekable()
 
     def region(self, position: int) -> tuple[str, int, int, int, int] | None:
-        """Where stream position ``position`` lies on disk, for a reader that maps the file
+        """Where body position ``position`` lies on disk, for a reader that maps the file
         rather than reading it: ``(path, file offset, file size, st_dev, st_ino)``; None when
         the file has no path."""
         name = getattr(self._file, "name", None)
@@ -417,7 +418,7 @@ class LocalFile(io.BufferedIOBase):
                 status.st_dev, status.st_ino)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        """Positions count from where the stream started (``start`` of ``open_read``)."""
+        """Positions count from where the body started (``start`` of ``open_read``)."""
         if whence == io.SEEK_SET:
             offset += self._start
         position = self._call(self._file.seek, offset, whence) - self._start
@@ -433,5 +434,5 @@ class LocalFile(io.BufferedIOBase):
         super().close()
 
     def __repr__(self) -> str:
-        return f"<LocalFile {self.url!r} bytes_read={self.bytes_read}>"
+        return f"<LocalBody {self.url!r} bytes_read={self.bytes_read}>"
 

@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from wdstream.sources.bodies import CHUNK_SIZE, ChunkSource
+from wdstream.sources.bodies import CHUNK_SIZE, BodySource
 
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.RLock()  # a make() may ask for another client (s3_ranges)
@@ -107,7 +107,7 @@ def filesystem(url: str, timeout: float = 60.0):
 
 
 
-class FsspecSource(ChunkSource):
+class FsspecSource(BodySource):
     def __init__(self, url: str, start: int, timeout: float):
         self.url, self.start, self.timeout = url, start, timeout
 

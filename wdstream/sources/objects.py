@@ -106,8 +106,8 @@ def read_bytes(url: str, *, limit: str | int = "object",
     most = size_limit(limit) if isinstance(limit, str) else limit
     _check_special_file(url, error)
     chunks, total = [], 0
-    with open_read(url) as stream:
-        while chunk := stream.read(min(_READ_CHUNK, most + 1 - total)):
+    with open_read(url) as body:
+        while chunk := body.read(min(_READ_CHUNK, most + 1 - total)):
             chunks.append(chunk)
             total += len(chunk)
             if total > most:

@@ -1,5 +1,5 @@
-"""Choosing a reader: ``open_read(url)`` gives a ``ByteStream`` over a ``pipe:`` command, a
-cloud CLI, fsspec or the S3 SDK, and a ``LocalFile`` for a local path.
+"""Choosing a reader: ``open_read(url)`` gives a ``ReadAheadBody`` over a ``pipe:`` command, a
+cloud CLI, fsspec or the S3 SDK, and a ``LocalBody`` for a local path.
 
 The pieces live beside this module: the bodies themselves (``bodies``: how a body is read
 and how it ends), commands as sources (``processes``), clients and fsspec (``clients``),
@@ -33,7 +33,7 @@ import os
 
 from wdstream.errors import InputError
 from wdstream.sources import urls
-from wdstream.sources.bodies import ByteStream, ChunkSource, LocalFile
+from wdstream.sources.bodies import BodySource, LocalBody, ReadAheadBody
 from wdstream.sources.clients import FsspecSource
 from wdstream.sources.failures import stream_error
 from wdstream.sources.processes import ProcessSource
@@ -75,7 +75,7 @@ def resolve_opener(opener: str | None, url: str) -> str:
 def open_read(
     url: str, *, opener: str | None = None, timeout: float = 60.0, start: int = 0,
     size: int | None = None, first_bytes: int | None = None, version: str | None = None,
-) -> ByteStream | LocalFile:
+) -> ReadAheadBody | LocalBody:
     """Open ``url`` for streaming, from byte ``start`` on. See the module docstring.
 
     ``timeout`` is the longest wait for data (and the connect/read timeout of the SDK client).
@@ -95,7 +95,7 @@ def open_read(
     if reader == "file":
         path = urls.local_path(url)
         try:
-            file = open(path, "rb", buffering=0)  # the stream closes it
+            file = open(path, "rb", buffering=0)  # the body closes it
         except OSError as exc:
             raise stream_error(url, exc) from None
         try:
@@ -103,8 +103,8 @@ def open_read(
         except OSError as exc:
             file.close()
             raise stream_error(url, exc) from None
-        return LocalFile(url, file)  # positions count from ``start``
-    source: ChunkSource
+        return LocalBody(url, file)  # positions count from ``start``
+    source: BodySource
     if reader == "pipe":
         argv = ["/bin/bash", "-o", "pipefail", "-c", url[len("pipe:"):]]
         source = ProcessSource(url, argv, start)
@@ -115,4 +115,4 @@ def open_read(
                                            first_bytes=first_bytes, version=version)
     else:
         source = FsspecSource(url, start, timeout)
-    return ByteStream(url, source, timeout)
+    return ReadAheadBody(url, source, timeout)

@@ -18,7 +18,7 @@ from typing import IO, cast
 
 from wdstream.errors import StreamError
 from wdstream.sources import urls
-from wdstream.sources.bodies import CHUNK_SIZE, ChunkSource
+from wdstream.sources.bodies import CHUNK_SIZE, BodySource
 from wdstream.sources.failures import command_failed
 
 STDERR_TAIL = 8 << 10  # bytes of a command's stderr kept for error messages
@@ -49,7 +49,7 @@ def gcs_read_command(url: str, timeout: float) -> list[str]:
     return ["gsutil", "cat", cli_url(url)]
 
 
-class ProcessSource(ChunkSource):
+class ProcessSource(BodySource):
     """A command's stdout. Started at open so that a missing executable fails right away."""
 
     stops_promptly = True

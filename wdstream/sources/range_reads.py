@@ -4,14 +4,14 @@ A range of at most ``ONE_REQUEST_BYTES`` (a Parquet footer, a small column chunk
 request, made in the caller's thread: ``os.pread`` on a local file, one ranged GET on S3 (a
 presigned URL over the ranged reader's urllib3 pool, ``s3_ranges``) and GCS (its JSON API
 client, ``gcs_ranges``), one read of a file fsspec opens with a block of the range's size
-(whose HTTP files stop reading a server that ignores ``Range``). No ``ByteStream``, no part
+(whose HTTP files stop reading a server that ignores ``Range``). No ``ReadAheadBody``, no part
 threads: for a few KiB those cost more CPU than the request. A transient failure is asked
 again as the ranged reader retries a part (``ranged.PART_RETRIES``, ``RETRY_BACKOFF``
 doubling); failures are wdstream's errors naming the URL, never a signed URL's secrets
 (``failures.stream_error``).
 
 A larger range, and any range through a command (``pipe:``, the cli opener), is read from
-``open_read``'s stream: concurrent parts where the store has them."""
+``open_read``'s body: concurrent parts where the store has them."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def read_at(url: str, start: int, length: int, *, opener: str | None = None,
             timeout: float = 60.0, size: int | None = None, version: str | None = None) -> bytes:
     """``length`` bytes of the object at ``url`` from byte ``start``; fewer only when the
     object ends sooner (the caller says what a short read means). ``opener`` as
-    ``open_read``'s; ``size``: the object's size if known (a plan for the stream's parts);
+    ``open_read``'s; ``size``: the object's size if known (it sizes the body's parts);
     ``version``: its expected ETag or generation, checked by the store on each GET where
     ``checks_version`` says so (another version: ``not_the_version``'s ShardMismatchError)."""
     if start < 0 or length < 0:
@@ -45,10 +45,10 @@ def read_at(url: str, start: int, length: int, *, opener: str | None = None,
     reader = resolve_opener(opener, url)
     one_request = _ONE_REQUEST.get(reader)
     if one_request is None or length > ONE_REQUEST_BYTES:
-        stream = open_read(url, opener=opener, timeout=timeout, start=start, size=size,
+        body = open_read(url, opener=opener, timeout=timeout, start=start, size=size,
                            first_bytes=length, version=version)
-        with stream:
-            return _filled(stream.read, length)
+        with body:
+            return _filled(body.read, length)
     attempt = 0
     while True:
         try:

@@ -2,7 +2,7 @@
 
 ``RangedSource`` schedules an object's parts (byte ranges, several in flight, each on its own
 thread and connection) and hands their bytes over in order; ``Link`` is what a process
-learned of its link to one endpoint, shared by its streams. Each store's GET of a range is a
+learned of its link to one endpoint, shared by its bodies. Each store's GET of a range is a
 fetcher (``range_fetchers.py``); ``RangedS3Source`` and ``RangedGcsSource`` pair them with the
 scheduler. How parts are started, sized, widened, bounded and checked: docs/internals.md,
 "Ranged reads from S3 and GCS".
@@ -16,7 +16,7 @@ import threading
 import time
 
 from wdstream.errors import StreamError, WdstreamError
-from wdstream.sources.bodies import CHUNK_SIZE, READ_AHEAD, BufferPool, ChunkSource
+from wdstream.sources.bodies import CHUNK_SIZE, READ_AHEAD, BodySource, BufferPool
 from wdstream.sources.clients import cached_client
 from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import GcsRanges
@@ -26,10 +26,10 @@ from wdstream.sources.s3_ranges import S3Ranges
 PART_SIZE = 8 << 20
 MAX_PART_SIZE = 16 << 20
 START_PARTS = 8  # parts asked for at once when the size is known and the link is not yet,
-START_PART_SIZE = 4 << 20  # of this size: a stream's first bytes at twice a part's pace
+START_PART_SIZE = 4 << 20  # of this size: a body's first bytes at twice a part's pace
 MIN_START_PART_SIZE = 256 << 10  # the smallest, when the consumer wants few bytes first
 INITIAL_PARTS = 2  # parts in flight after a first GET proved slow
-AHEAD_PARTS = 1  # parts in flight of a stream opened ahead, while the one before it asks
+AHEAD_PARTS = 1  # parts in flight of a body opened ahead, while the one before it asks
 MAX_PARTS = 8
 PART_RETRIES = 3
 RETRY_BACKOFF = 0.2  # seconds before a part's first retry; doubled on each further one
@@ -42,42 +42,42 @@ _OPEN_END = 1 << 62  # the first GET's end until the object's size is known
 
 class Link:
     """What a process learned of its link to one endpoint (see the module docstring), and
-    its streams that still have parts to ask for, in the order they started."""
+    its bodies that still have parts to ask for, in the order they started."""
 
     def __init__(self, window: int = INITIAL_PARTS):
         self.lock = threading.Lock()
         self.parallel: bool | None = None  # True: parts pay; False: one GET is as fast
         self.window = window
-        self.part_size: int | None = None  # None: the stream's smallest
+        self.part_size: int | None = None  # None: the body's smallest
         self._asking: list[RangedSource] = []
         # what the part threads read into (see bodies.py): as many wait between shards as
-        # were out at once, at most two streams' bytes bound (the one read, the next opened
+        # were out at once, at most two bodies' bytes bound (the one read, the next opened
         # ahead) and the read-ahead
         self.buffers = BufferPool(CHUNK_SIZE, keep=(2 * MAX_PARTS * PART_SIZE + READ_AHEAD)
                                   // CHUNK_SIZE)
-        # a stream asked for all its parts: the start (worker start-up, the first batch) is
-        # over, and streams opened ahead take their whole window from then on
+        # a body asked for all its parts: the start (worker start-up, the first batch) is
+        # over, and bodies opened ahead take their whole window from then on
         self.started = False
 
-    def enter(self, stream: RangedSource) -> None:
+    def enter(self, source: RangedSource) -> None:
         with self.lock:
-            self._asking.append(stream)
+            self._asking.append(source)
 
-    def leave(self, stream: RangedSource) -> None:
-        """``stream`` asked for its last part (or ended): the next one may use the link."""
+    def leave(self, source: RangedSource) -> None:
+        """``source`` asked for its last part (or ended): the next one may use the link."""
         with self.lock:
-            if stream not in self._asking:
+            if source not in self._asking:
                 return
-            self._asking.remove(stream)
+            self._asking.remove(source)
             self.started = True
             following = list(self._asking)
         for other in following:
             other.nudge()
 
-    def first_asking(self, stream: RangedSource) -> bool:
-        """Whether no stream that started before ``stream`` still has parts to ask for."""
+    def first_asking(self, source: RangedSource) -> bool:
+        """Whether no body that started before ``source`` still has parts to ask for."""
         with self.lock:
-            return not self._asking or self._asking[0] is stream
+            return not self._asking or self._asking[0] is source
 
 
 def shared_link(timeout: float, scheme: str = "s3") -> Link:
@@ -86,7 +86,7 @@ def shared_link(timeout: float, scheme: str = "s3") -> Link:
 
 
 class _Part:
-    """One byte range ``[begin, end)``; its thread appends chunks, the stream takes them."""
+    """One byte range ``[begin, end)``; its thread appends chunks, the body takes them."""
 
     def __init__(self, begin: int, end: int):
         self.begin, self.end = begin, end
@@ -99,20 +99,20 @@ class _Part:
         self.done_at: float | None = None
         self.done = False
         self.error: BaseException | None = None
-        self.opening = False  # asked at the start of a stream on a link not known yet
+        self.opening = False  # asked at the start of a body on a link not known yet
 
     @property
     def size(self) -> int:
         return self.end - self.begin
 
 
-class RangedSource(ChunkSource):
-    """A ``ChunkSource`` for ``ByteStream``: the object of ``fetcher`` from ``start`` on, in
+class RangedSource(BodySource):
+    """A ``BodySource`` for ``ReadAheadBody``: the object of ``fetcher`` from ``start`` on, in
     parts (see above).
 
     ``size``: the object's size if known beforehand; ``first_bytes``: how many bytes the
     consumer wants before anything else (sizes the start's parts); ``link``: what the process
-    learned of the link (None: a new one for this stream alone); ``version``: the object's
+    learned of the link (None: a new one for this body alone); ``version``: the object's
     version expected (S3's ETag, GCS's generation, from a listing), sent with every part:
     when the store holds another, ``not_the_version``'s ShardMismatchError. ``peak_held`` is
     the most bytes fetched but not yet handed over at any time, ``peak_parts`` the most parts
@@ -158,13 +158,13 @@ class RangedSource(ChunkSource):
         self._rest_as_one = False  # a fast link: the next part is the rest of the object
         self._part_size = part_size
         self._held = 0
-        self._asked = False  # the consumer asked for data (ByteStream's reading())
-        self._nudged = False  # the window this stream may use has changed
+        self._asked = False  # the consumer asked for data (ReadAheadBody's reading())
+        self._nudged = False  # the window this body may use has changed
         self.peak_held = 0
         self.peak_parts = 0
         self.requests = 0
 
-    # the consumer side (ByteStream's reader thread) ---------------------------------------
+    # the consumer side (ReadAheadBody's reader thread) ---------------------------------------
 
     def run(self, put):
         self.link.enter(self)
@@ -178,7 +178,7 @@ class RangedSource(ChunkSource):
         self.nudge()
 
     def nudge(self) -> None:
-        """Wake the stream to widen its window (another stream left the link, or the
+        """Wake the body to widen its window (another body left the link, or the
         consumer started reading); the first response's size does the same, so that the parts
         past a given size that fell short are asked as soon as it is in."""
         with self._cond:
@@ -186,7 +186,7 @@ class RangedSource(ChunkSource):
             self._cond.notify_all()
 
     def _allowed(self, window: int) -> int:
-        """Parts this stream may keep in flight: ``window``, or ``AHEAD_PARTS`` while a stream
+        """Parts this body may keep in flight: ``window``, or ``AHEAD_PARTS`` while a body
         that started before it still has parts to ask for and nobody reads this one yet."""
         if self._asked or self.link.started or self.link.first_asking(self):
             return window
@@ -377,8 +377,8 @@ class RangedSource(ChunkSource):
 
     def _read_body(self, part: _Part, readinto, skip: int) -> None:
         """Read the response into lent buffers and append them to the part, dropping its
-        first ``skip`` bytes, until the body or the part ends or the stream stops (a stopped
-        stream's errors are dropped: ``_fetch``)."""
+        first ``skip`` bytes, until the response or the part ends or the body stops (a stopped
+        body's errors are dropped: ``_fetch``)."""
         buffers = self.link.buffers
         step = min(buffers.size, self.part_size)
         while True:
@@ -402,9 +402,9 @@ class RangedSource(ChunkSource):
                 return
 
     def _append(self, part: _Part, chunk: memoryview) -> bool:
-        """Hand a chunk to the stream; False when the stream stopped or the part's range is
+        """Hand a chunk to the body; False when the body stopped or the part's range is
         already full. A part longer than the largest part (the first GET, a
-        whole object) holds at most a part's size that the stream has not taken."""
+        whole object) holds at most a part's size that the body has not taken."""
         with self._cond:
             while (part.size > self.max_part_size and part.pending >= self.part_size
                    and not self._stopped):
@@ -451,7 +451,7 @@ class RangedSource(ChunkSource):
 
 class _Turns:
     """The consumer side of one ``RangedSource.run``: the single first GET while it may still
-    be cut short (``first``), the parts this stream may keep in flight (``window``), and the
+    be cut short (``first``), the parts this body may keep in flight (``window``), and the
     time it waited for the first GET's bytes against the time its consumer took. ``step``
     hands over what the first part in flight has."""
 
@@ -463,7 +463,7 @@ class _Turns:
         self.network = self.consumer = 0.0  # seconds waiting for them / in put()
 
     def start(self) -> bool:
-        """Ask for the first parts; False when the stream ended before any response."""
+        """Ask for the first parts; False when the body ended before any response."""
         source = self.source
         parallel, learned = source._adopt_link()
         given = source._given_size
@@ -483,7 +483,7 @@ class _Turns:
         with source._cond:
             while source._size is None and not first.done and not source._stopped:
                 source._cond.wait()
-        if source._size is None:  # it failed before its headers, or the stream was closed
+        if source._size is None:  # it failed before its headers, or the body was closed
             source._finish(first)
             return False
         source._following = first.end
@@ -495,7 +495,7 @@ class _Turns:
 
     def step(self) -> bool:
         """Ask for parts, wait for the first one's bytes and hand them over; False once the
-        stream stopped."""
+        body stopped."""
         source = self.source
         self._switch_if_slow()
         allowed = self._ask(source._parts)
@@ -526,7 +526,7 @@ class _Turns:
 
     def _switch_if_slow(self) -> None:
         """Cut the first GET short and go on in parts when the link is the slower side: the
-        stream waited for its bytes, longer than the consumer took, and it runs slow."""
+        body waited for its bytes, longer than the consumer took, and it runs slow."""
         source, first = self.source, self.first
         if first is None or not source._parts or first is not source._parts[0] \
                 or source._whole or source._following != first.end:
@@ -540,18 +540,18 @@ class _Turns:
             source.link.parallel = True
 
     def _ask(self, parts: collections.deque[_Part]) -> int:
-        """Launch the parts the stream may have in flight now; returns how many that is."""
+        """Launch the parts the body may have in flight now; returns how many that is."""
         source = self.source
         with source._cond:
             source._nudged = False  # a nudge from here on ends the wait in _wait
         allowed = source._allowed(self.window)
         source._launch_parts(allowed)
         if source._following >= source._end():
-            source.link.leave(source)  # every part asked: the next stream may use the link
+            source.link.leave(source)  # every part asked: the next body may use the link
         return allowed
 
     def _wait(self, head: _Part, allowed: int) -> float | None:
-        """Wait (the condition held) until ``head`` has bytes or ends, the stream stops, or a
+        """Wait (the condition held) until ``head`` has bytes or ends, the body stops, or a
         nudge lets it ask for more parts; the seconds waited, None if it did not wait."""
         source = self.source
         began = time.monotonic()
@@ -565,7 +565,7 @@ class _Turns:
     def _widen(self, head: _Part, allowed: int, before_first_byte: bool) -> None:
         """The network was the slower side: one more part in flight. Not before a part came
         in (waits for the first parts' first bytes only show the link's delay); at the most,
-        the link learns that this stream wanted them all (past its start, whose parts all
+        the link learns that this body wanted them all (past its start, whose parts all
         began together: a wait for the first one says nothing of how many the link wants)."""
         source = self.source
         if allowed != self.window or not source.link.parallel:

@@ -43,9 +43,9 @@ class ArrowFormat(TableFormat):
         """One scan of the file's messages: the schema's bytes, and the batches' ranges."""
         import pyarrow as pa
 
-        stream = open_file(file, access)
+        body = open_file(file, access)
         try:
-            counted = _Counted(stream)
+            counted = _Counted(body)
             start = len(FILE_MAGIC) + 2 if counted.peek_magic() else 0
             messages = pa.ipc.MessageReader.open_stream(pa.PythonFile(counted, mode="r"))
             return _cut_messages(file, messages, counted, start, limits_of(access).unit_bytes)
@@ -53,7 +53,7 @@ class ArrowFormat(TableFormat):
             raise ShardError(f"{printable(file.url)}: not a readable Arrow IPC file: {exc}"
                              ) from None
         finally:
-            stream.close()
+            body.close()
 
     def columns(self, cut: FileUnits) -> list[str] | None:
         import pyarrow as pa
@@ -277,18 +277,18 @@ def batch_header(data: bytes) -> tuple[int, list[tuple[int, int]], bool]:
 
 
 class _Counted:
-    """A read stream that counts the bytes read and keeps the first ones (at most
+    """A body that counts the bytes read and keeps the first ones (at most
     ``MAX_METADATA_BYTES``) until told to stop: the schema's bytes are among them."""
 
-    def __init__(self, stream):
-        self.stream, self.position, self.head = stream, 0, b""
+    def __init__(self, body):
+        self.body, self.position, self.head = body, 0, b""
         self.keep = True  # the first bytes, up to the schema's end
         self._pending = b""  # read ahead by peek_magic, not consumed
         self.closed = False
 
     def peek_magic(self) -> bool:
         """Whether the file is in the IPC file format (``ARROW1`` and 2 bytes of padding
-        before the stream), those bytes consumed if so; otherwise nothing is consumed."""
+        before the body), those bytes consumed if so; otherwise nothing is consumed."""
         first = self._read(len(FILE_MAGIC) + 2)
         self._pending = b"" if first.startswith(FILE_MAGIC) else first
         return not self._pending
@@ -301,7 +301,7 @@ class _Counted:
         return data + (self._read(n - size) if n < 0 or n > size else b"")
 
     def _read(self, n: int) -> bytes:
-        data = self.stream.read(n)
+        data = self.body.read(n)
         if self.keep and len(self.head) < MAX_METADATA_BYTES:
             self.head += data[:MAX_METADATA_BYTES - len(self.head)]
         self.position += len(data)

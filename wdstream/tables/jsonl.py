@@ -23,7 +23,7 @@ from typing import IO
 from wdstream.errors import InputError, LimitError, ShardError
 from wdstream.limits import json_loads
 from wdstream.printable import printable
-from wdstream.shards.compression import DecompressingStream
+from wdstream.shards.compression import DecompressingBody
 from wdstream.sources import urls
 from wdstream.sources.stores import store_for
 from wdstream.tables.files import RawFile
@@ -63,9 +63,9 @@ class JsonLinesFormat(TableFormat):
         plain = compression(file.name) is None
         units: list[Unit] = []
         start, rows, first = 0, 0, 0
-        stream = _open(file, access)
+        body = _open(file, access)
         try:
-            for offset, _ in lines(stream, file, 0, None if plain else MAX_UNIT_ROWS,
+            for offset, _ in lines(body, file, 0, None if plain else MAX_UNIT_ROWS,
                                       _longest(access)):
                 if plain and rows and offset - start >= RANGE_BYTES:
                     units.append(Unit(start, rows, first, offset))
@@ -75,7 +75,7 @@ class JsonLinesFormat(TableFormat):
                     raise ShardError(f"{printable(file.url)}: more than {MAX_UNIT_ROWS} rows "
                                      f"in one unit")
         finally:
-            stream.close()
+            body.close()
         if rows:
             units.append(Unit(start, rows, first, file.size))
         return FileUnits(units)
@@ -106,7 +106,7 @@ class LineRows:
         self.data = data
         self.nbytes = None if data is None else len(data)  # a compressed file: not held
         self._lines: Iterator[tuple[int, bytes]] | None = None
-        self._stream: IO[bytes] | None = None
+        self._body: IO[bytes] | None = None
         self._next = 0  # the unit's row the lines are at
 
     def __len__(self) -> int:
@@ -116,9 +116,9 @@ class LineRows:
         if self._lines is None or start < self._next:
             self.close()
             plain = self.data is not None
-            self._stream = io.BytesIO(self.data) if self.data is not None \
+            self._body = io.BytesIO(self.data) if self.data is not None \
                 else _open(self.file, self.access)
-            self._lines = lines(self._stream, self.file, self.unit.part if plain else 0,
+            self._lines = lines(self._body, self.file, self.unit.part if plain else 0,
                                 None if plain else MAX_UNIT_ROWS, _longest(self.access))
             self._next = 0
         out = []
@@ -163,9 +163,9 @@ class LineRows:
         return value
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        if self._body is not None:
+            self._body.close()
+            self._body = None
 
     __del__ = close
 
@@ -173,12 +173,12 @@ class LineRows:
 def _open(file: RawFile, access: Access):
     """The file's bytes, decompressed when it is compressed (at most ``Limits.shard_bytes``
     of them, with a decompressor of at most ``Limits.decoder_memory``)."""
-    stream = open_file(file, access)
+    body = open_file(file, access)
     kind = compression(file.name)
     if kind is not None:
-        return DecompressingStream(stream, file.url, kind, stored_limit=file.size,
+        return DecompressingBody(body, file.url, kind, stored_limit=file.size,
                                    limits=limits_of(access))
-    return stream
+    return body
 
 
 def _longest(access: Access) -> int:
@@ -186,15 +186,15 @@ def _longest(access: Access) -> int:
     return min(MAX_LINE_BYTES, limits_of(access).sample_bytes)
 
 
-def lines(stream, file: RawFile, offset: int, most: int | None = None,
+def lines(body, file: RawFile, offset: int, most: int | None = None,
           longest: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` for each non-blank line of ``stream`` (without its newline),
+    """``(offset, line)`` for each non-blank line of ``body`` (without its newline),
     ``offset`` counting from the given one. Blank lines are skipped without a Python step
     each, but count toward ``most`` lines (None: no bound) with the others; more, or a line
     longer than ``longest`` bytes, is a ShardError."""
     pending: list[bytes] = []
     held = counted = 0
-    while chunk := stream.read(READ_BYTES):
+    while chunk := body.read(READ_BYTES):
         if b"\n" not in chunk:
             pending.append(chunk)
             held += len(chunk)

@@ -1,5 +1,5 @@
 """Byte ranges of a raw file through wdstream's readers (``read_at``: one request for a small
-range, ``open_read``'s stream for a large one), and the check that a file is still the one
+range, ``open_read``'s body for a large one), and the check that a file is still the one
 planned: on S3 and GCS through the sdk reader, by the store on every GET of a range (the
 listed ETag as ``If-Match``, the generation as ``ifGenerationMatch``); a local file by its
 identity (device, inode, change time) on the descriptor each read opens, never blocking and
@@ -15,7 +15,7 @@ from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.limits import Limits
 from wdstream.printable import printable
 from wdstream.sources import urls
-from wdstream.sources.bodies import LocalFile
+from wdstream.sources.bodies import LocalBody
 from wdstream.sources.local_files import Identity, open_regular
 from wdstream.sources.openers import open_read
 from wdstream.sources.range_reads import checks_version, read_at
@@ -54,10 +54,10 @@ def read_range(file: RawFile, start: int, length: int, access: Access) -> bytes:
 
 
 def open_file(file: RawFile, access: Access):
-    """``file`` as a read stream from its start (``open_read``), its version checked as
+    """``file``'s body from its start (``open_read``), its version checked as
     ``read_range``'s are."""
     if file.identity is not None:
-        return LocalFile(file.url, _open_local(file))
+        return LocalBody(file.url, _open_local(file))
     return open_read(file.url, opener=access.opener, timeout=access.timeout, size=file.size,
                      version=planned_version(file))
 
@@ -67,21 +67,21 @@ def _open_local(file: RawFile):
     blocking; a ShardError if it is no regular file now), if it is still the file planned:
     its device, inode and change time (a file or a link put there since, even with the size
     and modification time copied, is a ShardMismatchError)."""
-    stream = open_regular(urls.local_path(file.url), error=ShardError, reader="wdstream")
-    now = Identity.of(os.fstat(stream.fileno()))
+    body = open_regular(urls.local_path(file.url), error=ShardError, reader="wdstream")
+    now = Identity.of(os.fstat(body.fileno()))
     if now != file.identity:
-        stream.close()
+        body.close()
         raise ShardMismatchError(f"{printable(file.url)}: replaced since the plan (another "
                                  "file is there now, or it was changed); build the dataset "
                                  "again to stream it as it is now")
-    return stream
+    return body
 
 
-def _pread(stream, start: int, length: int) -> bytes:
+def _pread(body, start: int, length: int) -> bytes:
     """``length`` bytes from ``start`` of an open file; fewer only where it ends."""
     parts, at = [], start
     while at < start + length:
-        part = os.pread(stream.fileno(), start + length - at, at)
+        part = os.pread(body.fileno(), start + length - at, at)
         if not part:
             break
         parts.append(part)

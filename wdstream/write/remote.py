@@ -146,7 +146,7 @@ def list_folder(url: str) -> list[tuple[str, str, int]]:
 
 
 def open_stream(url: str):
-    """A binary read stream of the object (a ByteStream: read-ahead in a thread)."""
+    """The object's body (a ReadAheadBody: read-ahead in a thread)."""
     return open_read(url)
 
 

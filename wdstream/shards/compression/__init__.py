@@ -2,9 +2,9 @@
 ``.tar.bz2`` and ``.tar.xz`` as the tar stream they hold (the decompressors: ``engines``;
 writing compressed shards: ``writing``).
 
-``open_tar(stream, url)`` looks at a shard's first bytes: a plain tar is handed back as it is
+``open_tar(body, url)`` looks at a shard's first bytes: a plain tar is handed back as it is
 (a local file keeps its seeks and mapped payloads); compressed data (recognised by its magic
-bytes, whatever the name says) is wrapped in a ``DecompressingStream`` that decompresses while
+bytes, whatever the name says) is wrapped in a ``DecompressingBody`` that decompresses while
 the tar reader reads, in bounded pieces (a small stream that expands enormously never holds
 more than a few MiB), up to ``Limits.shard_bytes`` decompressed bytes, with its decompressor's
 memory bounded by ``Limits.decoder_memory``. ``stored_bytes`` counts the bytes read from storage, which is what a
@@ -113,18 +113,18 @@ def _unread_kind(head: bytes) -> str | None:
     return None
 
 
-def open_tar(stream, url: str, *, source=None, stored_limit: int | None = None,
+def open_tar(body, url: str, *, source=None, stored_limit: int | None = None,
              limits: Limits | None = None):
-    """The tar stream of a shard opened as ``stream``: ``stream`` itself for a plain tar, else
-    a ``DecompressingStream``. ``source`` is what the stored bytes are read through (e.g. a
-    hashing wrapper of ``stream``; default ``stream``); closing the result closes ``stream``.
+    """The tar stream of a shard opened as ``body``: ``body`` itself for a plain tar, else
+    a ``DecompressingBody``. ``source`` is what the stored bytes are read through (e.g. a
+    hashing wrapper of ``body``; default ``body``); closing the result closes ``body``.
     ``stored_limit``: the stored bytes recorded for the shard (manifest or listing), past
     which a compressed stream is an error (a plain tar is bounded by the tar reader).
     ``limits``: what a compressed stream may expand to (default ``Limits()``).
 
     Raises ShardError for a compression wdstream does not read, or a name that promises a
     compression the data does not have."""
-    reader = stream if source is None else source
+    reader = body if source is None else source
     head = b""
     while len(head) < _HEAD and (more := reader.read(_HEAD - len(head))):
         head += bytes(more)
@@ -138,14 +138,14 @@ def open_tar(stream, url: str, *, source=None, stored_limit: int | None = None,
         if named is not None and head:
             raise ShardError(f"{url}: the name says {named}-compressed, but the data does not "
                              "start with its magic bytes (a plain tar renamed?)")
-        seekable = getattr(stream, "seekable", None)
+        seekable = getattr(body, "seekable", None)
         if source is None and seekable is not None and seekable():
-            stream.seek(0)
-            return stream
-        return _Prefixed(head, reader, stream)
+            body.seek(0)
+            return body
+        return _Prefixed(head, reader, body)
     if named != kind:
         log.debug("%s: %s-compressed data (recognised by its first bytes)", url, kind)
-    return DecompressingStream(reader, url, kind, head=head, owner=stream,
+    return DecompressingBody(reader, url, kind, head=head, owner=body,
                                stored_limit=stored_limit, limits=limits)
 
 
@@ -205,12 +205,12 @@ class _Prefixed:
         self._owner.close()
 
 
-class DecompressingStream:
+class DecompressingBody:
     """The decompressed bytes of a compressed shard, read through ``read``/``read1``/
     ``readinto``. ``stored_bytes``: compressed bytes read so far; ``expanded_bytes``:
     decompressed bytes made so far, at most ``limits.shard_bytes`` (a ``LimitError`` past
-    them). ``close()`` closes the stream it was opened from; after a clean end it tells a
-    cache filling from that stream that the end was checked (``end_verified``)."""
+    them). ``close()`` closes the body it was opened from; after a clean end it tells a
+    cache filling from that body that the end was checked (``end_verified``)."""
 
     def __init__(self, reader, url: str, kind: str, *, head: bytes = b"", owner=None,
                  stored_limit: int | None = None, limits: Limits | None = None):

@@ -2,12 +2,12 @@
 
 ``ShardCache(directory, limit)`` keeps whole shards as files in ``directory``, at most
 ``limit`` bytes of them (``"50GB"``, ``"512MiB"`` or a number; default ``DEFAULT_LIMIT``).
-``cache.open(url, opener)`` returns a readable binary stream of the shard:
+``cache.open(url, opener)`` returns the shard's body, read as a binary file:
 
 - a hit opens the cached file (and touches its mtime: eviction is least recently used first);
 - a miss calls ``opener()`` (e.g. ``lambda: open_read(url, ...)``) and streams from it while
   copying what the consumer reads into a temporary file in ``directory``: the first sample
-  never waits for the whole shard. The copy is renamed into place only when the stream ended
+  never waits for the whole shard. The copy is renamed into place only when the body ended
   cleanly: the consumer read it to the end, ``close()`` of the source succeeded (a pipe's exit
   status), the size (and, with ``verify_digest``, the sha256) matches the manifest's when
   known, and the data ends with the tar end-of-archive marker (for a compressed shard: the
@@ -49,7 +49,7 @@ The cache never makes a read fail: if the disk is full or the directory unwritab
 stream goes on uncached (with a warning). Local files (plain paths, ``file://``) are never
 cached; ``pipe:`` commands are, keyed by the command text.
 
-Here: the keys, hits and misses. The streams of a hit and a miss, and the checks of an entry,
+Here: the keys, hits and misses. The bodies of a hit and a miss, and the checks of an entry,
 are in ``entry``; the folder's listing, lock and eviction in ``folder``.
 """
 
@@ -67,7 +67,7 @@ from collections.abc import Callable
 from wdstream.errors import InputError
 from wdstream.sizes import parse_size
 from wdstream.sources.cache import folder
-from wdstream.sources.cache.entry import CachedStream, TeeStream, entry_problem
+from wdstream.sources.cache.entry import CachedBody, TeeBody, entry_problem
 from wdstream.sources.stores import store_for
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class ShardCache:
     # ---- reading ------------------------------------------------------------------------
     def open(self, url: str, opener: Callable[[], io.IOBase], *, size: int | None = None,
              sha256: str | None = None, verify_digest: bool = False, head: str | None = None):
-        """A stream of ``url``: the cached copy, or ``opener()`` copied into the cache as it is
+        """The body of ``url``: the cached copy, or ``opener()`` copied into the cache as it is
         read. ``size``/``sha256``/``head`` are the manifest's (size and digest are part of the
         key; all are checked before a copy is kept or served, the digest only with
         ``verify_digest``)."""
@@ -121,11 +121,11 @@ class ShardCache:
             self.hits += 1
             return cached
         self.misses += 1
-        return TeeStream(self, url, opener(), path, size=size,
+        return TeeBody(self, url, opener(), path, size=size,
                          sha256=sha256 if verify_digest else None, head=head)
 
     def _open_hit(self, url: str, path: str, size: int | None, head: str | None = None,
-                  sha256: str | None = None) -> CachedStream | None:
+                  sha256: str | None = None) -> CachedBody | None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -137,7 +137,7 @@ class ShardCache:
                 if stat_mode.S_ISLNK(os.lstat(path).st_mode):
                     folder.remove(path)  # the link, never what it points to
             return None
-        file = open(fd, "rb", buffering=0, closefd=True)  # owned by the stream
+        file = open(fd, "rb", buffering=0, closefd=True)  # owned by the body
         try:
             stat = os.fstat(fd)
             problem = entry_problem(file, stat, size, head, sha256)
@@ -150,7 +150,7 @@ class ShardCache:
             return None
         with contextlib.suppress(OSError):  # evicted meanwhile: our open file still reads
             os.utime(fd)
-        return CachedStream(url, file, path)
+        return CachedBody(url, file, path)
 
     def forget(self, url: str, size: int | None = None, sha256: str | None = None) -> None:
         """Delete the cached copy of ``url`` if any (e.g. before a retry: a copy that failed
@@ -193,7 +193,7 @@ class ShardCache:
                         self.directory, result.total, self.limit)
         return result.freed
 
-    # ---- called by TeeStream ------------------------------------------------------------
+    # ---- called by TeeBody ------------------------------------------------------------
     def _temporary(self):
         return folder.temporary(self.directory)
 

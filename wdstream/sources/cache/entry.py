@@ -1,4 +1,4 @@
-"""A shard cache entry: the checks before one is served, and the streams of a hit (the
+"""A shard cache entry: the checks before one is served, and the bodies of a hit (the
 entry's file) and of a miss (the source, copied into a temporary file that becomes the entry
 when the whole shard was read and ended cleanly). See ``wdstream.sources.cache``."""
 
@@ -13,11 +13,11 @@ import os
 import stat as stat_mode
 from typing import IO, TYPE_CHECKING
 
-from wdstream.sources.bodies import LocalFile
+from wdstream.sources.bodies import LocalBody
 from wdstream.sources.cache import folder
 from wdstream.sources.hashing import HEAD_BYTES, HashingReader, head_digest
 
-if TYPE_CHECKING:  # a real cycle: the package imports this module for its streams
+if TYPE_CHECKING:  # a real cycle: the package imports this module for its bodies
     from wdstream.sources.cache import ShardCache
 
 log = logging.getLogger("wdstream.sources.cache")
@@ -49,8 +49,8 @@ def entry_problem(file, stat: os.stat_result, size: int | None, head: str | None
     return None
 
 
-class CachedStream(LocalFile):
-    """A cache hit: the cached file, with the attributes of a ``ByteStream``."""
+class CachedBody(LocalBody):
+    """A cache hit: the cached file, with the attributes of a ``ReadAheadBody``."""
 
     # payloads are not left in a cached file for the main process to map: the cache may
     # evict the file before the main process opens it
@@ -62,10 +62,10 @@ class CachedStream(LocalFile):
         self.path = path
 
     def __repr__(self) -> str:
-        return f"<CachedStream {self.url!r} from {self.path!r}>"
+        return f"<CachedBody {self.url!r} from {self.path!r}>"
 
 
-class TeeStream(io.BufferedIOBase):
+class TeeBody(io.BufferedIOBase):
     """A cache miss: reads ``source`` and copies what it hands out into a temporary file,
     published by ``close()`` when the whole shard was read and ended cleanly."""
 
@@ -82,7 +82,7 @@ class TeeStream(io.BufferedIOBase):
         self._tail = b""  # the last len(_TAR_END) bytes
         self._head, self._first = head or None, b""  # the manifest's head; the first bytes
         self._ended = False  # the source said b"": its end
-        self._short = False  # the last read returned less than asked (the end, for a ByteStream)
+        self._short = False  # the last read returned less than asked (the end, for a ReadAheadBody)
         self._failed = False  # a read raised: this copy is never published
         self._uncached = False  # caching gave up (disk full...): stream on without it
         self._end_verified = False  # the reader checked a compressed shard's end
@@ -162,7 +162,7 @@ class TeeStream(io.BufferedIOBase):
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ValueError(f"{self.url}: read from a closed stream")
+            raise ValueError(f"{self.url}: read from a closed body")
 
     # ---- ending ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -172,7 +172,7 @@ class TeeStream(io.BufferedIOBase):
             return
         try:
             if not self._ended and self._short and not self._failed and not self._uncached:
-                # A ByteStream's short read is its end; make sure without waiting for data.
+                # A ReadAheadBody's short read is its end; make sure without waiting for data.
                 self._copy(self._guard(self._source.read, 1), 1)
             self._source.close()
         except BaseException:
@@ -237,4 +237,4 @@ class TeeStream(io.BufferedIOBase):
             self._discard()
 
     def __repr__(self) -> str:
-        return f"<TeeStream {self.url!r} -> {self.path!r}>"
+        return f"<TeeBody {self.url!r} -> {self.path!r}>"

@@ -67,7 +67,7 @@ class Store:
         return self.range_fetcher(url, timeout)
 
     def open_read(self, url: str, **options):
-        """A read stream of the object (``openers.open_read``'s options)."""
+        """The object's body, read (``openers.open_read``'s options)."""
         from wdstream.sources.openers import open_read  # openers asks the stores
 
         return open_read(url, **options)

@@ -17,7 +17,7 @@ from wdstream.errors import AccessError, ShardError, ShardMismatchError, StreamE
 from wdstream.limits import Limits
 from wdstream.options import CHOICES, choice
 from wdstream.printable import redact
-from wdstream.shards.compression import DecompressingStream, open_tar, stored_bytes
+from wdstream.shards.compression import DecompressingBody, open_tar, stored_bytes
 from wdstream.shards.identity import head_check
 from wdstream.shards.samples import StrayCount, sample_batches
 from wdstream.shards.tar_reader import iter_members
@@ -314,7 +314,7 @@ class SpanReader:
         tar bytes either way."""
         table = self.shards
         head = table.get("heads", shard)
-        plain = not isinstance(body, DecompressingStream)
+        plain = not isinstance(body, DecompressingBody)
         return iter_members(body, url, self.payload_target,
                             limit=(table.get("bytes", shard) or None) if plain else None,
                             on_head=head_check(url, head) if head else None,
