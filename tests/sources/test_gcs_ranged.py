@@ -144,7 +144,7 @@ def test_a_cut_part_is_asked_again_for_its_remaining_bytes(gcs, proxied, monkeyp
     assert source.requests >= 6 + 2 and proxy.requests == source.requests + 2  # and retries
 
 
-def test_a_part_that_keeps_failing_fails_the_stream(gcs, proxied):
+def test_a_part_that_keeps_failing_fails_the_body(gcs, proxied):
     data = os.urandom(4 * PART)
     url = upload(gcs, "broken.bin", data)
     proxy = proxied(cut={n: 1000 for n in range(2, 40)})  # every request after the metadata
@@ -155,7 +155,7 @@ def test_a_part_that_keeps_failing_fails_the_stream(gcs, proxied):
     assert caught.value.transient and str(caught.value).startswith(url)
 
 
-def test_a_server_that_ignores_range_is_read_as_one_stream(gcs, proxied):
+def test_a_server_that_ignores_range_is_read_as_one_body(gcs, proxied):
     data = os.urandom(10 * PART + 3)
     url = upload(gcs, "norange.bin", data)
     with through(proxied(drop_range=True)):

@@ -130,7 +130,7 @@ def test_local_and_fsspec_ranges(tmp_path, monkeypatch):
         range_reads.read_at(str(tmp_path / "missing.bin"), 0, 10)
 
 
-def test_a_large_range_is_read_from_the_stream(tmp_path, monkeypatch):
+def test_a_large_range_is_read_from_the_body(tmp_path, monkeypatch):
     path = tmp_path / "x.bin"
     path.write_bytes(DATA)
     monkeypatch.setattr(range_reads, "ONE_REQUEST_BYTES", 1000)

@@ -108,7 +108,7 @@ def test_a_cut_part_is_asked_again_for_its_remaining_bytes(s3, proxied):
     assert source.peak_parts > 1 and proxy.requests > 6
 
 
-def test_a_part_that_keeps_failing_fails_the_stream(s3, proxied):
+def test_a_part_that_keeps_failing_fails_the_body(s3, proxied):
     bucket, make = proxied
     data = os.urandom(4 * PART)
     url = put(s3, bucket, "broken.bin", data)
@@ -191,7 +191,7 @@ def test_a_missing_object_is_a_permanent_error(s3, proxied):
     assert proxy.requests == 1
 
 
-def test_a_server_that_ignores_range_is_read_as_one_bounded_stream(s3, proxied):
+def test_a_server_that_ignores_range_is_read_as_one_bounded_body(s3, proxied):
     bucket, make = proxied
     data = os.urandom(10 * PART + 3)
     url = put(s3, bucket, "norange.bin", data)
@@ -228,7 +228,7 @@ def test_a_known_size_asks_for_several_parts_at_once(s3, proxied):
             assert reader.read() == data[1:]
 
 
-def test_a_stream_starts_with_smaller_parts_until_the_link_is_known(s3, proxied,
+def test_a_body_starts_with_smaller_parts_until_the_link_is_known(s3, proxied,
                                                                     monkeypatch):
     """On a link not known yet, the first parts of a stream of known size are of the start's
     size (its first bytes come at twice a part's pace), the link is learned from them, and the
@@ -305,7 +305,7 @@ def test_a_loader_tells_the_first_shards_reader_its_first_batchs_bytes(tmp_path,
 
 
 @pytest.mark.slow
-def test_a_stream_kept_waiting_with_its_whole_window_teaches_it(s3, proxied,
+def test_a_body_kept_waiting_with_its_whole_window_teaches_it(s3, proxied,
                                                                 monkeypatch):
     """A first stream that, past its start, was kept waiting with all the parts it may have
     in flight tells the link so: the next streams start with that window, not the initial
@@ -356,7 +356,7 @@ def test_a_wrong_size_beforehand_is_only_a_plan(s3, proxied, planned):
             assert reader.read() == data
 
 
-def test_what_a_stream_learns_the_next_one_starts_with(s3, proxied, monkeypatch):
+def test_what_a_body_learns_the_next_one_starts_with(s3, proxied, monkeypatch):
     """The next shard, opened while the current one is read (which has asked for all its
     parts: the object fits its read-ahead), fetches parts at once, of the size and as many as
     the link proved to need."""
@@ -447,7 +447,7 @@ def _wait_for(check, seconds: float = 5.0) -> bool:
 
 
 @pytest.mark.slow
-def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxied,
+def test_a_body_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxied,
                                                                 monkeypatch):
     """The shard being read has the link first: the next one, opened ahead, keeps one part in
     flight until the current one has asked for its last part, then as many as the link needs."""
@@ -480,7 +480,7 @@ def test_a_stream_opened_ahead_waits_with_one_part_for_the_one_before(s3, proxie
         assert current_source.peak_parts > 1
 
 
-def test_once_a_stream_asked_all_its_parts_streams_opened_ahead_are_not_held(
+def test_once_a_body_asked_all_its_parts_bodies_opened_ahead_are_not_held(
         s3, proxied, monkeypatch):
     """Holding a stream opened ahead to one part is for the start (up to the first batch):
     once a stream of the link has asked for all its parts, the next ones opened ahead keep
@@ -516,7 +516,7 @@ def test_once_a_stream_asked_all_its_parts_streams_opened_ahead_are_not_held(
             assert ahead.read() == ahead_data
 
 
-def test_a_stream_being_read_is_not_held_back_by_an_earlier_one(s3, proxied, monkeypatch):
+def test_a_body_being_read_is_not_held_back_by_an_earlier_one(s3, proxied, monkeypatch):
     """Two streams read in turns (a mix of datasets): each has as many parts as it needs; and
     closing a stream early lets the next one widen."""
     from wdstream.sources import bodies
@@ -720,7 +720,7 @@ def test_a_pool_keeps_as_many_buffers_as_were_out_at_once():
     assert pool.allocated == 7
 
 
-def test_the_parts_are_read_into_buffers_the_stream_gives_back(s3, proxied):
+def test_the_parts_are_read_into_buffers_the_body_gives_back(s3, proxied):
     """A stream's parts are read into its link's buffers, each given back once the consumer
     took its bytes: three objects read one after the other over one link take about one
     object's worth of buffers (those in flight at once), not three."""

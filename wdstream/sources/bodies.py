@@ -319,7 +319,7 @@ class ReadAheadBody(io.BufferedIOBase):
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ValueError(f"{self.url}: read from a closed stream")
+            raise ValueError(f"{self.url}: read from a closed body")
 
     # closing --------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ _clients_lock = threading.RLock()  # a make() may ask for another client (s3_ran
 
 def _free_lock_in_child() -> None:
     """A forked process (a DataLoader worker) starts with the lock free: a thread of its
-    parent, a stream's reader connecting, may hold it at the fork, and no thread of the
+    parent, a body's reader connecting, may hold it at the fork, and no thread of the
     child would ever release it."""
     global _clients_lock
     _clients_lock = threading.RLock()

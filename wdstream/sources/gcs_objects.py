@@ -15,7 +15,7 @@ from wdstream.sources.failures import stream_error
 from wdstream.sources.gcs_ranges import GcsRanges, gcs_client, status_error
 from wdstream.sources.range_fetchers import HttpStatusError
 
-TIMEOUT = 60.0  # seconds, for these requests made outside a stream
+TIMEOUT = 60.0  # seconds, for these requests made outside a body's read
 LIST_PAGE_SIZE = 1000  # objects per page of a listing (GCS's most)
 LIST_PAGE_LIMIT = 64 << 20  # bytes of one page of a listing: 1,000 objects' metadata is ~1 MB
 # what a listing's objects are asked for (a tenth of their whole metadata)

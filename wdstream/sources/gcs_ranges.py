@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
-POOL_SIZE = 32  # connections kept per host: parts of the streams of a process
+POOL_SIZE = 32  # connections kept per host: parts of the bodies of a process
 
 
 def endpoint() -> str:

@@ -1,4 +1,4 @@
-"""A read stream that hashes, counts and reports every byte read through it, so that one pass
+"""A body that hashes, counts and reports every byte read through it, so that one pass
 over a shard gives its size and sha256 while it is parsed; and a shard's ``head`` digest, the
 hash of its first bytes that a manifest records (``wdstream.shards.identity`` checks it, the
 shard cache checks its entries by it)."""
@@ -18,17 +18,17 @@ def head_digest(first: bytes) -> str:
 
 
 class HashingReader:
-    """Wraps ``stream``: ``sha256`` (a ``hashlib`` object) and ``count`` take in every byte that
+    """Wraps ``body``: ``sha256`` (a ``hashlib`` object) and ``count`` take in every byte that
     ``read`` hands out, and ``progress(nbytes)`` is called for each non-empty read.
 
-    ``read1``: answer each read with what the stream has at hand (its ``read1``, where it has
+    ``read1``: answer each read with what the body has at hand (its ``read1``, where it has
     one) rather than wait for ``n`` bytes, so that progress (and an interruption raised from
     the progress callback) come chunk by chunk.
     """
 
-    def __init__(self, stream, progress: Callable[[int], object] | None = None, *,
+    def __init__(self, body, progress: Callable[[int], object] | None = None, *,
                  read1: bool = False):
-        self._read = getattr(stream, "read1", stream.read) if read1 else stream.read
+        self._read = getattr(body, "read1", body.read) if read1 else body.read
         self._progress = progress
         self.sha256 = hashlib.sha256()
         self.count = 0
@@ -43,7 +43,7 @@ class HashingReader:
         return data
 
     def drain(self, chunk: int = 1 << 20) -> None:
-        """Read the rest of the stream."""
+        """Read the rest of the body."""
         while self.read(chunk):
             pass
 

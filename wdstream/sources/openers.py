@@ -16,7 +16,7 @@ Which opener reads what (``opener="auto"``, or the ``WDSTREAM_OPENER`` environme
       ``AWS_PROFILE`` and the usual credential chain.
       An object is read as concurrent ranged GETs handed over in order (``ranged.py``).
     - ``gs://``: "sdk" too: the same concurrent ranged reads over GCS's JSON API (urllib3,
-      credentials from google-auth; ``gcs_ranges.py``); "fsspec" is gcsfs, one stream of
+      credentials from google-auth; ``gcs_ranges.py``); "fsspec" is gcsfs, one body of
       sequential block reads, and ``gcloud storage cat`` costs a process start-up per shard.
     - other fsspec URLs (``memory://``, ``https://``, ...): "fsspec".
     - "cli": ``aws s3 cp --only-show-errors URL -`` for s3, ``gcloud storage cat URL`` (or

@@ -43,7 +43,7 @@ def aws_read_command(url: str, timeout: float) -> list[str]:
 
 def gcs_read_command(url: str, timeout: float) -> list[str]:
     """The command the cli opener reads a GCS object with: it writes the object to stdout."""
-    # gcloud has no per-request timeout flag; the stream's own stall timeout stops it.
+    # gcloud has no per-request timeout flag; the body's own stall timeout stops it.
     if shutil.which("gcloud") or not shutil.which("gsutil"):
         return ["gcloud", "storage", "cat", cli_url(url)]
     return ["gsutil", "cat", cli_url(url)]

@@ -111,7 +111,7 @@ def unsatisfied_range_size(value: str | None) -> int | None:
 
 class Fetcher(abc.ABC):
     """Ranged GETs of one object (``url``). ``scheme`` names the ``Link`` the reader shares
-    with the other streams of the process on the same store."""
+    with the other bodies of the process on the same store."""
 
     url: str
     scheme: str

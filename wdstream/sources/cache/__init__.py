@@ -46,7 +46,7 @@ warning naming it per ``ShardCache``, and other entries are evicted in its place
 left still exceeds the limit, a warning says so, once.
 
 The cache never makes a read fail: if the disk is full or the directory unwritable, the
-stream goes on uncached (with a warning). Local files (plain paths, ``file://``) are never
+read goes on uncached (with a warning). Local files (plain paths, ``file://``) are never
 cached; ``pipe:`` commands are, keyed by the command text.
 
 Here: the keys, hits and misses. The bodies of a hit and a miss, and the checks of an entry,
