@@ -84,7 +84,7 @@ def missing(delays: bool = True) -> str | None:
 
 def describe_link(rate: float, delay: float) -> str:
     """A link's parameters as the tables name them (``ShapedProxy.describe``'s words)."""
-    return f"{rate / 1e6:g} MB/s per connection, first byte delayed {delay * 1000:g} ms"
+    return f"{rate / 1e6:g} MB/s a connection, {delay * 1000:g} ms to first byte"
 
 
 class NginxPlane:

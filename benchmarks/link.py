@@ -34,8 +34,8 @@ CPU: the data plane, the servers and the loader share the machine's cores (and o
 may too), so every case reports the CPU seconds it took, moto's, nginx's, the proxy's (the
 suite's process, less its sampling of the case's memory), the kernel's interrupt work (the
 network's softirqs, which no process is charged for) and everything else the machine ran
-meanwhile ("others": that sampling, other jobs), how many cores they kept busy during the
-timed read, and the load average at its start. Each limit row also says what share of its
+meanwhile ("others": that sampling, other jobs) and how many cores they kept busy during the
+timed read. Each limit row also says what share of its
 connections' caps together it reached ("÷ caps"): well below 1 with the cores busy, the
 limit is the machine's CPU, not the link. CPU per delivered byte: the loader's (all its
 processes) ÷ the bare client's of the limit with the loader's part size, on the same link
@@ -361,7 +361,7 @@ def run(quick: bool) -> list[dict]:
                 steady_ratio = ratio(steady_per_gb, bare_per_gb)
                 steady_mbps = common.steady_mbps(result, data[name]["bytes"], BATCH)
                 rows.append({"table": table, "link": link,
-                             "reader": f"wdstream default loader, {name} samples, 2 workers",
+                             "reader": f"wdstream, {name} samples, 2 workers",
                              "MB/s": mbps, "÷ limit": ratio(mbps, limit_mbps),
                              "÷ loopback": ratio(mbps, _mbps(loopback, data[name]["bytes"])),
                              "MB/s after first batch": steady_mbps,
@@ -369,7 +369,7 @@ def run(quick: bool) -> list[dict]:
                              "loopback first batch s": loopback.get("ttfb_s"),
                              "first batch budget s": budget,
                              "peak RSS MB": result.get("peak_rss_mb"),
-                             "runs": result.get("runs"), "CPU/GB ÷ bare client": cpu_ratio,
+                             "CPU/GB ÷ bare client": cpu_ratio,
                              "reader CPU s/GB after first batch": steady_per_gb,
                              "CPU/GB after first batch ÷ bare client": steady_ratio,
                              **cpu, "error": result.get("error")})
@@ -389,12 +389,11 @@ def run(quick: bool) -> list[dict]:
                 defaults_budget = _first_batch_budget(loopback_defaults, rtt, batch_mb,
                                                       limit_mbps)
                 rows.append({"table": table, "link": link,
-                             "reader": f"wdstream loader with the defaults (shuffle on), {name} "
-                             "samples, 2 workers: its first batch",
+                             "reader": f"wdstream defaults (shuffle on), {name} samples, "
+                             "2 workers: first batch",
                              "first batch s": defaults.get("ttfb_s"),
                              "loopback first batch s": loopback_defaults.get("ttfb_s"),
                              "first batch budget s": defaults_budget,
-                             "runs": defaults.get("runs"),
                              **_cpu_columns(defaults), "error": defaults.get("error")})
                 goals.append(goal(f"{link}, {name} samples: MB/s ÷ the link's limit",
                                   ratio(mbps, limit_mbps), limit_goal, table=T_GOALS))
@@ -404,14 +403,13 @@ def run(quick: bool) -> list[dict]:
                 more = by_key[(link, f"{name} {MORE_WORKERS} workers")]
                 more_mbps = _mbps(more, data[name]["bytes"])
                 rows.append({"table": table, "link": link,
-                             "reader": f"wdstream default loader, {name} samples, "
+                             "reader": f"wdstream, {name} samples, "
                                        f"{MORE_WORKERS} workers",
                              "MB/s": more_mbps, "÷ limit": ratio(more_mbps, limit_mbps),
                              "MB/s after first batch": common.steady_mbps(
                                  more, data[name]["bytes"], BATCH),
                              "first batch s": more.get("ttfb_s"),
-                             "peak RSS MB": more.get("peak_rss_mb"), "runs": more.get("runs"),
-                             **_cpu_columns(more, data[name]["bytes"]),
+                             "peak RSS MB": more.get("peak_rss_mb"), **_cpu_columns(more, data[name]["bytes"]),
                              "error": more.get("error")})
                 goals.append(goal(f"{link}, {name} samples, {MORE_WORKERS} workers: MB/s ÷ the "
                                   "link's limit", ratio(more_mbps, limit_mbps), limit_goal,
@@ -428,19 +426,17 @@ def run(quick: bool) -> list[dict]:
         for name in names:
             result = by_key[("loopback", store + name)]
             rows.append({"table": table, "link": "loopback (no shaping)",
-                         "reader": f"wdstream default loader, {name} samples, 2 workers",
+                         "reader": f"wdstream, {name} samples, 2 workers",
                          "MB/s": _mbps(result, data[name]["bytes"]),
-                         "first batch s": result.get("ttfb_s"), "runs": result.get("runs"),
-                         **_cpu_columns(result, data[name]["bytes"]),
+                         "first batch s": result.get("ttfb_s"), **_cpu_columns(result, data[name]["bytes"]),
                          "error": result.get("error")})
             if store:
                 continue
             defaults = by_key[("loopback", f"{name} defaults")]
             rows.append({"table": table, "link": "loopback (no shaping)",
-                         "reader": f"wdstream loader with the defaults (shuffle on), {name} "
-                         "samples, 2 workers: its first batch",
-                         "first batch s": defaults.get("ttfb_s"), "runs": defaults.get("runs"),
-                         **_cpu_columns(defaults), "error": defaults.get("error")})
+                         "reader": f"wdstream defaults (shuffle on), {name} samples, "
+                         "2 workers: first batch",
+                         "first batch s": defaults.get("ttfb_s"), **_cpu_columns(defaults), "error": defaults.get("error")})
     rows.append({"table": T_LINK, "note": _plane_note(plane) + (
         f"Datasets: {data['1 MiB']['samples']} samples of 1 MiB and "
         f"{data['~100 KiB']['samples']} of 100 KiB, {sizes['shards']} shards each "
@@ -452,11 +448,10 @@ def run(quick: bool) -> list[dict]:
         "first batch' leaves the start out. The limit is the better of its two part sizes; "
         "'÷ caps' is its MB/s ÷ its connections' caps together (well below 1: the CPU, not the "
         "link, limits); '÷ loopback' compares with the loader unshaped, its ceiling here. CPU "
-        "s per case: the reader's processes (imports left out), the store's server, nginx, "
-        "the proxy, the kernel's interrupt work (the network's softirqs) and others (the "
+        "s per case: the reader's processes (imports left out), the store's server, nginx "
+        "or the proxy, the kernel's interrupt work (the network's softirqs) and others (the "
         "suite's sampling, other jobs; the hypervisor's steal left out); cores busy: those "
-        f"seconds per second of the read, of {os.cpu_count()}; load: the 1-minute load average "
-        "at the case's start. 'CPU/GB ÷ bare client': the loader's CPU per GB delivered ÷ the "
+        f"seconds per second of the read, of {os.cpu_count()}. 'CPU/GB ÷ bare client': the loader's CPU per GB delivered ÷ the "
         f"limit's boto3 client's with {BARE_PART // MiB} MiB parts, {LIMIT_IN_FLIGHT} in "
         f"flight from {WORKERS} processes.")})
     rows.append({"table": T_GCS, "note": (
@@ -665,7 +660,7 @@ def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str, table: st
                      "reader": f"limit: {LIMIT_IN_FLIGHT} ranged GETs of {part // MiB} MiB "
                      f"in flight ({WORKERS} processes)", "MB/s": limits[-1] or None,
                      "÷ caps": ratio(limits[-1] or None, LIMIT_IN_FLIGHT * connection_mbps),
-                     "runs": limit.get("runs"), **_cpu_columns(limit, limit.get("bytes_read")),
+                     **_cpu_columns(limit, limit.get("bytes_read")),
                      "error": limit.get("error")})
     one = by_key[(link, f"{store}one GET")]
     rows.append({"table": table, "link": link, "reader": "one plain GET (warm client)",
@@ -673,7 +668,7 @@ def _limit_rows(rows: list[dict], by_key: dict, link: str, store: str, table: st
                  "first batch s": one.get("first_batch_bytes_s"),
                  "MB/s": (BATCH * MiB / common.MB / one["first_batch_bytes_s"])
                  if one.get("first_batch_bytes_s") else None,
-                 "runs": one.get("runs"), "error": one.get("error")})
+                 "error": one.get("error")})
     bare_per_gb = _cpu_columns(bare, bare.get("bytes_read")).get("reader CPU s/GB")
     return max(limits) or None, one.get("first_byte_s"), bare_per_gb
 
@@ -703,7 +698,7 @@ def _repeat(cases: dict[str, tuple], server_pids: list[int], plane_pids: list[in
             result.update({"cpu_reader_s": result.get("cpu_s", used["reader"]),
                            "cpu_server_s": used["server"],
                            "cpu_plane_s": used["plane"] if plane_pids else None,
-                           "cpu_proxy_s": used["proxy"],
+                           "cpu_proxy_s": None if plane_pids else used["proxy"],
                            "cpu_interrupts_s": used["interrupts"],
                            "cpu_others_s": max(0.0, used["machine"] - used["reader"]
                                                - used["server"] - used["plane"]
@@ -748,11 +743,13 @@ def _cpu_columns(result: dict, nbytes=None) -> dict:
         gb = nbytes / 1e9
         per_gb = {"reader CPU s/GB": _divided(result.get("cpu_reader_s"), gb),
                   "nginx CPU s/GB": _divided(result.get("cpu_plane_s"), gb)}
-    return {**per_gb, "CPU s: reader": result.get("cpu_reader_s"),
-            "server": result.get("cpu_server_s"), "nginx": result.get("cpu_plane_s"),
-            "proxy": result.get("cpu_proxy_s"), "interrupts": result.get("cpu_interrupts_s"),
-            "others": result.get("cpu_others_s"),
-            "cores busy": result.get("cores_busy"), "load": result.get("load")}
+    columns = {**per_gb, "CPU s: reader": result.get("cpu_reader_s"),
+               "server": result.get("cpu_server_s"), "nginx": result.get("cpu_plane_s"),
+               "proxy": result.get("cpu_proxy_s"), "interrupts": result.get("cpu_interrupts_s"),
+               "others": result.get("cpu_others_s"), "cores busy": result.get("cores_busy")}
+    # the plane that did not run has no column (nginx's, or the proxy's: the suite's process)
+    return {key: value for key, value in columns.items()
+            if value is not None or key not in ("nginx", "proxy", "nginx CPU s/GB")}
 
 
 def _divided(value: float | None, by: float) -> float | None:
