@@ -5,7 +5,7 @@ Types are told by the name: ``.jsonl``/``.ndjson`` (JSON Lines), ``.csv``, ``.ts
 ``.gz`` or ``.zst``), ``.parquet``/``.pq``, a directory, and ``-`` for JSON Lines on stdin.
 pyarrow and zstandard are imported only when a Parquet or ``.zst`` input is read. Each may
 also be an s3://, gs://, https:// or other fsspec URL, and a glob pattern (``remote``), read
-as a stream without a local copy. The readers: ``jsonl``, ``tables``, ``folders``.
+as they arrive, without a local copy. The readers: ``jsonl``, ``tables``, ``folders``.
 """
 
 from __future__ import annotations

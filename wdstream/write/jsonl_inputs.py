@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import cast
 
 from wdstream.errors import InputError
-from wdstream.write.input_streams import close_binary, open_binary, read_errors
+from wdstream.write.input_bodies import close_binary, open_binary, read_errors
 from wdstream.write.local_inputs import identity_of, open_regular
 from wdstream.write.record_batches import (
     MAX_RECORD,
@@ -47,16 +47,16 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
     source = source_name(path)
     counter = counter if counter is not None else ReadCounter()
     try:
-        stream = open_binary(path, counter)
+        body = open_binary(path, counter)
     except OSError as error:
         raise InputError(f"{source}: cannot read: {error.strerror or error}") from None
     track = path != STDIN and not is_remote(path) and not path.lower().endswith((".gz", ".zst"))
     # the file read again by offsets: its identity
-    lines = _LineSplitter(source, max_record, identity_of(stream) if track else None, track)
+    lines = _LineSplitter(source, max_record, identity_of(body) if track else None, track)
     # From a pipe, take what has arrived rather than wait for a full chunk: records that come
     # slowly still make progress (and shards) as they come.
     # (stdin's buffer is a BufferedReader; typeshed calls it a BinaryIO, without read1)
-    read = cast(io.BufferedReader, stream).read1 if path == STDIN else stream.read
+    read = cast(io.BufferedReader, body).read1 if path == STDIN else body.read
     try:
         first, lines.line_start = _first_chunk(read)
         rest = iter(lambda: read(_CHUNK), b"")
@@ -66,11 +66,11 @@ def read_jsonl(path: str, max_record: int = MAX_RECORD,
         raise InputError(f"{source}: cannot read after line {lines.number}: {error}") from None
     finally:
         if path != STDIN:
-            close_binary(stream)
+            close_binary(body)
 
 
 def _first_chunk(read) -> tuple[bytes, int]:
-    """The stream's first chunk, long enough to tell a byte order mark unless the stream is
+    """The body's first chunk, long enough to tell a byte order mark unless the body is
     shorter, without the mark; and the mark's length (0 if there is none)."""
     chunk = read(_CHUNK)
     while chunk and len(chunk) < len(codecs.BOM_UTF8):

@@ -51,7 +51,7 @@ def regular_size(path: str) -> int:
         raise InputError(f"{path}: cannot read: {error.strerror or error}") from None
     if not stat.S_ISREG(info.st_mode):
         raise InputError(f"{path}: {kind(info.st_mode)}; pack reads only regular files and "
-                         "folders (give a stream as - on stdin)")
+                         "folders (give one file's bytes as - on stdin)")
     return info.st_size
 
 

@@ -145,7 +145,7 @@ def list_folder(url: str) -> list[tuple[str, str, int]]:
     return sorted(files)
 
 
-def open_stream(url: str):
+def open_body(url: str):
     """The object's body (a ReadAheadBody: read-ahead in a thread)."""
     return open_read(url)
 
@@ -163,11 +163,11 @@ def read_member(url: str, size: int, identity: tuple[int, int] | None = None) ->
     """The bytes of one file of a folder input (local or remote), checked against its listed
     size, which the shard's layout was computed from, and read no further than one byte past
     it. A local file must be the regular file listed (``identity``: its device and inode)."""
-    stream = open_stream(url) if is_remote(url) else open_regular(url, identity, nofollow=True)
-    with stream:
+    body = open_body(url) if is_remote(url) else open_regular(url, identity, nofollow=True)
+    with body:
         chunks = []
         left = size + 1
-        while left > 0 and (chunk := stream.read(left)):
+        while left > 0 and (chunk := body.read(left)):
             chunks.append(chunk)
             left -= len(chunk)
     content = b"".join(chunks)

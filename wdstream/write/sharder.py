@@ -1,4 +1,4 @@
-"""Cutting the stream of samples into shards, by count and by real tar size (headers
+"""Cutting the samples into shards, by count and by real tar size (headers
 included), at the same boundaries whoever writes the shards."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from wdstream.write.jobs import SampleBatch, ShardPiece
 
 
 class Sharder:
-    """Cuts the sample stream into shards by count and by real tar size (headers included)."""
+    """Cuts the samples into shards by count and by real tar size (headers included)."""
 
     def __init__(self, max_count: int | None, max_size: int | None, check_duplicates: bool):
         self.max_count = max_count

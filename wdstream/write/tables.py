@@ -9,7 +9,7 @@ import io
 from collections.abc import Iterator
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.write.input_streams import open_binary, read_errors
+from wdstream.write.input_bodies import open_binary, read_errors
 from wdstream.write.jsonl_inputs import too_long
 from wdstream.write.local_inputs import open_regular
 from wdstream.write.parquet_pages import HeldChunks, batch_rows

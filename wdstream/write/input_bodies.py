@@ -1,4 +1,4 @@
-"""The bytes of an input as a buffered stream: local, stdin or remote (streamed, never copied
+"""The bytes of an input as a buffered body: local, stdin or remote (streamed, never copied
 to a file), decompressed by its suffix (``.gz``, ``.zst``), counted for progress."""
 
 from __future__ import annotations
@@ -11,51 +11,51 @@ from typing import TYPE_CHECKING, BinaryIO
 from wdstream.errors import InputError, WdstreamError
 from wdstream.write.local_inputs import open_regular
 from wdstream.write.record_batches import STDIN, ReadCounter
-from wdstream.write.remote import is_remote, open_stream
+from wdstream.write.remote import is_remote, open_body
 
 if TYPE_CHECKING:
     from gzip import GzipFile
 
 
 class _Counted(io.RawIOBase):
-    """A raw stream that adds the bytes read through it to a ReadCounter."""
+    """A raw body that adds the bytes read through it to a ReadCounter."""
 
-    def __init__(self, stream, counter: ReadCounter):
-        self._stream, self._counter = stream, counter
+    def __init__(self, body, counter: ReadCounter):
+        self._body, self._counter = body, counter
 
     def readable(self) -> bool:
         return True
 
     def fileno(self) -> int:
-        return self._stream.fileno()
+        return self._body.fileno()
 
     def readinto(self, buffer) -> int:
-        n = self._stream.readinto(buffer)
+        n = self._body.readinto(buffer)
         self._counter.read += n or 0
         return n
 
     def close(self) -> None:
         if not self.closed:
             try:
-                self._stream.close()
+                self._body.close()
             finally:
                 super().close()
 
 
 def open_binary(path: str, counter: ReadCounter) -> BinaryIO | GzipFile:
-    """A buffered binary stream of the input's bytes, decompressed by its suffix; remote
+    """A buffered binary body of the input's bytes, decompressed by its suffix; remote
     inputs are streamed, never copied to a file; a local one must be a regular file."""
     if path == STDIN:
         return sys.stdin.buffer
     name = path.split("?", 1)[0].lower() if is_remote(path) else path.lower()
     if is_remote(path):
         try:
-            stream = open_stream(path)
+            body = open_body(path)
         except WdstreamError as error:
             raise InputError(str(error)) from None
     else:
-        stream = open_regular(path)  # returned to the caller
-    raw = io.BufferedReader(_Counted(stream, counter), 1 << 20)
+        body = open_regular(path)  # returned to the caller
+    raw = io.BufferedReader(_Counted(body, counter), 1 << 20)
     if name.endswith(".gz"):
         import gzip
 
@@ -73,11 +73,11 @@ def open_binary(path: str, counter: ReadCounter) -> BinaryIO | GzipFile:
     return raw
 
 
-def close_binary(stream) -> None:
-    """Close a stream of ``open_binary`` and what it wraps (GzipFile leaves its fileobj)."""
-    inner = getattr(stream, "fileobj", None)
+def close_binary(body) -> None:
+    """Close a body of ``open_binary`` and what it wraps (GzipFile leaves its fileobj)."""
+    inner = getattr(body, "fileobj", None)
     try:
-        stream.close()
+        body.close()
     finally:
         if inner is not None:
             inner.close()
