@@ -1,7 +1,7 @@
 """``axolotl train`` with the plugin on two hosts of two processes each: network namespaces
 joined by a veth pair (tests/support/hosts.py), ``accelerate launch --num_machines 2`` on
 each, its rendezvous and gloo over the pair; alpaca and chats as raw Parquet on an S3 server
-on the first host's address; each host plans the files in a folder of its own, its
+on the first host's address; each host cuts the files into units in a folder of its own, its
 node-local cache (``WDSTREAM_SHARE_MANIFEST``). Packed SFT killed with SIGKILL on both hosts
 after a checkpoint, resumed on the same two hosts, trains the batches of an uninterrupted
 run, token for token; resumed on one host of two processes, each process first trains the
@@ -117,9 +117,9 @@ def test_two_hosts_killed_and_resumed_on_the_same_hosts_and_on_one(cluster):
     check_packed([batch for rank in reference for batch in rank])
     rows = [tuple(row) for rank in reference for batch in rank for row in batch["input_ids"]]
     assert len(set(rows)) == len(rows)  # no row on two ranks, or twice
-    # each host planned the files in its own folder: one entry for each source
+    # each host cut the files into units in its own folder: one entry for each source
     for node in range(2):
-        assert len(list((root / f"node-{node}").glob("*.plans"))) == 2
+        assert len(list((root / f"node-{node}").glob("*.units"))) == 2
 
     interrupted = make(work, "hosts-interrupted")
     killed = train_on_hosts(cluster, interrupted, "hosts-killed", kill_at=KILL_AT,
