@@ -16,7 +16,8 @@ one GET
     (the link's round trip) and to the first batch's bytes.
 wdstream
     The default loader (opener "auto", i.e. "sdk"; shuffle off; no decoding; 2 workers, and
-    4 on the shaped links; batch 32) over the link, for 1 MiB and ~100 KiB samples; the same datasets on loopback (no shaping)
+    4 on the shaped links; batch 32) over the link, for 1 MiB and ~100 KiB samples; the same
+    datasets on loopback (no shaping)
     give the start-up cost that is not the link's.
 first batch, defaults
     The loader with the dataset's defaults (shuffle on), timed to its first batch only.
@@ -409,7 +410,8 @@ def run(quick: bool) -> list[dict]:
                              "MB/s after first batch": common.steady_mbps(
                                  more, data[name]["bytes"], BATCH),
                              "first batch s": more.get("ttfb_s"),
-                             "peak RSS MB": more.get("peak_rss_mb"), **_cpu_columns(more, data[name]["bytes"]),
+                             "peak RSS MB": more.get("peak_rss_mb"),
+                             **_cpu_columns(more, data[name]["bytes"]),
                              "error": more.get("error")})
                 goals.append(goal(f"{link}, {name} samples, {MORE_WORKERS} workers: MB/s ÷ the "
                                   "link's limit", ratio(more_mbps, limit_mbps), limit_goal,
@@ -428,7 +430,8 @@ def run(quick: bool) -> list[dict]:
             rows.append({"table": table, "link": "loopback (no shaping)",
                          "reader": f"wdstream, {name} samples, 2 workers",
                          "MB/s": _mbps(result, data[name]["bytes"]),
-                         "first batch s": result.get("ttfb_s"), **_cpu_columns(result, data[name]["bytes"]),
+                         "first batch s": result.get("ttfb_s"),
+                         **_cpu_columns(result, data[name]["bytes"]),
                          "error": result.get("error")})
             if store:
                 continue
@@ -436,7 +439,8 @@ def run(quick: bool) -> list[dict]:
             rows.append({"table": table, "link": "loopback (no shaping)",
                          "reader": f"wdstream defaults (shuffle on), {name} samples, "
                          "2 workers: first batch",
-                         "first batch s": defaults.get("ttfb_s"), **_cpu_columns(defaults), "error": defaults.get("error")})
+                         "first batch s": defaults.get("ttfb_s"),
+                         **_cpu_columns(defaults), "error": defaults.get("error")})
     rows.append({"table": T_LINK, "note": _plane_note(plane) + (
         f"Datasets: {data['1 MiB']['samples']} samples of 1 MiB and "
         f"{data['~100 KiB']['samples']} of 100 KiB, {sizes['shards']} shards each "
@@ -451,7 +455,8 @@ def run(quick: bool) -> list[dict]:
         "s per case: the reader's processes (imports left out), the store's server, nginx "
         "or the proxy, the kernel's interrupt work (the network's softirqs) and others (the "
         "suite's sampling, other jobs; the hypervisor's steal left out); cores busy: those "
-        f"seconds per second of the read, of {os.cpu_count()}. 'CPU/GB ÷ bare client': the loader's CPU per GB delivered ÷ the "
+        f"seconds per second of the read, of {os.cpu_count()}. 'CPU/GB ÷ bare client': the "
+        "loader's CPU per GB delivered ÷ the "
         f"limit's boto3 client's with {BARE_PART // MiB} MiB parts, {LIMIT_IN_FLIGHT} in "
         f"flight from {WORKERS} processes.")})
     rows.append({"table": T_GCS, "note": (
