@@ -1,14 +1,19 @@
 """Every use of torch's private DataLoader API, in one place: the overrides of
 ``DataLoader._get_iterator``, ``_index_sampler`` (a fetch is several batches) and
-``drop_last`` (False while workers start), the multiprocessing iterator's
-``_prefetch_factor``, ``_try_put_index``, ``_worker_result_queue._reader`` and ``_workers``,
-and ``UntypedStorage._new_shared``. ``missing_internals`` and ``missing_on_iterator`` name
+``drop_last`` (False while workers start), the multiprocessing context the iterator makes its
+queues with (``direct_put_context``), the multiprocessing iterator's ``_prefetch_factor``,
+``_try_put_index``, ``_worker_result_queue._reader`` and ``_workers``, and
+``UntypedStorage._new_shared``. ``missing_internals`` and ``missing_on_iterator`` name
 what the installed torch lacks (tests/stream/transfer/test_torch_internals.py runs them)."""
 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
+from multiprocessing import context as mp_context
+from multiprocessing import queues as mp_queues
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, cast
 
 PIPE_BYTES = 1 << 20  # Linux's pipe-max-size default: what an unprivileged process may set
@@ -50,6 +55,9 @@ class LoaderInternals:
             # workers inherit it rather than import it (docs/decisions.md)
             import numpy.random  # noqa: F401
         loader = self if dataset is None else _WithDataset(self, dataset)
+        if self.num_workers:
+            loader = _WithDataset(self, loader.dataset, direct_put_context(
+                getattr(self, "multiprocessing_context", None)))
         self._starting_workers = True
         try:
             # a DataLoader to torch's method: this loader, or it with another dataset
@@ -67,15 +75,63 @@ class LoaderInternals:
 
 
 class _WithDataset:
-    """A loader as torch's iterator reads it, with another dataset: every other attribute
-    is the loader's."""
+    """A loader as torch's iterator reads it, with another dataset (and multiprocessing
+    context): every other attribute is the loader's."""
 
-    def __init__(self, loader, dataset):
+    def __init__(self, loader, dataset, context=None):
         self.dataset = dataset
         self._loader = loader
+        if context is not None:
+            self.multiprocessing_context = context
 
     def __getattr__(self, name: str):
         return getattr(self._loader, name)
+
+
+class DirectPutQueue(mp_queues.Queue):
+    """A multiprocessing queue whose ``put`` in the process that made it pickles and writes
+    the item at once, in the caller's thread, rather than waking a feeder thread to do it:
+    the training process puts each fetch's request into a worker's index queue, and handing
+    the GIL to a feeder thread and back per request costs it more than the write of a few
+    dozen bytes (docs/decisions.md). Other processes (the workers putting their batches, which
+    may wait for room in the pipe) put through the feeder thread as usual."""
+
+    def put(self, obj, block: bool = True, timeout: float | None = None) -> None:
+        if os.getpid() != self._opid:  # type: ignore[attr-defined]  # the maker's pid
+            return super().put(obj, block, timeout)
+        if self._closed:  # type: ignore[attr-defined]
+            raise ValueError(f"Queue {self!r} is closed")
+        if not self._sem.acquire(block, timeout):  # type: ignore[attr-defined]
+            raise mp_queues.Full
+        data = ForkingPickler.dumps(obj)
+        lock = self._wlock  # type: ignore[attr-defined]
+        if lock is None:
+            self._writer.send_bytes(data)  # type: ignore[attr-defined]
+            return
+        with lock:
+            self._writer.send_bytes(data)  # type: ignore[attr-defined]
+
+
+def direct_put_context(context) -> mp_context.BaseContext:
+    """``context`` (a loader's ``multiprocessing_context``: None for the default start
+    method) with queues that are ``DirectPutQueue``."""
+    if context is None:
+        context = mp_context._default_context.get_context()
+    elif isinstance(context, str):
+        context = mp_context._default_context.get_context(context)
+    kind = _DIRECT_CONTEXTS.get(type(context))
+    if kind is None:
+        def queue(self, maxsize: int = 0):
+            return DirectPutQueue(maxsize, ctx=self.get_context())
+
+        kind = _DIRECT_CONTEXTS[type(context)] = type(
+            f"DirectPut{type(context).__name__}", (type(context),), {"Queue": queue})
+    direct = kind.__new__(kind)
+    direct.__dict__.update(vars(context))
+    return direct
+
+
+_DIRECT_CONTEXTS: dict[type, type] = {}
 
 
 def widen_result_pipe(iterator) -> None:
