@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import queue
 import sys
 from multiprocessing import context as mp_context
 from multiprocessing import queues as mp_queues
@@ -54,10 +55,12 @@ class LoaderInternals:
             # torch seeds numpy.random in every worker it starts: imported once here, forked
             # workers inherit it rather than import it (docs/decisions.md)
             import numpy.random  # noqa: F401
-        loader = self if dataset is None else _WithDataset(self, dataset)
-        if self.num_workers:
-            loader = _WithDataset(self, loader.dataset, direct_put_context(
-                getattr(self, "multiprocessing_context", None)))
+        loader: LoaderInternals | _WithDataset = self
+        if self.num_workers or dataset is not None:
+            context = direct_put_context(getattr(self, "multiprocessing_context", None)) \
+                if self.num_workers else None
+            loader = _WithDataset(self, getattr(self, "dataset", None) if dataset is None
+                                  else dataset, context)
         self._starting_workers = True
         try:
             # a DataLoader to torch's method: this loader, or it with another dataset
@@ -102,7 +105,7 @@ class DirectPutQueue(mp_queues.Queue):
         if self._closed:  # type: ignore[attr-defined]
             raise ValueError(f"Queue {self!r} is closed")
         if not self._sem.acquire(block, timeout):  # type: ignore[attr-defined]
-            raise mp_queues.Full
+            raise queue.Full
         data = ForkingPickler.dumps(obj)
         lock = self._wlock  # type: ignore[attr-defined]
         if lock is None:
@@ -126,7 +129,7 @@ def direct_put_context(context) -> mp_context.BaseContext:
 
         kind = _DIRECT_CONTEXTS[type(context)] = type(
             f"DirectPut{type(context).__name__}", (type(context),), {"Queue": queue})
-    direct = kind.__new__(kind)
+    direct: mp_context.BaseContext = object.__new__(kind)
     direct.__dict__.update(vars(context))
     return direct
 
