@@ -65,6 +65,8 @@ def work(tmp_path_factory, moto_server):
         {"messages": [{"role": "user", "content": sentence(rng, 3, 8)},
                       {"role": "assistant", "content": sentence(rng, 2, 10)}]}
         for _ in range(100)])
+    long_texts = write_parquet_records(root / "web-raw", [{"text": sentence(rng, 5, 60)}
+                                                          for _ in range(80)])
     with environ(moto_server.env):
         bucket = moto_server.create_bucket("axolotl-data")
         for name, path in (("web", web), ("code", code), ("alpaca", alpaca)):
@@ -73,6 +75,7 @@ def work(tmp_path_factory, moto_server):
         upload_tree(moto_server.client(), bucket, raw, "alpaca-raw")
         upload_tree(moto_server.client(), bucket, chats, "chats-raw")
         upload_tree(moto_server.client(), bucket, chats, "chats-split/train")  # a split
+        upload_tree(moto_server.client(), bucket, long_texts, "web-raw")
     return root, bucket, moto_server.env
 
 
@@ -159,8 +162,17 @@ def config(work, out: str, **changes) -> dict:
 
 def sft(work, out: str) -> dict:
     _root, bucket, _env = work
-    return config(work, out, pretraining_dataset=None, sample_packing=False,
+    return config(work, out, pretraining_dataset=None, sample_packing=False, sequence_len=512,
                   datasets=[{"path": f"s3://{bucket}/alpaca/", "type": "alpaca"}])
+
+
+def completion_packed(work, out: str) -> dict:
+    """Texts of 5 to 60 words from raw Parquet as ``completion`` examples: a text longer than
+    sequence_len is split into several, packed into rows."""
+    _root, bucket, _env = work
+    return config(work, out, pretraining_dataset=None, sample_packing=True,
+                  datasets=[{"path": f"s3://{bucket}/web-raw/", "type": "completion"}],
+                  wdstream={"packing_buffer": 16})
 
 
 def sft_packed(work, out: str) -> dict:
@@ -249,9 +261,11 @@ def check_resumed(reference, killed, resumed, accumulation: int = 2):
     assert resumed == reference[saved:]
 
 
-@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft-packed"])  # packed: alpaca + chats
+# sft-packed: alpaca and chats; completion: records split into several examples
+@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft-packed", "completion"])
 def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(work, kind):
-    make = {"pretrain": config, "sft": sft, "sft-packed": sft_packed}[kind]
+    make = {"pretrain": config, "sft": sft, "sft-packed": sft_packed,
+            "completion": completion_packed}[kind]
     [reference] = train(work, make(work, f"{kind}-reference"), f"{kind}-reference")
     interrupted = make(work, f"{kind}-interrupted")
     [killed] = train(work, interrupted, f"{kind}-killed", kill_at=KILL_AT,
@@ -269,6 +283,9 @@ def test_a_run_killed_and_resumed_trains_on_the_batches_of_an_uninterrupted_one(
         check_packed(reference)
         # both formats' examples (alpaca's preamble, chatml's marker start them)
         assert len({example[:3] for example in examples_of(reference)}) == 2
+    elif kind == "completion":  # rows of whole examples, the long texts' parts filling 32
+        lengths = [len(example) for example in examples_of(reference)]
+        assert max(lengths) == 32 and lengths.count(32) >= 2 and min(lengths) < 32
     else:  # alpaca: the prompt's tokens are masked (padding is on the right), the
         # response's trained on
         labels = [row for batch in reference for row in batch["labels"]]
@@ -300,6 +317,15 @@ def examples_of(batches: list[dict]) -> list[tuple]:
             found += [tuple(t for t in ids[a:b] if t != 3) for a, b in zip(starts, ends,
                                                                             strict=True)]
     return found
+
+
+def test_sft_without_max_steps_trains_each_record_once_an_epoch(work):
+    """No max_steps: the steps come from the records (one example each, 60 alpaca records in
+    batches of 2, 2 accumulated: 15 steps for num_epochs 1), each record trained once."""
+    cfg = dict(sft(work, "epochs"), max_steps=None, num_epochs=1, save_steps=None)
+    [trained] = train(work, {k: v for k, v in cfg.items() if v is not None}, "epochs")
+    rows = [tuple(t for t in row if t != 3) for batch in trained for row in batch["input_ids"]]
+    assert len(trained) == 30 and len(set(rows)) == len(rows) == 60
 
 
 def test_an_eval_split_is_evaluated_and_never_trained_on(work):
@@ -388,6 +414,24 @@ def test_packed_sft_on_two_processes_resumes_on_one(work):
     assert len(trained) == len(set(trained))
 
 
+def test_packed_sft_on_two_processes_crosses_an_epoch_end(work):
+    """Packed SFT (200 alpaca records, about 34 rows a process a pass) on two processes for
+    more steps than a pass holds (48 rows each): each process goes on into the next pass when
+    its own ends, at a step of its own, without a hang; every example of the first pass is
+    trained (but the fewer than two records the epoch plan leaves over), none more than once
+    a pass."""
+    _root, bucket, _env = work
+    cfg = dict(sft_packed(work, "epoch-end"), save_only_model=True, max_steps=12,
+               save_steps=12,
+               datasets=[{"path": f"s3://{bucket}/alpaca-raw/", "type": "alpaca"}])
+    ranks = train(work, cfg, "epoch-end", nproc=2)
+    assert [len(batches) for batches in ranks] == [24, 24]
+    trained = examples_of([batch for batches in ranks for batch in batches])
+    counts = {example: trained.count(example) for example in set(trained)}
+    assert len(trained) > 200 and max(counts.values()) == 2
+    assert len(counts) >= 199
+
+
 def test_a_mistake_in_a_wdstream_entry_fails_at_start_naming_the_key(work):
     root, bucket, s3_env = work
     cfg = config(work, "mistake", pretraining_dataset=[
@@ -474,8 +518,14 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
         # a local folder of raw Parquet streams as a bucket does
         ({"datasets": [{"path": str(root / "alpaca-raw"), "type": "alpaca"}]}, ["datasets"]),
         ({"datasets": [{"path": str(root / "alpaca-raw" / "part-1.parquet"),
-                        "type": "completion"}]},
+                        "type": "completion"}], "max_steps": 3},
          "part-1.parquet has no column 'text', which type 'completion' reads"),
+        # without max_steps, each record one example: formats that split or drop refused
+        ({"datasets": [{"path": f"s3://{bucket}/web-raw/", "type": "completion"}]},
+         f"max_steps: datasets[0] (s3://{bucket}/web-raw/): type 'completion' can make "
+         "several examples of a record"),
+        ({"datasets": [alpaca], "excess_length_strategy": "drop"},
+         "max_steps: excess_length_strategy: drop leaves out examples"),
         # a JSON Lines file's columns: its first row's
         ({"datasets": [{"path": str(root / "alpaca.jsonl"), "type": "chat_template"}]},
          "alpaca.jsonl has no column 'messages', which type 'chat_template' reads (its "

@@ -77,4 +77,15 @@ def test_a_dataset_gets_a_loader_with_the_trainers_settings(tmp_path, monkeypatc
     unsized = wdstream.StreamingDataset(sorted(str(p) for p in (tmp_path / "data").glob("*.tar")))
     with pytest.raises(ValueError, match="set max_steps"):
         use_loader(trainer(), unsized)
-    use_loader(trainer(max_steps=3), unsized)  # with max_steps, fine
+    # with max_steps, fine: the Trainer sees one epoch that never ends, pass after pass, so
+    # no rank ends an epoch at a step the others do not
+    passes = use_loader(trainer(max_steps=3), unsized).get_train_dataloader()
+    assert not transformers.trainer_utils.has_length(passes) and passes.batch_size == 4
+    batches = iter(passes)
+    assert [len(next(batches)["x"]) for _ in range(9)] == [4] * 9  # a pass: 4 batches of 4
+
+
+def test_passes_of_an_empty_stream_end():
+    from wdstream.integrations.hf_trainer import Passes
+
+    assert list(Passes([])) == []

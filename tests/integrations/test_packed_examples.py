@@ -16,19 +16,31 @@ from wdstream.stream.load.ranks import ranks_of
 SEQ_LEN = 24
 
 
-def example_of(record: dict) -> dict | None:
-    """An example of 1 to 30 tokens (the row's id + 1 tokens, cycled), None for every 7th."""
+def examples_of(record: dict) -> list[dict]:
+    """An example of 1 to 30 tokens (the row's id + 1 tokens, cycled); none for every 7th
+    row, and for every 5th a second example of 3 tokens."""
     if record["id"] % 7 == 0:
-        return None
+        return []
     n = record["id"] % 30 + 1
     ids = [record["id"]] * n
-    return {"input_ids": ids, "attention_mask": [1] * n, "labels": ids,
-            "key": [record["__key__"]] * n}
+    made = [{"input_ids": ids, "attention_mask": [1] * n, "labels": ids,
+             "key": [record["__key__"]] * n}]
+    if record["id"] % 5 == 0:
+        made.append({"input_ids": [1, 2, 3], "attention_mask": [1] * 3, "labels": [1, 2, 3],
+                     "key": [record["__key__"] + "+"] * 3})
+    return made
 
 
-def loader(folder, excess="drop", buffer=10):
+def expected_keys(seq_len: int = SEQ_LEN) -> set[str]:
+    """The keys of the examples that fit in ``seq_len`` tokens."""
+    ids = {key: len(key.split(":")[0]) * 1000 + int(key.split(":")[1]) for key in all_keys()}
+    return ({key for key, i in ids.items() if i % 7 and i % 30 + 1 <= seq_len}
+            | {key + "+" for key, i in ids.items() if i % 7 and i % 5 == 0})
+
+
+def loader(folder, excess="drop", buffer=10, pack=True):
     dataset = PackedExamples(wdstream.StreamingDataset(str(folder), seed=3, shuffle_window=16),
-                             example_of, SEQ_LEN, buffer=buffer, excess=excess)
+                             examples_of, SEQ_LEN, buffer=buffer, excess=excess, pack=pack)
     return wdstream.DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=list)
 
 
@@ -42,25 +54,30 @@ def test_rows_hold_every_example_that_fits_once(tmp_path):
     rows = [row for batch in loader(folder) for row in batch]
     keys = [example["key"][0] for row in rows for example in row]
     assert len(keys) == len(set(keys))
-    ids = {key: len(key.split(":")[0]) * 1000 + int(key.split(":")[1]) for key in all_keys()}
-    assert set(keys) == {key for key, i in ids.items() if i % 7 and i % 30 + 1 <= SEQ_LEN}
+    assert set(keys) == expected_keys()
+    assert any(key.endswith("+") for key in keys)  # records that gave two examples
     assert all(sum(len(e["input_ids"]) for e in row) <= SEQ_LEN for row in rows)
+    assert max(len(row) for row in rows) > 1
     assert all(e["position_ids"] == list(range(len(e["input_ids"]))) for r in rows for e in r)
     # too long (over SEQ_LEN) dropped, or truncated to SEQ_LEN
     truncated = [row for batch in loader(folder, "truncate") for row in batch]
     lengths = [len(e["input_ids"]) for row in truncated for e in row]
     assert max(lengths) == SEQ_LEN and len(lengths) > len(keys)
+    # unpacked: each example a row of its own
+    unpacked = [row for batch in loader(folder, pack=False) for row in batch]
+    assert {len(row) for row in unpacked} == {1}
+    assert sorted(row[0]["key"][0] for row in unpacked) == sorted(keys)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop_after", [1, 4])
-def test_a_resume_goes_on_with_the_rows_of_an_uninterrupted_run(tmp_path, stop_after):
+@pytest.mark.parametrize(("stop_after", "pack"), [(1, True), (4, True), (3, False)])
+def test_a_resume_goes_on_with_the_rows_of_an_uninterrupted_run(tmp_path, stop_after, pack):
     folder = write_parquet(tmp_path / "data")
-    reference = list(loader(folder))
-    first = loader(folder)
+    reference = list(loader(folder, pack=pack))
+    first = loader(folder, pack=pack)
     head = take(first, stop_after)
     state = roundtrip(first.state_dict())
-    resumed = loader(folder)
+    resumed = loader(folder, pack=pack)
     resumed.load_state_dict(state)
     assert head + list(resumed) == reference
     other = loader(folder, buffer=11)
@@ -83,7 +100,7 @@ def test_a_resume_on_another_layout_trains_every_example_once(tmp_path, monkeypa
 
     def make():
         return PackedExamples(wdstream.StreamingDataset(str(folder), seed=3, shuffle_window=16),
-                              example_of, SEQ_LEN, buffer=10)
+                              examples_of, SEQ_LEN, buffer=10)
 
     (world, workers), (new_world, new_workers) = before, after
     first, states = run_ranks(monkeypatch, make, world, workers, 2, n=3, collate_fn=list)
@@ -95,8 +112,8 @@ def test_a_resume_on_another_layout_trains_every_example_once(tmp_path, monkeypa
                         collate_fn=list)
     keys = keys_in(b for batches in first + rest for b in batches)
     assert len(keys) == len(set(keys))  # none twice
-    ids = {key: len(key.split(":")[0]) * 1000 + int(key.split(":")[1]) for key in all_keys()}
-    fit = {key for key, i in ids.items() if i % 7 and i % 30 + 1 <= SEQ_LEN}
+    fit = expected_keys()
     assert set(keys) <= fit
-    assert len(fit - set(keys)) < world + new_world  # the plans' remainders, no more
+    lost = {key.rstrip("+") for key in fit - set(keys)}
+    assert len(lost) < world + new_world  # the plans' remainders, no more
 

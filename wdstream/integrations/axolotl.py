@@ -105,6 +105,8 @@ class WdstreamPlugin(BasePlugin):
                 self.slices = row_slices(self.mix, _listed(plain.get("datasets")))
             if self.tests is not None:
                 self.test_slices = row_slices(self.tests, _listed(plain.get(TESTS)), TESTS)
+            if self.written.get("datasets") and not cfg.get("max_steps"):
+                check_one_each(_listed(plain.get("datasets")), cfg)
 
     def load_datasets(self, cfg, preprocess: bool = False):
         from axolotl.common.datasets import TrainDatasetMeta
@@ -236,6 +238,25 @@ def check_settings(cfg, config: dict) -> None:
                          f"(0 < val_set_size < 1), not a count ({share!r})")
     if config.get("pretraining_dataset") and not cfg.get("sequence_len"):
         raise InputError("sequence_len: packing pretraining_dataset entries needs it")
+
+
+def check_one_each(entries: list, cfg, formats: dict | None = None) -> None:
+    """Without ``max_steps`` the steps are the records' batches, so each record must give one
+    example: a format that splits records (by its ``type``) or filters them (``formats``, once
+    built), or dropping long examples, is refused naming the fix."""
+    for index, entry in enumerate(entries):
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        found = None if formats is None else list(formats.values())[index]
+        if split_type(kind) in SPLITTING or found is not None and not found.one_each:
+            raise InputError(f"max_steps: datasets[{index}] ({entry.get('path')}): type "
+                             f"{kind!r} can make several examples of a record, or none, so an "
+                             "epoch's steps are known only once its records are read: set "
+                             "max_steps")
+    if (cfg.get("excess_length_strategy") or "").lower() == "drop":
+        raise InputError("max_steps: excess_length_strategy: drop leaves out examples longer "
+                         "than sequence_len, so an epoch's steps are known only once its "
+                         "records are read: set max_steps, or excess_length_strategy: "
+                         "truncate")
 
 
 def mixture(config: dict):
@@ -371,12 +392,15 @@ def make_loader(cfg, config: dict, mix, tokenizer, slices: dict | None = None):
     if config.get("datasets"):
         dataset = mix
         formats = prompt_formats(mix, tokenizer, cfg)
-        if cfg.sample_packing or held_out_share(cfg) or slices:
+        if cfg.max_steps or slices:
             dataset = packed_examples(mix, config, formats, cfg, slices)
             formats = None
+        else:
+            check_one_each(_listed(cfg.datasets), cfg, formats)
     else:
         dataset = packed(mix, config, tokenizer, cfg)
-    collate: Batches | PackedRows = Batches(tokenizer, formats, bool(cfg.sample_packing))
+    collate: Batches | PackedRows = Batches(tokenizer, formats, bool(cfg.sample_packing),
+                                            cfg.sequence_len)
     if isinstance(dataset, PackedExamples):
         collate = PackedRows(tokenizer, cfg)
     return DataLoader(dataset, batch_size=cfg.micro_batch_size,
@@ -395,16 +419,18 @@ class PromptFormat:
     """axolotl's prompt strategy for one ``datasets:`` entry, applied to one record.
 
     axolotl builds a strategy and maps a Hugging Face dataset through it
-    (``get_dataset_wrapper``); given a ``RecordedMaps`` in place of the dataset, the maps it
-    asks for are recorded, and run here on each record as ``datasets`` would run them."""
+    (``get_dataset_wrapper``); given a ``RecordedMaps`` in place of the dataset, the maps and
+    filters it asks for are recorded, and run here on each record as ``datasets`` would run
+    them: a record gives the examples they leave of it, none, one or several."""
 
     def __init__(self, entry, tokenizer, cfg):
         from axolotl.utils.data.wrappers import get_dataset_wrapper
 
         kind = entry.get("type")
         self.path = entry.get("path")
+        self.kind = kind
         if kind is None:  # no type: rows already tokenized, used as they are (as axolotl)
-            self.steps = [(pretokenized, False)]
+            self.steps = [(mapped, pretokenized, False)]
             return
         base, _, style = kind.partition(":") if isinstance(kind, str) else (None, "", "")
         maps = RecordedMaps.make()
@@ -413,18 +439,55 @@ class PromptFormat:
                             dataset_prompt_style=style or None)
         self.steps = maps.steps
 
-    def __call__(self, record: dict) -> dict:
-        for function, batched in self.steps:
-            if not batched:
-                record = function(record)
-                continue
-            rows = function({key: [value] for key, value in record.items()})
-            lengths = {len(column) for column in rows.values()}
-            if lengths != {1}:
-                raise InputError(f"{self.path}: the prompt format made {sorted(lengths)} "
-                                 "examples of one record; streamed, a record gives one")
-            record = {key: column[0] for key, column in rows.items()}
-        return record
+    @property
+    def one_each(self) -> bool:
+        """Whether every record gives exactly one example: a format that neither filters nor
+        splits a long text into several (``SPLITTING``)."""
+        return split_type(self.kind) not in SPLITTING \
+            and all(step is mapped for step, _f, _b in self.steps)
+
+    def __call__(self, record: dict) -> list[dict]:
+        rows = [record]
+        for step, function, batched in self.steps:
+            rows = step(function, batched, rows, self.path) if rows else rows
+        return rows
+
+
+# formats whose records may each give several examples (text longer than sequence_len split)
+SPLITTING = ("completion", "pretrain")
+
+
+def split_type(kind) -> str | None:
+    """The strategy of a ``type`` (``alpaca`` of ``alpaca:chat``); None: no type, or not a
+    name."""
+    return kind.partition(":")[0] if isinstance(kind, str) else None
+
+
+def mapped(function, batched: bool, rows: list[dict], path) -> list[dict]:
+    """The rows a ``map`` makes of ``rows`` (batched: of their columns, any number)."""
+    if not batched:
+        return [function(row) for row in rows]
+    made = function(columns_of(rows))
+    lengths = {len(column) for column in made.values()}
+    if len(lengths) > 1:
+        raise InputError(f"{path}: the prompt format made columns of {sorted(lengths)} "
+                         "rows from one record")
+    return [dict(zip(made, values, strict=True)) for values in zip(*made.values(), strict=True)]
+
+
+def kept(function, batched: bool, rows: list[dict], path) -> list[dict]:
+    """The rows a ``filter`` keeps of ``rows``."""
+    if not batched:
+        return [row for row in rows if function(row)]
+    keep = list(function(columns_of(rows)))
+    if len(keep) != len(rows):
+        raise InputError(f"{path}: the prompt format's filter gave {len(keep)} answers "
+                         f"for {len(rows)} rows")
+    return [row for row, wanted in zip(rows, keep, strict=True) if wanted]
+
+
+def columns_of(rows: list[dict]) -> dict[str, list]:
+    return {key: [row[key] for row in rows] for key in rows[0]}
 
 
 def pretokenized(record: dict) -> dict:
@@ -435,7 +498,7 @@ def pretokenized(record: dict) -> dict:
 class RecordedMaps:
     """Stands in for the ``datasets.IterableDataset`` axolotl wraps: records each ``map``."""
 
-    steps: list  # (function, batched) of each map
+    steps: list  # (mapped or kept, function, batched) of each map and filter
 
     @classmethod
     def make(cls):
@@ -452,12 +515,13 @@ class RecordedMaps:
 
     def map(self, function=None, *_args, batched: bool = False, **_kwargs):
         if function is not None:
-            self.steps.append((function, batched))
+            self.steps.append((mapped, function, batched))
         return self
 
-    def filter(self, *_args, **_kwargs):
-        raise InputError("this prompt format filters its dataset, which a stream cannot "
-                         "resume exactly")
+    def filter(self, function=None, *_args, batched: bool = False, **_kwargs):
+        if function is not None:
+            self.steps.append((kept, function, batched))
+        return self
 
 
 def _no_examples():
@@ -465,13 +529,15 @@ def _no_examples():
 
 
 class Batches:
-    """The collate function: each sample formatted (``formats`` by ``__source__``; packed
-    sequences as they are), its model inputs padded into a batch by axolotl's collator."""
+    """The collate function: each sample formatted (``formats`` by ``__source__``: one
+    example a record; packed sequences as they are), its model inputs cut to ``seq_len``
+    tokens and padded into a batch by axolotl's collator."""
 
-    def __init__(self, tokenizer, formats: dict | None, keep_positions: bool):
+    def __init__(self, tokenizer, formats: dict | None, keep_positions: bool,
+                 seq_len: int | None = None):
         from axolotl.utils.collators import DataCollatorForSeq2Seq
 
-        self.formats = formats
+        self.formats, self.seq_len = formats, seq_len
         self.keys = MODEL_INPUTS if keep_positions or formats else MODEL_INPUTS[:3]
         self.pad = DataCollatorForSeq2Seq(tokenizer, padding=True, return_tensors="pt")
 
@@ -479,9 +545,22 @@ class Batches:
         examples = []
         for sample in samples:
             if self.formats is not None:
-                sample = self.formats[sample["__source__"]](record_of(sample))
-            examples.append({key: _ints(sample[key]) for key in self.keys if key in sample})
+                sample = one_example(self.formats, sample)
+            examples.append({key: _ints(sample[key])[:self.seq_len] for key in self.keys
+                             if key in sample})
         return self.pad(examples)
+
+
+
+def one_example(formats: dict, sample: dict) -> dict:
+    """A sample's one example, formatted by its source's prompt format (``formats``)."""
+    found = formats[sample["__source__"]]
+    made = found(record_of(sample))
+    if len(made) != 1:
+        raise InputError(f"{found.path}: the prompt format made {len(made)} examples of the "
+                         f"record {sample['__key__']}, so an epoch's steps are not one per "
+                         "record: set max_steps")
+    return made[0]
 
 
 def record_of(sample: dict) -> dict:

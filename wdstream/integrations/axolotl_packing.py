@@ -51,18 +51,20 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 
 class PackedExamples(Stage):
-    """Rows packed from the records of ``dataset``, each formatted by ``make_example(record)``
-    into a dict of token lists (``input_ids``, ``labels``...; None: the record gives no
-    example). Each item is a row: the list of its examples, each with ``position_ids``
-    restarting at 0 (axolotl's packed collator joins them).
+    """Rows packed from the records of ``dataset``, each formatted by ``make_examples(record)``
+    into its examples, dicts of token lists (``input_ids``, ``labels``...): none (a record a
+    format filters out), one, or several (a long text a format splits). Each item is a row:
+    the list of its examples, each with ``position_ids`` restarting at 0 (axolotl's packed
+    collator joins them).
 
     Args:
         dataset: a ``StreamingDataset`` or ``Mix``.
-        make_example: ``record -> dict | None``, run in the DataLoader workers.
+        make_examples: ``record -> list[dict]``, run in the DataLoader workers.
         seq_len (int): tokens per row, at most.
         buffer (int): records packed together (first-fit decreasing over their examples).
         excess (str): an example longer than ``seq_len`` is ``"drop"``ped or
             ``"truncate"``d to ``seq_len`` tokens.
+        pack (bool): False: each example is a row of its own (unpacked SFT).
     """
 
     positions_per_rank = True
@@ -71,8 +73,8 @@ class PackedExamples(Stage):
     # yet read (the inner dataset's plan), after the buffers the cut left part-delivered
     resumes_unsized = True
 
-    def __init__(self, dataset, make_example: Callable, seq_len: int, *, buffer: int = 1000,
-                 excess: str = "drop", identity: str = ""):
+    def __init__(self, dataset, make_examples: Callable, seq_len: int, *, buffer: int = 1000,
+                 excess: str = "drop", pack: bool = True, identity: str = ""):
         super().__init__()
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
             raise InputError(f"sequence_len must be an integer >= 2, not {seq_len!r}")
@@ -81,8 +83,8 @@ class PackedExamples(Stage):
         if excess not in EXCESS:
             raise InputError(f"excess_length_strategy must be one of {', '.join(EXCESS)}, "
                              f"not {excess!r}")
-        self.dataset, self.make_example = dataset, make_example
-        self.seq_len, self.buffer, self.excess = seq_len, buffer, excess
+        self.dataset, self.make_examples = dataset, make_examples
+        self.seq_len, self.buffer, self.excess, self.pack = seq_len, buffer, excess, pack
         self.identity = identity  # what else shapes the examples (the formats, tokenizer)
         self.options = StageOptions(seed=dataset.options.seed)
         self.source = f"PackedExamples({dataset.source})"
@@ -100,8 +102,9 @@ class PackedExamples(Stage):
                            "lengths; set max_steps")
 
     def fingerprint(self) -> str:
-        text = json.dumps([self.dataset.fingerprint(), self.dataset.options.seed,
-                           self.seq_len, self.buffer, self.excess, self.identity])
+        settings = [self.dataset.fingerprint(), self.dataset.options.seed,
+                    self.seq_len, self.buffer, self.excess, self.identity]
+        text = json.dumps(settings if self.pack else [*settings, "unpacked"])
         return "packed-examples-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def check_own(self, position) -> None:
@@ -122,21 +125,22 @@ class PackedExamples(Stage):
         return base, after if skip else before
 
     # ---- iteration ------------------------------------------------------------------------
-    def example(self, record) -> dict | None:
-        """A record's example, with position ids, after the excess-length rule."""
-        return fitted(self.make_example(record), self.seq_len, self.excess)
+    def examples(self, record) -> list[dict]:
+        """A record's examples, with position ids, after the excess-length rule."""
+        return fitted(self.make_examples(record), self.seq_len, self.excess)
 
     def packed(self, records) -> tuple[list[list], int, object]:
         """The rows of the next buffer of ``records`` (iterator of (record, position)): the
         examples of each, how many records were read, the inner position after them."""
-        examples, read, after = [], 0, None
+        examples: list[dict] = []
+        read, after = 0, None
         for record, position in records:
             read, after = read + 1, position
-            example = self.example(record)
-            if example is not None:
-                examples.append(example)
+            examples += self.examples(record)
             if read == self.buffer:
                 break
+        if not self.pack:
+            return [[example] for example in examples], read, after
         bins = first_fit_decreasing([len(e["input_ids"]) for e in examples], self.seq_len)
         return [[examples[i] for i in b] for b in bins], read, after
 
@@ -228,20 +232,21 @@ def buffer_cuts(stage: PackedExamples, history: Sequence[HistorySegment]) -> lis
     return cuts
 
 
-def fitted(example: dict | None, seq_len: int, excess: str) -> dict | None:
-    """An example (None: none) with ``position_ids``, longer than ``seq_len`` dropped or
-    truncated (``excess``); an empty one dropped."""
-    if example is None:
-        return None
-    example = {key: list(value) for key, value in example.items()}
-    length = len(example["input_ids"])
-    if length == 0 or length > seq_len and excess == "drop":
-        return None
-    if length > seq_len:
-        example = {key: value[:seq_len] for key, value in example.items()}
-        length = seq_len
-    example["position_ids"] = list(range(length))
-    return example
+def fitted(examples: list[dict], seq_len: int, excess: str) -> list[dict]:
+    """Examples with ``position_ids``, those longer than ``seq_len`` dropped or truncated
+    (``excess``), empty ones dropped."""
+    kept = []
+    for example in examples:
+        example = {key: list(value) for key, value in example.items()}
+        length = len(example["input_ids"])
+        if length == 0 or length > seq_len and excess == "drop":
+            continue
+        if length > seq_len:
+            example = {key: value[:seq_len] for key, value in example.items()}
+            length = seq_len
+        example["position_ids"] = list(range(length))
+        kept.append(example)
+    return kept
 
 
 def _parse(position) -> tuple[int, object, int, object]:
@@ -271,6 +276,7 @@ def packed_examples(mix, config: dict, formats: dict, cfg,
                           buffer=config.get("packing_buffer", DEFAULT_BUFFER)
                           if cfg.sample_packing else 1,
                           excess=(cfg.excess_length_strategy or "drop").lower(),
+                          pack=bool(cfg.sample_packing),
                           identity=json.dumps([held_out_share(cfg), cfg.seed or 0,
                                                sorted((str(name), cut.start, cut.stop)
                                                       for name, cut in slices.items())]))
@@ -279,7 +285,7 @@ def packed_examples(mix, config: dict, formats: dict, cfg,
 class SourceFormats:
     """A sample of a mixture formatted by its source's prompt format (``__source__``); with
     ``share`` (``val_set_size``), only the samples ``held_out`` says are ``held`` (the eval
-    split) or not (training) give an example; with ``slices`` (``RowSlice`` by source), only
+    split) or not (training) give examples; with ``slices`` (``RowSlice`` by source), only
     the rows of a source's slice."""
 
     def __init__(self, formats: dict, share: float = 0.0, seed: int = 0, held: bool = False,
@@ -287,17 +293,17 @@ class SourceFormats:
         self.formats, self.share, self.seed, self.held = formats, share, seed, held
         self.slices = slices or {}
 
-    def __call__(self, sample: dict) -> dict | None:
+    def __call__(self, sample: dict) -> list[dict]:
         from wdstream.integrations.axolotl import record_of
 
         cut = self.slices.get(sample["__source__"])
         if cut is not None and not cut.holds(sample["__key__"]):
-            return None
+            return []
         if self.share and held_out(sample, self.share, self.seed) != self.held:
-            return None
-        example = self.formats[sample["__source__"]](record_of(sample))
-        return {key: example[key] for key in ("input_ids", "attention_mask", "labels")
-                if key in example}
+            return []
+        return [{key: example[key] for key in ("input_ids", "attention_mask", "labels")
+                 if key in example}
+                for example in self.formats[sample["__source__"]](record_of(sample))]
 
 
 def held_out_share(cfg) -> float:
@@ -367,29 +373,35 @@ def first_examples(samples, make: Callable, cfg, limit: int) -> list[dict]:
     """The first ``limit`` examples ``make`` gives of ``samples``, after the excess-length
     rule."""
     excess = (cfg.excess_length_strategy or "drop").lower()
-    examples = []
+    examples: list[dict] = []
     for sample in samples:
-        example = fitted(make(sample), cfg.sequence_len, excess)
-        if example is not None:
-            examples.append(example)
-            if len(examples) == limit:
-                break
-    return examples
+        examples += fitted(make(sample), cfg.sequence_len, excess)
+        if len(examples) >= limit:
+            break
+    return examples[:limit]
 
 
 class PackedRows:
-    """The collate function of packed rows, as axolotl's multipack collator
-    (``V2BatchSamplerDataCollatorForSeq2Seq``) makes a batch: each row's examples joined
-    (``attention_mask`` numbering them 1, 2...), padded to the longest row, rounded up as
-    axolotl's trainer builder rounds it (to ``sequence_len`` with ``pad_to_sequence_len``)."""
+    """The collate function of ``PackedExamples``' rows, as axolotl's trainer makes a batch:
+    packed (``sample_packing``), by its multipack collator
+    (``V2BatchSamplerDataCollatorForSeq2Seq``: each row's examples joined, ``attention_mask``
+    numbering them 1, 2...), else each row's one example by ``DataCollatorForSeq2Seq``; padded
+    to the longest row, rounded up as axolotl's trainer builder rounds it (to
+    ``sequence_len`` with ``pad_to_sequence_len``)."""
 
     def __init__(self, tokenizer, cfg):
-        from axolotl.utils.collators import V2BatchSamplerDataCollatorForSeq2Seq
+        from axolotl.utils.collators import (
+            DataCollatorForSeq2Seq,
+            V2BatchSamplerDataCollatorForSeq2Seq,
+        )
 
-        self.collator = V2BatchSamplerDataCollatorForSeq2Seq(
-            tokenizer, padding=True, return_tensors="pt", **padding_of(cfg))
+        self.pack = bool(cfg.sample_packing)
+        made = V2BatchSamplerDataCollatorForSeq2Seq if self.pack else DataCollatorForSeq2Seq
+        self.collator = made(tokenizer, padding=True, return_tensors="pt", **padding_of(cfg))
 
     def __call__(self, rows: list) -> dict:
+        if not self.pack:
+            return self.collator([row[0] for row in rows])
         return self.collator([[{key: np.asarray(value) for key, value in example.items()}
                                for example in row] for row in rows])
 

@@ -29,15 +29,14 @@ def use_loader(trainer, loader):
         loader = DataLoader(loader, batch_size=args.per_device_train_batch_size,
                             num_workers=args.dataloader_num_workers,
                             collate_fn=trainer.data_collator)
-    if args.max_steps <= 0:
-        try:
-            len(loader)
-        except TypeError as error:
-            raise ValueError(f"the loader's length is unknown ({error}): set max_steps in the "
-                             "training arguments") from None
+    unknown = _unknown_length(loader)
+    if args.max_steps <= 0 and unknown:
+        raise ValueError(f"the loader's length is unknown ({unknown}): set max_steps in the "
+                         "training arguments")
     args.ignore_data_skip = True
     trainer.wdstream_loader = loader
-    trainer.get_train_dataloader = lambda: prepare_loader(trainer.accelerator, loader)
+    trainer.get_train_dataloader = lambda: _passes_if(
+        bool(unknown), prepare_loader(trainer.accelerator, loader))
     trainer.add_callback(_SaveLoaderState(loader))
     train = trainer.train
 
@@ -51,6 +50,42 @@ def use_loader(trainer, loader):
 
     trainer.train = train_resuming_the_loader
     return trainer
+
+
+def _unknown_length(loader) -> str:
+    """Why ``loader``'s length is unknown ('': it is known)."""
+    try:
+        len(loader)
+    except TypeError as error:
+        return str(error)
+    return ""
+
+
+def _passes_if(unsized: bool, loader):
+    return Passes(loader) if unsized else loader
+
+
+class Passes:
+    """A loader of unknown length as the Trainer sees it: one epoch that never ends, each pass
+    over the data followed by the next. Each rank's passes end at a step of its own; were the
+    Trainer to end an epoch on one rank only, that rank's collectives (the loss's all-reduce,
+    the epoch's end) would not match the others'. The loader's own epochs and state go on
+    as without it; every other attribute is the loader's."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        while True:
+            delivered = False
+            for batch in self.loader:
+                delivered = True
+                yield batch
+            if not delivered:  # a pass with no batch: the data holds none
+                return
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
 
 
 def steps(loader, epochs: float = 1.0, gradient_accumulation_steps: int = 1) -> int:

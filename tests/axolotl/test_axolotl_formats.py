@@ -1,0 +1,55 @@
+"""A prompt format's maps and filters, recorded as axolotl asks for them and run on each
+record as ``datasets`` runs them: a record gives none, one or several examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from wdstream.errors import InputError
+from wdstream.integrations.axolotl import PromptFormat, RecordedMaps
+
+
+def chunks(columns: dict) -> dict:
+    """A batched map splitting each text into examples of at most 3 words."""
+    made: dict = {"input_ids": [], "labels": []}
+    for text in columns["text"]:
+        words = text.split()
+        for start in range(0, len(words), 3):
+            ids = [len(word) for word in words[start:start + 3]]
+            made["input_ids"].append(ids)
+            made["labels"].append(ids)
+    return made
+
+
+def format_of(maps: RecordedMaps) -> PromptFormat:
+    made = PromptFormat({"path": "s3://bucket/texts/"}, None, None)  # no type: no strategy
+    made.kind, made.steps = "custom", maps.steps
+    return made
+
+
+def test_a_record_gives_the_examples_the_maps_and_filters_leave():
+    maps = RecordedMaps.make()
+    maps.filter(lambda row: not row["text"].startswith("skip"))
+    maps.map(chunks, batched=True)
+    maps.filter(lambda columns: [len(ids) > 1 for ids in columns["input_ids"]], batched=True)
+    found = format_of(maps)
+    assert not found.one_each
+    assert found({"text": "skip this one"}) == []
+    assert found({"text": "a bb ccc dddd"}) == [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}]
+    assert [e["input_ids"] for e in found({"text": "a bb ccc dddd eeeee"})] == [[1, 2, 3],
+                                                                               [4, 5]]
+
+
+def test_maps_alone_give_one_example_a_record():
+    maps = RecordedMaps.make()
+    maps.map(lambda row: {"input_ids": [len(row["text"])]})
+    found = format_of(maps)
+    assert found.one_each
+    assert found({"text": "abc"}) == [{"input_ids": [3]}]
+
+
+def test_a_batched_map_of_uneven_columns_is_an_input_error():
+    maps = RecordedMaps.make()
+    maps.map(lambda columns: {"input_ids": [[1], [2]], "labels": [[1]]}, batched=True)
+    with pytest.raises(InputError, match="s3://bucket/texts/: the prompt format made columns"):
+        format_of(maps)({"text": "a"})
