@@ -1,4 +1,4 @@
-"""Hostile raw files (Arrow IPC, Parquet, JSON Lines and their unit index): bytes patched so
+"""Hostile raw files (Arrow IPC, Parquet, JSON Lines, JSON arrays and their unit index): bytes patched so
 that an array points outside its buffers, buffers and pages that expand enormously, headers
 and footers that claim rows no bytes hold, and files whose cost grows with their size more
 than linearly. Each attack runs in a subprocess under a memory limit and a timeout
@@ -342,6 +342,44 @@ def test_json_lines_blank_line_bombs_and_deep_rows(tmp_path):
     assert_refused(outcomes[3], "ShardError", "a.jsonl: row 0", "nested deeper than 100")
     assert outcomes[4]["error"] is None, outcomes[4]
     assert_refused(outcomes[5], "ShardError", "l.jsonl", "longer than 1024 bytes")
+
+
+@pytest.mark.slow
+def test_json_arrays_never_closed_deep_or_broken(tmp_path):
+    """A .json.zst (a few MB) of one string never closed over 1 GiB is refused past the
+    longest row (256 MiB) while planning, without holding it, or past a lower shard_bytes; an
+    element a million brackets deep, or a million "[" where objects should be, is a ShardError
+    at once; an element that is not JSON fails its unit, skipped under on_error="skip" with
+    the other file's rows read."""
+    folders = {name: tmp_path / name for name in ("open", "deep", "brackets", "bad")}
+    for folder in folders.values():
+        folder.mkdir()
+    (folders["open"] / "o.json.zst").write_bytes(
+        zstd_of(b'[{"text": "', 1) + zstd_of(b"x" * (16 * MiB), 64))
+    (folders["deep"] / "d.json").write_bytes(b'[{"text": ' + b"[" * 1_000_000)
+    (folders["brackets"] / "b.json").write_bytes(b"[" * 1_000_000)
+    (folders["bad"] / "a.json").write_bytes(b'[{"text": "a"}, {"text": 1,}]')
+    (folders["bad"] / "b.json").write_text(json.dumps([{"text": "x" * 10}] * 7))
+    source = "paths[0] + '/*.json*'"
+    outcomes = run_limited(
+        (read_all().replace("paths[0]", source), [folders["open"]]),
+        (read_all("Limits(shard_bytes='64MiB')").replace("paths[0]", source),
+         [folders["open"]]),
+        (read_all().replace("paths[0]", source), [folders["deep"]]),
+        (read_all().replace("paths[0]", source), [folders["brackets"]]),
+        (read_all().replace("paths[0]", source), [folders["bad"]]),
+        (read_all(on_error="skip", expect=(7, 70)).replace("paths[0]", source),
+         [folders["bad"]]))
+    assert_refused(outcomes[0], "ShardError", "o.json.zst: element 0 of the JSON array (byte 1)",
+                   "is longer than 268435456 bytes")
+    assert outcomes[0]["grown"] < 128 * MiB, outcomes[0]
+    assert_refused(outcomes[1], "LimitError", "o.json.zst", "shard_bytes", seconds=10)
+    assert_refused(outcomes[2], "ShardError", "d.json: element 0 of the JSON array (byte 1) "
+                   "nests deeper than 100 levels", seconds=10)
+    assert_refused(outcomes[3], "ShardError", "b.json: element 0 of the JSON array (byte 1) "
+                   "is not a JSON object", seconds=10)
+    assert_refused(outcomes[4], "ShardError", "a.json: row 1 (byte 16) is not JSON")
+    assert outcomes[5]["error"] is None, outcomes[5]
 
 
 # ---- the unit index of JSON Lines files ---------------------------------------------------

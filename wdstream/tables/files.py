@@ -80,8 +80,10 @@ def file_format(name: str) -> str | None:
 
 def names_raw_files(source) -> bool:
     """Whether ``source`` (a URL, a pattern or a list) names raw files or patterns of them
-    rather than shards or a folder. One URL ending in ``.json`` is a manifest."""
-    if isinstance(source, str | os.PathLike) and os.fspath(source).lower().endswith(".json"):
+    rather than shards or a folder. One URL ending in ``.json`` is a manifest (or a file of
+    rows: ``jsonl.json_rows_file``), a pattern ending so matches files of rows."""
+    if isinstance(source, str | os.PathLike) and os.fspath(source).lower().endswith(".json") \
+            and not any(c in os.fspath(source) for c in GLOB_CHARACTERS):
         return False
     items = list(source) if isinstance(source, list | tuple) else [source]
     return bool(items) and all(

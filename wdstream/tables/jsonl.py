@@ -5,11 +5,15 @@ one unit, and a span starting inside it decompresses (and skips) the lines befor
 counts come from an index (``wdstream index``) or from one scan of every file when the
 dataset is built.
 
+A file whose first non-blank byte (after a BOM) is ``[`` is a JSON array of objects, a row
+each (``json_arrays``): cut and read the same way, its units' ranges holding whole
+elements, and ``ARRAY`` its metadata, which tells ``read`` how to split a unit.
+
 One source named ``….json`` is a wdstream manifest or a file of rows (as ``datasets``'
 ``json`` loader reads ``data_files: train.json``): ``json_rows_file`` tells them apart by the
 file's first ``JSON_HEAD_BYTES``, a manifest being one object with ``"format": "wdstream"``.
-A JSON array, or one JSON document over several lines, is refused naming the file: neither
-can be cut into ranges of rows without parsing it whole."""
+One JSON object over several lines is refused naming the file: it cannot be cut into ranges
+of rows without parsing it whole."""
 
 from __future__ import annotations
 
@@ -35,14 +39,15 @@ from wdstream.tables.formats import (
     invalid,
     limits_of,
 )
+from wdstream.tables.json_arrays import READ_BYTES, ArrayScanner, elements
 from wdstream.tables.reads import Access, open_file, read_range
 
 RANGE_BYTES = 32 * 1024**2  # a plain file's units: line-aligned ranges of about this size
 MAX_LINE_BYTES = 256 * 1024**2  # the longest line read (or Limits.sample_bytes if less)
 MAX_ROW_DEPTH = 100  # how deep a row's arrays and objects may nest
-READ_BYTES = 1024**2
 SHORT_LINE = 64  # bytes: a read of lines shorter on average is searched for non-blank ones
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+ARRAY = b"["  # the metadata of a JSON array's units (a JSON Lines file's: none)
 JSON_HEAD_BYTES = 64 * 1024  # what json_rows_file reads of a .json file to tell what it is
 # a wdstream manifest's marker: the first key Manifest.to_json writes, near the top in any
 _MANIFEST_MARKER = re.compile(rb'"format"\s*:\s*"wdstream"')
@@ -59,26 +64,22 @@ class JsonLinesFormat(TableFormat):
     name = "jsonl"
 
     def cut(self, file: RawFile, access: Access) -> FileUnits:
-        """One scan of the file: its rows, cut into line-aligned ranges when plain."""
-        plain = compression(file.name) is None
-        units: list[Unit] = []
-        start, rows, first = 0, 0, 0
+        """One scan of the file: its rows, cut into ranges of whole lines (or elements)
+        when plain; a JSON array's units get ``ARRAY`` for metadata."""
         body = _open(file, access)
         try:
-            for offset, _ in lines(body, file, 0, None if plain else MAX_UNIT_ROWS,
-                                      _longest(access)):
-                if plain and rows and offset - start >= RANGE_BYTES:
-                    units.append(Unit(start, rows, first, offset))
-                    start, first, rows = offset, first + rows, 0
-                rows += 1
-                if rows > MAX_UNIT_ROWS:
-                    raise ShardError(f"{printable(file.url)}: more than {MAX_UNIT_ROWS} rows "
-                                     f"in one unit")
+            head = body.read(READ_BYTES)
+            array = is_array(head)
+            if array:
+                spans = _element_spans(file, head, body, _longest(access))
+            else:
+                spans = ((offset, offset) for offset, _ in lines(
+                    _Replayed(head, body), file, 0,
+                    None if compression(file.name) is None else MAX_UNIT_ROWS, _longest(access)))
+            units = _grouped(file, spans, array)
         finally:
             body.close()
-        if rows:
-            units.append(Unit(start, rows, first, file.size))
-        return FileUnits(units)
+        return FileUnits(units, ARRAY if array else b"")
 
     def read(self, file: RawFile, metadata: bytes, unit: Unit, columns, access: Access):
         """A plain file's range is read here, whole (so a failed read is retried before any
@@ -92,18 +93,72 @@ class JsonLinesFormat(TableFormat):
                                  f"more than {most:,} bytes read at once (the limit unit_bytes "
                                  "of wdstream.Limits)")
             data = read_range(file, unit.part, unit.end - unit.part, access)
-        return LineRows(file, unit, columns, access, data)
+        return JsonRows(file, unit, columns, access, data, metadata == ARRAY)
 
 
-class LineRows:
+def is_array(head: bytes) -> bool:
+    """Whether a file whose first bytes are ``head`` is a JSON array: its first non-blank
+    byte (after a BOM) is ``[``."""
+    return head.removeprefix(_BOM).lstrip(b" \t\r\n").startswith(b"[")
+
+
+def _grouped(file: RawFile, spans: Iterator[tuple[int, int]], array: bool) -> list[Unit]:
+    """Units of the rows at ``spans`` (each row's first byte and, in an array, its end): a
+    plain file's ranges of about ``RANGE_BYTES`` (a JSON Lines range up to the next one's
+    start, an array's up to its last element's end), a compressed file's one unit."""
+    plain = compression(file.name) is None
+    units: list[Unit] = []
+    start, rows, first, end = 0, 0, 0, 0
+    for offset, stop in spans:
+        if array and plain and not (rows or units):
+            start = offset  # an array's range starts at an element: its "[" is not in it
+        if plain and rows and offset - start >= RANGE_BYTES:
+            units.append(Unit(start, rows, first, end if array else offset))
+            start, first, rows = offset, first + rows, 0
+        rows += 1
+        end = stop
+        if rows > MAX_UNIT_ROWS:
+            raise ShardError(f"{printable(file.url)}: more than {MAX_UNIT_ROWS} rows "
+                             f"in one unit")
+    if rows:
+        units.append(Unit(start, rows, first, end if array and plain else file.size))
+    return units
+
+
+def _element_spans(file: RawFile, head: bytes, body, longest: int
+                   ) -> Iterator[tuple[int, int]]:
+    """Each element's first byte and end in a JSON array whose first read is ``head``."""
+    scanner = ArrayScanner(file, 0, longest, MAX_ROW_DEPTH)
+    chunk = head
+    while chunk:
+        yield from scanner.feed(chunk)
+        chunk = body.read(READ_BYTES)
+    scanner.finish()
+
+
+class _Replayed:
+    """``body`` with ``head``, read from it already, in front again."""
+
+    def __init__(self, head: bytes, body):
+        self.head, self.body = head, body
+
+    def read(self, n: int) -> bytes:
+        if self.head:
+            head, self.head = self.head, b""
+            return head
+        return self.body.read(n)
+
+
+class JsonRows:
     """A unit's rows, parsed as they are asked for, in increasing order (the reader's
     spans of one unit are), from ``data`` (a plain file's range) or else from the file,
-    decompressed: nothing of a compressed file is held but the lines being parsed."""
+    decompressed: nothing of a compressed file is held but the lines (or the elements of
+    an ``array``) being parsed."""
 
     def __init__(self, file: RawFile, unit: Unit, columns, access: Access,
-                 data: bytes | None = None):
+                 data: bytes | None = None, array: bool = False):
         self.file, self.unit, self.columns, self.access = file, unit, columns, access
-        self.data = data
+        self.data, self.array = data, array
         self.nbytes = None if data is None else len(data)  # a compressed file: not held
         self._lines: Iterator[tuple[int, bytes]] | None = None
         self._body: IO[bytes] | None = None
@@ -115,11 +170,9 @@ class LineRows:
     def rows(self, start: int, stop: int) -> list[dict]:
         if self._lines is None or start < self._next:
             self.close()
-            plain = self.data is not None
             self._body = io.BytesIO(self.data) if self.data is not None \
                 else _open(self.file, self.access)
-            self._lines = lines(self._body, self.file, self.unit.part if plain else 0,
-                                None if plain else MAX_UNIT_ROWS, _longest(self.access))
+            self._lines = self._split(self._body)
             self._next = 0
         out = []
         for offset, line in self._lines:
@@ -132,6 +185,16 @@ class LineRows:
                     return out
         self.close()
         raise self._miscounted(f"{self._next}")
+
+    def _split(self, body) -> Iterator[tuple[int, bytes]]:
+        """``(offset, row's bytes)`` of the unit's rows in ``body``: a plain file's range,
+        else the file from its start."""
+        plain, longest = self.data is not None, _longest(self.access)
+        offset = self.unit.part if plain else 0
+        if self.array:
+            return elements(body, ArrayScanner(self.file, offset, longest, MAX_ROW_DEPTH,
+                                               whole=not plain))
+        return lines(body, self.file, offset, None if plain else MAX_UNIT_ROWS, longest)
 
     def _miscounted(self, held: str) -> ShardError:
         """The unit holds ``held`` rows, not the count its cut (or the index) gives."""
@@ -149,13 +212,11 @@ class LineRows:
             deep = line.count(b"[") + line.count(b"{") > MAX_ROW_DEPTH
             value = json_loads(line, MAX_ROW_DEPTH) if deep else json.loads(line)
         except ValueError as exc:
-            if row == 0 and line.lstrip(_BOM + b" \t\r").startswith((b"[", b"{")):
+            if row == 0 and not self.array and line.lstrip(_BOM + b" \t\r").startswith(b"{"):
                 whole_document(self.file.url, line)  # refused by name
             raise ShardError(f"{printable(self.file.url)}: row {row} ({where}) is not JSON: "
                              f"{exc}") from None
         if not isinstance(value, dict):
-            if row == 0 and isinstance(value, list):
-                whole_document(self.file.url, line)  # a JSON array on one line
             raise ShardError(f"{printable(self.file.url)}: row {row} ({where}) is not a JSON "
                              f"object but {type(value).__name__}")
         if self.columns is not None:
@@ -255,9 +316,10 @@ def _too_long(file: RawFile, offset: int, longest: int) -> ShardError:
 
 def json_rows_file(source) -> bool:
     """Whether ``source``, one URL or path ending in ``.json``, holds rows as JSON Lines
-    rather than a wdstream manifest, from its first ``JSON_HEAD_BYTES``: a manifest is an
-    object with ``"format": "wdstream"`` (and ``shards``), rows are lines of objects.
-    InputError naming the file for a JSON array or one document over several lines; False
+    (or a JSON array of objects) rather than a wdstream manifest, from its first
+    ``JSON_HEAD_BYTES``: a manifest is an object with ``"format": "wdstream"`` (and
+    ``shards``), rows are lines of objects or an array's elements. InputError naming the
+    file for one object over several lines that is not a manifest; False
     where the file cannot be read (the manifest's read then reports it) and for ``pipe:``
     (no command runs to be looked at)."""
     if not isinstance(source, str | os.PathLike):
@@ -272,6 +334,8 @@ def json_rows_file(source) -> bool:
     text = head.removeprefix(_BOM).lstrip()
     if not text:
         return False  # empty: not a manifest either, as its parse says
+    if is_array(text):
+        return True
     whole_document(url, text)
     line, newline, _rest = text.partition(b"\n")
     if newline or len(head) < JSON_HEAD_BYTES:  # the first line whole: one row or a manifest
@@ -286,17 +350,13 @@ def json_rows_file(source) -> bool:
 
 def whole_document(url: str, text: bytes) -> None:
     """InputError when ``text``, the start of the file at ``url`` (blanks and a BOM
-    stripped), begins a JSON array or an object over several lines that is not a
-    manifest: neither is JSON Lines."""
+    stripped), begins an object over several lines that is not a manifest: neither JSON
+    Lines nor a JSON array."""
     start = text.lstrip(_BOM + b" \t\r\n")
     first = start.partition(b"\n")[0].strip()
-    if start.startswith(b"["):
-        what = "a JSON array"
-    elif first == b"{" and _MANIFEST_MARKER.search(start) is None:
-        what = "one JSON document over several lines"
-    else:
+    if first != b"{" or _MANIFEST_MARKER.search(start) is not None:
         return
-    raise InputError(f"{printable(url)}: {what}, neither JSON Lines (one object a line) nor a "
-                     "wdstream manifest (\"format\": \"wdstream\"): a file is streamed row by "
-                     "row, never parsed whole; write it as JSON Lines (an array: `jq -c '.[]' "
-                     "FILE.json > FILE.jsonl`)")
+    raise InputError(f"{printable(url)}: one JSON document over several lines, neither JSON "
+                     "Lines (one object a line), a JSON array of objects nor a wdstream "
+                     "manifest (\"format\": \"wdstream\"): a file is streamed row by row, "
+                     "never parsed whole; write its rows as JSON Lines or as an array")

@@ -5,7 +5,7 @@ chooses (a local file, another bucket), so that building a dataset reads no JSON
 Its names are only ever matched against the files found under the source: an index names
 nothing to read, and one that does not describe those files as they are now is an error.
 Its counts are claims: each unit is bounded when the index is read (``indexed_units``), and
-checked as it is read (``jsonl.LineRows``: a unit holding more or fewer rows than counted is
+checked as it is read (``jsonl.JsonRows``: a unit holding more or fewer rows than counted is
 an error); the node's shared units are named by the digest of its bytes, so a corrected
 index is used.
 """
@@ -20,7 +20,7 @@ from wdstream.limits import json_loads
 from wdstream.printable import printable
 from wdstream.tables.files import RawFile
 from wdstream.tables.formats import MAX_UNIT_ROWS, FileUnits, Unit
-from wdstream.tables.jsonl import compression
+from wdstream.tables.jsonl import ARRAY, compression
 
 FORMAT = "wdstream-units"
 MAX_INDEX_BYTES = 256 * 1024**2
@@ -28,7 +28,8 @@ MAX_INDEX_BYTES = 256 * 1024**2
 
 def index_document(files: list[RawFile], file_units: list[FileUnits]) -> dict:
     entries = [{"name": f.name, "size": f.size, "tag": f.tag,
-                "units": [[u.part, u.end, u.rows] for u in cut.units]}
+                "units": [[u.part, u.end, u.rows] for u in cut.units],
+                **({"array": True} if cut.metadata == ARRAY else {})}
                for f, cut in zip(files, file_units, strict=True)]
     return {"format": FORMAT, "version": 1,
             "rows": sum(u.rows for cut in file_units for u in cut.units), "files": entries}
@@ -65,7 +66,8 @@ def indexed_units(url: str, document: dict, files: list[RawFile], most: int
     """The units of ``files`` (JSON Lines files found under the source) from the index,
     which must describe exactly those files with their current sizes and tags, in units a
     reader may take: a plain file's of at most ``most`` bytes and at most a row for each 3
-    of them (``{}`` and a newline), a compressed file's one unit, the whole file."""
+    of them (``{}`` and a newline, or a comma), a compressed file's one unit, the whole file.
+    ``"array": true`` marks a JSON array's entry."""
     entries = {}
     for entry in document["files"]:
         name = entry.get("name") if isinstance(entry, dict) else None
@@ -112,4 +114,4 @@ def _file_units(url: str, entry: dict, file: RawFile, most: int) -> FileUnits:
                                 "for each 3 bytes)")
         units.append(Unit(start, rows, first, end))
         first, at = first + rows, end
-    return FileUnits(units)
+    return FileUnits(units, ARRAY if entry.get("array") is True else b"")
