@@ -115,8 +115,10 @@ def test_exact_resume_and_elastic_resume_inside_a_file(folder):
 
 def test_the_scan_finds_elements_across_reads_of_any_size():
     """Strings holding brackets, quotes, escaped backslashes and commas, nested objects and
-    arrays, an empty object: the same elements whatever the reads cut."""
-    rows = [{"a": "x]}[{,\"", "b": "\\", "c": [1, {"d": "\\\"]"}, []]}, {}, {"e": "é\n"}]
+    arrays (deeper than one regular expression matches), an empty object: the same elements
+    whatever the reads cut."""
+    rows = [{"a": "x]}[{,\"", "b": "\\", "c": [1, {"d": "\\\"]"}, []]}, {}, {"e": "é\n"},
+            {"deep": [[[[[[{"f": "]"}]]]]]]}, {"g": 1}]
     for text in (json.dumps(rows), json.dumps(rows, indent=3), json.dumps(rows,
                                                                           ensure_ascii=False)):
         data = text.encode()
@@ -124,7 +126,7 @@ def test_the_scan_finds_elements_across_reads_of_any_size():
             scanner = ArrayScanner(RawFile("x.json", "x.json", len(data), ""), 0, 10**6, 100)
             found = list(elements(_Reads(data, size), scanner))
             assert [json.loads(e) for _, e in found] == rows, (text, size)
-            assert [data[o:o + 1] for o, _ in found] == [b"{"] * 3
+            assert [data[o:o + 1] for o, _ in found] == [b"{"] * len(rows)
     scanner = ArrayScanner(RawFile("x.json", "x.json", 2, ""), 0, 10, 100)
     assert list(elements(io.BytesIO(b" [ ]\n"), scanner)) == []
 
@@ -142,8 +144,8 @@ class _Reads(io.BytesIO):
     ('[{"a": 1}, 2]', r"element 1 of the JSON array \(byte 11\) is not a JSON object"),
     ('[{"a": 1} {"a": 2}]', r"byte 10: '\{' where ',' or '\]' was expected"),
     ('[{"a": 1},]', r"byte 10: '\]' where an object was expected"),
-    ('[{"a": [1}, {"a": 2}]', r"element 0 of the JSON array \(byte 1\) has a '\[' closed by "
-                              r"'\}' at byte 9"),
+    ('[{"a": 1}, {"a": [1}, {"a": 2}]', r"element 1 of the JSON array \(byte 11\) has a '\[' "
+                                        r"closed by '\}' at byte 19"),
     ('[{"a": [1, {"a": 2}]', r"element 0 of the JSON array \(byte 1\) does not end: 1 "
                              r"of its brackets never closed \(the data ends at byte 20\)"),
     ('[{"a": "never closed}]', r"element 0 of the JSON array \(byte 1\) does not end: a str"),

@@ -26,6 +26,20 @@ _INSIDE = re.compile(rb'(?s)(?:[^"\[\]{}]++|"(?:[^"\\]++|\\.)*+")*+')
 # inside a string: as far as its closing quote, or a backslash ending the read
 _STRING = re.compile(rb'(?s)(?:[^"\\]++|\\.)*+')
 _BLANK = re.compile(rb"[ \t\r\n]*+")
+RUN_DEPTH = 5  # how deep an element ``_RUN`` matches whole may nest
+
+
+def _object_pattern(levels: int) -> bytes:
+    """A regular expression of an object nested at most ``levels`` deep, strings whole."""
+    string = rb'"(?:[^"\\]++|\\.)*+"'
+    inner = rb'(?:[^"\[\]{}]++|' + string + rb')*+'
+    for _ in range(levels - 1):
+        inner = rb'(?:[^"\[\]{}]++|' + string + rb'|\[' + inner + rb'\]|\{' + inner + rb'\})*+'
+    return rb"\{" + inner + rb"\}"
+
+
+# a comma and the whole element after it: one C call an element
+_RUN = re.compile(rb"(?s)[ \t\r\n]*+,[ \t\r\n]*+(" + _object_pattern(RUN_DEPTH) + rb")")
 _OPENER = {0x5D: 0x5B, 0x7D: 0x7B}  # "]": "[", "}": "{"
 
 # where the scan is: before the "[", before an element (the first, or one after a comma),
@@ -61,6 +75,8 @@ class ArrayScanner:
             if self.state in (INSIDE, STRING, ESCAPE):
                 pos = self._inside(data, pos, found)
             else:
+                if self.state == AFTER and self.most_depth >= RUN_DEPTH:
+                    pos = self._run(data, pos, found)
                 pos = _BLANK.match(data, pos).end()
                 if pos < size:
                     self._between(data[pos], pos)
@@ -69,6 +85,20 @@ class ArrayScanner:
             self._check_length(self.base + size)
         self.base += size
         return found
+
+    def _run(self, data: bytes, pos: int, found: list[tuple[int, int]]) -> int:
+        """After an element: the next ones while one regular expression matches each with
+        the comma before it (whole in ``data``, within ``RUN_DEPTH`` levels and the row
+        limit); the others, and whatever is wrong, are left to the byte-level states."""
+        base, match, longest = self.base, _RUN.match, self.longest
+        while (found_next := match(data, pos)) is not None:
+            start, end = found_next.span(1)
+            if end - start > longest:
+                break
+            found.append((base + start, base + end))
+            self.count += 1
+            pos = end
+        return pos
 
     def _inside(self, data: bytes, pos: int, found: list[tuple[int, int]]) -> int:
         """From ``pos`` inside an element, as far as the read, or the element, ends."""
