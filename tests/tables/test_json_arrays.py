@@ -22,7 +22,10 @@ from tests.support.raw_data import (
     roundtrip,
     rows_of,
     take,
+    upload_tree,
+    write_jsonl,
 )
+from tests.support.shard_data import write_dataset
 from wdstream.errors import ShardError, ShardMismatchError
 from wdstream.tables import jsonl
 from wdstream.tables.files import RawFile, find_files
@@ -238,3 +241,33 @@ def test_an_array_streams_as_the_datasets_json_loader_reads_it(tmp_path, s3, s3_
     assert indexed.fingerprint() == scanned.fingerprint()
     assert sorted(plain_rows(indexed), key=lambda r: r["output"]) == \
         sorted(rows, key=lambda r: r["output"])
+
+
+def test_a_folder_of_json_files_lists_them_but_its_metadata(tmp_path, s3, s3_bucket):
+    """A folder whose raw files are all .json streams them (arrays and JSON Lines), leaving
+    out index.json, dataset_info.json and state.json; beside .jsonl or Parquet files, or in a
+    shard folder, .json files are left out as before. From S3 too."""
+    data = write_arrays(tmp_path / "data", [("a.json", 12), ("more/d.json.gz", 5)])
+    (data / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows_of("l", 4)))
+    for name in ("dataset_info.json", "state.json", "more/index.json"):
+        (data / name).write_text(json.dumps({"features": {}}, indent=2))
+    expected = {f"a.json:{i}" for i in range(12)} | {f"more/d.json.gz:{i}" for i in range(5)} \
+        | {f"lines.json:{i}" for i in range(4)}
+    ds = wdstream.StreamingDataset(str(data), shuffle=False)
+    assert {s["__key__"] for s in ds} == expected
+    remote = upload_tree(s3.client(), s3_bucket, data, "folder")
+    assert {s["__key__"] for s in wdstream.StreamingDataset(remote, shuffle=False)} == expected
+
+    write_jsonl(data, [("beside.jsonl", 3)])
+    assert {s["__key__"] for s in wdstream.StreamingDataset(str(data))} == \
+        {f"beside.jsonl:{i}" for i in range(3)}
+    shards = tmp_path / "shards"
+    write_dataset(shards, [3, 4])
+    (shards / "notes.json").write_text(json.dumps([{"a": 1}]))
+    ds = wdstream.StreamingDataset(str(shards))
+    assert ds.manifest is not None and len(ds) == 7
+    only_metadata = tmp_path / "meta"
+    only_metadata.mkdir()
+    (only_metadata / "dataset_info.json").write_text("{}")
+    with pytest.raises(wdstream.errors.ManifestError, match="no Parquet, JSON Lines or Arrow"):
+        wdstream.StreamingDataset(str(only_metadata))

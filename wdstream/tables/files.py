@@ -26,7 +26,8 @@ from wdstream.sources.stores import store_for
 
 # name ending -> format; a folder listing takes every ending but ".json" (folders beside
 # Arrow files hold ``dataset_info.json``, shard folders ``index.json``), which counts as
-# JSON Lines when named, or matched by a pattern, explicitly.
+# JSON Lines (or a JSON array) when named, or matched by a pattern, explicitly, and in a
+# folder whose raw files are all ".json" (``listed_names``).
 SUFFIXES = {
     ".parquet": "parquet", ".arrow": "arrow",
     ".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".jsonl.zst": "jsonl",
@@ -34,6 +35,9 @@ SUFFIXES = {
     ".json": "jsonl", ".json.gz": "jsonl", ".json.zst": "jsonl",
 }
 _NAMED_ONLY = (".json", ".json.gz", ".json.zst")
+# what lies beside data and is no data: a manifest, datasets' and wdstream's metadata
+METADATA_NAMES = frozenset({"index.json", "dataset_info.json", "state.json",
+                            "dataset_dict.json"})
 FORMAT_NAMES = {"parquet": "Parquet", "jsonl": "JSON Lines", "arrow": "Arrow"}
 # what a folder saved by datasets.DatasetDict.save_to_disk holds at its root
 DATASET_DICT = "dataset_dict.json"
@@ -134,13 +138,15 @@ def _under(folder: str, entries: list[dict] | None = None,
     base = folder if folder.endswith("/") else folder + "/"
     path = urlmod.to_local_path(folder)
     if path is not None:
-        found = []
+        fulls = {}
         for root, _, names in os.walk(path or "."):
             for name in names:
                 full = os.path.join(root, name)
                 relative = os.path.relpath(full, path or ".").replace(os.sep, "/")
-                if not os.path.islink(full) and _listed_kind(relative):
-                    found.append(_local_file(urlmod.child(base, relative), full, relative))
+                if not os.path.islink(full):
+                    fulls[relative] = full
+        found = [_local_file(urlmod.child(base, relative), fulls[relative], relative)
+                 for relative in listed_names(list(fulls))]
         saved_splits = os.path.isfile(os.path.join(path or ".", DATASET_DICT))
     else:
         if entries is None:
@@ -159,15 +165,24 @@ def listed_files(folder: str, entries: list[dict]) -> list[RawFile]:
     (folders and other files left out), in the listing's order."""
     base = folder if folder.endswith("/") else folder + "/"
     prefix = folder_path(folder) + "/"
-    files = []
+    infos = {}
     for info in entries:
         key = info["name"]
-        if info.get("type", "file") != "file" or not key.startswith(prefix):
-            continue
-        name = key[len(prefix):]
-        if _listed_kind(name):
-            files.append(_remote_file(_child(base, name), name, info))
-    return files
+        if info.get("type", "file") == "file" and key.startswith(prefix):
+            infos[key[len(prefix):]] = info
+    return [_remote_file(_child(base, name), name, infos[name])
+            for name in listed_names(list(infos))]
+
+
+def listed_names(names: list[str]) -> list[str]:
+    """The raw files among the names a folder's listing holds, in their order: every
+    ending but ``.json`` (plain or compressed); where there is none, the ``.json`` files
+    but metadata (``METADATA_NAMES``), as a folder of ``train.json`` and ``test.json``."""
+    taken = [name for name in names if _listed_kind(name)]
+    if taken:
+        return taken
+    return [name for name in names if file_format(name) is not None
+            and name.rsplit("/", 1)[-1].lower() not in METADATA_NAMES]
 
 
 def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -> None:
