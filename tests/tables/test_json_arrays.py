@@ -271,3 +271,15 @@ def test_a_folder_of_json_files_lists_them_but_its_metadata(tmp_path, s3, s3_buc
     (only_metadata / "dataset_info.json").write_text("{}")
     with pytest.raises(wdstream.errors.ManifestError, match="no Parquet, JSON Lines or Arrow"):
         wdstream.StreamingDataset(str(only_metadata))
+
+
+@pytest.mark.slow  # runs the CLI
+def test_ls_verify_and_cat_take_one_json_file_of_rows(tmp_path, cli_env):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(rows_of("t", 30), indent=1))
+    for command, words in (("ls", "30"), ("verify", "1 file, 30 rows"),
+                           ("cat", '"__key__": "train.json:29"')):
+        result = subprocess.run(["wdstream", command, str(path)], env=cli_env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and words in result.stdout, (command, result.stdout,
+                                                                   result.stderr)

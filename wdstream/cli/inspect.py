@@ -92,12 +92,13 @@ def ls_command(ctx, url, scan, workers, allow_external_shards, as_json, quiet):
 
 
 def _shards(url: str, allow_external_shards: bool):
-    """The shards ``url`` names, or None when it names raw files (Parquet, JSON Lines, Arrow)
-    or a folder holding neither a manifest nor shards."""
+    """The shards ``url`` names, or None when it names raw files (Parquet, JSON Lines, Arrow;
+    one ``….json`` of rows) or a folder holding neither a manifest nor shards."""
     from wdstream.shards.locate import NoShardsError, find_shards
     from wdstream.tables.files import names_raw_files
+    from wdstream.tables.jsonl import json_rows_file
 
-    if names_raw_files(url):
+    if names_raw_files(url) or json_rows_file(url):
         return None
     try:
         return find_shards(url, allow_external_shards=allow_external_shards)
