@@ -73,28 +73,47 @@ def loader_of(source, batch_size=5, workers=2, **options):
                                batch_size=batch_size, num_workers=workers)
 
 
+def check_resume(source, keys: set[str]) -> None:
+    """Stopped after 9 batches of 4 (two workers): resumed as it was, the loader gives what
+    one run would have; resumed with batches of 6 and one worker, every key once."""
+    whole = keys_of(loader_of(source, batch_size=4))
+    loader = loader_of(source, batch_size=4)
+    first = keys_of(take(loader, 9))
+    same = loader_of(source, batch_size=4)
+    same.load_state_dict(roundtrip(loader.state_dict()))
+    assert first + keys_of(same) == whole
+    other = loader_of(source, batch_size=6, workers=1)
+    other.load_state_dict(roundtrip(loader.state_dict()))
+    seen = counted(first, keys_of(other))
+    assert set(seen) == keys and max(seen.values()) == 1
+
+
+def stored(name: str, data: bytes) -> bytes:
+    """``data`` as a file called ``name`` holds it: gzip or zstd by its ending."""
+    import gzip
+
+    import zstandard
+
+    if name.endswith(".gz"):
+        return gzip.compress(data)
+    if name.endswith(".zst"):
+        return zstandard.ZstdCompressor().compress(data)
+    return data
+
+
 # (name, rows): a plain file cut into several ranges (RANGE_BYTES made small), a gzip and a
 # zstd one, and a plain one in a subfolder
 JSONL_FILES = [("a.jsonl", 90), ("b.jsonl.gz", 40), ("c.jsonl.zst", 35), ("more/d.jsonl", 25)]
 
 
 def write_jsonl(folder: Path, files=JSONL_FILES, blank_every: int = 17) -> Path:
-    import gzip
-    import json
-
-    import zstandard
-
     for name, count in files:
         lines = []
         for i, row in enumerate(rows_of(name, count)):
             lines.append(json.dumps(row))
             if i % blank_every == blank_every - 1:
                 lines.append("")  # blank lines are not rows
-        data = ("\n".join(lines) + "\n").encode()
-        if name.endswith(".gz"):
-            data = gzip.compress(data)
-        elif name.endswith(".zst"):
-            data = zstandard.ZstdCompressor().compress(data)
+        data = stored(name, ("\n".join(lines) + "\n").encode())
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)

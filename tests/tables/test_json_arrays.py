@@ -16,11 +16,12 @@ import pytest
 
 import wdstream
 from tests.support.raw_data import (
+    check_resume,
     counted,
     keys_of,
-    loader_of,
     roundtrip,
     rows_of,
+    stored,
     take,
     upload_tree,
     write_jsonl,
@@ -46,18 +47,12 @@ def small_ranges(monkeypatch):
 def write_arrays(folder, files=ARRAYS):
     """Each file a JSON array of ``rows_of`` its name: pretty-printed, on one line, with a
     BOM, compressed; a folder's ``index.json`` beside them is no data."""
-    import zstandard
-
     for number, (name, count) in enumerate(files):
         text = json.dumps(rows_of(name, count), indent=2 if number % 2 == 0 else None)
         data = (b"\xef\xbb\xbf" if number == 3 else b"") + text.encode() + b"\n"
-        if name.endswith(".gz"):
-            data = gzip.compress(data)
-        elif name.endswith(".zst"):
-            data = zstandard.ZstdCompressor().compress(data)
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        path.write_bytes(stored(name, data))
     return folder
 
 
@@ -95,16 +90,7 @@ def test_every_element_once_plain_files_cut_between_elements(folder):
 
 
 def test_exact_resume_and_elastic_resume_inside_a_file(folder):
-    whole = keys_of(loader_of(sources(folder), batch_size=4))
-    loader = loader_of(sources(folder), batch_size=4)
-    first = keys_of(take(loader, 9))
-    same = loader_of(sources(folder), batch_size=4)
-    same.load_state_dict(roundtrip(loader.state_dict()))
-    assert first + keys_of(same) == whole
-    other = loader_of(sources(folder), batch_size=6, workers=1)
-    other.load_state_dict(roundtrip(loader.state_dict()))
-    seen = counted(first, keys_of(other))
-    assert set(seen) == array_keys() and max(seen.values()) == 1
+    check_resume(sources(folder), array_keys())
     # one file, without shuffling: the resumed loader goes on at the next row of the file
     path = str(folder / "a.json")
     loader = wdstream.DataLoader(wdstream.StreamingDataset(path, shuffle=False), batch_size=7)

@@ -14,10 +14,10 @@ import pytest
 import wdstream
 from tests.support.raw_data import (
     JSONL_FILES,
+    check_resume,
     counted,
     jsonl_keys,
     keys_of,
-    loader_of,
     roundtrip,
     take,
     upload_tree,
@@ -56,16 +56,7 @@ def test_every_row_once_plain_files_cut_at_line_ends(folder):
 
 
 def test_exact_resume_and_elastic_resume(folder):
-    whole = keys_of(loader_of(str(folder), batch_size=4))
-    loader = loader_of(str(folder), batch_size=4)
-    first = keys_of(take(loader, 9))
-    same = loader_of(str(folder), batch_size=4)
-    same.load_state_dict(roundtrip(loader.state_dict()))
-    assert first + keys_of(same) == whole
-    other = loader_of(str(folder), batch_size=6, workers=1)
-    other.load_state_dict(roundtrip(loader.state_dict()))
-    seen = counted(first, keys_of(other))
-    assert set(seen) == jsonl_keys() and max(seen.values()) == 1
+    check_resume(str(folder), jsonl_keys())
 
 
 @pytest.mark.slow
