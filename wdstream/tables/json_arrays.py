@@ -1,9 +1,11 @@
 """The elements of a JSON array of objects (``[{...}, {...}]``, what ``datasets``'
 ``to_json(lines=False)`` and pandas' ``orient="records"`` write), found without parsing the
-document: ``ArrayScanner`` follows strings, escapes and nesting through reads of any size,
-jumping between structural characters with regular expressions (a Python step per bracket
-and per string cut by a read, none per byte), and gives each element's byte range. Its
-memory is the read at hand; ``elements`` also holds the element being read.
+document: ``ArrayScanner`` follows strings, escapes and nesting through reads of any size
+and gives each element's byte range. Regular expressions do the byte-level work: one
+matches a comma and the whole object after it (nested at most ``RUN_DEPTH`` levels, whole in
+the read); others jump between the brackets of the rest (a Python step per bracket and per
+string cut by a read, none per byte). Its memory is the read at hand; ``elements`` also
+holds the element being read.
 
 Everything is checked as it is scanned: an element that is not an object, a missing comma,
 a string or an element never closed, an element longer than the row limit or nested deeper
