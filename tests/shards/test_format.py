@@ -563,10 +563,14 @@ def test_lists_of_one_member_samples_group_as_members_one_by_one(monkeypatch):
     same samples, strays and errors as member by member, wherever the lists are cut."""
     rng = random.Random(5)
     pieces = ["a", "b", "Σ", "x1", ".", ".", "/", "_", "__", "\n", "JSON", "__key__", "ΑΣ"]
-    for case in range(400):
+    for case in range(600):
         names = []
+        # a third of the cases: one extension for (nearly) every name, as most shards have
+        one = rng.choice(['json', 'TXT', 'x.y', 'ΑΣ', 'a.json']) if case % 3 == 2 else None
         for i in range(rng.randrange(1, 40)):
-            if case % 3 and rng.random() < 0.9:  # mostly the usual shape
+            if one is not None and rng.random() < 0.97:
+                names.append(f"{rng.choice(['', 'k.', 'k'])}{i:04d}.{one}")
+            elif case % 3 and rng.random() < 0.9:  # mostly the usual shape
                 names.append(f"{i:04d}.{rng.choice(['json', 'TXT', 'cls', 'x.y', 'ΑΣ'])}")
             else:
                 names.append("".join(rng.choice(pieces) for _ in range(rng.randrange(1, 6))))

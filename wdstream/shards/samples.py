@@ -237,15 +237,37 @@ def _one_member_samples(batch: list[tuple[str, bytes]], key: str | None
     if "/" in joined or joined.count("\n") != len(names) - 1 or joined[:1] in "._" \
             or "\n." in joined or "\n_" in joined:
         return None
+    split = _one_extension(joined, names) or _extensions(names)
+    if split is None:
+        return None
+    keys, exts = split
+    if keys[0] == key or any(map(eq, keys, islice(keys, 1, None))) \
+            or not _RESERVED.isdisjoint(exts):
+        return None
+    return keys, exts, payloads
+
+
+def _one_extension(joined: str, names: list[str]) -> tuple[list[str], list[str]] | None:
+    """``(keys, extensions)`` of names (``joined``: them joined by newlines, none holding
+    one) that all have one dot, followed by the first name's extension: the keys in one
+    split, one ``str`` for every extension; None when they are not all so."""
+    ext = names[0][names[0].find(".") + 1 :]
+    suffix = "." + ext
+    count = len(names)
+    # as many dots as names, and as many ending in the extension: each name's one dot
+    if not ext or joined.count(".") != count or not joined.endswith(suffix) \
+            or joined.count(suffix + "\n") != count - 1:
+        return None
+    keys = joined[: -len(suffix)].replace(suffix + "\n", "\n").split("\n")
+    return keys, [ext.lower()] * count
+
+
+def _extensions(names: list[str]) -> tuple[list[str], list[str]] | None:
+    """``(keys, extensions)`` of names each split at its first dot; None when one has none."""
     parts = list(map(str.partition, names, repeat(".")))
     if "" in map(itemgetter(1), parts):  # a name without a dot
         return None
-    keys = list(map(itemgetter(0), parts))
-    if keys[0] == key or any(map(eq, keys, islice(keys, 1, None))):
+    exts = "\n".join(map(itemgetter(2), parts)).lower().split("\n")
+    if len(exts) != len(parts):
         return None
-    exts = list(map(itemgetter(2), parts))
-    lowered = "\n".join(exts).lower()
-    exts = lowered.split("\n")
-    if len(exts) != len(keys) or not _RESERVED.isdisjoint(exts):
-        return None
-    return keys, exts, payloads
+    return list(map(itemgetter(0), parts)), exts
