@@ -473,6 +473,10 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
     web = {"path": f"s3://{bucket}/web/", "type": "pretrain"}
     alpaca = {"path": f"s3://{bucket}/alpaca/", "type": "alpaca"}
     raw = {"path": f"s3://{bucket}/alpaca-raw/", "type": "alpaca"}
+    arrays = root / "json-arrays"  # a folder of .json files, each a JSON array of records
+    arrays.mkdir(exist_ok=True)
+    records = [json.loads(line) for line in (root / "alpaca.jsonl").read_text().splitlines()]
+    (arrays / "train.json").write_text(json.dumps(records, indent=1))
     cases = [
         ({"datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}]}, None),
         ({"datasets": [alpaca, {"path": "tatsu-lab/alpaca", "type": "alpaca"}]},
@@ -526,6 +530,10 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
          "several examples of a record"),
         ({"datasets": [alpaca], "excess_length_strategy": "drop"},
          "max_steps: excess_length_strategy: drop leaves out examples"),
+        # a local folder of .json arrays streams; its columns are its first record's
+        ({"datasets": [{"path": str(arrays), "type": "alpaca"}]}, ["datasets"]),
+        ({"datasets": [{"path": str(arrays), "type": "chat_template"}]},
+         "train.json has no column 'messages', which type 'chat_template' reads"),
         # a JSON Lines file's columns: its first row's
         ({"datasets": [{"path": str(root / "alpaca.jsonl"), "type": "chat_template"}]},
          "alpaca.jsonl has no column 'messages', which type 'chat_template' reads (its "

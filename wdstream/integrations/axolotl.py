@@ -40,7 +40,7 @@ from wdstream.stages.config.keys import DATASET_KEYS, TRAINER_KEYS, check_values
 from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.load.contract import world_info
 from wdstream.stream.load.loader import DataLoader
-from wdstream.tables.files import file_format
+from wdstream.tables.files import file_format, listed_names
 
 # under axolotl's name: its console shows the INFO records of its own loggers only
 log = logging.getLogger("axolotl.integrations.wdstream")
@@ -159,13 +159,14 @@ def is_streamed(path) -> bool:
 
 
 def _holds_data(folder: str) -> bool:
-    """Whether a local folder holds shards, a manifest or raw files (at any depth)."""
-    for _root, _dirs, names in os.walk(folder):
-        if any(name == "index.json" or name.endswith(".tar") or (
-                file_format(name) is not None and not name.endswith(".json"))
-               for name in names):
+    """Whether a local folder holds shards, a manifest or raw files (at any depth; ``.json``
+    files where they are its only raw files, as its listing takes them)."""
+    found = []
+    for root, _dirs, names in os.walk(folder):
+        if any(name == "index.json" or name.endswith(".tar") for name in names):
             return True
-    return False
+        found += [os.path.join(root, name) for name in names]
+    return bool(listed_names(found))
 
 
 def wdstream_config(cfg) -> dict | None:
