@@ -79,7 +79,7 @@ class ArrayScanner:
             else:
                 if self.state == AFTER and self.most_depth >= RUN_DEPTH:
                     pos = self._run(data, pos, found)
-                pos = _BLANK.match(data, pos).end()
+                pos = _BLANK.match(data, pos).end()  # type: ignore[union-attr]  # matches "" at least
                 if pos < size:
                     self._between(data[pos], pos)
                     pos += 1
@@ -110,13 +110,13 @@ class ArrayScanner:
                 self.state, pos = STRING, pos + 1
                 continue
             if self.state == STRING:
-                pos = _STRING.match(data, pos).end()
+                pos = _STRING.match(data, pos).end()  # type: ignore[union-attr]  # matches "" at least
                 if pos == size:
                     return pos
                 self.state = INSIDE if data[pos] == 0x22 else ESCAPE  # '"', or a last "\"
                 pos += 1
                 continue
-            pos = _INSIDE.match(data, pos).end()
+            pos = _INSIDE.match(data, pos).end()  # type: ignore[union-attr]  # matches "" at least
             if pos == size:
                 return pos
             byte = data[pos]
