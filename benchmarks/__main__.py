@@ -130,14 +130,35 @@ def print_tables(name: str, title: str, rows: list[dict], seconds: float) -> Non
 # --------------------------------------------------------------------------- the results file
 
 
-def section(name: str, title: str, summary: str, rows: list[dict], seconds: float,
+def busy_seconds() -> tuple[float, float]:
+    """CPU seconds so far: the machine's (user, nice and system time from /proc/stat; the
+    kernel's interrupt work and the hypervisor's steal left out) and the suite's own (this
+    process and the children it reaped: the cases, their DataLoader workers, the servers)."""
+    with open("/proc/stat") as stat:
+        user, nice, system = (int(v) for v in stat.readline().split()[1:4])
+    mine = os.times()
+    return ((user + nice + system) / os.sysconf("SC_CLK_TCK"),
+            mine.user + mine.system + mine.children_user + mine.children_system)
+
+
+def others_cpu(before: tuple[float, float], seconds: float) -> str:
+    """How quiet the machine was since ``before`` (``busy_seconds()``): the CPU time other
+    processes took, in seconds and as a share of the machine's cores."""
+    machine, suite = (after - start for after, start in zip(busy_seconds(), before,
+                                                            strict=True))
+    others = max(0.0, machine - suite)
+    share = others / (seconds * (os.cpu_count() or 1)) if seconds > 0 else 0.0
+    return f"other processes {others:.1f} CPU s ({share:.1%} of the machine)"
+
+
+def section(name: str, title: str, summary: str, rows: list[dict], took: str,
             quick: bool, when: str) -> str:
     parts = [f"<!-- benchmark:{name} -->", f"## {title}", ""]
     if summary:
         parts += [summary, ""]
     parts += [f"`python -m benchmarks --only {name}{' --quick' if quick else ''}`: "
               f"{'quick sizes' if quick else 'full sizes'}, {common.RUNS} run(s) per case, "
-              f"medians; {when}; took {seconds:.0f} s.", ""]
+              f"medians; {when}; {took}.", ""]
     for caption, columns, members, notes in tables(rows):
         if caption:
             parts += [f"**{caption}**", ""]
@@ -242,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at its start, "
                 f"{common.memory_settings()}")
         common.log(f"benchmark {name}: starting ({'quick' if args.quick else 'full'} sizes)")
+        cpu = busy_seconds()
         module = importlib.import_module(f"{__package__}.{name}")
         title = getattr(module, "TITLE", name)
         summary = (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
@@ -253,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         seconds = time.monotonic() - started
         print_tables(name, title, rows, seconds)
-        sections[name] = section(name, title, summary, rows, seconds, args.quick, when)
+        took = f"took {seconds:.0f} s, {others_cpu(cpu, seconds)}"
+        sections[name] = section(name, title, summary, rows, took, args.quick, when)
     if sections and not args.no_write:
         write_results(args.output, info, sections, args.quick, list(sections))
         common.log(f"results written to {args.output}")

@@ -6,9 +6,12 @@ nginx data plane itself: tests/benchmarks/test_data_plane.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from benchmarks.__main__ import write_results
+from benchmarks.__main__ import busy_seconds, others_cpu, write_results
 
 
 def test_a_rewrite_keeps_other_sections_and_nothing_written_by_hand(tmp_path):
@@ -30,6 +33,18 @@ def test_a_rewrite_keeps_other_sections_and_nothing_written_by_hand(tmp_path):
     assert "old resume" in text
     assert "kept by hand" not in text and "note:relayout" not in text
     assert text.index("<!-- /benchmark:read -->") < text.index("<!-- benchmark:resume -->")
+
+
+def test_a_sections_quiet_figure_counts_the_suites_reaped_children_as_its_own():
+    before = busy_seconds()
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                    "while time.process_time() < end: pass"], check=True)
+    machine, suite = (after - start for after, start in zip(busy_seconds(), before,
+                                                            strict=True))
+    assert suite >= 0.5 and machine >= 0.4  # /proc/stat counts in ticks
+    text = others_cpu(before, 10.0)
+    assert text.startswith("other processes ") and "CPU s (" in text
+    assert others_cpu((float("inf"), 0.0), 10.0).startswith("other processes 0.0 CPU s (0.0%")
 
 
 @pytest.mark.slow
