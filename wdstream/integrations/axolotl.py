@@ -552,7 +552,6 @@ class Batches:
         return self.pad(examples)
 
 
-
 def one_example(formats: dict, sample: dict) -> dict:
     """A sample's one example, formatted by its source's prompt format (``formats``)."""
     found = formats[sample["__source__"]]
