@@ -1,8 +1,9 @@
 """The benchmark suite's plumbing that the results page depends on: a rewrite of
 docs/benchmarks-results.md keeps the sections of benchmarks not run and nothing written by hand,
 and the local S3 server the suite (and these tests) start serves uploads; a case's clock starts
-after a full garbage collection; without nginx the link suite says so and uses its proxy (the
-nginx data plane itself: tests/benchmarks/test_data_plane.py)."""
+after a full garbage collection; a section's figure of how quiet the machine was counts the
+suite's own reaped processes as the suite's; without nginx the link suite says so and uses its
+proxy (the nginx data plane itself: tests/benchmarks/test_data_plane.py)."""
 
 from __future__ import annotations
 
