@@ -134,10 +134,9 @@ def busy_seconds() -> tuple[float, float]:
     """CPU seconds so far: the machine's (user, nice and system time from /proc/stat; the
     kernel's interrupt work and the hypervisor's steal left out) and the suite's own (this
     process and the children it reaped: the cases, their DataLoader workers, the servers)."""
-    with open("/proc/stat") as stat:
-        user, nice, system = (int(v) for v in stat.readline().split()[1:4])
+    machine = common.machine_cpu()
     mine = os.times()
-    return ((user + nice + system) / os.sysconf("SC_CLK_TCK"),
+    return (machine["user"] + machine["nice"] + machine["system"],
             mine.user + mine.system + mine.children_user + mine.children_system)
 
 

@@ -569,6 +569,17 @@ def source_version() -> str:
     return f"{head}{' + uncommitted changes in wdstream/' if dirty else ''}"
 
 
+def machine_cpu() -> dict[str, float]:
+    """The whole machine's CPU seconds so far by kind, from /proc/stat's first line (user,
+    nice, system, irq, softirq; idle, I/O wait and the hypervisor's steal left out)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:8]]
+    hertz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq = ticks
+    return {"user": user / hertz, "nice": nice / hertz, "system": system / hertz,
+            "irq": irq / hertz, "softirq": softirq / hertz}
+
+
 def machine_date() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 

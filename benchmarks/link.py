@@ -729,15 +729,12 @@ def _cpu(server_pids: list[int], plane_pids: list[int]) -> dict:
     def cpu_of(pids: list[int]) -> float:
         return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
-    with open("/proc/stat") as stat:
-        ticks = [int(v) for v in stat.readline().split()[1:]]
-    hertz = os.sysconf("SC_CLK_TCK")
-    user, nice, system, _idle, _iowait, irq, softirq = ticks[:7]
+    machine = common.machine_cpu()
     return {"reader": mine.children_user + mine.children_system,
             "server": cpu_of(server_pids), "plane": cpu_of(plane_pids),
             "proxy": mine.user + mine.system,
-            "interrupts": (irq + softirq) / hertz,
-            "machine": (user + nice + system + irq + softirq) / hertz}
+            "interrupts": machine["irq"] + machine["softirq"],
+            "machine": sum(machine.values())}
 
 
 def _cpu_columns(result: dict, nbytes=None) -> dict:
