@@ -269,3 +269,9 @@ def test_ls_verify_and_cat_take_one_json_file_of_rows(tmp_path, cli_env):
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0 and words in result.stdout, (command, result.stdout,
                                                                    result.stderr)
+    (tmp_path / "lines.jsonl").write_text("".join(json.dumps(row) + "\n"
+                                                 for row in rows_of("l", 5)))
+    for name, shown in (("train.json", "json"), ("lines.jsonl", "jsonl")):
+        listed = subprocess.run(["wdstream", "ls", str(tmp_path / name), "--json"], env=cli_env,
+                                capture_output=True, text=True, timeout=120)
+        assert json.loads(listed.stdout)["formats"] == [shown], listed.stderr

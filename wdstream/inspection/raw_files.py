@@ -12,6 +12,7 @@ import numpy as np
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.stream.read.resolve import resolve_source
+from wdstream.tables.jsonl import ARRAY
 from wdstream.tables.reads import Access
 from wdstream.tables.units import UnitTable
 
@@ -39,8 +40,10 @@ def raw_units(source, opener: str | None = None) -> UnitTable:
 
 
 def summarize(table: UnitTable) -> list[FileSummary]:
-    """Per file: its format, units, rows and bytes."""
-    found = [FileSummary(f.name, f.url, f.format, 0, 0, f.size) for f in table.files]
+    """Per file: its format ("json" for a JSON array, read as JSON Lines are), units, rows
+    and bytes."""
+    found = [FileSummary(f.name, f.url, "json" if metadata == ARRAY else f.format, 0, 0, f.size)
+             for f, metadata in zip(table.files, table.metadata, strict=True)]
     for file, rows in zip(table.file.tolist(), table.samples.tolist(), strict=True):
         found[file].units += 1
         found[file].rows += rows

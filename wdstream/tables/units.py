@@ -199,6 +199,13 @@ def cut_units(source: str, files: Sequence[RawFile], options: RawOptions,
     return UnitTable(source, files, file_units, options)
 
 
+def _described(files: Sequence[RawFile]) -> str:
+    """"JSON Lines files", or "JSON Lines or JSON array files" when a name ends in ``.json``
+    (which holds either, as its scan finds)."""
+    arrays = any(f.name.endswith((".json", ".json.gz", ".json.zst")) for f in files)
+    return "JSON Lines or JSON array files" if arrays else "JSON Lines files"
+
+
 def _cut(source: str, files: Sequence[RawFile], options: RawOptions, access: Access,
            ahead: Cutters | None, index: tuple[dict, str] | None) -> list[FileUnits]:
     lines = [f for f in files if f.format == "jsonl"]
@@ -208,9 +215,9 @@ def _cut(source: str, files: Sequence[RawFile], options: RawOptions, access: Acc
     else:
         indexed = {}
         if lines:
-            log.warning("%s: counting the rows of %d JSON Lines files (%d bytes) by reading "
-                        "them whole; `wdstream index %s --output URL` records them once",
-                        source, len(lines), sum(f.size for f in lines), source)
+            log.warning("%s: counting the rows of %d %s (%d bytes) by reading them whole; "
+                        "`wdstream index %s --output URL` records them once", source, len(lines),
+                        _described(lines), sum(f.size for f in lines), source)
     todo = [f for f in files if f not in indexed]
     cut_now = iter(ahead.units(todo) if ahead is not None and ahead.started
                    else cut_in_processes(todo, access, cut_files))
