@@ -511,6 +511,13 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
         ({"datasets": [dict(raw, split="train+test")]},
          "datasets[0] (s3://" + bucket + "/alpaca-raw/): split 'train+test': a stream reads "
          "one split"),
+        # a slice of a split: rows of raw files, in any entry; shards stream whole
+        ({"datasets": [dict(alpaca, split="train[:50%]")]},
+         f"datasets[0] (s3://{bucket}/alpaca/): s3://{bucket}/alpaca/: rows apply to raw "
+         "files only (Parquet, JSON Lines, Arrow), and these are shards, streamed whole"),
+        ({"pretraining_dataset": [{"path": f"s3://{bucket}/web-raw/", "type": "pretrain",
+                                   "split": "train[:50%]"}], "sequence_len": 32},
+         ["pretraining_dataset"]),
         # the columns the prompt format reads, from the Parquet schema
         ({"datasets": [raw, dict(raw, type="chat_template", label="chats")]},
          f"datasets[1] (s3://{bucket}/alpaca-raw/): s3://{bucket}/alpaca-raw/part-0.parquet "

@@ -1,8 +1,8 @@
 """from_config over raw files: a trainer config whose datasets are a Parquet folder and a
 JSON Lines folder (type completion / pretrain, text_column / field) streams them without a
 pack step, packed into sequences, and resumes exactly; the Hugging Face Hub's layout
-(<path>/<name>/<split>-*.parquet) by name and split, or by a data_files pattern; a
-pre-tokenized column packs without a tokenizer."""
+(<path>/<name>/<split>-*.parquet) by name and split, or by a data_files pattern; files
+naming no split as the train split; a pre-tokenized column packs without a tokenizer."""
 
 from __future__ import annotations
 
@@ -73,6 +73,23 @@ def test_hub_layout_by_name_and_split_or_data_files(root):
     by_files = wdstream.from_config(config(root, datasets=[
         {"path": str(root / "hub"), "data_files": ["default/test-*.parquet"]}]))
     assert len(list(by_files)) == 12
+
+
+def test_split_train_of_files_that_name_no_split_is_the_path_itself(tmp_path):
+    """As ``datasets`` reads a folder or a file whose names say no split: all of it is
+    ``train``; a folder of another split is not."""
+    write_parquet(tmp_path / "plain", [("a.parquet", 20, 10), ("b.parquet", 7, 10)])
+    write_parquet(tmp_path / "tested", [("test/a.parquet", 5, 10)])
+
+    def dataset(path, split):
+        return wdstream.from_config({"datasets": [{"path": str(path), "split": split}]})
+
+    assert len(rows_of(dataset(tmp_path / "plain", "train"))) == 27
+    assert rows_of(dataset(tmp_path / "plain" / "a.parquet", "train[:50%]")) == sorted(
+        f"a.parquet:{i}" for i in range(10))
+    for path, split in ((tmp_path / "tested", "train"), (tmp_path / "plain", "test")):
+        with pytest.raises(wdstream.errors.WdstreamError, match=f"{split}/: not found"):
+            dataset(path, split)
 
 
 def test_a_pre_tokenized_column_packs_without_a_tokenizer(root):

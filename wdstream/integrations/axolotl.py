@@ -21,7 +21,6 @@ from wdstream.integrations.axolotl_checks import (
     WHERE,
     check_columns,
     check_keys,
-    label_of,
 )
 from wdstream.integrations.axolotl_packing import (
     PackedExamples,
@@ -31,7 +30,6 @@ from wdstream.integrations.axolotl_packing import (
     packed_examples,
     tests_split,
 )
-from wdstream.integrations.axolotl_slices import row_slices, split_slice
 from wdstream.integrations.hf_trainer import steps, use_loader
 from wdstream.sources import urls
 from wdstream.sources.stores import store_for
@@ -70,9 +68,7 @@ class WdstreamPlugin(BasePlugin):
         super().__init__()
         self.written: dict | None = None  # the wdstream config taken from the file
         self.mix = None
-        self.slices: dict = {}  # the entries' slices of a split (split: train[:20%])
         self.tests = None  # the test_datasets: entries' mixture
-        self.test_slices: dict = {}
         self.loader = None
         self.shown_rows = 0  # rows --debug renders (axolotl's schema drops the key)
 
@@ -101,10 +97,6 @@ class WdstreamPlugin(BasePlugin):
                 self.tests = tests_mixture(self.written)
             plain = _plain(cfg)
             check_columns(self.mix, plain, self.tests)
-            if self.written.get("datasets"):
-                self.slices = row_slices(self.mix, _listed(plain.get("datasets")))
-            if self.tests is not None:
-                self.test_slices = row_slices(self.tests, _listed(plain.get(TESTS)), TESTS)
             if self.written.get("datasets") and not cfg.get("max_steps"):
                 check_one_each(_listed(plain.get("datasets")), cfg)
 
@@ -116,21 +108,20 @@ class WdstreamPlugin(BasePlugin):
             return None
         tokenizer = load_tokenizer(cfg)
         if preprocess or (self.shown_rows and world_info()[0] == 0):
-            preview(cfg, self.written, tokenizer, self.slices, preprocess,
-                    self.shown_rows or DEBUG_EXAMPLES)
+            preview(cfg, self.written, tokenizer, preprocess, self.shown_rows or DEBUG_EXAMPLES)
         if preprocess:  # nothing to write: the data is tokenized while training
             return TrainDatasetMeta(train_dataset=None, eval_dataset=None, total_num_steps=0)
-        self.loader = make_loader(cfg, self.written, self.mix, tokenizer, self.slices)
+        self.loader = make_loader(cfg, self.written, self.mix, tokenizer)
         total = cfg.max_steps or steps(self.loader, cfg.num_epochs or 1,
                                        cfg.gradient_accumulation_steps or 1)
         evaluated = None
         if held_out_share(cfg):
             evaluated = eval_split(mixture(self.written), self.written,
-                                   prompt_formats(self.mix, tokenizer, cfg), cfg, self.slices)
+                                   prompt_formats(self.mix, tokenizer, cfg), cfg)
         elif self.tests is not None:
             evaluated = tests_split(self.tests, self.written,
                                    prompt_formats(self.tests, tokenizer, cfg, cfg.test_datasets),
-                                   cfg, self.test_slices)
+                                   cfg)
         return TrainDatasetMeta(train_dataset=StreamColumns(self.loader.dataset),
                                 eval_dataset=evaluated, total_num_steps=total)
 
@@ -184,8 +175,7 @@ def wdstream_config(cfg) -> dict | None:
     else:  # the prompt strategy's keys are axolotl's: from_config gets the stream's
         for key in ("datasets", TESTS):
             if entries[key]:
-                config[key] = [_stream_keys(entry, label_of(key, index, entry))
-                               for index, entry in enumerate(entries[key])]
+                config[key] = [_stream_keys(entry) for entry in entries[key]]
     return config
 
 
@@ -338,15 +328,14 @@ def _debug_examples(cfg) -> int:
     return int(cfg.get("debug_num_examples") or DEBUG_EXAMPLES)
 
 
-def preview(cfg, config: dict, tokenizer, slices: dict | None, preprocess: bool,
-            wanted: int) -> None:
+def preview(cfg, config: dict, tokenizer, preprocess: bool, wanted: int) -> None:
     """Check the run's plan and log its first ``wanted`` rows as axolotl's ``--debug`` does
     (each token with its label), from a loader of their own in this process: the training loader is not
     touched, so its epoch and state stay those of a run without a preview. The loader
     is closed when the rows are taken (its workers end)."""
     from axolotl.utils.tokenization import check_example_labels
 
-    loader = make_loader(cfg, config, mixture(config), tokenizer, slices)
+    loader = make_loader(cfg, config, mixture(config), tokenizer)
     rows = 0
     batches = iter(loader)
     for batch in batches:
@@ -385,16 +374,16 @@ def _sized(loader) -> bool:
     return True
 
 
-def make_loader(cfg, config: dict, mix, tokenizer, slices: dict | None = None):
+def make_loader(cfg, config: dict, mix, tokenizer):
     """The ``wdstream.DataLoader`` of the run: ``micro_batch_size`` per rank,
-    ``dataloader_num_workers`` workers, batches made by ``Batches`` (packed rows, a held-out
-    share or slices of splits: ``PackedExamples``)."""
+    ``dataloader_num_workers`` workers, batches made by ``Batches`` (with ``max_steps``:
+    ``PackedExamples``, packed rows or one example a row)."""
     formats = None
     if config.get("datasets"):
         dataset = mix
         formats = prompt_formats(mix, tokenizer, cfg)
-        if cfg.max_steps or slices:
-            dataset = packed_examples(mix, config, formats, cfg, slices)
+        if cfg.max_steps:
+            dataset = packed_examples(mix, config, formats, cfg)
             formats = None
         else:
             check_one_each(_listed(cfg.datasets), cfg, formats)
@@ -588,14 +577,11 @@ def _ints(value) -> list:
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
-def _stream_keys(entry, where: str):
-    """An entry's keys ``from_config`` reads (a split without its slice)."""
+def _stream_keys(entry):
+    """An entry's keys ``from_config`` reads."""
     if not isinstance(entry, dict):
         return entry
-    kept = {key: value for key, value in entry.items() if key in DATASET_KEYS and key != "type"}
-    if isinstance(kept.get("split"), str):
-        kept["split"] = split_slice(kept["split"], where)[0]
-    return kept
+    return {key: value for key, value in entry.items() if key in DATASET_KEYS and key != "type"}
 
 
 def _listed(value) -> list:

@@ -264,41 +264,30 @@ def _parse(position) -> tuple[int, object, int, object]:
 DEFAULT_BUFFER = 1000  # records packed together by default (wdstream: {packing_buffer: N})
 
 
-def packed_examples(mix, config: dict, formats: dict, cfg,
-                    slices: dict | None = None) -> PackedExamples:
+def packed_examples(mix, config: dict, formats: dict, cfg) -> PackedExamples:
     """The ``datasets:`` mixture's records formatted by their entries' prompt formats, the
-    rows ``val_set_size`` holds out and those outside a split's slice (``slices``) left out,
-    packed into ``sequence_len`` rows (``sample_packing: true``; else one example a row)."""
-    slices = slices or {}
-    return PackedExamples(mix, SourceFormats(formats, held_out_share(cfg), cfg.seed or 0,
-                                             slices=slices),
+    rows ``val_set_size`` holds out left out, packed into ``sequence_len`` rows
+    (``sample_packing: true``; else one example a row)."""
+    return PackedExamples(mix, SourceFormats(formats, held_out_share(cfg), cfg.seed or 0),
                           cfg.sequence_len,
                           buffer=config.get("packing_buffer", DEFAULT_BUFFER)
                           if cfg.sample_packing else 1,
                           excess=(cfg.excess_length_strategy or "drop").lower(),
                           pack=bool(cfg.sample_packing),
-                          identity=json.dumps([held_out_share(cfg), cfg.seed or 0,
-                                               sorted((str(name), cut.start, cut.stop)
-                                                      for name, cut in slices.items())]))
+                          identity=json.dumps([held_out_share(cfg), cfg.seed or 0]))
 
 
 class SourceFormats:
     """A sample of a mixture formatted by its source's prompt format (``__source__``); with
     ``share`` (``val_set_size``), only the samples ``held_out`` says are ``held`` (the eval
-    split) or not (training) give examples; with ``slices`` (``RowSlice`` by source), only
-    the rows of a source's slice."""
+    split) or not (training) give examples."""
 
-    def __init__(self, formats: dict, share: float = 0.0, seed: int = 0, held: bool = False,
-                 slices: dict | None = None):
+    def __init__(self, formats: dict, share: float = 0.0, seed: int = 0, held: bool = False):
         self.formats, self.share, self.seed, self.held = formats, share, seed, held
-        self.slices = slices or {}
 
     def __call__(self, sample: dict) -> list[dict]:
         from wdstream.integrations.axolotl import record_of
 
-        cut = self.slices.get(sample["__source__"])
-        if cut is not None and not cut.holds(sample["__key__"]):
-            return []
         if self.share and held_out(sample, self.share, self.seed) != self.held:
             return []
         return [{key: example[key] for key in ("input_ids", "attention_mask", "labels")
@@ -322,15 +311,14 @@ def held_out(sample: dict, share: float, seed: int = 0) -> bool:
 DEFAULT_EVAL_EXAMPLES = 1000  # held-out examples evaluated (wdstream: {eval_examples: N})
 
 
-def eval_split(mix, config: dict, formats: dict, cfg, slices: dict | None = None):
+def eval_split(mix, config: dict, formats: dict, cfg):
     """The eval dataset of ``val_set_size``: the first ``eval_examples`` examples of the
     rows ``held_out`` sets apart, in the order of the mixture's first pass as one process
     reads it (the same on every rank), as a ``datasets.Dataset`` axolotl evaluates as its own
     (packed with ``eval_sample_packing``)."""
     import datasets
 
-    make = SourceFormats(formats, held_out_share(cfg), cfg.seed or 0, held=True,
-                         slices=slices)
+    make = SourceFormats(formats, held_out_share(cfg), cfg.seed or 0, held=True)
     limit = config.get("eval_examples", DEFAULT_EVAL_EXAMPLES)
     examples = first_examples(samples_of(mix), make, cfg, limit)
     if not examples:
@@ -339,7 +327,7 @@ def eval_split(mix, config: dict, formats: dict, cfg, slices: dict | None = None
     return datasets.Dataset.from_list(examples)
 
 
-def tests_split(mix, config: dict, formats: dict, cfg, slices: dict | None = None):
+def tests_split(mix, config: dict, formats: dict, cfg):
     """The eval dataset of ``test_datasets:`` entries (``mix``: their mixture, whose weights
     play no part): of each entry in turn, its first examples as one process reads its first
     pass (the same on every rank), ``eval_examples`` in all shared equally between the
@@ -348,7 +336,7 @@ def tests_split(mix, config: dict, formats: dict, cfg, slices: dict | None = Non
 
     from wdstream.integrations.axolotl_checks import label_of
 
-    make = SourceFormats(formats, slices=slices)
+    make = SourceFormats(formats)
     each = max(config.get("eval_examples", DEFAULT_EVAL_EXAMPLES) // len(mix.datasets), 1)
     examples = []
     for index, (name, dataset) in enumerate(zip(mix.names, mix.datasets, strict=True)):

@@ -199,7 +199,7 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
             f"folder, e.g. {printable(example)}")
     splits: dict[str, str] = {}
     for file in files:
-        split = _split_of(file.name)
+        split = split_of(file.name)
         if split is not None:
             splits.setdefault(split, file.name)
     if len(splits) > 1:
@@ -210,7 +210,7 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
         if folder_of.rstrip("/").rsplit("/", 1)[-1] in SPLIT_WORDS:
             example = urlmod.join(folder, folder_of)
         else:
-            example = urlmod.join(folder, f"{folder_of}{_split_of(first)}-*")
+            example = urlmod.join(folder, f"{folder_of}{split_of(first)}-*")
         raise InputError(
             f"{printable(folder)}: holds the files of several splits: {named}; a dataset "
             f"streams one split: pass its folder or a pattern of its files, e.g. "
@@ -222,7 +222,7 @@ def _preferred(splits: list[str]) -> str | None:
     return "train" if "train" in splits else next(iter(splits), None)
 
 
-def _split_of(name: str) -> str | None:
+def split_of(name: str) -> str | None:
     """The split a file's path names: a folder called ``train``, ``test``, ``validation``...
     on its way, or else the first word of its name (``train-00000-of-00002.parquet``)."""
     *folders, base = name.split("/")

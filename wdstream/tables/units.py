@@ -24,6 +24,7 @@ from wdstream.tables.jsonl import JsonLinesFormat
 from wdstream.tables.node_units import NodeUnits
 from wdstream.tables.parquet import ParquetFormat, check_columns
 from wdstream.tables.reads import Access, check_unchanged, reads_check_version
+from wdstream.tables.row_range import RowRange
 from wdstream.tables.unit_index import indexed_units, read_index
 from wdstream.tables.unit_processes import Cutters, cpu_share, cut_in_processes
 
@@ -48,11 +49,12 @@ class Totals:
 class RawOptions:
     """What a raw source is read as: ``columns`` (None: all), the ``key_column`` whose value
     is a row's ``__key__`` (None: file and row number), the ``index`` of its JSON Lines files
-    (a URL; None: they are scanned)."""
+    (a URL; None: they are scanned), the ``rows`` streamed (None: all)."""
 
     columns: tuple[str, ...] | None = None
     key_column: str | None = None
     index: str | None = None
+    rows: RowRange | None = None
 
     @property
     def read_columns(self) -> tuple[str, ...] | None:
@@ -62,8 +64,10 @@ class RawOptions:
 
 
 class UnitTable:
-    """Units of raw files as arrays (file, part, end, first row, rows), the files, and the
-    metadata each file's units are read with."""
+    """Units of raw files as arrays (file, part, end, first row, rows as cut), the files, and
+    the metadata each file's units are read with. ``samples``: the rows of each unit streamed,
+    after the first ``skip`` of them; all of them unless ``options.rows`` keeps a range, when
+    only the units holding rows of the range are kept."""
 
     def __init__(self, source: str, files: Sequence[RawFile], file_units: Sequence[FileUnits],
                  options: RawOptions):
@@ -73,9 +77,28 @@ class UnitTable:
                  for i, cut in enumerate(file_units) for u in cut.units]
         if not units:
             raise ShardError(f"{printable(source)}: its files hold no rows")
-        file, part, end, first, rows = np.asarray(units, dtype=np.int64).T
-        self.file, self.part, self.end, self.first_row = file, part, end, first
-        self.samples = rows
+        cut = np.asarray(units, dtype=np.int64).T
+        self.all_rows = int(cut[4].sum())
+        columns = np.vstack([cut, np.zeros_like(cut[4]), cut[4]])
+        if options.rows is not None:
+            columns = self._in_range(columns, options.rows)
+        self.file, self.part, self.end, self.first_row, self.cut_rows, self.skip, \
+            self.samples = columns
+
+    def _in_range(self, columns: np.ndarray, rows: RowRange) -> np.ndarray:
+        """The units holding rows of ``rows`` (numbered over the files in order), each with
+        the rows before the range (``skip``) and after it left out of its samples."""
+        start, stop = rows.rows(self.all_rows)
+        ends = np.cumsum(columns[4])
+        starts = ends - columns[4]
+        kept = (ends > start) & (starts < stop)
+        if not kept.any():
+            raise InputError(f"{printable(self.source)}: rows {rows} hold none of its "
+                             f"{self.all_rows:,} rows")
+        columns, starts, ends = columns[:, kept], starts[kept], ends[kept]
+        columns[5] = np.maximum(start - starts, 0)
+        columns[6] = np.minimum(ends, stop) - starts - columns[5]
+        return columns
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -86,20 +109,25 @@ class UnitTable:
 
     @property
     def totals(self) -> Totals:
-        return Totals(int(self.samples.sum()), sum(f.size for f in self.files))
+        """The rows streamed, and the files' bytes (a range's share of them)."""
+        samples = int(self.samples.sum())
+        return Totals(samples, sum(f.size for f in self.files) * samples // self.all_rows)
 
     def fingerprint(self) -> str:
-        """Identifies the files as planned (names, sizes, tags), their units and the columns."""
+        """Identifies the files as planned (names, sizes, tags), their units and rows
+        streamed, and the columns."""
         digest = hashlib.sha256(json.dumps([self.options.columns, self.options.key_column]).encode())
         for f in self.files:
             digest.update(f"\n{f.name}\0{f.size}\0{f.tag}".encode())
-        for column in (self.file, self.part, self.end, self.samples):
+        columns = (self.file, self.part, self.end, self.samples)
+        for column in columns if self.options.rows is None else (*columns, self.skip):
             digest.update(np.ascontiguousarray(column).tobytes())
         return digest.hexdigest()[:16]
 
     def unit(self, index: int) -> tuple[RawFile, Unit]:
+        """Unit ``index`` as cut (all its rows: they are read, and counted, whole)."""
         return self.files[int(self.file[index])], Unit(
-            int(self.part[index]), int(self.samples[index]), int(self.first_row[index]),
+            int(self.part[index]), int(self.cut_rows[index]), int(self.first_row[index]),
             int(self.end[index]))
 
     def read(self, index: int, access: Access) -> Rows:
@@ -112,8 +140,10 @@ class UnitTable:
                                          self.options.read_columns, access)
 
     def samples_of(self, index: int, rows: Rows, start: int, stop: int) -> list[dict]:
-        """Rows ``start`` .. ``stop - 1`` of unit ``index`` as samples."""
+        """Samples ``start`` .. ``stop - 1`` of unit ``index`` (its rows after ``skip``)."""
         file, unit = self.unit(index)
+        skip = int(self.skip[index])
+        start, stop = start + skip, stop + skip
         samples = rows.rows(start, stop)
         first, url = unit.first_row + start, file.url
         keys: Iterable[str] = map(f"{file.name}:{{}}".format, range(first, first + len(samples)))

@@ -11,6 +11,7 @@ and ``_source``. See docs/llm.md."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -34,10 +35,16 @@ from wdstream.stages.schedule import mixture_weights
 from wdstream.stages.sequences import PackedSequences
 from wdstream.stream.load.dataset import StreamingDataset
 from wdstream.stream.plan.window import DEFAULT_SHUFFLE_START
+from wdstream.tables.files import split_of
+from wdstream.tables.row_range import BOUND
+from wdstream.tables.units import UnitTable
 
 # The names a data path of a config file may expand to (``{000000..999999}``): a pattern of
 # more is refused before braceexpand makes them all (it holds every number of a range).
 MAX_EXPANDED = 1_000_000
+DEFAULT_SPLIT = "train"  # the split of files that name none, as datasets reads them
+# A split's slice, as Hugging Face ``datasets`` writes one: ``train[:20%]``, ``train[100:200]``
+SLICED = re.compile(r"(?P<split>[^\[\]+]+)\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\]\Z")
 
 
 def from_config(config, *, allow_external_paths: bool = False,
@@ -172,40 +179,64 @@ def _entries(config: Mapping, top: dict, report: Report) -> list[tuple[str, obje
     return found
 
 
-def _source(entry: dict, origin: _Origin | None, label: str):
+def split_slice(split: str, where: str) -> tuple[str, str | None]:
+    """A ``split`` value's name and its slice's rows as ``StreamingDataset(rows=...)`` takes
+    them (``train[:20%]``: ``train``, ``:20%``; None: the whole split)."""
+    if "[" not in split and "+" not in split:
+        return split, None
+    match = SLICED.match(split.strip())
+    if match is None or any(b and not BOUND.match(b.strip()) for b in match.group("start",
+                                                                                 "stop")):
+        raise InputError(f"{where}: split {printable(repr(split))}: a stream reads one split, "
+                         "or a slice of it ('train[:20%]', 'train[100:200]'); give each split "
+                         "its own entry")
+    return match["split"].strip(), f"{match['start'].strip()}:{match['stop'].strip()}"
+
+
+def _source(entry: dict, origin: _Origin | None, label: str, split: str | None,
+            rows: str | None):
     """What ``StreamingDataset`` reads for an entry: the path, its subset and split folders,
-    or its data files; and the source's default name. Without ``data_files`` a split is
-    also looked for as the Hugging Face Hub names its files (``<name>/<split>-*.parquet``):
-    the third value is those patterns, read when the split's folder holds nothing."""
+    or its data files; and the source's default name. Without ``data_files``, where the
+    split's folder holds nothing, the third value is what is read in its place, in turn
+    (``_dataset``): the split's files as the Hugging Face Hub names them
+    (``<name>/<split>-*.parquet``), then for ``train`` the path itself, as ``datasets`` reads
+    files that name no split. ``split`` and ``rows``: the entry's split and its slice
+    (``split_slice``)."""
     where = label
     path = root = _resolve(entry["path"], origin, f"{where}: 'path'")
-    hub = None
-    for key in ("name", "split"):
-        if key in entry:
-            below = _below(entry[key], origin, f"{where}: {key!r}")
+    others: list = []
+    for key, value in (("name", entry.get("name")), ("split", split)):
+        if value is not None:
+            below = _below(value, origin, f"{where}: {key!r}")
             if key == "split":
                 folder = path.rstrip("/") + "/"
-                hub = [urls.join(folder, f"{below}-*"), urls.join(folder, f"{below}.*")]
+                others = [[urls.join(folder, f"{below}-*"), urls.join(folder, f"{below}.*")]]
+                if below == DEFAULT_SPLIT:
+                    others.append(path)
             path = _subfolder(path, below)
     label = entry.get("label") or (path if ("name" in entry or "split" in entry)
                                    else entry["path"])
+    if rows is not None and "label" not in entry:  # one name per slice of a split
+        label = f"{label.rstrip('/')}[{rows}]"
     files = entry.get("data_files")
     if files is None:
-        return _checked(path, hub, origin, where, root), label, hub
+        return _checked(path, others, origin, where, root), label, others
     files = [_below(f, origin, f"{where}: 'data_files'")
              for f in ([files] if isinstance(files, str) else files)]
     joined = [urls.join(path.rstrip("/") + "/", f) for f in files]
     if len(joined) == 1 and joined[0].endswith(".json"):
-        return _checked(joined[0], None, origin, where, root), label, None  # a manifest
-    return _checked(joined, None, origin, where, root), label, None
+        return _checked(joined[0], [], origin, where, root), label, []  # a manifest
+    return _checked(joined, [], origin, where, root), label, []
 
 
-def _checked(source, hub, origin: _Origin | None, where: str, root: str):
-    """``source``, once it and the ``hub`` patterns, as joined from a config file's keys below
-    the dataset's path ``root``, were checked as each key was (``check_data_path``) and, on
-    a local disk, found to stay inside ``root`` through links (``_inside``)."""
+def _checked(source, others: list, origin: _Origin | None, where: str, root: str):
+    """``source``, once it and the ``others`` read in its place, as joined from a config
+    file's keys below the dataset's path ``root``, were checked as each key was
+    (``check_data_path``) and, on a local disk, found to stay inside ``root`` through links
+    (``_inside``)."""
     if origin is not None:
-        for item in ([source] if isinstance(source, str) else source) + (hub or []):
+        for item in [one for each in [source, *others]
+                     for one in ([each] if isinstance(each, str) else each)]:
             check_data_path(item, where)
             if item != root and not origin.allow_external:
                 _inside(item, root, where)
@@ -227,18 +258,28 @@ def _inside(item: str, root: str, where: str) -> None:
                          "allow_external_paths=True to from_config to allow it")
 
 
-def _dataset(source, hub, **options):
-    """``StreamingDataset(source)``, or over the ``hub`` patterns when ``source`` (a split's
-    folder) holds no dataset."""
+def _dataset(source, others: list, split: str | None, **options):
+    """``StreamingDataset(source)``, or where ``source`` (a split's folder) holds no dataset,
+    the first of ``others`` that holds one whose files name no split but ``split``; else
+    ``source``'s error."""
     try:
         return StreamingDataset(source, **options)
     except (ManifestError, StreamError) as error:
-        if hub is None or getattr(error, "transient", False):
+        if not others or getattr(error, "transient", False):
             raise
+        first = error
+    for other in others:
         try:
-            return StreamingDataset(hub, **options)
-        except ManifestError:
-            raise error from None
+            dataset = StreamingDataset(other, **options)
+        except (ManifestError, StreamError) as error:
+            if getattr(error, "transient", False):
+                raise
+            continue
+        table = dataset.shards
+        if not isinstance(table, UnitTable) or all(split_of(f.name) in (None, split)
+                                                   for f in table.files):
+            return dataset
+    raise first
 
 
 def _build(config, where: str, origin: _Origin | None, allow_external_shards: bool = False):
@@ -267,7 +308,8 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
     datasets, weights, names, fields = [], [], [], []
     for label, entry in checked:
         try:
-            source, name, hub = _source(entry, origin, label)
+            split, rows = split_slice(entry["split"], label) if "split" in entry else (None, None)
+            source, name, others = _source(entry, origin, label, split, rows)
         except InputError as error:
             report.error(label, str(error).removeprefix(f"{label}: "))
             continue
@@ -279,10 +321,11 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
                                        top.get("shuffle_start", DEFAULT_SHUFFLE_START)),
             "opener": entry.get("opener", top.get("opener", "auto")),
             "remainder": entry.get("remainder", "drop"),
+            "rows": rows,
         }
         try:
-            datasets.append(_dataset(source, hub, allow_external_shards=allow_external_shards,
-                                     **options))
+            datasets.append(_dataset(source, others, split,
+                                     allow_external_shards=allow_external_shards, **options))
         except StreamError as error:
             if error.transient:
                 raise

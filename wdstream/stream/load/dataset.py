@@ -49,6 +49,7 @@ from wdstream.stream.read.shard_reader import ReadOptions, ReadStats
 from wdstream.stream.transfer.deferred import DeferringDecoder, can_defer
 from wdstream.stream.transfer.shm import CAN_MAP_FILES, FileSpan, read_target
 from wdstream.tables.reads import Access
+from wdstream.tables.row_range import RowRange
 from wdstream.tables.units import RawOptions, UnitTable
 
 log = logging.getLogger("wdstream.dataset")  # the logger name users configure
@@ -75,13 +76,14 @@ def _check_options(given: dict) -> dict:
         "retries": options.integer(owner, "retries", given["retries"], minimum=0),
         "timeout": options.number(owner, "timeout", given["timeout"], positive=True),
         "retry_backoff": options.number(owner, "retry_backoff", given["retry_backoff"]),
-        "raw": _raw_options(owner, given["columns"], given["key_column"], given["index"]),
+        "raw": _raw_options(owner, given["columns"], given["key_column"], given["index"],
+                            given["rows"]),
     }
 
 
-def _raw_options(owner: str, columns, key_column, index) -> RawOptions:
-    """``columns`` (a list of names, or None), ``key_column`` (a name, or None) and ``index``
-    (a URL, or None) checked."""
+def _raw_options(owner: str, columns, key_column, index, rows) -> RawOptions:
+    """``columns`` (a list of names, or None), ``key_column`` (a name, or None), ``index``
+    (a URL, or None) and ``rows`` (``"START:STOP"``, or None) checked."""
     if columns is not None:
         if isinstance(columns, str) or not isinstance(columns, Sequence) or not columns or \
                 not all(isinstance(c, str) and c for c in columns):
@@ -92,7 +94,8 @@ def _raw_options(owner: str, columns, key_column, index) -> RawOptions:
         raise OptionError(f"{owner}: key_column must be a column name, got {key_column!r}")
     if index is not None and not isinstance(index, str | os.PathLike):
         raise OptionError(f"{owner}: index must be the URL of a unit index, got {index!r}")
-    return RawOptions(columns, key_column, None if index is None else os.fspath(index))
+    return RawOptions(columns, key_column, None if index is None else os.fspath(index),
+                      None if rows is None else RowRange.parse(rows, owner))
 
 
 def _check_opener(opener: str, shard_urls: Sequence[str]) -> None:
@@ -179,6 +182,10 @@ class StreamingDataset(PositionedDataset):
             ``"path/in/source.parquet:ROW"``).
         index (path | None): raw files: the unit index ``wdstream index --output`` wrote,
             instead of counting JSON Lines by reading them.
+        rows (str | None): raw files: only rows ``"START:STOP"`` of the files in their
+            order, each bound a row number or a percentage, negative from the end
+            (``"100:200"``, ``":20%"``, ``"-5%:"``), as ``datasets`` reads a split's slice;
+            only the units holding them are read. None: every row.
         limits (wdstream.Limits | None): what shards may make the reader expand to; past one
             is a ``LimitError`` naming the shard, member and limit. None: the defaults.
     """
@@ -211,6 +218,7 @@ class StreamingDataset(PositionedDataset):
         columns: Sequence[str] | None = None,
         key_column: str | None = None,
         index: str | os.PathLike | None = None,
+        rows: str | None = None,
         limits: Limits | None = None,
     ):
         super().__init__()

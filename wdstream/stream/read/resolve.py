@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from wdstream.errors import ManifestError
+from wdstream.errors import ManifestError, OptionError
 from wdstream.shards.compact import ShardArrays
 from wdstream.shards.compression import not_shards_note
 from wdstream.shards.locate import NoShardsError, find_shards
@@ -71,8 +71,11 @@ def resolve_source(source, allow_external_shards: bool = False,
                     raise ManifestError(f"{error} and no Parquet, JSON Lines or Arrow files "
                                         "below it") from error
     if raw != RawOptions():
-        raise ManifestError(f"{source}: columns, key_column and index are for raw files "
-                            "(Parquet, JSON Lines, Arrow); these are shards")
+        given = [name for name, value in vars(raw).items() if value is not None]
+        raise OptionError(f"{source}: {', '.join(given)} apply to raw files only (Parquet, "
+                          "JSON Lines, Arrow), and these are shards" + (
+                              ", streamed whole: pack a slice of a split as a dataset of its "
+                              "own" if raw.rows is not None else ""))
     if found.manifest is not None:
         return from_manifest(found.manifest)
     if found.how == "listing":
