@@ -230,10 +230,11 @@ def cut_units(source: str, files: Sequence[RawFile], options: RawOptions,
 
 
 def _described(files: Sequence[RawFile]) -> str:
-    """"JSON Lines files", or "JSON Lines or JSON array files" when a name ends in ``.json``
-    (which holds either, as its scan finds)."""
+    """"3 JSON Lines files", or "3 JSON Lines or JSON array files" when a name ends in
+    ``.json`` (which holds either, as its scan finds)."""
     arrays = any(f.name.endswith((".json", ".json.gz", ".json.zst")) for f in files)
-    return "JSON Lines or JSON array files" if arrays else "JSON Lines files"
+    kind = "JSON Lines or JSON array file" if arrays else "JSON Lines file"
+    return f"{len(files)} {kind}{'s' if len(files) != 1 else ''}"
 
 
 def _cut(source: str, files: Sequence[RawFile], options: RawOptions, access: Access,
@@ -245,8 +246,8 @@ def _cut(source: str, files: Sequence[RawFile], options: RawOptions, access: Acc
     else:
         indexed = {}
         if lines:
-            log.warning("%s: counting the rows of %d %s (%d bytes) by reading them whole; "
-                        "`wdstream index %s --output URL` records them once", source, len(lines),
+            log.warning("%s: counting the rows of %s (%d bytes) by reading each whole; "
+                        "`wdstream index %s --output URL` records the counts once", source,
                         _described(lines), sum(f.size for f in lines), source)
     todo = [f for f in files if f not in indexed]
     cut_now = iter(ahead.units(todo) if ahead is not None and ahead.started
