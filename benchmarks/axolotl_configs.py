@@ -1,5 +1,6 @@
 """axolotl's own example configs under the axolotl plugin: the share its start-up check
-accepts, each refusal grouped by its reason, and a few of the accepted ones trained for real.
+accepts, each refusal grouped by its reason, and the share of the accepted ones (a sample, or
+all) that train for real.
 
 - The configs: every YAML file below the folder ``WDSTREAM_BENCH_AXOLOTL_EXAMPLES`` names
   (axolotl's repository's ``examples/``), those of text SFT and pretraining only: a config
@@ -15,9 +16,10 @@ accepts, each refusal grouped by its reason, and a few of the accepted ones trai
   Parquet with the columns its prompt format reads, where its ``name``/``split`` put them
   (``data_files`` are written under their own names, as JSON Lines).
 - Measured: ``WdstreamPlugin.register`` in-process, the check axolotl runs before the model
-  loads (keys, settings, the datasets' files and columns). Training every config takes hours
-  on a CPU: ``WDSTREAM_BENCH_AXOLOTL_TRAIN`` (default 6, 0 with ``--quick``) accepted configs,
-  one of each prompt format first, are trained with ``axolotl train``.
+  loads (keys, settings, the datasets' files and columns); then ``WDSTREAM_BENCH_AXOLOTL_TRAIN``
+  (default 6, 0 with ``--quick``; a number over the accepted configs trains them all, some
+  30 s each on 2 cores) accepted configs, one of each prompt format first, trained with
+  ``axolotl train``: the share that ran (goal the same), by format, and each that did not.
 
 Runs where axolotl imports (tox's ``axolotl`` environment); elsewhere the interpreter
 ``WDSTREAM_BENCH_AXOLOTL_PYTHON`` names runs it (``python -m benchmarks.axolotl_configs``).
@@ -34,6 +36,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from . import common
@@ -50,7 +53,10 @@ BUCKET = "axolotl-configs"
 ENTRY_KEYS = ("datasets", "pretraining_dataset", "test_datasets")
 T_SHARE = "the plugin's start-up check on the example configs"
 T_REFUSED = "refusals, grouped by reason (a config may have several)"
-T_TRAINED = "a sample of the accepted configs trained (axolotl train, max_steps 2)"
+T_TRAINED = "accepted configs trained (axolotl train, max_steps 2)"
+T_BY_FORMAT = "the configs trained, by the prompt format of their first entry"
+T_FAILED = "the configs that did not train"
+TRAIN_SECONDS = 900  # a config's training at most
 
 # keys of the model, the hardware, adapters and logging: dropped (the data keys all stay)
 DROPPED = re.compile(
@@ -294,20 +300,43 @@ def sample(accepted: list[tuple[str, dict]], count: int) -> list[tuple[str, dict
 
 
 def train(name: str, config: dict, root: Path, env: dict) -> dict:
+    """``axolotl train`` of one config: whether it ran, the last error line if not."""
     import yaml
 
     path = root / "configs" / (name.replace("/", "__"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
-    done = subprocess.run([sys.executable, "-m", "axolotl.cli.train", str(path)], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=900, check=False)
-    last = [line for line in done.stderr.splitlines() if "Error" in line or "error" in line]
-    return {"table": T_TRAINED, "config": name, "format": kind_of(config),
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "axolotl.cli.train", str(path)],
+                              cwd=root, env=env, capture_output=True, text=True,
+                              timeout=TRAIN_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+        error = f"still training after {TRAIN_SECONDS} s"
+    else:
+        last = [line for line in done.stderr.splitlines() if "Error" in line or "error" in line]
+        error = "" if done.returncode == 0 else (last or [f"exit {done.returncode}"])[-1][-200:]
+    return {"config": name, "format": kind_of(config),
             "sample_packing": bool(config.get("sample_packing")),
-            "val_set_size": config.get("val_set_size") or 0,
-            "trained": done.returncode == 0,
-            "error": "" if done.returncode == 0 else (last or ["exit " + str(
-                done.returncode)])[-1][-200:]}
+            "val_set_size": config.get("val_set_size") or 0, "trained": not error,
+            "seconds": time.monotonic() - started, "error": error}
+
+
+def trained_rows(results: list[dict], accepted: int) -> list[dict]:
+    """The share of the configs trained that ran, by format, and each that did not."""
+    ran = sum(r["trained"] for r in results)
+    share = ran / len(results)
+    rows = [{"table": T_TRAINED, "accepted": accepted, "trained": len(results), "ran": ran,
+             "share": share, "goal": GOAL, "met": "yes" if share >= GOAL else "no",
+             "median s": sorted(r["seconds"] for r in results)[len(results) // 2]}]
+    by_format = collections.defaultdict(list)
+    for result in results:
+        by_format[result["format"]].append(result["trained"])
+    rows += [{"table": T_BY_FORMAT, "format": kind, "configs": len(ran_each),
+              "ran": sum(ran_each)} for kind, ran_each in sorted(by_format.items())]
+    rows += [{"table": T_FAILED, **{k: v for k, v in r.items() if k != "trained"}}
+             for r in results if not r["trained"]]
+    return rows
 
 
 def tiny_model(root: Path) -> None:
@@ -361,8 +390,12 @@ def measure(folder: Path, quick: bool) -> list[dict]:
             env = dict(os.environ, AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
                        WANDB_MODE="disabled", OMP_NUM_THREADS="1",
                        TOKENIZERS_PARALLELISM="false")
-            rows += [train(name, config, root, env) for name, config in sample(accepted,
-                                                                               count)]
+            chosen, results = sample(accepted, count), []
+            for index, (name, config) in enumerate(chosen):
+                results.append(train(name, config, root, env))
+                common.log(f"trained {index + 1}/{len(chosen)}: {name}: "
+                           f"{results[-1]['error'] or 'ran'} ({results[-1]['seconds']:.0f} s)")
+            rows += trained_rows(results, len(accepted))
     return rows
 
 
