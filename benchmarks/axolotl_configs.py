@@ -57,6 +57,8 @@ T_TRAINED = "accepted configs trained (axolotl train, max_steps 2)"
 T_BY_FORMAT = "the configs trained, by the prompt format of their first entry"
 T_FAILED = "the configs that did not train"
 TRAIN_SECONDS = 900  # a config's training at most
+# the line of a traceback that names what was raised (pydantic's own: "  Value error, ...")
+RAISED = re.compile(r"^([\w.]*(Error|Exception|Warning): |\s+Value error, )")
 
 # keys of the model, the hardware, adapters and logging: dropped (the data keys all stay)
 DROPPED = re.compile(
@@ -70,7 +72,8 @@ DROPPED = re.compile(
     r"early_stopping|profiler|optimizer|optim_|special_tokens|tokens$|eot_tokens|"
     r"lisa_|moe_|kernels|use_kernels|dynamic_offload|activation_offloading|output_dir|tiled_mlp|"
     r"dataset_prepared_path|gpu_|num_gpus|local_rank|overrides_of_model|"
-    r"micro_batch_size|gradient_accumulation_steps|eval_batch_size|max_steps|num_epochs)")
+    r"micro_batch_size|gradient_accumulation_steps|eval_batch_size|batch_size$|max_steps|"
+    r"num_epochs|float16|bfloat16|float32|unfrozen_parameters)")
 TINY = {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "eval_batch_size": 1,
         "max_steps": 2, "num_epochs": 1, "optimizer": "adamw_torch", "bf16": False,
         "fp16": False, "tf32": False, "attn_implementation": "sdpa", "save_steps": 2,
@@ -314,7 +317,7 @@ def train(name: str, config: dict, root: Path, env: dict) -> dict:
     except subprocess.TimeoutExpired:
         error = f"still training after {TRAIN_SECONDS} s"
     else:
-        last = [line for line in done.stderr.splitlines() if "Error" in line or "error" in line]
+        last = [line.strip() for line in done.stderr.splitlines() if RAISED.match(line)]
         error = "" if done.returncode == 0 else (last or [f"exit {done.returncode}"])[-1][-200:]
     return {"config": name, "format": kind_of(config),
             "sample_packing": bool(config.get("sample_packing")),
