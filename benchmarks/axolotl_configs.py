@@ -17,9 +17,9 @@ all) that train for real.
   (``data_files`` are written under their own names, as JSON Lines).
 - Measured: ``WdstreamPlugin.register`` in-process, the check axolotl runs before the model
   loads (keys, settings, the datasets' files and columns); then ``WDSTREAM_BENCH_AXOLOTL_TRAIN``
-  (default 6, 0 with ``--quick``; a number over the accepted configs trains them all, some
-  30 s each on 2 cores) accepted configs, one of each prompt format first, trained with
-  ``axolotl train``: the share that ran (goal the same), by format, and each that did not.
+  (default 6, 0 with ``--quick``; a number over the accepted configs trains them all)
+  accepted configs, one of each prompt format first, trained with ``axolotl train``, two at
+  a time: the share that ran (goal the same), by format, and each that did not.
 
 Runs where axolotl imports (tox's ``axolotl`` environment); elsewhere the interpreter
 ``WDSTREAM_BENCH_AXOLOTL_PYTHON`` names runs it (``python -m benchmarks.axolotl_configs``).
@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import common
@@ -57,6 +58,7 @@ T_TRAINED = "accepted configs trained (axolotl train, max_steps 2)"
 T_BY_FORMAT = "the configs trained, by the prompt format of their first entry"
 T_FAILED = "the configs that did not train"
 TRAIN_SECONDS = 900  # a config's training at most
+TRAINED_AT_ONCE = 2  # trainings at once (the machine's 2 cores)
 # the line of a traceback that names what was raised (pydantic's own: "  Value error, ...")
 RAISED = re.compile(r"^([\w.]*(Error|Exception|Warning): |\s+Value error, )")
 
@@ -325,6 +327,20 @@ def train(name: str, config: dict, root: Path, env: dict) -> dict:
             "seconds": time.monotonic() - started, "error": error}
 
 
+def train_all(chosen: list[tuple[str, dict]], root: Path, env: dict) -> list[dict]:
+    """``train`` of each config, ``TRAINED_AT_ONCE`` at a time (a training spends much of its
+    time starting, on one core), each logged as it ends."""
+    def one(index: int) -> dict:
+        name, config = chosen[index]
+        result = train(name, config, root, env)
+        common.log(f"trained {index + 1}/{len(chosen)}: {name}: {result['error'] or 'ran'} "
+                   f"({result['seconds']:.0f} s)")
+        return result
+
+    with ThreadPoolExecutor(TRAINED_AT_ONCE) as pool:
+        return list(pool.map(one, range(len(chosen))))
+
+
 def trained_rows(results: list[dict], accepted: int) -> list[dict]:
     """The share of the configs trained that ran, by format, and each that did not."""
     ran = sum(r["trained"] for r in results)
@@ -393,12 +409,7 @@ def measure(folder: Path, quick: bool) -> list[dict]:
             env = dict(os.environ, AXOLOTL_DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
                        WANDB_MODE="disabled", OMP_NUM_THREADS="1",
                        TOKENIZERS_PARALLELISM="false")
-            chosen, results = sample(accepted, count), []
-            for index, (name, config) in enumerate(chosen):
-                results.append(train(name, config, root, env))
-                common.log(f"trained {index + 1}/{len(chosen)}: {name}: "
-                           f"{results[-1]['error'] or 'ran'} ({results[-1]['seconds']:.0f} s)")
-            rows += trained_rows(results, len(accepted))
+            rows += trained_rows(train_all(sample(accepted, count), root, env), len(accepted))
     return rows
 
 
