@@ -347,7 +347,7 @@ def trained_rows(results: list[dict], accepted: int) -> list[dict]:
     share = ran / len(results)
     rows = [{"table": T_TRAINED, "accepted": accepted, "trained": len(results), "ran": ran,
              "share": share, "goal": GOAL, "met": "yes" if share >= GOAL else "no",
-             "median s": sorted(r["seconds"] for r in results)[len(results) // 2]}]
+             "median s": common.median([r["seconds"] for r in results])}]
     by_format = collections.defaultdict(list)
     for result in results:
         by_format[result["format"]].append(result["trained"])
