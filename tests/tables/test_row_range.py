@@ -46,6 +46,13 @@ def test_a_split_a_stream_cannot_read_is_refused_naming_the_entry(spec):
         split_slice(spec, "datasets[2]")
 
 
+def test_a_config_whose_one_split_is_refused_says_only_that(tmp_path):
+    with pytest.raises(InputError) as raised:
+        wdstream.from_config({"datasets": [{"path": str(tmp_path), "split": "train+test"}]})
+    assert "split 'train+test': a stream reads one split" in str(raised.value)
+    assert "weights" not in str(raised.value)
+
+
 def test_a_whole_split_has_no_slice():
     assert split_slice("validation", "datasets[0]") == ("validation", None)
 

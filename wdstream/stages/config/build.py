@@ -335,7 +335,7 @@ def _build(config, where: str, origin: _Origin | None, allow_external_shards: bo
         weights.append(entry.get("weight", 1.0))
         names.append(name)
         fields.append(entry.get("text_field", top.get("text_field", "text")))
-    if sum(weights) <= 0:
+    if weights and sum(weights) <= 0:  # none: each entry's own error is reported
         report.error(where, "the datasets' weights must add up to a positive number")
     if len(set(names)) != len(names):
         report.error(where, "dataset names (default: the path) must be distinct; set 'label' "
