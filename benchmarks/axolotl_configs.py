@@ -12,9 +12,11 @@ all) that train for real.
   ``sample_packing``, ``val_set_size``, ``sequence_len``, ``chat_template``...): the tests'
   tiny Llama (``tests/axolotl/tiny_model.py``), ``micro_batch_size`` 1, ``max_steps`` 2, no
   adapter, quantization, DeepSpeed, FSDP, flash attention or other plugin.
-- Each entry's ``path`` is a folder on a local moto S3 server holding 400 generated rows as
+- Each entry's ``path`` is a folder on a local moto S3 server holding generated rows as
   Parquet with the columns its prompt format reads, where its ``name``/``split`` put them
-  (``data_files`` are written under their own names, as JSON Lines).
+  (``data_files`` are written under their own names, as JSON Lines): 400 rows, or more where
+  ``val_set_size`` would hold out fewer than 8 of the rows its ``split:`` slice reads
+  (``train[:5%]`` at 0.02: 8,000 rows, of which the slice reads 400 and holds out about 8).
 - Measured: ``WdstreamPlugin.register`` in-process, the check axolotl runs before the model
   loads (keys, settings, the datasets' files and columns); then ``WDSTREAM_BENCH_AXOLOTL_TRAIN``
   (default 6, 0 with ``--quick``; a number over the accepted configs trains them all)
@@ -30,6 +32,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -48,7 +51,8 @@ PYTHON_ENV = "WDSTREAM_BENCH_AXOLOTL_PYTHON"
 TRAIN_ENV = "WDSTREAM_BENCH_AXOLOTL_TRAIN"
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = "wdstream.integrations.axolotl.WdstreamPlugin"
-ROWS = 400  # rows of each entry's dataset: enough for val_set_size 0.01 to hold some out
+ROWS = 400  # rows of an entry's dataset, at the least
+HELD_OUT = 8  # rows val_set_size holds out of an entry's split (or its slice), about
 GOAL = 0.9
 BUCKET = "axolotl-configs"
 ENTRY_KEYS = ("datasets", "pretraining_dataset", "test_datasets")
@@ -62,7 +66,8 @@ TRAINED_AT_ONCE = 2  # trainings at once (the machine's 2 cores)
 # the line of a traceback that names what was raised (pydantic's own: "  Value error, ...")
 RAISED = re.compile(r"^([\w.]*(Error|Exception|Warning): |\s+Value error, )")
 
-# keys of the model, the hardware, adapters and logging: dropped (the data keys all stay)
+# keys of the model, the hardware, adapters, plugins and logging: dropped (the data keys all
+# stay)
 DROPPED = re.compile(
     r"^(adapter|lora_|peft_|load_in_|gptq|deepspeed|fsdp|flash_attn|flash_attention|"
     r"sdp_attention|xformers|flex_attention|s2_attention|attn_implementation|bf16|fp16|tf32|"
@@ -75,7 +80,10 @@ DROPPED = re.compile(
     r"lisa_|moe_|kernels|use_kernels|dynamic_offload|activation_offloading|output_dir|tiled_mlp|"
     r"dataset_prepared_path|gpu_|num_gpus|local_rank|overrides_of_model|"
     r"micro_batch_size|gradient_accumulation_steps|eval_batch_size|batch_size$|max_steps|"
-    r"num_epochs|float16|bfloat16|float32|unfrozen_parameters)")
+    r"num_epochs|float16|bfloat16|float32|unfrozen_parameters|gemma4_hybrid_attn_impl|"
+    r"model_quantization_config|dp_shard_size|dp_replicate_size|expert_parallel_size|"
+    r"experts_implementation|use_ray|ray_|use_onebitllms|diffusion|"
+    r"experimental_skip_move_to_device)")
 TINY = {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "eval_batch_size": 1,
         "max_steps": 2, "num_epochs": 1, "optimizer": "adamw_torch", "bf16": False,
         "fp16": False, "tf32": False, "attn_implementation": "sdpa", "save_steps": 2,
@@ -193,16 +201,29 @@ def messages(entry: dict, rng: random.Random) -> list[dict]:
     return turns
 
 
-def write_entry(entry, folder: Path, seed: int) -> None:
-    """The entry's rows below ``folder`` (its S3 path's copy), where its keys read them:
-    ``<name>/<split>-00000.parquet`` as the Hub names a split's files, its ``data_files``
-    under their names (JSON Lines), else ``part-00000.parquet``."""
+def row_count(entry, held_out: float) -> int:
+    """How many rows the entry's dataset gets: ``ROWS``, or enough that ``val_set_size``
+    (``held_out``) holds out about ``HELD_OUT`` rows of its ``split:`` slice, as it does of
+    the datasets the configs name (``train[:10%]`` of FineTome-100k is 10,000 rows)."""
+    wanted = math.ceil(HELD_OUT / held_out) if held_out else 0
+    split = entry.get("split") if isinstance(entry, dict) else None
+    stop = str(split).partition("[")[2].rstrip("]").partition(":")[2].strip()
+    if stop.endswith("%") and stop[:-1].isdigit() and int(stop[:-1]) > 0:
+        wanted = math.ceil(wanted * 100 / int(stop[:-1]))
+    return max(ROWS, wanted)
+
+
+def write_entry(entry, folder: Path, seed: int, count: int) -> None:
+    """The entry's ``count`` rows below ``folder`` (its S3 path's copy), where its keys read
+    them: ``<name>/<split>-00000.parquet`` as the Hub names a split's files (in row groups of
+    ``ROWS``), its ``data_files`` under their names (JSON Lines), else
+    ``part-00000.parquet``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     entry = entry if isinstance(entry, dict) else {}
     rng = random.Random(seed)
-    rows = [record(entry, rng) for _ in range(ROWS)]
+    rows = [record(entry, rng) for _ in range(count)]
     files = entry.get("data_files")
     if files:
         for name in [files] if isinstance(files, str) else files:
@@ -222,7 +243,7 @@ def write_entry(entry, folder: Path, seed: int) -> None:
     # a split's slice (train[:20%]) reads the split's files
     name = f"{split.partition('[')[0]}-00000.parquet" if isinstance(split, str) \
         else "part-00000.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), below / name)
+    pq.write_table(pa.Table.from_pylist(rows), below / name, row_group_size=ROWS)
 
 
 # =========================================================================== the check
@@ -269,7 +290,9 @@ def prepared(found: list, root: Path, server) -> list[tuple[str, dict]]:
         for key in ENTRY_KEYS:
             for index, entry in enumerate(entries(config, key)):
                 prefix = f"c{number:03d}/{key}-{index}"
-                write_entry(entry, data / prefix, number * 100 + index)
+                held_out = float(config.get("val_set_size") or 0) if key == "datasets" else 0
+                write_entry(entry, data / prefix, number * 100 + index,
+                            row_count(entry, held_out))
                 where[(key, index)] = f"s3://{BUCKET}/{prefix}/"
         made.append((name, tiny(config, str(root / "model"), str(root / "out" / name),
                                 where)))
