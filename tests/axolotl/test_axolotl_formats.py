@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from wdstream.errors import InputError
-from wdstream.integrations.axolotl import PromptFormat, RecordedMaps
+from wdstream.integrations.axolotl import PromptFormat, RecordedMaps, examples_of
 
 
 def chunks(columns: dict) -> dict:
@@ -53,3 +53,34 @@ def test_a_batched_map_of_uneven_columns_is_an_input_error():
     maps.map(lambda columns: {"input_ids": [[1], [2]], "labels": [[1]]}, batched=True)
     with pytest.raises(InputError, match="s3://bucket/texts/: the prompt format made columns"):
         format_of(maps)({"text": "a"})
+
+
+def test_a_record_the_format_cannot_read_is_an_input_error_naming_it():
+    maps = RecordedMaps.make()
+    maps.map(lambda row: {"input_ids": [len(row["prompt"])]})
+    sample = {"__source__": "texts", "__key__": "part-0.parquet:3", "text": "a"}
+    with pytest.raises(InputError, match=r"s3://bucket/texts/: type 'custom' cannot read the "
+                       r"record part-0\.parquet:3 \(KeyError: 'prompt'; its columns: text\)"):
+        examples_of({"texts": format_of(maps)}, sample)
+
+
+class Lengths:
+    """A prompt strategy as axolotl's stepwise-supervised type hands it to its
+    ``TokenizedPromptDataset``."""
+
+    supports_batched = False
+    filter_rows = None
+
+    def tokenize_prompt(self, row):
+        return {"input_ids": [len(word) for word in row["text"].split()]}
+
+
+def test_a_strategy_building_a_dataset_on_the_maps_is_recorded():
+    """axolotl's ``TokenizedPromptDataset`` (a ``datasets.Dataset`` of the mapped rows) built
+    on the recorder: its map is recorded, and the dataset it builds holds no rows."""
+    from axolotl.datasets import TokenizedPromptDataset
+
+    maps = RecordedMaps.make()
+    built = TokenizedPromptDataset(Lengths(), maps)
+    assert len(built) == 0
+    assert format_of(maps)({"text": "a bb ccc"}) == [{"input_ids": [1, 2, 3]}]

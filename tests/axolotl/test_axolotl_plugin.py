@@ -449,6 +449,24 @@ def test_a_mistake_in_a_wdstream_entry_fails_at_start_naming_the_key(work):
     assert not (root / "mistake").exists() or not any((root / "mistake").glob("checkpoint-*"))
 
 
+def test_a_record_its_format_cannot_read_fails_before_the_model_loads(work):
+    """A format whose columns the start-up check does not know (``metharme`` reads
+    ``prompt`` and ``generation``) formats each entry's first record before the model loads:
+    alpaca records fail there, naming the file, the row and the record's columns."""
+    _root, bucket, _env = work
+    cfg = config(work, "unreadable", pretraining_dataset=None, sample_packing=False,
+                 sequence_len=512,
+                 datasets=[{"path": f"s3://{bucket}/alpaca-raw/", "type": "metharme"}])
+    path, env = written(work, cfg, "unreadable")
+    result = run([sys.executable, "-m", "axolotl.cli.train", str(path)], work[0], env,
+                 expect=None)
+    assert f"InputError: s3://{bucket}/alpaca-raw/: type 'metharme' cannot read the record " \
+        "part-0.parquet:" in result.stderr
+    assert "(KeyError: 'prompt'; its columns: instruction, input, output)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any(Path(cfg["output_dir"]).glob("checkpoint-*"))
+
+
 CHECKS = """
 import json, sys
 from axolotl.utils.dict import DictDefault
@@ -522,6 +540,13 @@ def test_configs_the_plugin_refuses_or_leaves_to_axolotl(work):
         ({"datasets": [raw, dict(raw, type="chat_template", label="chats")]},
          f"datasets[1] (s3://{bucket}/alpaca-raw/): s3://{bucket}/alpaca-raw/part-0.parquet "
          "has no column 'messages', which type 'chat_template' reads"),
+        # trainers the plugin does not feed: named alone, not as unknown keys of theirs
+        ({"datasets": [dict(raw, type="chatml.intel", field_chosen="c")], "rl": "dpo"},
+         "InputError: rl: 'dpo': the wdstream plugin streams the examples of SFT and "
+         "pretraining; this trainer reads preference pairs or prompts through TRL's own "
+         "dataset preparation"),
+        ({"datasets": [dict(raw, type="bradley_terry.chat_template")], "reward_model": True},
+         "reward_model: True: the wdstream plugin streams"),
         # no type: rows already tokenized, their columns checked
         ({"datasets": [{"path": f"s3://{bucket}/alpaca-raw/"}]},
          f"datasets[0] (s3://{bucket}/alpaca-raw/): s3://{bucket}/alpaca-raw/part-0.parquet "

@@ -21,6 +21,7 @@ from wdstream.integrations.axolotl_checks import (
     WHERE,
     check_columns,
     check_keys,
+    columns_read,
 )
 from wdstream.integrations.axolotl_packing import (
     PackedExamples,
@@ -28,9 +29,11 @@ from wdstream.integrations.axolotl_packing import (
     eval_split,
     held_out_share,
     packed_examples,
+    samples_of,
     tests_split,
 )
 from wdstream.integrations.hf_trainer import steps, use_loader
+from wdstream.printable import printable
 from wdstream.sources import urls
 from wdstream.sources.stores import store_for
 from wdstream.stages.config.build import from_file_values
@@ -101,25 +104,35 @@ class WdstreamPlugin(BasePlugin):
                 check_one_each(_listed(plain.get("datasets")), cfg)
 
     def load_datasets(self, cfg, preprocess: bool = False):
+        """The train and eval datasets, built before the model loads; a mistake found here
+        (a record its format cannot read, no held-out example) is said as ``register`` says
+        one."""
+        if self.written is None:
+            return None
+        try:
+            return self.datasets(cfg, self.written, preprocess)
+        except WdstreamError as error:
+            raise SystemExit(f"{type(error).__name__}: {error}") from None
+
+    def datasets(self, cfg, written: dict, preprocess: bool):
+        """``load_datasets``' work: the loader, its length in steps and the eval split."""
         from axolotl.common.datasets import TrainDatasetMeta
         from axolotl.loaders import load_tokenizer
 
-        if self.written is None:
-            return None
         tokenizer = load_tokenizer(cfg)
         if preprocess or (self.shown_rows and world_info()[0] == 0):
-            preview(cfg, self.written, tokenizer, preprocess, self.shown_rows or DEBUG_EXAMPLES)
+            preview(cfg, written, tokenizer, preprocess, self.shown_rows or DEBUG_EXAMPLES)
         if preprocess:  # nothing to write: the data is tokenized while training
             return TrainDatasetMeta(train_dataset=None, eval_dataset=None, total_num_steps=0)
-        self.loader = make_loader(cfg, self.written, self.mix, tokenizer)
+        self.loader = make_loader(cfg, written, self.mix, tokenizer)
         total = cfg.max_steps or steps(self.loader, cfg.num_epochs or 1,
                                        cfg.gradient_accumulation_steps or 1)
         evaluated = None
         if held_out_share(cfg):
-            evaluated = eval_split(mixture(self.written), self.written,
+            evaluated = eval_split(mixture(written), written,
                                    prompt_formats(self.mix, tokenizer, cfg), cfg)
         elif self.tests is not None:
-            evaluated = tests_split(self.tests, self.written,
+            evaluated = tests_split(self.tests, written,
                                    prompt_formats(self.tests, tokenizer, cfg, cfg.test_datasets),
                                    cfg)
         return TrainDatasetMeta(train_dataset=StreamColumns(self.loader.dataset),
@@ -382,6 +395,7 @@ def make_loader(cfg, config: dict, mix, tokenizer):
     if config.get("datasets"):
         dataset = mix
         formats = prompt_formats(mix, tokenizer, cfg)
+        check_first_records(mix, formats, cfg.datasets)
         if cfg.max_steps:
             dataset = packed_examples(mix, config, formats, cfg)
             formats = None
@@ -503,6 +517,14 @@ class RecordedMaps:
 
         return Recorder()
 
+    @property
+    def data(self):
+        """No rows: what a ``datasets.Dataset`` a strategy builds on the maps it asked for
+        (``TokenizedPromptDataset``) is made of."""
+        from datasets.table import InMemoryTable
+
+        return InMemoryTable.from_pydict({})
+
     def map(self, function=None, *_args, batched: bool = False, **_kwargs):
         if function is not None:
             self.steps.append((mapped, function, batched))
@@ -543,13 +565,47 @@ class Batches:
 
 def one_example(formats: dict, sample: dict) -> dict:
     """A sample's one example, formatted by its source's prompt format (``formats``)."""
+    made = examples_of(formats, sample)
     found = formats[sample["__source__"]]
-    made = found(record_of(sample))
     if len(made) != 1:
         raise InputError(f"{found.path}: the prompt format made {len(made)} examples of the "
                          f"record {sample['__key__']}, so an epoch's steps are not one per "
                          "record: set max_steps")
     return made[0]
+
+
+# what a prompt strategy raises on a record it cannot read (a missing column, another type)
+UNREADABLE = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def examples_of(formats: dict, sample: dict) -> list[dict]:
+    """The examples a sample's record gives under its source's prompt format (``formats`` by
+    ``__source__``); a record the format cannot read is an ``InputError`` naming the entry's
+    path, the record (file and row) and its columns."""
+    found = formats[sample["__source__"]]
+    record = record_of(sample)
+    try:
+        return found(record)
+    except WdstreamError:
+        raise
+    except UNREADABLE as error:
+        kind, key = printable(repr(found.kind))[:80], printable(str(sample.get("__key__")))
+        columns = printable(", ".join(map(str, record)))[:200]
+        raise InputError(f"{printable(str(found.path))}: type {kind} cannot read the record "
+                         f"{key} ({type(error).__name__}: {printable(str(error))[:200]}; its "
+                         f"columns: {columns})") from error
+
+
+def check_first_records(mix, formats: dict, entries: list) -> None:
+    """Each entry whose format's columns are not known to the start-up check
+    (``columns_read``): its first record formatted now, so that a record the format cannot
+    read fails before the model loads."""
+    for entry, name, dataset in zip(entries, mix.names, mix.datasets, strict=True):
+        if entry.get("type") is None or columns_read(entry):
+            continue
+        for sample in samples_of(dataset):
+            examples_of(formats, {**sample, "__source__": name})
+            break
 
 
 def record_of(sample: dict) -> dict:

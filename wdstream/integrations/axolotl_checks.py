@@ -73,8 +73,24 @@ def key_problems(plain: Mapping) -> list[str]:
 
 def check_keys(plain: Mapping) -> None:
     """``InputError`` naming every unknown key of the streamed entries and ``wdstream:``, and
-    every setting of axolotl's a stream does not honour."""
-    raise_all(key_problems(plain) + setting_problems(plain))
+    every setting of axolotl's a stream does not honour (or only the trainer's kind, when the
+    plugin does not feed it)."""
+    raise_all(trainer_problems(plain) or key_problems(plain) + setting_problems(plain))
+
+
+# the trainers whose datasets the plugin does not stream: what axolotl reads of each
+NOT_STREAMED = {"rl": "preference pairs or prompts", "reward_model": "preference pairs",
+                "process_reward_model": "stepwise-labelled completions"}
+
+
+def trainer_problems(plain: Mapping) -> list[str]:
+    """The training kind the plugin does not feed (``rl:``, a reward model), named: it streams
+    the examples of SFT and pretraining, which these trainers do not take."""
+    return [f"{key}: {printable(repr(plain[key]))[:60]}: the wdstream plugin streams the "
+            f"examples of SFT and pretraining; this trainer reads {what} through TRL's own "
+            "dataset preparation, which it does not feed. Remove the plugin from plugins: to "
+            "let axolotl load these datasets itself"
+            for key, what in NOT_STREAMED.items() if plain.get(key)]
 
 
 def setting_problems(plain: Mapping) -> list[str]:

@@ -286,13 +286,13 @@ class SourceFormats:
         self.formats, self.share, self.seed, self.held = formats, share, seed, held
 
     def __call__(self, sample: dict) -> list[dict]:
-        from wdstream.integrations.axolotl import record_of
+        from wdstream.integrations.axolotl import examples_of
 
         if self.share and held_out(sample, self.share, self.seed) != self.held:
             return []
         return [{key: example[key] for key in ("input_ids", "attention_mask", "labels")
                  if key in example}
-                for example in self.formats[sample["__source__"]](record_of(sample))]
+                for example in examples_of(self.formats, sample)]
 
 
 def held_out_share(cfg) -> float:
