@@ -83,7 +83,7 @@ DROPPED = re.compile(
     r"num_epochs|float16|bfloat16|float32|unfrozen_parameters|gemma4_hybrid_attn_impl|"
     r"model_quantization_config|dp_shard_size|dp_replicate_size|expert_parallel_size|"
     r"experts_implementation|use_ray|ray_|use_onebitllms|diffusion|"
-    r"experimental_skip_move_to_device)")
+    r"experimental_skip_move_to_device|ple_cpu_offload)")
 TINY = {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "eval_batch_size": 1,
         "max_steps": 2, "num_epochs": 1, "optimizer": "adamw_torch", "bf16": False,
         "fp16": False, "tf32": False, "attn_implementation": "sdpa", "save_steps": 2,
@@ -342,12 +342,24 @@ def train(name: str, config: dict, root: Path, env: dict) -> dict:
     except subprocess.TimeoutExpired:
         error = f"still training after {TRAIN_SECONDS} s"
     else:
-        last = [line.strip() for line in done.stderr.splitlines() if RAISED.match(line)]
-        error = "" if done.returncode == 0 else (last or [f"exit {done.returncode}"])[-1][-200:]
+        error = "" if done.returncode == 0 else raised(done.stderr) or f"exit {done.returncode}"
     return {"config": name, "format": kind_of(config),
             "sample_packing": bool(config.get("sample_packing")),
             "val_set_size": config.get("val_set_size") or 0, "trained": not error,
             "seconds": time.monotonic() - started, "error": error}
+
+
+def raised(stderr: str) -> str:
+    """The last line of ``stderr`` naming what was raised (its class without its module;
+    with a pydantic error's field and message, the two lines after it), at most 200
+    characters."""
+    lines = stderr.splitlines()
+    found = [index for index, line in enumerate(lines) if RAISED.match(line)]
+    if not found:
+        return ""
+    at = found[-1]
+    said = lines[at:at + 3] if "validation error" in lines[at] else lines[at:at + 1]
+    return re.sub(r"^[\w.]*\.(?=\w+: )", "", " ".join(line.strip() for line in said))[:200]
 
 
 def train_all(chosen: list[tuple[str, dict]], root: Path, env: dict) -> list[dict]:

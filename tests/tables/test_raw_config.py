@@ -92,6 +92,34 @@ def test_split_train_of_files_that_name_no_split_is_the_path_itself(tmp_path):
             dataset(path, split)
 
 
+def test_splits_named_with_a_suffix_in_the_hubs_data_folder(tmp_path):
+    """A Hub dataset copied as it is (``push_to_hub``'s ``data/<split>-*.parquet``), its
+    splits named as UltraChat's are (``train_sft``, ``test_sft``, ``train_gen``): each split
+    reads its own files; the whole folder is refused, naming them."""
+    write_parquet(tmp_path / "chat", [("data/train_sft-00000-of-00002.parquet", 9, 10),
+                                      ("data/train_sft-00001-of-00002.parquet", 4, 10),
+                                      ("data/test_sft-00000-of-00001.parquet", 5, 10),
+                                      ("data/train_gen-00000-of-00001.parquet", 7, 10)])
+    write_parquet(tmp_path / "plain", [("data/train-00000-of-00001.parquet", 6, 10),
+                                       ("data/test-00000-of-00001.parquet", 2, 10)])
+
+    def rows(path, split):
+        return rows_of(wdstream.from_config({"datasets": [{"path": str(path),
+                                                            "split": split}]}))
+
+    assert rows(tmp_path / "chat", "train_sft") == sorted(
+        [f"train_sft-00000-of-00002.parquet:{i}" for i in range(9)]
+        + [f"train_sft-00001-of-00002.parquet:{i}" for i in range(4)])
+    assert len(rows(tmp_path / "chat", "test_sft")) == 5
+    assert len(rows(tmp_path / "chat", "train_gen[:3]")) == 3
+    assert len(rows(tmp_path / "plain", "train")) == 6
+    assert len(rows(tmp_path / "plain", "test")) == 2
+    with pytest.raises(wdstream.errors.InputError,
+                       match=r"several splits: 'test_sft' .*'train_gen' .*'train_sft' .*e\.g\. "
+                             r".*/chat/data/train_gen-\*"):
+        wdstream.StreamingDataset(str(tmp_path / "chat"))
+
+
 def test_a_pre_tokenized_column_packs_without_a_tokenizer(root):
     packed = wdstream.from_config(config(root, sequence_len=8, eos=0,
                                          datasets=[{"path": str(root / "web"),

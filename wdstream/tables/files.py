@@ -207,7 +207,7 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
                           sorted(splits.items()))
         first = splits[cast(str, _preferred(sorted(splits)))]  # of two or more: never None
         folder_of = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
-        if folder_of.rstrip("/").rsplit("/", 1)[-1] in SPLIT_WORDS:
+        if is_split_word(folder_of.rstrip("/").rsplit("/", 1)[-1].lower()):
             example = urlmod.join(folder, folder_of)
         else:
             example = urlmod.join(folder, f"{folder_of}{split_of(first)}-*")
@@ -218,19 +218,30 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
 
 
 def _preferred(splits: list[str]) -> str | None:
-    """The split a message shows as the one to pass: train when there is one."""
-    return "train" if "train" in splits else next(iter(splits), None)
+    """The split a message shows as the one to pass: train when there is one, else the first
+    of its kind (``train_sft``)."""
+    if "train" in splits:
+        return "train"
+    return next((s for s in splits if s.startswith("train")), next(iter(splits), None))
 
 
 def split_of(name: str) -> str | None:
     """The split a file's path names: a folder called ``train``, ``test``, ``validation``...
-    on its way, or else the first word of its name (``train-00000-of-00002.parquet``)."""
+    on its way, or else the first word of its name (``train-00000-of-00002.parquet``); a
+    split word may go on after an underscore (``train_sft-00000-of-00003.parquet``:
+    ``train_sft``)."""
     *folders, base = name.split("/")
     for part in folders:
-        if part.lower() in SPLIT_WORDS:
+        if is_split_word(part.lower()):
             return part.lower()
-    word = base.lower().replace("_", "-").replace(".", "-").split("-", 1)[0]
-    return word if word in SPLIT_WORDS else None
+    word = base.lower().replace(".", "-").split("-", 1)[0]
+    return word if is_split_word(word) else None
+
+
+def is_split_word(word: str) -> bool:
+    """Whether ``word`` names a split: ``train``, ``test``, ``validation``..., or one of those
+    followed by ``_`` and more (``train_sft``, ``test_gen``)."""
+    return word.partition("_")[0] in SPLIT_WORDS
 
 
 def check_one_format(items: Sequence, files: Sequence[RawFile]) -> None:

@@ -199,7 +199,8 @@ def _source(entry: dict, origin: _Origin | None, label: str, split: str | None,
     or its data files; and the source's default name. Without ``data_files``, where the
     split's folder holds nothing, the third value is what is read in its place, in turn
     (``_dataset``): the split's files as the Hugging Face Hub names them
-    (``<name>/<split>-*.parquet``), then for ``train`` the path itself, as ``datasets`` reads
+    (``<name>/<split>-*.parquet``, or in ``data/`` as ``push_to_hub`` writes them), then for
+    ``train`` the path itself, as ``datasets`` reads
     files that name no split. ``split`` and ``rows``: the entry's split and its slice
     (``split_slice``)."""
     where = label
@@ -210,7 +211,8 @@ def _source(entry: dict, origin: _Origin | None, label: str, split: str | None,
             below = _below(value, origin, f"{where}: {key!r}")
             if key == "split":
                 folder = path.rstrip("/") + "/"
-                others = [[urls.join(folder, f"{below}-*"), urls.join(folder, f"{below}.*")]]
+                others = [[urls.join(folder, f"{place}{below}{end}")
+                           for place in ("", "data/") for end in ("-*", ".*")]]
                 if below == DEFAULT_SPLIT:
                     others.append(path)
             path = _subfolder(path, below)
