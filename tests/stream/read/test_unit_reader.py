@@ -29,6 +29,9 @@ def small_units(tmp_path):
     return str(tmp_path)
 
 
+FIRST_BYTE = 0.05  # seconds a slowed read waits: 40 units one by one take 2 s, 8 at once 0.25
+
+
 def _concurrent_reads(monkeypatch, threads: set | None = None) -> list[int]:
     """Reads of units made slow (a long first byte); the most in flight at once, and the
     names of the threads that read them put in ``threads``."""
@@ -41,7 +44,7 @@ def _concurrent_reads(monkeypatch, threads: set | None = None) -> list[int]:
             most[0] = max(most[0], now[0])
             if threads is not None:
                 threads.add(threading.current_thread().name)
-        time.sleep(0.02)
+        time.sleep(FIRST_BYTE)
         try:
             return read(self, *args)
         finally:
@@ -61,7 +64,7 @@ def test_small_units_on_s3_are_read_several_at_once_in_order(small_units, monkey
     ids = [s["id"] for s in dataset]
     assert ids == list(range(200))  # 40 units of 5 rows, in order, each once
     assert most[0] == unit_read.UNITS_AHEAD
-    assert time.perf_counter() - started < 40 * 0.02 / 2  # not a round trip per unit
+    assert time.perf_counter() - started < 40 * FIRST_BYTE / 2  # not a round trip per unit
 
 
 @pytest.mark.parametrize("where", ["local", "s3, large units"])
