@@ -118,6 +118,10 @@ def test_splits_named_with_a_suffix_in_the_hubs_data_folder(tmp_path):
                        match=r"several splits: 'test_sft' .*'train_gen' .*'train_sft' .*e\.g\. "
                              r".*/chat/data/train_gen-\*"):
         wdstream.StreamingDataset(str(tmp_path / "chat"))
+    # numbered parts of one split are that split, not several
+    write_parquet(tmp_path / "parts", [("train_00.parquet", 3, 10), ("train_01.parquet", 4, 10)])
+    assert len(rows_of(wdstream.StreamingDataset(str(tmp_path / "parts")))) == 7
+    assert len(rows(tmp_path / "parts", "train")) == 7
 
 
 def test_a_pre_tokenized_column_packs_without_a_tokenizer(root):

@@ -207,7 +207,7 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
                           sorted(splits.items()))
         first = splits[cast(str, _preferred(sorted(splits)))]  # of two or more: never None
         folder_of = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
-        if is_split_word(folder_of.rstrip("/").rsplit("/", 1)[-1].lower()):
+        if folder_of.rstrip("/").rsplit("/", 1)[-1] in SPLIT_WORDS:
             example = urlmod.join(folder, folder_of)
         else:
             example = urlmod.join(folder, f"{folder_of}{split_of(first)}-*")
@@ -227,21 +227,17 @@ def _preferred(splits: list[str]) -> str | None:
 
 def split_of(name: str) -> str | None:
     """The split a file's path names: a folder called ``train``, ``test``, ``validation``...
-    on its way, or else the first word of its name (``train-00000-of-00002.parquet``); a
-    split word may go on after an underscore (``train_sft-00000-of-00003.parquet``:
-    ``train_sft``)."""
+    on its way, or else the first word of its name (``train-00000-of-00002.parquet``), with
+    the letters after an underscore (``train_sft-00000-of-00003.parquet``: ``train_sft``;
+    ``train_01.jsonl``: ``train``)."""
     *folders, base = name.split("/")
     for part in folders:
-        if is_split_word(part.lower()):
+        if part.lower() in SPLIT_WORDS:
             return part.lower()
-    word = base.lower().replace(".", "-").split("-", 1)[0]
-    return word if is_split_word(word) else None
-
-
-def is_split_word(word: str) -> bool:
-    """Whether ``word`` names a split: ``train``, ``test``, ``validation``..., or one of those
-    followed by ``_`` and more (``train_sft``, ``test_gen``)."""
-    return word.partition("_")[0] in SPLIT_WORDS
+    head, _, tail = base.lower().replace(".", "-").split("-", 1)[0].partition("_")
+    if head not in SPLIT_WORDS:
+        return None
+    return f"{head}_{tail}" if tail.isalpha() else head
 
 
 def check_one_format(items: Sequence, files: Sequence[RawFile]) -> None:
