@@ -218,10 +218,8 @@ def check_one_split(folder: str, files: Sequence[RawFile], saved_splits: bool) -
 
 
 def _preferred(splits: list[str]) -> str | None:
-    """The split a message shows as the one to pass: train when there is one, else the first
-    of its kind (``train_sft``)."""
-    if "train" in splits:
-        return "train"
+    """The split a message shows as the one to pass, of ``splits`` in sorted order: the first
+    train split (``train``, else ``train_sft``...), else the first."""
     return next((s for s in splits if s.startswith("train")), next(iter(splits), None))
 
 
